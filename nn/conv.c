@@ -1,0 +1,138 @@
+// conv.c: 2-D convolution as im2col + one GEMM over many images at once.
+//
+// Activations are channel-last, so the GEMM's output rows (n, oh, ow) x OC are already the
+// layer's output (N, OH, OW, OC): out = col @ W^T, with W in PyTorch's layout (OC, C*K*K).
+// The batch is lowered in chunks of images so the im2col workspace stays near
+// CONV_COL_BYTES whatever the batch: a large batch costs activations, not workspace.
+#include <math.h>
+#include <stdlib.h>
+
+#include "layer.h"
+
+#define CONV_COL_BYTES ((size_t)16 << 20)
+
+typedef struct Conv {
+    Layer base;
+    int filters, size, stride, pad;
+    Activation act;
+} Conv;
+
+static const CfgKey conv_keys[] = {
+    {"name", "conv<k>", "module name, as in PyTorch's state_dict (conv1, ...)"},
+    {"filters", NULL, "output channels"},
+    {"size", NULL, "kernel size K (K x K)"},
+    {"stride", "1", "stride"},
+    {"pad", "0", "zero padding on each side"},
+    {"activation", "none", "none or relu, applied to the output"},
+};
+
+// 1x1, stride 1, unpadded: the input already is its own im2col.
+static bool conv_is_pointwise(const Conv *c) { return c->size == 1 && c->stride == 1 && c->pad == 0; }
+
+// Images per im2col chunk for a batch of N.
+static int conv_chunk(const Conv *c, int N) {
+    const Layer *l = &c->base;
+    size_t per_image = (size_t)l->out.h * l->out.w * l->in.c * c->size * c->size * sizeof(float);
+    size_t chunk = CONV_COL_BYTES / per_image;
+    if (chunk < 1) chunk = 1;
+    return chunk < (size_t)N ? (int)chunk : N;
+}
+
+static int conv_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err) {
+    Conv *c = layer_alloc(sizeof *c, &conv_ops, cfg, s, in, err);
+    if (!c) return -1;
+    int64_t filters, size, stride, pad;
+    if (cfg_int(cfg, s, "filters", NULL, 1, 1 << 20, &filters, err) ||
+        cfg_int(cfg, s, "size", NULL, 1, 1024, &size, err) ||
+        cfg_int(cfg, s, "stride", "1", 1, 1024, &stride, err) ||
+        cfg_int(cfg, s, "pad", "0", 0, 1024, &pad, err) ||
+        layer_activation(cfg, s, &c->act, err))
+        goto fail;
+    c->filters = (int)filters, c->size = (int)size, c->stride = (int)stride, c->pad = (int)pad;
+    const int OH = (in.h + 2 * c->pad - c->size) / c->stride + 1;
+    const int OW = (in.w + 2 * c->pad - c->size) / c->stride + 1;
+    if (in.h + 2 * c->pad < c->size || in.w + 2 * c->pad < c->size) {
+        err_set(err, "%s:%d: [conv] %s: kernel size %d does not fit its input %dx%d (pad %d)",
+                cfg->path, s->line, c->base.name, c->size, in.h, in.w, c->pad);
+        goto fail;
+    }
+    c->base.out = (Shape){.c = c->filters, .h = OH, .w = OW};
+    layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, in.c, c->size, c->size});
+    layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters});
+    c->base.init_bound = 1.0 / sqrt((double)in.c * c->size * c->size);
+    *out = &c->base;
+    return 0;
+fail:
+    free(c);
+    return -1;
+}
+
+static size_t conv_workspace_bytes(const Layer *l, int N) {
+    const Conv *c = (const Conv *)l;
+    if (conv_is_pointwise(c)) return 0;
+    return (size_t)conv_chunk(c, N) * l->out.h * l->out.w * l->in.c * c->size * c->size *
+           sizeof(float);
+}
+
+static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
+    const Conv *c = (const Conv *)l;
+    const Kernels *k = ctx->k;
+    const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
+    const float *w = l->params[0].data;  // (OC, C*K*K)
+    const int chunk = conv_chunk(c, N);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = N - n0 < chunk ? N - n0 : chunk;
+        const float *x = in + (int64_t)n0 * shape_numel(l->in);
+        const float *col = x;  // (n*OH*OW, C*K*K)
+        if (!conv_is_pointwise(c)) {
+            k->im2col(ctx->workspace, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride,
+                      c->pad, l->out.h, l->out.w);
+            col = ctx->workspace;
+        }
+        k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk,
+                false, true, 1.0f, 0.0f);
+    }
+    k->bias_act_forward(out, l->params[1].data, (int64_t)N * pixels, c->filters, c->act);
+}
+
+static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout,
+                          const float *in, const float *out, int N) {
+    const Conv *c = (const Conv *)l;
+    const Kernels *k = ctx->k;
+    const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
+    const float *w = l->params[0].data;
+    k->act_backward(dout, out, (int64_t)N * pixels * c->filters, c->act);
+    k->bias_backward(l->grads[1], dout, (int64_t)N * pixels, c->filters);
+    const int chunk = conv_chunk(c, N);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = N - n0 < chunk ? N - n0 : chunk;
+        const float *x = in + (int64_t)n0 * shape_numel(l->in);
+        const float *dy = dout + (int64_t)n0 * shape_numel(l->out);  // (n*OH*OW, OC)
+        float *dx = din ? din + (int64_t)n0 * shape_numel(l->in) : NULL;
+        if (conv_is_pointwise(c)) {
+            k->gemm(l->grads[0], dy, x, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
+            if (dx) k->gemm(dx, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
+            continue;
+        }
+        // dW += dy^T @ col; then the same workspace takes dcol = dy @ W for col2im.
+        k->im2col(ctx->workspace, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
+                  l->out.h, l->out.w);
+        k->gemm(l->grads[0], dy, ctx->workspace, c->filters, ckk, n * pixels, true, false, 1.0f,
+                1.0f);
+        if (!dx) continue;
+        k->gemm(ctx->workspace, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
+        k->col2im(dx, ctx->workspace, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
+                  l->out.h, l->out.w);
+    }
+}
+
+const LayerOps conv_ops = {
+    .type = "conv",
+    .summary = "2-D convolution (PyTorch Conv2d), optionally followed by an activation",
+    .keys = conv_keys,
+    .nkeys = sizeof conv_keys / sizeof conv_keys[0],
+    .create = conv_create,
+    .workspace_bytes = conv_workspace_bytes,
+    .forward = conv_forward,
+    .backward = conv_backward,
+};

@@ -1,0 +1,315 @@
+// cpu_kernels.c: the kernel table on the CPU: OpenBLAS for GEMMs, OpenMP loops for the
+// rest. Every loop that runs in parallel writes disjoint outputs, and every reduction
+// sums in an order that does not depend on the thread count, so results are bitwise
+// reproducible (DESIGN.md decision 10).
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "rng.h"
+
+const char *const activation_names[ACT_COUNT] = {"none", "relu"};
+static_assert(ACT_COUNT == 2, "activation_names must list every Activation");
+
+// Below this many elements a loop runs on one thread: waking threads costs more.
+#define PAR_MIN 32768
+
+// ---- memory ------------------------------------------------------------------------------
+
+static void *cpu_alloc(size_t bytes) {
+    // 64-byte alignment for AVX-512 loads in OpenBLAS and our loops.
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) return NULL;
+    return p;
+}
+static void cpu_release(void *p) { free(p); }
+static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_sync(void) {}
+
+// ---- dense algebra ---------------------------------------------------------------------------
+
+static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int K, bool transA,
+                     bool transB, float alpha, float beta) {
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+                transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, transA ? M : K, B,
+                transB ? K : N, beta, C, N);
+}
+
+// ---- convolution lowering ---------------------------------------------------------------------
+
+static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, int K, int stride,
+                       int pad, int OH, int OW) {
+    const int64_t rows = (int64_t)N * OH * OW, ckk = (int64_t)C * K * K;
+#pragma omp parallel for schedule(static) if (rows * ckk > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const int ow = (int)(r % OW), oh = (int)(r / OW % OH), n = (int)(r / ((int64_t)OW * OH));
+        float *dst = col + r * ckk;
+        for (int kh = 0; kh < K; kh++) {
+            const int ih = oh * stride - pad + kh;
+            for (int kw = 0; kw < K; kw++) {
+                const int iw = ow * stride - pad + kw;
+                float *d = dst + kh * K + kw;  // column (c, kh, kw), stride K*K over c
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+                    for (int c = 0; c < C; c++) d[(int64_t)c * K * K] = 0.0f;
+                } else {
+                    const float *s = in + (((int64_t)n * H + ih) * W + iw) * C;
+                    for (int c = 0; c < C; c++) d[(int64_t)c * K * K] = s[c];
+                }
+            }
+        }
+    }
+}
+
+static void cpu_col2im(float *din, const float *col, int N, int H, int W, int C, int K,
+                       int stride, int pad, int OH, int OW) {
+    const int64_t ckk = (int64_t)C * K * K, image = (int64_t)H * W * C;
+    // One image per iteration: images write disjoint parts of din.
+#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * ckk > PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *dimg = din + n * image;
+        memset(dimg, 0, (size_t)image * sizeof(float));
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                const float *src = col + (((int64_t)n * OH + oh) * OW + ow) * ckk;
+                for (int kh = 0; kh < K; kh++) {
+                    const int ih = oh * stride - pad + kh;
+                    if (ih < 0 || ih >= H) continue;
+                    for (int kw = 0; kw < K; kw++) {
+                        const int iw = ow * stride - pad + kw;
+                        if (iw < 0 || iw >= W) continue;
+                        float *d = dimg + ((int64_t)ih * W + iw) * C;
+                        const float *s = src + kh * K + kw;
+                        for (int c = 0; c < C; c++) d[c] += s[(int64_t)c * K * K];
+                    }
+                }
+            }
+    }
+}
+
+// ---- elementwise and reductions -------------------------------------------------------------
+
+static void cpu_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
+                                 Activation act) {
+#pragma omp parallel for schedule(static) if (rows * cols > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float *o = out + r * cols;
+        if (bias)
+            for (int c = 0; c < cols; c++) o[c] += bias[c];
+        if (act == ACT_RELU)
+            for (int c = 0; c < cols; c++) o[c] = o[c] > 0.0f ? o[c] : 0.0f;
+    }
+}
+
+static void cpu_act_backward(float *dout, const float *y, int64_t n, Activation act) {
+    if (act != ACT_RELU) return;
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dout[i] = y[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+// Column sums in blocks of rows; each block's partial sums are added to dbias in row
+// order, so the result is independent of threads.
+static void cpu_bias_backward(float *dbias, const float *dout, int64_t rows, int cols) {
+    enum { COLS_BLOCK = 256 };
+    for (int c0 = 0; c0 < cols; c0 += COLS_BLOCK) {
+        const int nc = cols - c0 < COLS_BLOCK ? cols - c0 : COLS_BLOCK;
+        float acc[COLS_BLOCK] = {0};
+        for (int64_t r = 0; r < rows; r++) {
+            const float *d = dout + r * cols + c0;
+            for (int c = 0; c < nc; c++) acc[c] += d[c];
+        }
+        for (int c = 0; c < nc; c++) dbias[c0 + c] += acc[c];
+    }
+}
+
+static void cpu_relu_forward(float *out, const float *in, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+static void cpu_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+// ---- pooling --------------------------------------------------------------------------------
+
+static void cpu_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
+                                int stride, int OH, int OW) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                float *o = out + (((int64_t)n * OH + oh) * OW + ow) * C;
+                for (int c = 0; c < C; c++) o[c] = -INFINITY;
+                for (int kh = 0; kh < K; kh++)
+                    for (int kw = 0; kw < K; kw++) {
+                        const float *s = in + (((int64_t)n * H + oh * stride + kh) * W +
+                                               ow * stride + kw) * C;
+                        for (int c = 0; c < C; c++)
+                            if (s[c] > o[c] || isnan(s[c])) o[c] = s[c];
+                    }
+            }
+}
+
+static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
+                                 const float *out, int N, int H, int W, int C, int K,
+                                 int stride, int OH, int OW) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *dimg = din + (int64_t)n * H * W * C;
+        memset(dimg, 0, sizeof(float) * (size_t)H * W * C);
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C;
+                for (int c = 0; c < C; c++) {
+                    // The first window element equal to the maximum took it in forward.
+                    const float m = out[o + c];
+                    int found = 0;
+                    for (int kh = 0; kh < K && !found; kh++)
+                        for (int kw = 0; kw < K && !found; kw++) {
+                            const int64_t i = ((int64_t)(oh * stride + kh) * W +
+                                               ow * stride + kw) * C + c;
+                            const float v = in[(int64_t)n * H * W * C + i];
+                            if (v == m || (isnan(m) && isnan(v))) {
+                                dimg[i] += dout[o + c];
+                                found = 1;
+                            }
+                        }
+                }
+            }
+    }
+}
+
+// ---- dropout --------------------------------------------------------------------------------
+
+static void cpu_dropout_forward(float *out, const float *in, int64_t n, float p, uint64_t key,
+                                uint64_t offset) {
+    const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = rng_uniform(key, offset + (uint64_t)i) >= p ? in[i] * scale : 0.0f;
+}
+
+static void cpu_dropout_backward(float *din, const float *dout, int64_t n, float p,
+                                 uint64_t key, uint64_t offset) {
+    cpu_dropout_forward(din, dout, n, p, key, offset);  // the same mask and scale
+}
+
+// ---- layout ---------------------------------------------------------------------------------
+
+static void cpu_nhwc_to_nchw(float *out, const float *in, int N, int H, int W, int C) {
+    const int64_t hw = (int64_t)H * W;
+#pragma omp parallel for schedule(static) if ((int64_t)N * hw * C > PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int64_t p = 0; p < hw; p++)
+            for (int c = 0; c < C; c++) out[((int64_t)n * C + c) * hw + p] = in[((int64_t)n * hw + p) * C + c];
+}
+
+static void cpu_nchw_to_nhwc(float *out, const float *in, int N, int H, int W, int C) {
+    const int64_t hw = (int64_t)H * W;
+#pragma omp parallel for schedule(static) if ((int64_t)N * hw * C > PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int64_t p = 0; p < hw; p++)
+            for (int c = 0; c < C; c++) out[((int64_t)n * hw + p) * C + c] = in[((int64_t)n * C + c) * hw + p];
+}
+
+// ---- output and loss ------------------------------------------------------------------------
+
+static void cpu_log_softmax_forward(float *out, const float *in, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *x = in + (int64_t)n * C;
+        float *y = out + (int64_t)n * C;
+        float m = -INFINITY;
+        for (int c = 0; c < C; c++) m = x[c] > m ? x[c] : m;
+        double s = 0.0;
+        for (int c = 0; c < C; c++) s += exp((double)x[c] - m);
+        const float lse = m + (float)log(s);
+        for (int c = 0; c < C; c++) y[c] = x[c] - lse;
+    }
+}
+
+static void cpu_log_softmax_backward(float *din, const float *dout, const float *out, int N,
+                                     int C) {
+    for (int n = 0; n < N; n++) {
+        const float *dy = dout + (int64_t)n * C, *y = out + (int64_t)n * C;
+        float *dx = din + (int64_t)n * C;
+        double s = 0.0;
+        for (int c = 0; c < C; c++) s += dy[c];
+        for (int c = 0; c < C; c++) dx[c] = dy[c] - expf(y[c]) * (float)s;
+    }
+}
+
+static void cpu_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
+                         int N, int C, float scale) {
+    double loss = 0.0;
+    int correct = 0;
+    for (int n = 0; n < N; n++) {
+        const float *y = logp + (int64_t)n * C;
+        int best = 0;
+        for (int c = 1; c < C; c++)
+            if (y[c] > y[best]) best = c;
+        correct += best == labels[n];
+        loss -= y[labels[n]];
+        if (dlogp) {
+            float *d = dlogp + (int64_t)n * C;
+            memset(d, 0, sizeof(float) * (size_t)C);
+            d[labels[n]] = -scale;
+        }
+    }
+    metrics[0] += (float)loss;
+    metrics[1] += (float)correct;
+}
+
+// ---- optimizer ------------------------------------------------------------------------------
+
+static void cpu_adadelta_step(float *p, float *square_avg, float *acc_delta, const float *g,
+                              int64_t n, float lr, float rho, float eps, float weight_decay) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
+        const float sq = rho * square_avg[i] + (1.0f - rho) * gi * gi;
+        const float std = sqrtf(sq + eps);
+        const float delta = sqrtf(acc_delta[i] + eps) / std * gi;
+        square_avg[i] = sq;
+        acc_delta[i] = rho * acc_delta[i] + (1.0f - rho) * delta * delta;
+        p[i] -= lr * delta;
+    }
+}
+
+void cpu_set_threads(int n) {
+    openblas_set_num_threads(n);
+    omp_set_num_threads(n);
+}
+
+const Kernels cpu_kernels = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_memcpy,
+    .download = cpu_memcpy,
+    .zero = cpu_zero,
+    .copy = cpu_memcpy,
+    .sync = cpu_sync,
+    .gemm = cpu_gemm,
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .bias_act_forward = cpu_bias_act_forward,
+    .act_backward = cpu_act_backward,
+    .bias_backward = cpu_bias_backward,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
+    .maxpool_forward = cpu_maxpool_forward,
+    .maxpool_backward = cpu_maxpool_backward,
+    .dropout_forward = cpu_dropout_forward,
+    .dropout_backward = cpu_dropout_backward,
+    .nhwc_to_nchw = cpu_nhwc_to_nchw,
+    .nchw_to_nhwc = cpu_nchw_to_nhwc,
+    .log_softmax_forward = cpu_log_softmax_forward,
+    .log_softmax_backward = cpu_log_softmax_backward,
+    .nll_loss = cpu_nll_loss,
+    .adadelta_step = cpu_adadelta_step,
+};

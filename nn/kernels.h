@@ -1,0 +1,121 @@
+// kernels.h: the kernel table (DESIGN.md decision 1).
+//
+// Layers and the network call the device only through a Kernels table; nn/cpu_kernels.c
+// implements it on OpenBLAS, gpu/ implements the same table in CUDA. Pointers passed to
+// kernels point into the device's memory (from alloc); host pointers are marked `host`.
+//
+// Conventions: outputs first, then inputs, then dimensions. Activations are channel-last
+// (N, H, W, C) row-major. Kernels that write an input gradient overwrite it; kernels that
+// write a parameter gradient accumulate into it (zeroing is an explicit step).
+#ifndef NN_KERNELS_H
+#define NN_KERNELS_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef enum Activation { ACT_NONE, ACT_RELU, ACT_COUNT } Activation;
+extern const char *const activation_names[ACT_COUNT];
+
+typedef struct Kernels {
+    const char *name;  // "cpu", "cuda"
+
+    // ---- memory of the device -------------------------------------------------------
+    void *(*alloc)(size_t bytes);  // NULL on failure; the caller reports it
+    void (*release)(void *p);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    void (*zero)(void *p, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);  // device to device
+    void (*sync)(void);  // waits for queued work (no-op on the CPU)
+
+    // ---- dense algebra ---------------------------------------------------------------
+    // C (M, N) = alpha * op(A) @ op(B) + beta * C, all row-major; op(A) is (M, K) and
+    // op(B) is (K, N); transA/transB say A is stored (K, M) / B is stored (N, K).
+    void (*gemm)(float *C, const float *A, const float *B, int M, int N, int K,
+                 bool transA, bool transB, float alpha, float beta);
+
+    // ---- convolution lowering --------------------------------------------------------
+    // col (N*OH*OW, C*K*K) <- in (N, H, W, C); a row is one output pixel's patch, its
+    // columns ordered (c, kh, kw) like PyTorch's weight (OC, C, K, K). Zero padding.
+    void (*im2col)(float *col, const float *in, int N, int H, int W, int C, int K,
+                   int stride, int pad, int OH, int OW);
+    // din (N, H, W, C) = sum of col's patches back onto the pixels they came from.
+    void (*col2im)(float *din, const float *col, int N, int H, int W, int C, int K,
+                   int stride, int pad, int OH, int OW);
+
+    // ---- elementwise and reductions ----------------------------------------------------
+    // out (rows, cols) = act(out + bias), in place; bias (cols) may be NULL.
+    void (*bias_act_forward)(float *out, const float *bias, int64_t rows, int cols,
+                             Activation act);
+    // dout (n) *= act'(y), in place, where y is the activation's output.
+    void (*act_backward)(float *dout, const float *y, int64_t n, Activation act);
+    // dbias (cols) += column sums of dout (rows, cols).
+    void (*bias_backward)(float *dbias, const float *dout, int64_t rows, int cols);
+    // out = max(in, 0); din = dout * (out > 0).
+    void (*relu_forward)(float *out, const float *in, int64_t n);
+    void (*relu_backward)(float *din, const float *dout, const float *out, int64_t n);
+
+    // ---- pooling ------------------------------------------------------------------------
+    // out (N, OH, OW, C) = max over K x K windows of in (N, H, W, C), no padding.
+    void (*maxpool_forward)(float *out, const float *in, int N, int H, int W, int C, int K,
+                            int stride, int OH, int OW);
+    // din (N, H, W, C) = dout routed to the first maximum of each window (PyTorch's tie
+    // rule), found again from in and out instead of a stored argmax.
+    void (*maxpool_backward)(float *din, const float *dout, const float *in,
+                             const float *out, int N, int H, int W, int C, int K,
+                             int stride, int OH, int OW);
+
+    // ---- dropout (inverted), masks from the counter-based RNG of nn/rng.h --------------
+    // Element i is kept iff rng_uniform(key, offset + i) >= p; kept elements are scaled by
+    // 1/(1-p). key = rng_key(seed, RNG_STREAM_DROPOUT, step, layer) and offset = the
+    // element's position within the whole batch, so backward, recomputation and any split
+    // into micro-batches see the same mask.
+    void (*dropout_forward)(float *out, const float *in, int64_t n, float p, uint64_t key,
+                            uint64_t offset);
+    void (*dropout_backward)(float *din, const float *dout, int64_t n, float p, uint64_t key,
+                             uint64_t offset);
+
+    // ---- layout ---------------------------------------------------------------------------
+    // out (N, C, H, W) <- in (N, H, W, C), and back. Flatten uses these so that linear
+    // layers see PyTorch's flatten order.
+    void (*nhwc_to_nchw)(float *out, const float *in, int N, int H, int W, int C);
+    void (*nchw_to_nhwc)(float *out, const float *in, int N, int H, int W, int C);
+
+    // ---- output and loss ------------------------------------------------------------------
+    // out (N, C) = log_softmax(in) over C.
+    void (*log_softmax_forward)(float *out, const float *in, int N, int C);
+    // din = dout - exp(out) * sum(dout) per row, where out is log_softmax's output.
+    void (*log_softmax_backward)(float *din, const float *dout, const float *out, int N,
+                                 int C);
+    // NLL on log-probabilities logp (N, C) with labels (N) on the device:
+    // metrics[0] += sum of -logp[i, label_i]; metrics[1] += count of argmax == label.
+    // If dlogp is non-NULL, dlogp (N, C) = -scale at each label and 0 elsewhere
+    // (scale = 1/N for the mean over the batch).
+    void (*nll_loss)(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
+                     int N, int C, float scale);
+
+    // ---- optimizer ------------------------------------------------------------------------
+    // One Adadelta step over n parameters, PyTorch's update exactly:
+    //   g += wd * p; sq = rho*sq + (1-rho)*g^2; d = sqrt(acc + eps) / sqrt(sq + eps) * g;
+    //   acc = rho*acc + (1-rho)*d^2; p -= lr * d.
+    void (*adadelta_step)(float *p, float *square_avg, float *acc_delta, const float *g,
+                          int64_t n, float lr, float rho, float eps, float weight_decay);
+} Kernels;
+
+// The CPU backend (OpenBLAS), always built.
+extern const Kernels cpu_kernels;
+
+// The CUDA backend: gpu/ defines it where CUDA was built; nn/no_cuda.c otherwise, which
+// returns NULL with a message saying how to build with CUDA.
+const Kernels *cuda_kernels(Error *err);
+
+// "cpu" or "cuda" -> table, or NULL with err.
+const Kernels *kernels_for_device(const char *device, Error *err);
+
+// Threads for the CPU backend (OpenBLAS and the project's own loops).
+void cpu_set_threads(int n);
+
+#endif

@@ -1,0 +1,71 @@
+// linear.c: fully connected layer (PyTorch Linear): out = in @ W^T + b, W (OUT, IN).
+#include <math.h>
+#include <stdlib.h>
+
+#include "layer.h"
+
+typedef struct Linear {
+    Layer base;
+    int outputs;
+    Activation act;
+} Linear;
+
+static const CfgKey linear_keys[] = {
+    {"name", "linear<k>", "module name, as in PyTorch's state_dict (fc1, ...)"},
+    {"outputs", NULL, "output features"},
+    {"activation", "none", "none or relu, applied to the output"},
+};
+
+static int linear_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err) {
+    Linear *f = layer_alloc(sizeof *f, &linear_ops, cfg, s, in, err);
+    if (!f) return -1;
+    int64_t outputs;
+    if (cfg_int(cfg, s, "outputs", NULL, 1, 1 << 24, &outputs, err) ||
+        layer_activation(cfg, s, &f->act, err))
+        goto fail;
+    if (in.h != 1 || in.w != 1) {
+        err_set(err, "%s:%d: [linear] %s: its input is %dx%dx%d (C x H x W), not flat: put a "
+                "[flatten] section before it",
+                cfg->path, s->line, f->base.name, in.c, in.h, in.w);
+        goto fail;
+    }
+    f->outputs = (int)outputs;
+    f->base.out = (Shape){.c = f->outputs, .h = 1, .w = 1};
+    layer_param(&f->base, 0, "weight", 2, (int64_t[]){f->outputs, in.c});
+    layer_param(&f->base, 1, "bias", 1, (int64_t[]){f->outputs});
+    f->base.init_bound = 1.0 / sqrt((double)in.c);
+    *out = &f->base;
+    return 0;
+fail:
+    free(f);
+    return -1;
+}
+
+static size_t linear_workspace_bytes(const Layer *l, int N) { return 0; }
+
+static void linear_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
+    const Linear *f = (const Linear *)l;
+    ctx->k->gemm(out, in, l->params[0].data, N, f->outputs, l->in.c, false, true, 1.0f, 0.0f);
+    ctx->k->bias_act_forward(out, l->params[1].data, N, f->outputs, f->act);
+}
+
+static void linear_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout,
+                            const float *in, const float *out, int N) {
+    const Linear *f = (const Linear *)l;
+    const Kernels *k = ctx->k;
+    k->act_backward(dout, out, (int64_t)N * f->outputs, f->act);
+    k->bias_backward(l->grads[1], dout, N, f->outputs);
+    k->gemm(l->grads[0], dout, in, f->outputs, l->in.c, N, true, false, 1.0f, 1.0f);
+    if (din) k->gemm(din, dout, l->params[0].data, N, l->in.c, f->outputs, false, false, 1.0f, 0.0f);
+}
+
+const LayerOps linear_ops = {
+    .type = "linear",
+    .summary = "fully connected layer (PyTorch Linear), optionally followed by an activation",
+    .keys = linear_keys,
+    .nkeys = sizeof linear_keys / sizeof linear_keys[0],
+    .create = linear_create,
+    .workspace_bytes = linear_workspace_bytes,
+    .forward = linear_forward,
+    .backward = linear_backward,
+};

@@ -1,0 +1,430 @@
+// train.c: the trainer. ./train CFG [key=value ...]
+//
+// Reads the cfg, applies command-line overrides, opens the data, builds the network on
+// the chosen device and trains it with Adadelta on the NLL loss, evaluating on the test
+// set after each epoch. Prints a line per epoch and appends it to SAVE/metrics.jsonl.
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data/dataset.h"
+#include "nn/cfg.h"
+#include "nn/kernels.h"
+#include "nn/net.h"
+#include "nn/optim.h"
+
+// ---- the [train] and [data] sections -------------------------------------------------------
+
+static const CfgKey train_keys[] = {
+    {"epochs", "14", "passes over the training set"},
+    {"batch", "64", "samples per optimizer step"},
+    {"optimizer", "adadelta", "adadelta (PyTorch's update)"},
+    {"lr", "1.0", "learning rate"},
+    {"rho", "0.9", "Adadelta's running-average coefficient"},
+    {"eps", "1e-6", "Adadelta's epsilon"},
+    {"weight_decay", "0", "L2 penalty added to the gradients"},
+    {"lr_gamma", "0.7", "StepLR: the learning rate is multiplied by this after each epoch"},
+    {"device", "cpu", "cpu, or cuda in builds with the CUDA backend"},
+    {"threads", "0", "CPU threads for OpenBLAS and the kernels; 0 = all cores"},
+    {"seed", "1", "seeds initialisation, shuffling and dropout"},
+    {"save", "runs/<cfg name>", "folder for the metrics log (metrics.jsonl)"},
+};
+enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
+
+static const CfgKey data_keys[] = {
+    {"train", NULL, "training images: an IDX file (raw or .gz)"},
+    {"train_labels", NULL, "training labels: an IDX file (raw or .gz)"},
+    {"test", "", "test images (IDX); evaluated after each epoch; empty = none"},
+    {"test_labels", "", "test labels (IDX); needed with test"},
+    {"mean", "0", "per-channel mean subtracted after scaling pixels to [0, 1]"},
+    {"std", "1", "per-channel standard deviation divided by after that"},
+    {"shuffle", "1", "1: a new seeded order of the training set each epoch; 0: file order"},
+    {"drop_last", "0", "1: skip the last training batch if it is smaller than batch"},
+};
+enum { NDATA_KEYS = sizeof data_keys / sizeof data_keys[0] };
+
+typedef struct Options {
+    int epochs, batch, threads, shuffle, drop_last;
+    Adadelta adadelta;
+    double lr_gamma;
+    const char *device, *train, *train_labels, *test, *test_labels;
+    char save[1024];
+    uint64_t seed;
+    float mean[DATASET_MAX_CHANNELS], std[DATASET_MAX_CHANNELS];
+    int nmean, nstd;
+} Options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ./train CFG [key=value ...]\n"
+            "\n"
+            "Trains the network described by the cfg file CFG (see models/mnist.cfg).\n"
+            "Any cfg key can be overridden on the command line:\n"
+            "  key=value          a key of [train] or [data]   (epochs=1 batch=128)\n"
+            "  train.key=value    a key of a named section     (data.shuffle=0)\n"
+            "  LAYER.key=value    a key of the layer named LAYER (conv1.filters=16)\n"
+            "\n"
+            "Options:\n"
+            "  -h, --help         this text, with every cfg key\n"
+            "\n");
+    cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
+    cfg_print_keys(f, "data", data_keys, NDATA_KEYS);
+    fprintf(f, "\nLayer sections, in network order after [train] and [data]:\n");
+    for (int i = 0; i < layer_ntypes; i++) {
+        fprintf(f, "\n[%s]: %s\n", layer_types[i]->type, layer_types[i]->summary);
+        cfg_print_keys(f, NULL, layer_types[i]->keys, layer_types[i]->nkeys);
+    }
+}
+
+static bool has_key(const CfgKey *keys, int n, const char *key) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(keys[i].key, key) == 0) return true;
+    return false;
+}
+
+// Applies one command-line override "key=value", "section.key=value" or "layer.key=value".
+static int apply_override(Cfg *cfg, const char *arg, Error *err) {
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg)
+        return err_set(err, "command line: '%s' is not key=value (see ./train --help)", arg);
+    char key[256];
+    if ((size_t)(eq - arg) >= sizeof key) return err_set(err, "command line: key too long in '%s'", arg);
+    memcpy(key, arg, (size_t)(eq - arg));
+    key[eq - arg] = '\0';
+    const char *value = eq + 1;
+    CfgSection *s = NULL;
+    const char *k = key;
+    char *dot = strchr(key, '.');
+    if (dot) {
+        *dot = '\0';
+        k = dot + 1;
+        s = cfg_section(cfg, key);
+        if (s && strcmp(key, "train") != 0 && strcmp(key, "data") != 0) s = NULL;
+        if (!s) s = cfg_layer_section(cfg, key);
+        if (!s) return err_set(err, "command line: '%s': no section or layer named '%s' in %s", arg, key, cfg->path);
+    } else if (has_key(train_keys, NTRAIN_KEYS, key)) {
+        s = cfg_section(cfg, "train");
+    } else if (has_key(data_keys, NDATA_KEYS, key)) {
+        s = cfg_section(cfg, "data");
+    } else {
+        return err_set(err, "command line: unknown key '%s': not a key of [train] or [data] "
+                            "(for a layer's key write LAYER.%s=...; see ./train --help)", key, key);
+    }
+    if (!s) return err_set(err, "command line: '%s': %s has no [%s] section", arg, cfg->path,
+                           has_key(train_keys, NTRAIN_KEYS, key) ? "train" : "data");
+    return cfg_set(s, k, value, err);
+}
+
+static int read_floats(const Cfg *cfg, const CfgSection *s, const char *key, const char *def,
+                       float *out, int *n, Error *err) {
+    double v[DATASET_MAX_CHANNELS];
+    if (cfg_floats(cfg, s, key, def, v, DATASET_MAX_CHANNELS, n, err)) return -1;
+    for (int i = 0; i < *n; i++) out[i] = (float)v[i];
+    return 0;
+}
+
+static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error *err) {
+    const CfgSection *t = cfg_section(cfg, "train"), *d = cfg_section(cfg, "data");
+    if (!t) return err_set(err, "%s: no [train] section (see models/mnist.cfg)", cfg_path);
+    if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
+    if (cfg_check_keys(cfg, t, train_keys, NTRAIN_KEYS, err) ||
+        cfg_check_keys(cfg, d, data_keys, NDATA_KEYS, err))
+        return -1;
+    int64_t epochs, batch, threads, seed, shuffle, drop_last;
+    double lr, rho, eps, wd, gamma;
+    int optimizer;
+    static const char *const optimizers[] = {"adadelta"};
+    const char *save;
+    if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
+        cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
+        cfg_choice(cfg, t, "optimizer", "adadelta", optimizers, 1, &optimizer, err) ||
+        cfg_float(cfg, t, "lr", "1.0", 0.0, 1e6, &lr, err) ||
+        cfg_float(cfg, t, "rho", "0.9", 0.0, 1.0, &rho, err) ||
+        cfg_float(cfg, t, "eps", "1e-6", 0.0, 1.0, &eps, err) ||
+        cfg_float(cfg, t, "weight_decay", "0", 0.0, 1e6, &wd, err) ||
+        cfg_float(cfg, t, "lr_gamma", "0.7", 0.0, 1e6, &gamma, err) ||
+        cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
+        cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err) ||
+        cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
+        cfg_str(cfg, t, "save", "", &save, err) ||
+        cfg_str(cfg, d, "train", NULL, &o->train, err) ||
+        cfg_str(cfg, d, "train_labels", NULL, &o->train_labels, err) ||
+        cfg_str(cfg, d, "test", "", &o->test, err) ||
+        cfg_str(cfg, d, "test_labels", "", &o->test_labels, err) ||
+        read_floats(cfg, d, "mean", "0", o->mean, &o->nmean, err) ||
+        read_floats(cfg, d, "std", "1", o->std, &o->nstd, err) ||
+        cfg_int(cfg, d, "shuffle", "1", 0, 1, &shuffle, err) ||
+        cfg_int(cfg, d, "drop_last", "0", 0, 1, &drop_last, err))
+        return -1;
+    for (int i = 0; i < o->nstd; i++)
+        if (!(o->std[i] > 0.0f)) return err_set(err, "%s: [data] std must be > 0", cfg_path);
+    if (o->test[0] && !o->test_labels[0])
+        return err_set(err, "%s: [data] test is set but test_labels is not", cfg_path);
+    o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
+    o->shuffle = (int)shuffle, o->drop_last = (int)drop_last, o->seed = (uint64_t)seed;
+    o->adadelta = (Adadelta){.lr = lr, .rho = rho, .eps = eps, .weight_decay = wd};
+    o->lr_gamma = gamma;
+    if (save[0]) {
+        snprintf(o->save, sizeof o->save, "%s", save);
+    } else {  // runs/<cfg file name without directory and extension>
+        const char *base = strrchr(cfg_path, '/') ? strrchr(cfg_path, '/') + 1 : cfg_path;
+        int len = (int)strcspn(base, ".");
+        snprintf(o->save, sizeof o->save, "runs/%.*s", len, base);
+    }
+    return 0;
+}
+
+// Per-channel mean/std for a dataset of c channels: one value applies to all channels.
+static int loader_config(LoaderConfig *lc, const Options *o, const Dataset *ds, bool train, Error *err) {
+    *lc = (LoaderConfig){.batch = o->batch, .shuffle = train ? o->shuffle : 0,
+                         .drop_last = train ? o->drop_last : 0, .seed = o->seed};
+    for (int c = 0; c < ds->shape.c; c++) {
+        if ((o->nmean != 1 && o->nmean != ds->shape.c) || (o->nstd != 1 && o->nstd != ds->shape.c))
+            return err_set(err, "[data] mean and std need 1 or %d values for %d-channel images",
+                           ds->shape.c, ds->shape.c);
+        lc->mean[c] = o->mean[o->nmean == 1 ? 0 : c];
+        lc->std[c] = o->std[o->nstd == 1 ? 0 : c];
+    }
+    return 0;
+}
+
+// ---- utilities -----------------------------------------------------------------------------
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Peak resident memory of this process in MB (VmHWM), or -1 if unknown.
+static double peak_rss_mb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    double mb = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) mb = atof(line + 6) / 1024.0;
+    fclose(f);
+    return mb;
+}
+
+static int mkdirs(const char *path, Error *err) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return err_set(err, "cannot create folder %s: %s", buf, strerror(errno));
+            *p = c;
+            if (!c) break;
+        }
+    }
+    return 0;
+}
+
+static void format_eta(char *buf, size_t n, double seconds) {
+    int s = (int)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, n, "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(buf, n, "%d:%02d", s / 60, s % 60);
+}
+
+// ---- training ------------------------------------------------------------------------------
+
+typedef struct Totals {
+    double loss, correct;
+    int64_t seen;
+} Totals;
+
+// Copies a host batch into the network's input and label buffers.
+static void put_batch(Net *net, const Batch *b) {
+    net->k->upload(net->input_buf, b->x, (size_t)b->n * shape_numel(net->input) * sizeof(float));
+    net->k->upload(net->labels, b->y, (size_t)b->n * sizeof(int32_t));
+}
+
+static void read_metrics(Net *net, Totals *t) {
+    float m[2];
+    net->k->download(m, net->metrics, sizeof m);
+    t->loss = m[0], t->correct = m[1];
+}
+
+// Loss and accuracy over a whole dataset, without training.
+static int evaluate(Net *net, Loader *loader, Totals *t, Error *err) {
+    net->k->zero(net->metrics, 2 * sizeof(float));
+    if (loader_start_epoch(loader, 0, 0, err)) return -1;
+    t->seen = 0;
+    const Batch *b;
+    while (1) {
+        if (loader_next(loader, &b, err)) return -1;
+        if (!b) break;
+        put_batch(net, b);
+        net_forward(net, b->n, false, 0, 0, 0);
+        net_loss(net, b->n, b->n, false);
+        t->seen += b->n;
+    }
+    read_metrics(net, t);
+    return 0;
+}
+
+static int train_epoch(Net *net, Loader *loader, const Options *o, int epoch, uint64_t *step,
+                       Totals *t, double *seconds, Error *err) {
+    const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
+    const int64_t nbatches = loader_batches(loader);
+    const bool live = isatty(STDOUT_FILENO);
+    net->k->zero(net->metrics, 2 * sizeof(float));
+    if (loader_start_epoch(loader, epoch, 0, err)) return -1;
+    t->seen = 0;
+    const double t0 = now();
+    double last_print = t0;
+    const Batch *b;
+    while (1) {
+        if (loader_next(loader, &b, err)) return -1;
+        if (!b) break;
+        put_batch(net, b);
+        net_zero_grads(net);
+        net_forward(net, b->n, true, o->seed, *step, 0);
+        net_loss(net, b->n, b->n, true);
+        net_backward(net, b->n, o->seed, *step, 0);
+        adadelta_step(net, &o->adadelta, lr);
+        (*step)++;
+        t->seen += b->n;
+        const double tn = now();
+        if (live && (tn - last_print > 0.25 || b->index + 1 == nbatches)) {
+            last_print = tn;
+            read_metrics(net, t);
+            char eta[32];
+            const double rate = t->seen / (tn - t0);
+            format_eta(eta, sizeof eta, (nbatches - b->index - 1) * (double)o->batch / rate);
+            printf("\r\033[K  epoch %d  %lld/%lld  loss %.4f  %.0f img/s  ETA %s", epoch + 1,
+                   (long long)b->index + 1, (long long)nbatches, t->loss / t->seen, rate, eta);
+            fflush(stdout);
+        }
+    }
+    net->k->sync();
+    *seconds = now() - t0;
+    if (live) printf("\r\033[K");
+    read_metrics(net, t);
+    return 0;
+}
+
+static int run(const Options *o, const Cfg *cfg, Error *err) {
+    int rc = -1;
+    Dataset *train = NULL, *test = NULL;
+    Loader *train_loader = NULL, *test_loader = NULL;
+    Net net = {0};
+    FILE *log = NULL;
+
+    const Kernels *k = kernels_for_device(o->device, err);
+    if (!k) return -1;
+    cpu_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+
+    if (idx_dataset_open(&train, o->train, o->train_labels, err)) goto done;
+    if (o->test[0] && idx_dataset_open(&test, o->test, o->test_labels, err)) goto done;
+    if (test && (test->shape.c != train->shape.c || test->shape.h != train->shape.h ||
+                 test->shape.w != train->shape.w)) {
+        err_set(err, "%s has %dx%dx%d images but %s has %dx%dx%d", o->test, test->shape.c,
+                test->shape.h, test->shape.w, o->train, train->shape.c, train->shape.h, train->shape.w);
+        goto done;
+    }
+    LoaderConfig train_lc, test_lc;
+    if (loader_config(&train_lc, o, train, true, err) || loader_create(&train_loader, train, &train_lc, err))
+        goto done;
+    if (test && (loader_config(&test_lc, o, test, false, err) || loader_create(&test_loader, test, &test_lc, err)))
+        goto done;
+    const int classes = test && test->classes > train->classes ? test->classes : train->classes;
+
+    if (net_create(&net, cfg, train->shape, classes, o->batch, k, err)) goto done;
+    if (net_init_params(&net, o->seed, err)) goto done;
+    net.plan.loader = loader_bytes(train, &train_lc) + (test ? loader_bytes(test, &test_lc) : 0);
+
+    printf("cnn.c: %s on %s, %lld training images%s, %d classes\n", cfg->path, k->name,
+           (long long)train->count, test ? "" : " (no test set)", classes);
+    if (test) printf("       %lld test images\n", (long long)test->count);
+    net_print(&net, stdout);
+    const MemPlan *p = &net.plan;
+    printf("memory plan: params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, "
+           "workspace %.1f MB, loader %.1f MB; total %.1f MB\n",
+           p->params / 1e6, p->grads / 1e6, p->optimizer / 1e6, p->activations / 1e6,
+           p->workspace / 1e6, p->loader / 1e6, mem_plan_total(p) / 1e6);
+
+    if (mkdirs(o->save, err)) goto done;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->save);
+    if (!(log = fopen(path, "w"))) {
+        err_set(err, "cannot write %s: %s", path, strerror(errno));
+        goto done;
+    }
+    uint64_t step = 0;
+    for (int epoch = 0; epoch < o->epochs; epoch++) {
+        Totals tr, te = {0};
+        double seconds;
+        if (train_epoch(&net, train_loader, o, epoch, &step, &tr, &seconds, err)) goto done;
+        if (test && evaluate(&net, test_loader, &te, err)) goto done;
+        const double img_s = tr.seen / seconds, rss = peak_rss_mb();
+        const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
+        char val[96] = "";
+        if (test)
+            snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen,
+                     100.0 * te.correct / te.seen);
+        printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
+               "peak %.0f MB\n",
+               epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
+               img_s, seconds, rss);
+        fflush(stdout);
+        char val_loss[32] = "null", val_acc[32] = "null";
+        if (test) {
+            snprintf(val_loss, sizeof val_loss, "%.6f", te.loss / te.seen);
+            snprintf(val_acc, sizeof val_acc, "%.4f", 100.0 * te.correct / te.seen);
+        }
+        fprintf(log,
+                "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
+                "\"val_acc\": %s, \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, "
+                "\"peak_rss_mb\": %.1f}\n",
+                epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc, lr,
+                img_s, seconds, rss);
+        fflush(log);
+    }
+    rc = 0;
+done:
+    if (log) fclose(log);
+    net_free(&net);
+    loader_destroy(train_loader);
+    loader_destroy(test_loader);
+    dataset_close(train);
+    dataset_close(test);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+    Error err = {0};
+    Cfg cfg = {0};
+    Options o = {0};
+    int rc = 1;
+    if (cfg_load(&cfg, argv[1], &err)) goto fail;
+    for (int i = 2; i < argc; i++)
+        if (apply_override(&cfg, argv[i], &err)) goto fail;
+    if (read_options(&o, &cfg, argv[1], &err)) goto fail;
+    if (run(&o, &cfg, &err)) goto fail;
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "train: %s\n", err.msg);
+out:
+    cfg_free(&cfg);
+    return rc;
+}
