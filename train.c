@@ -73,11 +73,12 @@ static void usage(FILE *f) {
             "  -h, --help         this text, with every cfg key\n"
             "\n");
     cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
+    fprintf(f, "\n");
     cfg_print_keys(f, "data", data_keys, NDATA_KEYS);
     fprintf(f, "\nLayer sections, in network order after [train] and [data]:\n");
     for (int i = 0; i < layer_ntypes; i++) {
-        fprintf(f, "\n[%s]: %s\n", layer_types[i]->type, layer_types[i]->summary);
-        cfg_print_keys(f, NULL, layer_types[i]->keys, layer_types[i]->nkeys);
+        fprintf(f, "\n# %s\n", layer_types[i]->summary);
+        cfg_print_keys(f, layer_types[i]->type, layer_types[i]->keys, layer_types[i]->nkeys);
     }
 }
 

@@ -32,11 +32,33 @@ static void cpu_sync(void) {}
 
 // ---- dense algebra ---------------------------------------------------------------------------
 
+// OpenBLAS runs single-threaded inside our OpenMP threads: its own pthreads would spin
+// against OpenMP's between calls and halve the speed on a 2-core machine. The product is
+// split into one slab of rows (or of columns, when C is wider than tall) per thread;
+// every element is still computed by one sgemm call over the full K.
 static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int K, bool transA,
                      bool transB, float alpha, float beta) {
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, transA ? M : K, B,
-                transB ? K : N, beta, C, N);
+    const int lda = transA ? M : K, ldb = transB ? K : N;
+    const CBLAS_TRANSPOSE ta = transA ? CblasTrans : CblasNoTrans;
+    const CBLAS_TRANSPOSE tb = transB ? CblasTrans : CblasNoTrans;
+    const int threads = (int64_t)M * N * K < (1 << 18) ? 1 : omp_get_max_threads();
+    const bool by_rows = M >= N;
+    const int len = by_rows ? M : N;
+    // Slabs are multiples of 16 so that each starts on a 64-byte boundary when possible.
+    int slab = (len + threads - 1) / threads;
+    slab = (slab + 15) / 16 * 16;
+#pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
+    for (int t = 0; t < threads; t++) {
+        const int i0 = t * slab, n = len - i0 < slab ? len - i0 : slab;
+        if (n <= 0) continue;
+        if (by_rows)
+            cblas_sgemm(CblasRowMajor, ta, tb, n, N, K, alpha,
+                        transA ? A + i0 : A + (int64_t)i0 * K, lda, B, ldb, beta,
+                        C + (int64_t)i0 * N, N);
+        else
+            cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda,
+                        transB ? B + (int64_t)i0 * K : B + i0, ldb, beta, C + i0, N);
+    }
 }
 
 // ---- convolution lowering ---------------------------------------------------------------------
@@ -281,7 +303,7 @@ static void cpu_adadelta_step(float *p, float *square_avg, float *acc_delta, con
 }
 
 void cpu_set_threads(int n) {
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(1);  // see cpu_gemm
     omp_set_num_threads(n);
 }
 

@@ -1,0 +1,984 @@
+// test_layers.c: every layer type and the loss on the CPU backend, against plain
+// double-precision references written here with direct loops in the same layouts
+// (activations (N, H, W, C), conv weights (OC, C, K, K), linear weights (OUT, IN)).
+//
+// For each layer:
+//   forward   the float output equals the double reference within 1e-5 of the output's
+//             largest magnitude;
+//   backward  with the scalar objective L = sum(out * R) for a fixed random R, the float
+//             din, dW, db equal central finite differences of L computed on the double
+//             reference (h = 1e-6, so the differences are exact to ~1e-9 for these
+//             piecewise-linear or smooth functions) within 1e-4 * max(1, max|grad|);
+//             inputs are kept away from the kinks of relu and max;
+//   contract  parameter gradients accumulate (a second backward doubles them), din is
+//             overwritten (a second backward over garbage gives the same bits), and
+//             din = NULL still gives the parameter gradients.
+// Where finite differences would be too slow (the conv batch that im2col splits into
+// chunks) the reference is an analytic double backward with direct loops, which the small
+// cases check against finite differences first.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../nn/cfg.h"
+#include "../nn/kernels.h"
+#include "../nn/layer.h"
+#include "../nn/rng.h"
+
+#define FD_H 1e-6
+#define FWD_TOL 1e-5   // forward: max abs error / max |reference|
+#define GRAD_TOL 1e-4  // backward: max abs error / max(1, max |gradient|)
+#define MAXP LAYER_MAX_PARAMS
+
+// Mirrors CONV_COL_BYTES in nn/conv.c: the im2col workspace of one chunk of images.
+#define CONV_COL_BYTES ((size_t)16 << 20)
+
+// ---- random numbers for test data (independent of the library's RNG) ------------------
+
+static uint64_t g_rng = 1;
+
+static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ULL + 12345; }
+
+static double urand(void) {  // [0, 1)
+    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(rng_mix64(g_rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)urand(); }
+
+static void fill_uniform(float *p, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) p[i] = frand(lo, hi);
+}
+
+// Distinct values 0.01 apart in random order: no ties and no near-ties for max pooling,
+// and none within 0.005 of 0 for relu.
+static void fill_distinct(float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++) p[i] = (float)((double)i - (double)n / 2 + 0.5) * 0.01f;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(urand() * (double)(i + 1));
+        float t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static void fill_nan(float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+// ---- a layer under test ------------------------------------------------------------------
+
+typedef struct Case Case;
+// out (N, out shape) from the double copies c->x and c->w[].
+typedef void (*RefFwd)(const Case *c, double *out);
+// dx = dL/dx, dw[i] = dL/dw[i] for L = sum(out * R), analytically.
+typedef void (*RefBwd)(const Case *c, const double *R, double *dx, double **dw);
+
+struct Case {
+    Layer *l;
+    int N;
+    int64_t nin, nout, np[MAXP];
+    int K, stride, pad;  // conv and maxpool
+    bool relu;           // conv and linear with activation = relu
+    RefFwd ref;
+    RefBwd refb;  // analytic double backward, or NULL
+    bool fd;      // check against finite differences (small cases only)
+    // What the layer sees (plain malloc: the CPU backend's pointers are host pointers).
+    float *in, *out, *dout, *din, *p[MAXP], *g[MAXP], *rf;  // rf: R in float
+    void *ws;
+    // What the reference sees; finite differences perturb these.
+    double *x, *w[MAXP], *R;
+};
+
+static Layer *layer_from_text(const LayerOps *ops, const char *text, Shape in) {
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, text, "<test>", &err)) fail_msg("cfg_parse: %s", err.msg);
+    Layer *l = NULL;
+    if (ops->create(&l, &cfg, &cfg.sections[0], in, &err)) fail_msg("create: %s", err.msg);
+    cfg_free(&cfg);  // the layer keeps what it needs
+    return l;
+}
+
+static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, int N) {
+    memset(c, 0, sizeof *c);
+    c->l = layer_from_text(ops, text, in);
+    c->N = N;
+    c->nin = N * shape_numel(c->l->in);
+    c->nout = N * shape_numel(c->l->out);
+    c->in = xmalloc((size_t)c->nin * sizeof(float));
+    c->din = xmalloc((size_t)c->nin * sizeof(float));
+    c->x = xmalloc((size_t)c->nin * sizeof(double));
+    c->out = xmalloc((size_t)c->nout * sizeof(float));
+    c->dout = xmalloc((size_t)c->nout * sizeof(float));
+    c->rf = xmalloc((size_t)c->nout * sizeof(float));
+    c->R = xmalloc((size_t)c->nout * sizeof(double));
+    for (int i = 0; i < c->l->nparams; i++) {
+        c->np[i] = tensor_numel(&c->l->params[i]);
+        c->p[i] = xmalloc((size_t)c->np[i] * sizeof(float));
+        c->g[i] = xmalloc((size_t)c->np[i] * sizeof(float));
+        c->w[i] = xmalloc((size_t)c->np[i] * sizeof(double));
+        c->l->params[i].data = c->p[i];
+        c->l->grads[i] = c->g[i];
+    }
+    // Exactly the bytes the layer asks for, so that ASan sees any overrun.
+    c->ws = xmalloc(c->l->ops->workspace_bytes(c->l, N));
+}
+
+static void case_free(Case *c) {
+    void *bufs[] = {c->in, c->din, c->x, c->out, c->dout, c->rf, c->R, c->ws, c->l};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (int i = 0; i < MAXP; i++) {
+        free(c->p[i]);
+        free(c->g[i]);
+        free(c->w[i]);
+    }
+}
+
+// Copies the float data into the reference's doubles (the reference starts from exactly
+// the numbers the layer sees).
+static void case_sync(Case *c) {
+    for (int64_t i = 0; i < c->nin; i++) c->x[i] = c->in[i];
+    for (int j = 0; j < c->l->nparams; j++)
+        for (int64_t i = 0; i < c->np[j]; i++) c->w[j][i] = c->p[j][i];
+    for (int64_t i = 0; i < c->nout; i++) c->R[i] = c->rf[i];
+}
+
+// Inputs, parameters and R uniform in [-1, 1).
+static void case_fill(Case *c, uint64_t seed) {
+    rng_seed(seed);
+    fill_uniform(c->in, c->nin, -1, 1);
+    for (int j = 0; j < c->l->nparams; j++) fill_uniform(c->p[j], c->np[j], -1, 1);
+    fill_uniform(c->rf, c->nout, -1, 1);
+    case_sync(c);
+}
+
+// For layers with a relu activation: refills until no pre-activation lies within margin of
+// 0, so that neither float rounding nor a step of FD_H crosses the kink.
+static void case_fill_away_from_kinks(Case *c, uint64_t seed, double margin) {
+    double *z = xmalloc((size_t)c->nout * sizeof(double));
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 100);
+        case_fill(c, seed + (uint64_t)tries);
+        if (!c->relu) break;
+        c->relu = false;
+        c->ref(c, z);
+        c->relu = true;
+        double m = INFINITY;
+        for (int64_t i = 0; i < c->nout; i++) m = fmin(m, fabs(z[i]));
+        if (m >= margin) break;
+    }
+    free(z);
+}
+
+static LayerCtx case_ctx(const Case *c) {
+    return (LayerCtx){.k = &cpu_kernels, .workspace = c->ws, .seed = 1, .step = 0,
+                      .sample0 = 0, .train = true};
+}
+
+// Fails if max |got - want| > tol * max(floor, max |want|).
+static void expect_close(const char *what, const float *got, const double *want, int64_t n,
+                         double tol, double floor) {
+    double err = 0, big = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= err)) err = e, at = i;  // catches NaN
+        big = fmax(big, fabs(want[i]));
+    }
+    double lim = tol * fmax(floor, big);
+    if (!(err <= lim))
+        fail_msg("%s: max error %.3g at [%lld] (got %.9g, want %.9g), limit %.3g", what, err,
+                 (long long)at, (double)got[at], want[at], lim);
+}
+
+static void expect_close_dd(const char *what, const double *got, const double *want, int64_t n,
+                            double tol) {
+    double err = 0, big = 0;
+    for (int64_t i = 0; i < n; i++) {
+        err = fmax(err, fabs(got[i] - want[i]));
+        big = fmax(big, fabs(want[i]));
+    }
+    if (!(err <= tol * fmax(1.0, big))) fail_msg("%s: max error %.3g, max %.3g", what, err, big);
+}
+
+static double objective(const Case *c, double *scratch) {
+    c->ref(c, scratch);
+    double s = 0;
+    for (int64_t i = 0; i < c->nout; i++) s += scratch[i] * c->R[i];
+    return s;
+}
+
+// Central differences of the objective with respect to every element of v (n).
+static void fd_grad(Case *c, double *v, int64_t n, double *grad) {
+    double *scratch = xmalloc((size_t)c->nout * sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+        const double keep = v[i];
+        v[i] = keep + FD_H;
+        const double lp = objective(c, scratch);
+        v[i] = keep - FD_H;
+        const double lm = objective(c, scratch);
+        v[i] = keep;
+        grad[i] = (lp - lm) / (2 * FD_H);
+    }
+    free(scratch);
+}
+
+static void check_forward(Case *c) {
+    LayerCtx ctx = case_ctx(c);
+    fill_nan(c->out, c->nout);  // every output element must be written
+    c->l->ops->forward(c->l, &ctx, c->out, c->in, c->N);
+    double *ref = xmalloc((size_t)c->nout * sizeof(double));
+    c->ref(c, ref);
+    double big = 0;
+    for (int64_t i = 0; i < c->nout; i++) big = fmax(big, fabs(ref[i]));
+    assert_true(big > 0);  // a test whose output is all zeros checks nothing
+    expect_close("forward", c->out, ref, c->nout, FWD_TOL, 0.0);
+    free(ref);
+}
+
+static void run_backward(Case *c, float *din) {
+    LayerCtx ctx = case_ctx(c);
+    memcpy(c->dout, c->rf, (size_t)c->nout * sizeof(float));  // backward may overwrite dout
+    c->l->ops->backward(c->l, &ctx, din, c->dout, c->in, c->out, c->N);
+}
+
+// Runs check_forward first (backward needs the forward's out).
+static void check_backward(Case *c) {
+    const int np = c->l->nparams;
+    for (int j = 0; j < np; j++) memset(c->g[j], 0, (size_t)c->np[j] * sizeof(float));
+    fill_nan(c->din, c->nin);
+    run_backward(c, c->din);
+
+    double *dx = xmalloc((size_t)c->nin * sizeof(double));
+    double *dw[MAXP] = {0};
+    for (int j = 0; j < np; j++) dw[j] = xmalloc((size_t)c->np[j] * sizeof(double));
+    char what[64];
+    if (c->fd) {
+        fd_grad(c, c->x, c->nin, dx);
+        expect_close("din vs finite differences", c->din, dx, c->nin, GRAD_TOL, 1.0);
+        for (int j = 0; j < np; j++) {
+            fd_grad(c, c->w[j], c->np[j], dw[j]);
+            snprintf(what, sizeof what, "%s vs finite differences", c->l->params[j].name);
+            expect_close(what, c->g[j], dw[j], c->np[j], GRAD_TOL, 1.0);
+        }
+    }
+    if (c->refb) {
+        double *rx = xmalloc((size_t)c->nin * sizeof(double));
+        double *rw[MAXP] = {0};
+        for (int j = 0; j < np; j++) rw[j] = xmalloc((size_t)c->np[j] * sizeof(double));
+        c->refb(c, c->R, rx, rw);
+        // The analytic reference must itself agree with the finite differences; that is
+        // what lets the large cases trust it alone.
+        if (c->fd) {
+            expect_close_dd("reference din vs finite differences", rx, dx, c->nin, 1e-7);
+            for (int j = 0; j < np; j++)
+                expect_close_dd("reference dW vs finite differences", rw[j], dw[j], c->np[j], 1e-7);
+        }
+        expect_close("din vs reference backward", c->din, rx, c->nin, GRAD_TOL, 1.0);
+        for (int j = 0; j < np; j++) {
+            snprintf(what, sizeof what, "%s vs reference backward", c->l->params[j].name);
+            expect_close(what, c->g[j], rw[j], c->np[j], GRAD_TOL, 1.0);
+            free(rw[j]);
+        }
+        free(rx);
+    }
+    free(dx);
+    for (int j = 0; j < np; j++) free(dw[j]);
+
+    // Contract: parameter gradients accumulate, din is overwritten.
+    float *din1 = xmalloc((size_t)c->nin * sizeof(float));
+    float *g1[MAXP] = {0};
+    memcpy(din1, c->din, (size_t)c->nin * sizeof(float));
+    for (int j = 0; j < np; j++) {
+        g1[j] = xmalloc((size_t)c->np[j] * sizeof(float));
+        memcpy(g1[j], c->g[j], (size_t)c->np[j] * sizeof(float));
+    }
+    for (int64_t i = 0; i < c->nin; i++) c->din[i] = 1e30f;
+    run_backward(c, c->din);
+    if (memcmp(din1, c->din, (size_t)c->nin * sizeof(float)) != 0)
+        fail_msg("din of a second backward differs from the first: din must be overwritten");
+    for (int j = 0; j < np; j++) {
+        double *twice = xmalloc((size_t)c->np[j] * sizeof(double));
+        for (int64_t i = 0; i < c->np[j]; i++) twice[i] = 2.0 * g1[j][i];
+        snprintf(what, sizeof what, "%s after two backwards (must accumulate)",
+                 c->l->params[j].name);
+        expect_close(what, c->g[j], twice, c->np[j], 1e-6, 0.0);
+        free(twice);
+    }
+    // The first layer of a network gets din = NULL: parameter gradients are still made.
+    if (np > 0) {
+        for (int j = 0; j < np; j++) memset(c->g[j], 0, (size_t)c->np[j] * sizeof(float));
+        run_backward(c, NULL);
+        for (int j = 0; j < np; j++)
+            if (memcmp(g1[j], c->g[j], (size_t)c->np[j] * sizeof(float)) != 0)
+                fail_msg("%s with din = NULL differs from the one with din",
+                         c->l->params[j].name);
+    }
+    free(din1);
+    for (int j = 0; j < np; j++) free(g1[j]);
+}
+
+// ---- double references ---------------------------------------------------------------------
+
+// Direct convolution, no im2col: out[n,oh,ow,oc] = act(b[oc] + sum_{c,kh,kw}
+// x[n, oh*S-P+kh, ow*S-P+kw, c] * w[oc,c,kh,kw]), zero outside the image.
+static void conv_ref(const Case *c, double *out) {
+    const Shape in = c->l->in, o = c->l->out;
+    const int K = c->K, S = c->stride, P = c->pad;
+    for (int n = 0; n < c->N; n++)
+        for (int oh = 0; oh < o.h; oh++)
+            for (int ow = 0; ow < o.w; ow++)
+                for (int oc = 0; oc < o.c; oc++) {
+                    double s = c->w[1][oc];
+                    for (int ch = 0; ch < in.c; ch++)
+                        for (int kh = 0; kh < K; kh++)
+                            for (int kw = 0; kw < K; kw++) {
+                                const int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                                if (ih < 0 || ih >= in.h || iw < 0 || iw >= in.w) continue;
+                                s += c->x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch] *
+                                     c->w[0][((oc * in.c + ch) * K + kh) * K + kw];
+                            }
+                    if (c->relu && s < 0) s = 0;
+                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc] = s;
+                }
+}
+
+// The adjoint of conv_ref's loops, written out: dz = R masked by relu; db = sum dz;
+// dw[oc,c,kh,kw] = sum dz * x; dx[pixel] = sum dz * w.
+static void conv_ref_backward(const Case *c, const double *R, double *dx, double **dw) {
+    const Shape in = c->l->in, o = c->l->out;
+    const int K = c->K, S = c->stride, P = c->pad;
+    double *y = xmalloc((size_t)c->nout * sizeof(double));
+    conv_ref(c, y);
+    memset(dx, 0, (size_t)c->nin * sizeof(double));
+    memset(dw[0], 0, (size_t)c->np[0] * sizeof(double));
+    memset(dw[1], 0, (size_t)c->np[1] * sizeof(double));
+    for (int n = 0; n < c->N; n++)
+        for (int oh = 0; oh < o.h; oh++)
+            for (int ow = 0; ow < o.w; ow++)
+                for (int oc = 0; oc < o.c; oc++) {
+                    const int64_t oi = (((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc;
+                    const double dz = c->relu && y[oi] <= 0 ? 0 : R[oi];
+                    dw[1][oc] += dz;
+                    for (int ch = 0; ch < in.c; ch++)
+                        for (int kh = 0; kh < K; kh++)
+                            for (int kw = 0; kw < K; kw++) {
+                                const int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                                if (ih < 0 || ih >= in.h || iw < 0 || iw >= in.w) continue;
+                                const int64_t xi = (((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch;
+                                const int wi = ((oc * in.c + ch) * K + kh) * K + kw;
+                                dw[0][wi] += dz * c->x[xi];
+                                dx[xi] += dz * c->w[0][wi];
+                            }
+                }
+    free(y);
+}
+
+// out[n,o] = act(b[o] + sum_i x[n,i] w[o,i]).
+static void linear_ref(const Case *c, double *out) {
+    const int I = c->l->in.c, O = c->l->out.c;
+    for (int n = 0; n < c->N; n++)
+        for (int o = 0; o < O; o++) {
+            double s = c->w[1][o];
+            for (int i = 0; i < I; i++) s += c->x[(int64_t)n * I + i] * c->w[0][(int64_t)o * I + i];
+            out[(int64_t)n * O + o] = c->relu && s < 0 ? 0 : s;
+        }
+}
+
+static void relu_ref(const Case *c, double *out) {
+    for (int64_t i = 0; i < c->nout; i++) out[i] = c->x[i] > 0 ? c->x[i] : 0;
+}
+
+// Max over K x K windows at stride S, no padding, floor mode.
+static void maxpool_ref(const Case *c, double *out) {
+    const Shape in = c->l->in, o = c->l->out;
+    for (int n = 0; n < c->N; n++)
+        for (int oh = 0; oh < o.h; oh++)
+            for (int ow = 0; ow < o.w; ow++)
+                for (int ch = 0; ch < o.c; ch++) {
+                    double m = -INFINITY;
+                    for (int kh = 0; kh < c->K; kh++)
+                        for (int kw = 0; kw < c->K; kw++) {
+                            const int ih = oh * c->stride + kh, iw = ow * c->stride + kw;
+                            m = fmax(m, c->x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch]);
+                        }
+                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + ch] = m;
+                }
+}
+
+// PyTorch's flatten of (N, C, H, W): out[n, (c*H + h)*W + w] = x[n, h, w, c].
+static void flatten_ref(const Case *c, double *out) {
+    const Shape in = c->l->in;
+    for (int n = 0; n < c->N; n++)
+        for (int h = 0; h < in.h; h++)
+            for (int w = 0; w < in.w; w++)
+                for (int ch = 0; ch < in.c; ch++)
+                    out[(int64_t)n * shape_numel(in) + ((int64_t)ch * in.h + h) * in.w + w] =
+                        c->x[(((int64_t)n * in.h + h) * in.w + w) * in.c + ch];
+}
+
+// log_softmax over the C features of each row, stable: x - max - log(sum exp(x - max)).
+static void log_softmax_rows(double *out, const double *x, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const double *r = x + (int64_t)n * C;
+        double m = -INFINITY, s = 0;
+        for (int i = 0; i < C; i++) m = fmax(m, r[i]);
+        for (int i = 0; i < C; i++) s += exp(r[i] - m);
+        for (int i = 0; i < C; i++) out[(int64_t)n * C + i] = r[i] - m - log(s);
+    }
+}
+
+static void log_softmax_ref(const Case *c, double *out) {
+    log_softmax_rows(out, c->x, c->N, c->l->in.c);
+}
+
+// ---- conv ------------------------------------------------------------------------------------
+
+typedef struct ConvSpec {
+    int N, C, H, W, OC, K, stride, pad;
+    bool relu;
+} ConvSpec;
+
+static void conv_text(char *text, size_t n, const ConvSpec *s) {
+    snprintf(text, n, "[conv]\nname = c\nfilters = %d\nsize = %d\nstride = %d\npad = %d\n"
+             "activation = %s\n", s->OC, s->K, s->stride, s->pad, s->relu ? "relu" : "none");
+}
+
+static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
+    char text[256];
+    conv_text(text, sizeof text, s);
+    Case c;
+    case_init(&c, &conv_ops, text, (Shape){.c = s->C, .h = s->H, .w = s->W}, s->N);
+    // The output shape is PyTorch's floor((H + 2P - K) / S) + 1.
+    assert_int_equal(c.l->out.c, s->OC);
+    assert_int_equal(c.l->out.h, (s->H + 2 * s->pad - s->K) / s->stride + 1);
+    assert_int_equal(c.l->out.w, (s->W + 2 * s->pad - s->K) / s->stride + 1);
+    assert_int_equal(c.l->nparams, 2);
+    assert_string_equal(c.l->params[0].name, "c.weight");
+    assert_int_equal(c.l->params[0].ndim, 4);
+    assert_int_equal(c.l->params[0].shape[0], s->OC);
+    assert_int_equal(c.l->params[0].shape[1], s->C);
+    assert_int_equal(c.l->params[0].shape[2], s->K);
+    assert_int_equal(c.l->params[0].shape[3], s->K);
+    assert_string_equal(c.l->params[1].name, "c.bias");
+    assert_int_equal(c.l->params[1].shape[0], s->OC);
+    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu;
+    c.ref = conv_ref;
+    c.refb = conv_ref_backward;
+    c.fd = fd;
+    case_fill_away_from_kinks(&c, seed, fd ? 1e-4 : 1e-6);
+    check_forward(&c);
+    check_backward(&c);
+    case_free(&c);
+}
+
+static void test_conv_stride2_pad1_relu(void **state) {
+    // Non-square input, stride 2 with an odd extent (floor), padding, C > 1.
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
+                           .pad = 1, .relu = true}, true, 10);
+}
+
+static void test_conv_c1_no_activation(void **state) {
+    check_conv(&(ConvSpec){.N = 3, .C = 1, .H = 5, .W = 8, .OC = 4, .K = 3, .stride = 1,
+                           .pad = 0, .relu = false}, true, 20);
+}
+
+static void test_conv_pointwise(void **state) {
+    // 1x1, stride 1, no padding: the layer skips im2col and multiplies the input directly.
+    check_conv(&(ConvSpec){.N = 2, .C = 5, .H = 4, .W = 3, .OC = 3, .K = 1, .stride = 1,
+                           .pad = 0, .relu = true}, true, 30);
+    check_conv(&(ConvSpec){.N = 3, .C = 4, .H = 2, .W = 5, .OC = 2, .K = 1, .stride = 1,
+                           .pad = 0, .relu = false}, true, 31);
+}
+
+static void test_conv_1x1_strided_and_padded(void **state) {
+    // K = 1 that is not pointwise: im2col with stride 2, and with padding (zero border).
+    check_conv(&(ConvSpec){.N = 2, .C = 3, .H = 5, .W = 5, .OC = 2, .K = 1, .stride = 2,
+                           .pad = 0, .relu = false}, true, 40);
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 3, .W = 4, .OC = 2, .K = 1, .stride = 1,
+                           .pad = 1, .relu = false}, true, 41);
+}
+
+static void test_conv_k5_pad2(void **state) {
+    check_conv(&(ConvSpec){.N = 2, .C = 3, .H = 9, .W = 7, .OC = 2, .K = 5, .stride = 1,
+                           .pad = 2, .relu = false}, true, 50);
+    check_conv(&(ConvSpec){.N = 2, .C = 1, .H = 6, .W = 10, .OC = 3, .K = 5, .stride = 2,
+                           .pad = 1, .relu = true}, true, 51);
+}
+
+static void test_conv_unused_border(void **state) {
+    // (8 - 3) / 2 and (7 - 3) / 2 leave the last input row unread: its din must be 0.
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 8, .W = 7, .OC = 2, .K = 3, .stride = 2,
+                           .pad = 0, .relu = true}, true, 60);
+    // Kernel as large as the padded input: a 1x1 output.
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 3, .W = 2, .OC = 3, .K = 4, .stride = 1,
+                           .pad = 1, .relu = false}, true, 61);
+}
+
+static void test_conv_chunked_batch(void **state) {
+    // 64 channels, 3x3, 24x24 padded: one image's im2col rows take 24*24*576*4 = 1.33 MB,
+    // so 16 MB hold 12 images and a batch of 25 runs as chunks of 12, 12 and 1.
+    const ConvSpec s = {.N = 25, .C = 64, .H = 24, .W = 24, .OC = 2, .K = 3, .stride = 1,
+                        .pad = 1, .relu = true};
+    char text[256];
+    conv_text(text, sizeof text, &s);
+    Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
+    const size_t per_image = (size_t)24 * 24 * 64 * 9 * sizeof(float);
+    assert_int_equal(l->ops->workspace_bytes(l, s.N), (CONV_COL_BYTES / per_image) * per_image);
+    assert_true(l->ops->workspace_bytes(l, s.N) < s.N * per_image);  // it really is chunked
+    assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);          // with a partial chunk
+    // A small batch is not chunked: its workspace is all of its im2col.
+    assert_int_equal(l->ops->workspace_bytes(l, 3), 3 * per_image);
+    free(l);
+    // Against the double reference, forward and backward (finite differences over
+    // 900,000 inputs would take minutes; the reference backward is checked against them
+    // in the small cases).
+    check_conv(&s, false, 70);
+}
+
+// im2col and col2im on their own, against direct loops: im2col exactly (it only copies),
+// col2im (which sums overlapping patches) within float rounding; col2im overwrites.
+static void test_im2col_col2im(void **state) {
+    const int N = 2, H = 5, W = 7, C = 3, K = 3, S = 2, P = 1;
+    const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, ckk = C * K * K;
+    const int64_t nx = (int64_t)N * H * W * C, ncol = (int64_t)N * OH * OW * ckk;
+    float *x = xmalloc(nx * sizeof(float)), *col = xmalloc(ncol * sizeof(float));
+    float *back = xmalloc(nx * sizeof(float));
+    double *want = xmalloc(nx * sizeof(double));
+    rng_seed(80);
+    fill_uniform(x, nx, -1, 1);
+    fill_nan(col, ncol);
+    cpu_kernels.im2col(col, x, N, H, W, C, K, S, P, OH, OW);
+    for (int n = 0; n < N; n++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++)
+                for (int ch = 0; ch < C; ch++)
+                    for (int kh = 0; kh < K; kh++)
+                        for (int kw = 0; kw < K; kw++) {
+                            const int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                            const float v = ih < 0 || ih >= H || iw < 0 || iw >= W
+                                                ? 0.0f
+                                                : x[(((int64_t)n * H + ih) * W + iw) * C + ch];
+                            const int64_t r = ((int64_t)n * OH + oh) * OW + ow;
+                            // Row: one output pixel; column (c, kh, kw) like (OC, C, K, K).
+                            assert_true(col[r * ckk + (ch * K + kh) * K + kw] == v);
+                        }
+    fill_uniform(col, ncol, -1, 1);
+    memset(want, 0, nx * sizeof(double));
+    for (int n = 0; n < N; n++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++)
+                for (int ch = 0; ch < C; ch++)
+                    for (int kh = 0; kh < K; kh++)
+                        for (int kw = 0; kw < K; kw++) {
+                            const int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                            const int64_t r = ((int64_t)n * OH + oh) * OW + ow;
+                            want[(((int64_t)n * H + ih) * W + iw) * C + ch] +=
+                                col[r * ckk + (ch * K + kh) * K + kw];
+                        }
+    for (int64_t i = 0; i < nx; i++) back[i] = 1e30f;
+    cpu_kernels.col2im(back, col, N, H, W, C, K, S, P, OH, OW);
+    expect_close("col2im", back, want, nx, 1e-6, 1.0);
+    free(x), free(col), free(back), free(want);
+}
+
+// ---- linear ----------------------------------------------------------------------------------
+
+static void check_linear(int N, int I, int O, bool relu, uint64_t seed) {
+    char text[160];
+    snprintf(text, sizeof text, "[linear]\nname = fc\noutputs = %d\nactivation = %s\n", O,
+             relu ? "relu" : "none");
+    Case c;
+    case_init(&c, &linear_ops, text, (Shape){.c = I, .h = 1, .w = 1}, N);
+    assert_int_equal(c.l->out.c, O);
+    assert_int_equal(c.l->out.h, 1);
+    assert_int_equal(c.l->out.w, 1);
+    assert_string_equal(c.l->params[0].name, "fc.weight");
+    assert_int_equal(c.l->params[0].ndim, 2);
+    assert_int_equal(c.l->params[0].shape[0], O);  // PyTorch's (OUT, IN)
+    assert_int_equal(c.l->params[0].shape[1], I);
+    assert_string_equal(c.l->params[1].name, "fc.bias");
+    c.relu = relu;
+    c.ref = linear_ref;
+    c.fd = true;
+    case_fill_away_from_kinks(&c, seed, 1e-4);
+    check_forward(&c);
+    check_backward(&c);
+    case_free(&c);
+}
+
+static void test_linear(void **state) {
+    check_linear(3, 7, 5, false, 100);
+    check_linear(4, 9, 6, true, 101);
+    check_linear(1, 1, 1, false, 102);
+    check_linear(5, 40, 3, true, 103);
+}
+
+// ---- relu, maxpool, flatten, log_softmax ----------------------------------------------------
+
+static void test_relu(void **state) {
+    Case c;
+    case_init(&c, &relu_ops, "[relu]\n", (Shape){.c = 3, .h = 4, .w = 5}, 2);
+    assert_string_equal(c.l->name, "relu1");  // the default name: type and count
+    assert_int_equal(c.l->nparams, 0);
+    rng_seed(200);
+    fill_distinct(c.in, c.nin);  // at least 0.005 from the kink at 0
+    fill_uniform(c.rf, c.nout, -1, 1);
+    case_sync(&c);
+    c.ref = relu_ref;
+    c.fd = true;
+    check_forward(&c);
+    for (int64_t i = 0; i < c.nout; i++)  // exact, not just close
+        assert_true(c.out[i] == (c.in[i] > 0 ? c.in[i] : 0.0f));
+    check_backward(&c);
+    case_free(&c);
+}
+
+static void check_maxpool(int N, int C, int H, int W, int K, int S, uint64_t seed) {
+    char text[96];
+    snprintf(text, sizeof text, "[maxpool]\nsize = %d\nstride = %d\n", K, S);
+    Case c;
+    case_init(&c, &maxpool_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
+    assert_int_equal(c.l->out.c, C);
+    assert_int_equal(c.l->out.h, (H - K) / S + 1);
+    assert_int_equal(c.l->out.w, (W - K) / S + 1);
+    rng_seed(seed);
+    fill_distinct(c.in, c.nin);  // no ties: finite differences see one maximum
+    fill_uniform(c.rf, c.nout, -1, 1);
+    case_sync(&c);
+    c.K = K, c.stride = S;
+    c.ref = maxpool_ref;
+    c.fd = true;
+    check_forward(&c);
+    check_backward(&c);
+    case_free(&c);
+}
+
+static void test_maxpool(void **state) {
+    check_maxpool(2, 3, 7, 8, 2, 2, 300);  // the last row is left out (floor mode)
+    check_maxpool(2, 2, 9, 7, 3, 2, 301);  // overlapping windows share elements
+    check_maxpool(1, 4, 4, 4, 2, 1, 302);  // stride 1
+    // The default stride is the size.
+    Layer *l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\n", (Shape){.c = 2, .h = 9, .w = 7});
+    assert_int_equal(l->out.h, 3);
+    assert_int_equal(l->out.w, 2);
+    free(l);
+}
+
+// PyTorch's tie rule: the gradient goes to the first maximum of the window in (kh, kw)
+// order, and windows that share their maximum each add to it.
+static void test_maxpool_ties(void **state) {
+    Layer *l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 2\n", (Shape){.c = 1, .h = 2, .w = 4});
+    // Two windows: all equal, and the maximum 7 at (0, 1) and (1, 0).
+    const float in[8] = {5, 5, 1, 7, 5, 5, 7, 2};
+    float out[2], dout[2] = {1.5f, -2.0f}, din[8];
+    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    l->ops->forward(l, &ctx, out, in, 1);
+    assert_true(out[0] == 5.0f && out[1] == 7.0f);
+    l->ops->backward(l, &ctx, din, dout, in, out, 1);
+    const float want[8] = {1.5f, 0, 0, -2.0f, 0, 0, 0, 0};
+    for (int i = 0; i < 8; i++)
+        if (din[i] != want[i]) fail_msg("din[%d] = %g, want %g", i, din[i], want[i]);
+    free(l);
+
+    // Size 3, stride 2 on one row of 5: the shared centre column is both windows' max.
+    l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\nstride = 2\n", (Shape){.c = 1, .h = 3, .w = 5});
+    float in2[15] = {0}, out2[2], dout2[2] = {0.25f, 0.5f}, din2[15];
+    in2[5 + 2] = 9;  // row 1, column 2
+    l->ops->forward(l, &ctx, out2, in2, 1);
+    assert_true(out2[0] == 9.0f && out2[1] == 9.0f);
+    l->ops->backward(l, &ctx, din2, dout2, in2, out2, 1);
+    for (int i = 0; i < 15; i++) assert_true(din2[i] == (i == 7 ? 0.75f : 0.0f));
+    free(l);
+}
+
+static void test_flatten_permutation(void **state) {
+    const int N = 2, H = 3, W = 4, C = 5;
+    Case c;
+    case_init(&c, &flatten_ops, "[flatten]\n", (Shape){.c = C, .h = H, .w = W}, N);
+    assert_int_equal(c.l->out.c, C * H * W);
+    assert_int_equal(c.l->out.h, 1);
+    assert_int_equal(c.l->out.w, 1);
+    // Each value names its own (n, h, w, c), exactly representable.
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++)
+            for (int w = 0; w < W; w++)
+                for (int ch = 0; ch < C; ch++)
+                    c.in[((n * H + h) * W + w) * C + ch] = (float)(n * 1000 + h * 100 + w * 10 + ch);
+    LayerCtx ctx = case_ctx(&c);
+    c.l->ops->forward(c.l, &ctx, c.out, c.in, N);
+    // PyTorch's x.view(N, -1) of (N, C, H, W): feature (c * H + h) * W + w.
+    for (int n = 0; n < N; n++)
+        for (int ch = 0; ch < C; ch++)
+            for (int h = 0; h < H; h++)
+                for (int w = 0; w < W; w++) {
+                    const float got = c.out[n * C * H * W + (ch * H + h) * W + w];
+                    if (got != (float)(n * 1000 + h * 100 + w * 10 + ch))
+                        fail_msg("feature (n %d, c %d, h %d, w %d) = %g", n, ch, h, w, got);
+                }
+    // Backward is the inverse permutation: din at (n, h, w, c) is dout at that feature.
+    for (int64_t i = 0; i < c.nout; i++) c.dout[i] = (float)i;
+    c.l->ops->backward(c.l, &ctx, c.din, c.dout, c.in, c.out, N);
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++)
+            for (int w = 0; w < W; w++)
+                for (int ch = 0; ch < C; ch++)
+                    assert_true(c.din[((n * H + h) * W + w) * C + ch] ==
+                                (float)(n * C * H * W + (ch * H + h) * W + w));
+    // And the generic checks (finite differences of a permutation are exact).
+    rng_seed(400);
+    fill_uniform(c.in, c.nin, -1, 1);
+    fill_uniform(c.rf, c.nout, -1, 1);
+    case_sync(&c);
+    c.ref = flatten_ref;
+    c.fd = true;
+    check_forward(&c);
+    check_backward(&c);
+    case_free(&c);
+}
+
+static void test_log_softmax(void **state) {
+    Case c;
+    case_init(&c, &log_softmax_ops, "[log_softmax]\n", (Shape){.c = 6, .h = 1, .w = 1}, 3);
+    rng_seed(500);
+    fill_uniform(c.in, c.nin, -3, 3);
+    fill_uniform(c.rf, c.nout, -1, 1);
+    case_sync(&c);
+    c.ref = log_softmax_ref;
+    c.fd = true;
+    check_forward(&c);
+    check_backward(&c);
+    // Rows of probabilities sum to 1.
+    for (int n = 0; n < 3; n++) {
+        double s = 0;
+        for (int i = 0; i < 6; i++) s += exp(c.out[n * 6 + i]);
+        assert_true(fabs(s - 1) < 1e-6);
+    }
+    case_free(&c);
+
+    // Large logits do not overflow: exp(1000) is inf in float and in double.
+    Layer *l = layer_from_text(&log_softmax_ops, "[log_softmax]\n", (Shape){.c = 3, .h = 1, .w = 1});
+    const float in[6] = {1000, 999, 998, -1000, -1001, -1002};
+    float out[6];
+    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    l->ops->forward(l, &ctx, out, in, 2);
+    // log(1 + e^-1 + e^-2) = 0.40760596444...; the rows differ only by a shift.
+    const double lse = 0.4076059644443806;
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++)
+            if (!(fabs(out[r * 3 + i] - (-i - lse)) < 1e-4))
+                fail_msg("log_softmax of large logits: out[%d] = %g, want %g", r * 3 + i,
+                         out[r * 3 + i], -i - lse);
+    free(l);
+
+    // A flat input is required: the message says to add [flatten].
+    Cfg cfg;
+    Error err = {{0}};
+    assert_int_equal(cfg_parse(&cfg, "\n[log_softmax]\n", "t.cfg", &err), 0);
+    l = (Layer *)1;
+    assert_int_equal(log_softmax_ops.create(&l, &cfg, &cfg.sections[0],
+                                            (Shape){.c = 2, .h = 3, .w = 3}, &err), -1);
+    assert_non_null(strstr(err.msg, "t.cfg:2:"));
+    assert_non_null(strstr(err.msg, "[flatten]"));
+    cfg_free(&cfg);
+}
+
+// ---- dropout ----------------------------------------------------------------------------------
+
+static void test_dropout(void **state) {
+    const int N = 4;
+    const float p = 0.3f;
+    const Shape shape = {.c = 8, .h = 16, .w = 16};  // 2048 a sample, 8192 in all
+    Case c;
+    case_init(&c, &dropout_ops, "[dropout]\np = 0.3\n", shape, N);
+    c.l->index = 3;  // the network's layer index is part of the key
+    rng_seed(600);
+    for (int64_t i = 0; i < c.nin; i++)  // never 0: a zero output then means dropped
+        c.in[i] = frand(0.5f, 1.5f) * (urand() < 0.5 ? -1.0f : 1.0f);
+    fill_uniform(c.rf, c.nout, -1, 1);
+    LayerCtx ctx = {.k = &cpu_kernels, .seed = 42, .step = 7, .sample0 = 0, .train = true};
+    c.l->ops->forward(c.l, &ctx, c.out, c.in, N);
+
+    // The mask is DESIGN.md's: element i kept iff rng_uniform(key, i) >= p, with
+    // key = rng_key(seed, RNG_STREAM_DROPOUT, step, layer index).
+    const uint64_t key = rng_key(42, RNG_STREAM_DROPOUT, 7, 3);
+    int64_t dropped = 0;
+    bool *kept = xmalloc((size_t)c.nin);
+    for (int64_t i = 0; i < c.nin; i++) {
+        kept[i] = rng_uniform(key, (uint64_t)i) >= p;
+        if ((c.out[i] != 0.0f) != kept[i]) fail_msg("element %lld: mask differs from rng.h", (long long)i);
+        if (!kept[i]) {
+            dropped++;
+            continue;
+        }
+        // Kept elements are scaled by 1/(1-p) (inverted dropout).
+        const double want = c.in[i] / (1.0 - (double)p);
+        if (!(fabs(c.out[i] - want) <= 1e-6 * fabs(want)))
+            fail_msg("element %lld: %g, want %g", (long long)i, c.out[i], want);
+    }
+    // About p of them: 8192 draws give a standard deviation of 0.005 on the fraction.
+    const double frac = (double)dropped / (double)c.nin;
+    if (fabs(frac - p) > 0.025) fail_msg("dropped fraction %g, want about %g", frac, p);
+
+    // Backward: the same mask and scale on the gradient.
+    memcpy(c.dout, c.rf, (size_t)c.nout * sizeof(float));
+    fill_nan(c.din, c.nin);
+    c.l->ops->backward(c.l, &ctx, c.din, c.dout, c.in, c.out, N);
+    for (int64_t i = 0; i < c.nin; i++) {
+        const double want = kept[i] ? c.rf[i] / (1.0 - (double)p) : 0.0;
+        if (!(fabs(c.din[i] - want) <= 1e-6 * fabs(want)))
+            fail_msg("din[%lld] = %g, want %g", (long long)i, c.din[i], want);
+    }
+
+    // A micro-batch of the last two samples (sample0 = 2) draws the same masks as the
+    // whole batch did for them: accumulation and recomputation rely on it.
+    const int64_t half = 2 * shape_numel(shape);
+    float *part = xmalloc((size_t)half * sizeof(float));
+    LayerCtx ctx2 = ctx;
+    ctx2.sample0 = 2;
+    c.l->ops->forward(c.l, &ctx2, part, c.in + half, 2);
+    assert_memory_equal(part, c.out + half, (size_t)half * sizeof(float));
+
+    // Another step draws another mask (about 2p(1-p) = 42% of the elements differ).
+    ctx2 = ctx;
+    ctx2.step = 8;
+    float *other = xmalloc((size_t)c.nout * sizeof(float));
+    c.l->ops->forward(c.l, &ctx2, other, c.in, N);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < c.nout; i++) differ += (other[i] == 0.0f) != (c.out[i] == 0.0f);
+    assert_true(differ > c.nout / 4);
+
+    // Eval mode is the identity, bit for bit.
+    ctx2 = ctx;
+    ctx2.train = false;
+    c.l->ops->forward(c.l, &ctx2, other, c.in, N);
+    assert_memory_equal(other, c.in, (size_t)c.nin * sizeof(float));
+    free(part);
+    free(other);
+    free(kept);
+    case_free(&c);
+
+    // p = 0 keeps everything, in forward and backward.
+    case_init(&c, &dropout_ops, "[dropout]\np = 0\n", shape, 1);
+    fill_uniform(c.in, c.nin, -1, 1);
+    fill_uniform(c.dout, c.nout, -1, 1);
+    memcpy(c.rf, c.dout, (size_t)c.nout * sizeof(float));
+    c.l->ops->forward(c.l, &ctx, c.out, c.in, 1);
+    assert_memory_equal(c.out, c.in, (size_t)c.nin * sizeof(float));
+    c.l->ops->backward(c.l, &ctx, c.din, c.dout, c.in, c.out, 1);
+    assert_memory_equal(c.din, c.rf, (size_t)c.nin * sizeof(float));
+    case_free(&c);
+}
+
+// ---- NLL loss ----------------------------------------------------------------------------------
+
+static void test_nll_loss(void **state) {
+    const int N = 5, C = 4;
+    float logp[20], dlogp[20];
+    double x[20], ref[20];
+    const int32_t labels[5] = {0, 3, 1, 1, 2};
+    rng_seed(700);
+    for (int i = 0; i < N * C; i++) x[i] = frand(-2, 2);
+    log_softmax_rows(ref, x, N, C);
+    for (int i = 0; i < N * C; i++) logp[i] = (float)ref[i];
+    double want_loss = 0;
+    int want_correct = 0;
+    for (int n = 0; n < N; n++) {
+        want_loss -= logp[n * C + labels[n]];
+        int best = 0;
+        for (int k = 1; k < C; k++)
+            if (logp[n * C + k] > logp[n * C + best]) best = k;
+        want_correct += best == labels[n];
+    }
+    // Random data could make the accuracy trivially 0 or N; the test must see both kinds.
+    assert_true(want_correct > 0 && want_correct < N);
+
+    // metrics accumulate onto what is there.
+    float metrics[2] = {1.5f, 2.0f};
+    for (int i = 0; i < N * C; i++) dlogp[i] = NAN;
+    const float scale = 1.0f / N;
+    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale);
+    assert_true(fabs(metrics[0] - (1.5 + want_loss)) < 1e-5 * (1.5 + want_loss));
+    assert_true(metrics[1] == 2.0f + want_correct);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < C; k++)
+            assert_true(dlogp[n * C + k] == (k == labels[n] ? -scale : 0.0f));
+
+    // Without a gradient buffer: metrics only.
+    metrics[0] = metrics[1] = 0;
+    cpu_kernels.nll_loss(NULL, metrics, logp, labels, N, C, scale);
+    assert_true(fabs(metrics[0] - want_loss) < 1e-5 * want_loss);
+    assert_true(metrics[1] == (float)want_correct);
+
+    // A hand-made case: log-probabilities of (0.5, 0.25, 0.25) with label 1:
+    // loss log 4 = 1.3862944, wrong argmax.
+    const float lp[3] = {logf(0.5f), logf(0.25f), logf(0.25f)};
+    const int32_t lab = 1;
+    metrics[0] = metrics[1] = 0;
+    cpu_kernels.nll_loss(NULL, metrics, lp, &lab, 1, 3, 1.0f);
+    assert_true(fabs(metrics[0] - 1.3862944f) < 1e-6);
+    assert_true(metrics[1] == 0.0f);
+
+    // The loss through log_softmax: mean NLL(log_softmax(x)) has the gradient
+    // (softmax(x) - onehot) / N; check log_softmax_backward of nll_loss's gradient against
+    // central differences of the double loss.
+    float xf[20], din[20];
+    for (int i = 0; i < N * C; i++) xf[i] = (float)x[i];
+    cpu_kernels.log_softmax_forward(logp, xf, N, C);
+    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale);
+    cpu_kernels.log_softmax_backward(din, dlogp, logp, N, C);
+    double fd[20];
+    for (int i = 0; i < N * C; i++) {
+        double lv[2];
+        for (int s = 0; s < 2; s++) {
+            double xs[20];
+            memcpy(xs, x, sizeof xs);
+            xs[i] += s ? -FD_H : FD_H;
+            log_softmax_rows(ref, xs, N, C);
+            double l = 0;
+            for (int n = 0; n < N; n++) l -= ref[n * C + labels[n]];
+            lv[s] = l / N;
+        }
+        fd[i] = (lv[0] - lv[1]) / (2 * FD_H);
+    }
+    expect_close("d mean NLL(log_softmax) / dx", din, fd, N * C, GRAD_TOL, 1.0);
+}
+
+int main(void) {
+    cpu_set_threads(2);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv_stride2_pad1_relu),
+        cmocka_unit_test(test_conv_c1_no_activation),
+        cmocka_unit_test(test_conv_pointwise),
+        cmocka_unit_test(test_conv_1x1_strided_and_padded),
+        cmocka_unit_test(test_conv_k5_pad2),
+        cmocka_unit_test(test_conv_unused_border),
+        cmocka_unit_test(test_conv_chunked_batch),
+        cmocka_unit_test(test_im2col_col2im),
+        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_relu),
+        cmocka_unit_test(test_maxpool),
+        cmocka_unit_test(test_maxpool_ties),
+        cmocka_unit_test(test_flatten_permutation),
+        cmocka_unit_test(test_log_softmax),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_nll_loss),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
