@@ -106,7 +106,7 @@ static int apply_override(Cfg *cfg, const char *arg, Error *err) {
         k = dot + 1;
         s = cfg_section(cfg, key);
         if (s && strcmp(key, "train") != 0 && strcmp(key, "data") != 0) s = NULL;
-        if (!s) s = cfg_layer_section(cfg, key);
+        if (!s) s = layer_find_section(cfg, key);
         if (!s) return err_set(err, "command line: '%s': no section or layer named '%s' in %s", arg, key, cfg->path);
     } else if (has_key(train_keys, NTRAIN_KEYS, key)) {
         s = cfg_section(cfg, "train");

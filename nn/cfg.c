@@ -316,15 +316,6 @@ CfgSection *cfg_section(const Cfg *cfg, const char *name) {
     return NULL;
 }
 
-CfgSection *cfg_layer_section(const Cfg *cfg, const char *layer_name) {
-    if (!cfg || !layer_name) return NULL;
-    for (int i = 0; i < cfg->nsections; i++) {
-        const CfgEntry *e = cfg_entry(&cfg->sections[i], "name");
-        if (e && !strcmp(e->value, layer_name)) return &cfg->sections[i];
-    }
-    return NULL;
-}
-
 CfgEntry *cfg_entry(const CfgSection *s, const char *key) {
     if (!s || !key) return NULL;
     for (int i = 0; i < s->nentries; i++)

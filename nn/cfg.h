@@ -56,8 +56,6 @@ char *cfg_to_text(const Cfg *cfg, Error *err);
 
 // The first section with this name, or NULL.
 CfgSection *cfg_section(const Cfg *cfg, const char *name);
-// The section whose `name = ...` entry equals layer_name (e.g. "conv1"), or NULL.
-CfgSection *cfg_layer_section(const Cfg *cfg, const char *layer_name);
 // The entry for key in s, or NULL.
 CfgEntry *cfg_entry(const CfgSection *s, const char *key);
 

@@ -1,7 +1,7 @@
 // cpu_kernels.c: the kernel table on the CPU: OpenBLAS for GEMMs, OpenMP loops for the
 // rest. Every loop that runs in parallel writes disjoint outputs, and every reduction
 // sums in an order that does not depend on the thread count, so results are bitwise
-// reproducible (DESIGN.md decision 10).
+// reproducible, whatever the number of threads (DESIGN.md decision 10).
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -34,23 +34,24 @@ static void cpu_sync(void) {}
 
 // OpenBLAS runs single-threaded inside our OpenMP threads: its own pthreads would spin
 // against OpenMP's between calls and halve the speed on a 2-core machine. The product is
-// split into one slab of rows (or of columns, when C is wider than tall) per thread;
-// every element is still computed by one sgemm call over the full K.
+// cut into GEMM_SLABS slabs of rows (or of columns, when C is wider than tall) whose
+// bounds depend on the shape only, and each slab is one sgemm call over the full K: the
+// result is the same bits whatever the number of threads.
+#define GEMM_SLABS 8
 static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int K, bool transA,
                      bool transB, float alpha, float beta) {
     const int lda = transA ? M : K, ldb = transB ? K : N;
     const CBLAS_TRANSPOSE ta = transA ? CblasTrans : CblasNoTrans;
     const CBLAS_TRANSPOSE tb = transB ? CblasTrans : CblasNoTrans;
-    const int threads = (int64_t)M * N * K < (1 << 18) ? 1 : omp_get_max_threads();
     const bool by_rows = M >= N;
     const int len = by_rows ? M : N;
-    // Slabs are multiples of 16 so that each starts on a 64-byte boundary when possible.
-    int slab = (len + threads - 1) / threads;
+    // Small products run as one call; slabs are multiples of 16 rows or columns.
+    int slab = (int64_t)M * N * K < (1 << 18) ? len : (len + GEMM_SLABS - 1) / GEMM_SLABS;
     slab = (slab + 15) / 16 * 16;
-#pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
-    for (int t = 0; t < threads; t++) {
+    const int nslabs = (len + slab - 1) / slab;
+#pragma omp parallel for schedule(static) if (nslabs > 1)
+    for (int t = 0; t < nslabs; t++) {
         const int i0 = t * slab, n = len - i0 < slab ? len - i0 : slab;
-        if (n <= 0) continue;
         if (by_rows)
             cblas_sgemm(CblasRowMajor, ta, tb, n, N, K, alpha,
                         transA ? A + i0 : A + (int64_t)i0 * K, lda, B, ldb, beta,

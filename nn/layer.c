@@ -29,14 +29,30 @@ void *layer_alloc(size_t size, const LayerOps *ops, const Cfg *cfg, const CfgSec
     l->ops = ops;
     l->in = in;
     l->out = in;
-    if (name[0]) {
-        snprintf(l->name, sizeof l->name, "%s", name);
-    } else {
-        int count = 0;
-        for (const CfgSection *t = cfg->sections; t <= s; t++) count += strcmp(t->name, s->name) == 0;
-        snprintf(l->name, sizeof l->name, "%s%d", s->name, count);
-    }
+    layer_section_name(cfg, s, l->name, sizeof l->name);
     return l;
+}
+
+void layer_section_name(const Cfg *cfg, const CfgSection *s, char *name, size_t size) {
+    const CfgEntry *e = cfg_entry(s, "name");
+    if (e) {
+        snprintf(name, size, "%s", e->value);
+        return;
+    }
+    int count = 0;
+    for (const CfgSection *t = cfg->sections; t <= s; t++) count += strcmp(t->name, s->name) == 0;
+    snprintf(name, size, "%s%d", s->name, count);
+}
+
+CfgSection *layer_find_section(const Cfg *cfg, const char *name) {
+    for (int i = 0; i < cfg->nsections; i++) {
+        CfgSection *s = &cfg->sections[i];
+        if (!strcmp(s->name, "train") || !strcmp(s->name, "data")) continue;
+        char n[LAYER_NAME_MAX];
+        layer_section_name(cfg, s, n, sizeof n);
+        if (strcmp(n, name) == 0) return s;
+    }
+    return NULL;
 }
 
 void layer_param(Layer *l, int i, const char *suffix, int ndim, const int64_t *shape) {

@@ -71,6 +71,10 @@ const LayerOps *layer_type(const char *section);
 // [conv] section).
 void *layer_alloc(size_t size, const LayerOps *ops, const Cfg *cfg, const CfgSection *s,
                   Shape in, Error *err);
+// The name of the layer that section s makes: its `name` key, or type + count ("conv2").
+void layer_section_name(const Cfg *cfg, const CfgSection *s, char *name, size_t size);
+// The layer section whose layer is called `name`, or NULL.
+CfgSection *layer_find_section(const Cfg *cfg, const char *name);
 // Declares parameter tensor i: "<layer>.<suffix>" with the given PyTorch shape.
 void layer_param(Layer *l, int i, const char *suffix, int ndim, const int64_t *shape);
 // The cfg `activation` key shared by conv and linear.

@@ -302,9 +302,6 @@ static void test_lookup(void **state) {
     assert_ptr_equal(cfg_section(&cfg, "conv"), &cfg.sections[2]);  // the first one
     assert_ptr_equal(cfg_section(&cfg, "data"), &cfg.sections[1]);
     assert_null(cfg_section(&cfg, "linear"));
-    assert_ptr_equal(cfg_layer_section(&cfg, "conv2"), &cfg.sections[3]);
-    assert_ptr_equal(cfg_layer_section(&cfg, "conv1"), &cfg.sections[2]);
-    assert_null(cfg_layer_section(&cfg, "fc1"));
     assert_null(cfg_entry(&cfg.sections[0], "nope"));
     assert_null(cfg_entry(NULL, "epochs"));
     cfg_free(&cfg);

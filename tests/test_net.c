@@ -1,0 +1,746 @@
+// test_net.c: the network as a whole (nn/net.c with the layers, the loss and Adadelta).
+//
+//   - the seed network of models/mnist.cfg: shapes, names, 609,354 parameters;
+//   - the memory plan: every category equals a sum computed here from the shapes, and
+//     the blocks are that large (written end to end: ASan catches a short block);
+//   - cfg errors name the line;
+//   - whole-network gradients against central differences of a double-precision
+//     reference of the same network;
+//   - micro-batches accumulate to the full batch's gradients;
+//   - determinism: the same seed gives the same bits after 20 training steps;
+//   - a short training run on a synthetic IDX data set through the loader: the loss falls
+//     and the accuracy exceeds 90%.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../data/dataset.h"
+#include "../nn/cfg.h"
+#include "../nn/kernels.h"
+#include "../nn/net.h"
+#include "../nn/optim.h"
+#include "../nn/rng.h"
+
+static char g_root[PATH_MAX] = ".";  // the repository, for models/mnist.cfg
+static char g_dir[PATH_MAX];         // a temporary directory for the IDX files
+
+// ---- helpers ------------------------------------------------------------------------------
+
+static uint64_t g_rng = 1;
+
+static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ULL + 777; }
+
+static double urand(void) {  // [0, 1)
+    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(rng_mix64(g_rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static Cfg parse(const char *text) {
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, text, "t.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
+    return cfg;
+}
+
+static void make_net(Net *net, const char *text, Shape input, int classes, int batch) {
+    Cfg cfg = parse(text);
+    Error err = {{0}};
+    if (net_create(net, &cfg, input, classes, batch, &cpu_kernels, &err))
+        fail_msg("net_create: %s", err.msg);
+    cfg_free(&cfg);  // the network keeps what it needs
+}
+
+static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+static int64_t sum_numel(const Net *net) {
+    int64_t n = 0;
+    for (int i = 0; i < net->nlayers; i++)
+        for (int j = 0; j < net->layers[i]->nparams; j++) n += tensor_numel(&net->layers[i]->params[j]);
+    return n;
+}
+
+// ---- the seed network --------------------------------------------------------------------
+
+static void load_mnist_cfg(Cfg *cfg) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/models/mnist.cfg", g_root);
+    Error err = {{0}};
+    if (cfg_load(cfg, path, &err)) fail_msg("%s", err.msg);
+}
+
+typedef struct LayerWant {
+    const char *name, *type;
+    int c, h, w;
+    int64_t params;
+} LayerWant;
+
+// DESIGN.md's seed network for 1x28x28 input.
+static const LayerWant mnist_layers[] = {
+    {"conv1", "conv", 32, 26, 26, 32 * 1 * 9 + 32},
+    {"conv2", "conv", 64, 24, 24, 64 * 32 * 9 + 64},
+    {"maxpool1", "maxpool", 64, 12, 12, 0},
+    {"dropout1", "dropout", 64, 12, 12, 0},
+    {"flatten1", "flatten", 9216, 1, 1, 0},
+    {"fc1", "linear", 64, 1, 1, 9216 * 64 + 64},
+    {"dropout2", "dropout", 64, 1, 1, 0},
+    {"fc2", "linear", 10, 1, 1, 64 * 10 + 10},
+    {"log_softmax1", "log_softmax", 10, 1, 1, 0},
+};
+#define MNIST_NLAYERS ((int)(sizeof mnist_layers / sizeof mnist_layers[0]))
+
+static void test_mnist_network(void **state) {
+    Cfg cfg;
+    load_mnist_cfg(&cfg);
+    Net net;
+    Error err = {{0}};
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, 64, &cpu_kernels, &err))
+        fail_msg("%s", err.msg);
+    cfg_free(&cfg);
+    assert_int_equal(net.nparams, 609354);
+    assert_int_equal(sum_numel(&net), 609354);
+    assert_int_equal(net.nlayers, MNIST_NLAYERS);
+    for (int i = 0; i < MNIST_NLAYERS; i++) {
+        const Layer *l = net.layers[i];
+        const LayerWant *w = &mnist_layers[i];
+        assert_string_equal(l->name, w->name);
+        assert_string_equal(l->ops->type, w->type);
+        assert_int_equal(l->index, i);
+        assert_int_equal(l->out.c, w->c);
+        assert_int_equal(l->out.h, w->h);
+        assert_int_equal(l->out.w, w->w);
+        int64_t p = 0;
+        for (int j = 0; j < l->nparams; j++) p += tensor_numel(&l->params[j]);
+        assert_int_equal(p, w->params);
+        // Each layer's input is the previous layer's output.
+        const Shape in = i ? net.layers[i - 1]->out : (Shape){.c = 1, .h = 28, .w = 28};
+        assert_memory_equal(&l->in, &in, sizeof in);
+    }
+    // PyTorch's state_dict names and shapes.
+    const Layer *conv1 = net.layers[0], *fc1 = net.layers[5];
+    assert_string_equal(conv1->params[0].name, "conv1.weight");
+    assert_int_equal(conv1->params[0].ndim, 4);
+    const int64_t conv1_shape[4] = {32, 1, 3, 3};
+    assert_memory_equal(conv1->params[0].shape, conv1_shape, sizeof conv1_shape);
+    assert_string_equal(fc1->params[0].name, "fc1.weight");
+    assert_int_equal(fc1->params[0].shape[0], 64);
+    assert_int_equal(fc1->params[0].shape[1], 9216);
+    assert_string_equal(net.layers[7]->params[1].name, "fc2.bias");
+    // Tensors lie in the blocks in layer order, without gaps.
+    int64_t off = 0;
+    for (int i = 0; i < net.nlayers; i++)
+        for (int j = 0; j < net.layers[i]->nparams; j++) {
+            assert_ptr_equal(net.layers[i]->params[j].data, net.params + off);
+            assert_ptr_equal(net.layers[i]->grads[j], net.grads + off);
+            off += tensor_numel(&net.layers[i]->params[j]);
+        }
+    assert_int_equal(off, net.nparams);
+    net_free(&net);
+}
+
+// PyTorch's default init: U(-b, b) with b = 1/sqrt(fan_in) for weights and biases alike,
+// a pure function of the seed.
+static void test_init_params(void **state) {
+    Cfg cfg;
+    load_mnist_cfg(&cfg);
+    Net a, b;
+    Error err = {{0}};
+    const Shape in = {.c = 1, .h = 28, .w = 28};
+    assert_int_equal(net_create(&a, &cfg, in, 10, 1, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, 1, &cpu_kernels, &err), 0);
+    cfg_free(&cfg);
+    assert_int_equal(net_init_params(&a, 1, &err), 0);
+    assert_int_equal(net_init_params(&b, 1, &err), 0);
+    assert_memory_equal(a.params, b.params, (size_t)a.nparams * sizeof(float));
+    const double fan_in[] = {1 * 9, 32 * 9, 9216, 64};
+    const int with_params[] = {0, 1, 5, 7};
+    for (int k = 0; k < 4; k++) {
+        const Layer *l = a.layers[with_params[k]];
+        const double bound = 1 / sqrt(fan_in[k]);
+        for (int j = 0; j < l->nparams; j++) {
+            const float *p = l->params[j].data;
+            const int64_t n = tensor_numel(&l->params[j]);
+            double lo = INFINITY, hi = -INFINITY, mean = 0;
+            for (int64_t i = 0; i < n; i++) {
+                lo = fmin(lo, p[i]), hi = fmax(hi, p[i]);
+                mean += p[i] / (double)n;
+            }
+            if (lo < -bound || hi > bound) fail_msg("%s outside +-%g", l->params[j].name, bound);
+            // The large tensors fill their range and centre on 0 (n >= 288 draws).
+            if (n >= 288) {
+                assert_true(lo < -0.9 * bound && hi > 0.9 * bound);
+                assert_true(fabs(mean) < 0.2 * bound);
+            }
+        }
+    }
+    assert_int_equal(net_init_params(&b, 2, &err), 0);
+    assert_memory_not_equal(a.params, b.params, (size_t)a.nparams * sizeof(float));
+    net_free(&a);
+    net_free(&b);
+}
+
+// ---- the memory plan --------------------------------------------------------------------
+
+// The plan of the seed network for a batch of B, from its shapes alone:
+//   params = grads = 609,354 * 4 bytes; optimizer = 2 * params (square_avg, acc_delta);
+//   activations = align64(B * 784 * 4)                       the input batch
+//               + sum over layers of align64(B * numel(out) * 4)
+//               + 2 * align64(B * 36,864 * 4)                 two gradient buffers, each
+//                                                             of the largest activation
+//               + align64(B * 4) + align64(2 * 4)             labels, metrics
+//   workspace = the largest conv im2col chunk: images per chunk = min(B, max(1,
+//               16 MB / (OH*OW*C*K*K*4))), times that per-image size; conv1's image takes
+//               26*26*1*9*4 = 24,336 bytes, conv2's 24*24*32*9*4 = 663,552 (25 a chunk).
+static void expect_mnist_plan(const Net *net, int B) {
+    const size_t f = sizeof(float);
+    assert_int_equal(net->plan.params, 609354 * f);
+    assert_int_equal(net->plan.grads, 609354 * f);
+    assert_int_equal(net->plan.optimizer, 2 * 609354 * f);
+    size_t act = align64((size_t)B * 784 * f);
+    size_t largest = 784;
+    for (int i = 0; i < MNIST_NLAYERS; i++) {
+        const size_t n = (size_t)mnist_layers[i].c * mnist_layers[i].h * mnist_layers[i].w;
+        act += align64(B * n * f);
+        if (n > largest) largest = n;
+    }
+    assert_int_equal(largest, 36864);
+    act += 2 * align64(B * largest * f) + align64(B * sizeof(int32_t)) + align64(2 * f);
+    assert_int_equal(net->plan.activations, act);
+    const size_t col = (size_t)16 << 20, img1 = 24336, img2 = 663552;
+    const size_t chunk1 = col / img1 < (size_t)B ? col / img1 : (size_t)B;
+    const size_t chunk2 = col / img2 < (size_t)B ? col / img2 : (size_t)B;
+    const size_t ws = chunk1 * img1 > chunk2 * img2 ? chunk1 * img1 : chunk2 * img2;
+    assert_int_equal(net->plan.workspace, ws);
+    assert_int_equal(net->plan.loader, 0);  // the trainer fills it in
+    assert_int_equal(mem_plan_total(&net->plan),
+                     4 * 609354 * f + act + ws);
+}
+
+// Every buffer carved from the activation block lies inside it, 64-byte aligned, and no
+// two overlap.
+static void expect_activation_layout(const Net *net) {
+    const int B = net->batch;
+    typedef struct { const char *p; size_t bytes; } Piece;
+    Piece pieces[64];
+    int n = 0;
+    size_t largest = (size_t)shape_numel(net->input);
+    pieces[n++] = (Piece){(const char *)net->input_buf, (size_t)B * shape_numel(net->input) * 4};
+    for (int i = 0; i < net->nlayers; i++) {
+        const size_t e = (size_t)shape_numel(net->layers[i]->out);
+        if (e > largest) largest = e;
+        pieces[n++] = (Piece){(const char *)net->acts[i], B * e * 4};
+    }
+    pieces[n++] = (Piece){(const char *)net->grad_buf[0], B * largest * 4};
+    pieces[n++] = (Piece){(const char *)net->grad_buf[1], B * largest * 4};
+    pieces[n++] = (Piece){(const char *)net->labels, (size_t)B * 4};
+    pieces[n++] = (Piece){(const char *)net->metrics, 8};
+    const char *lo = net->activations, *hi = lo + net->plan.activations;
+    for (int i = 0; i < n; i++) {
+        assert_true(pieces[i].p >= lo && pieces[i].p + pieces[i].bytes <= hi);
+        assert_int_equal((uintptr_t)pieces[i].p % 64, 0);
+        for (int j = 0; j < i; j++)
+            assert_true(pieces[i].p >= pieces[j].p + pieces[j].bytes ||
+                        pieces[j].p >= pieces[i].p + pieces[i].bytes);
+    }
+}
+
+static void test_memory_plan(void **state) {
+    Cfg cfg;
+    load_mnist_cfg(&cfg);
+    const int batches[] = {64, 3};  // the seed's batch, and one whose sizes need padding
+    for (int k = 0; k < 2; k++) {
+        Net net;
+        Error err = {{0}};
+        const int B = batches[k];
+        if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, B, &cpu_kernels, &err))
+            fail_msg("%s", err.msg);
+        assert_int_equal(net.batch, B);
+        expect_mnist_plan(&net, B);
+        expect_activation_layout(&net);
+        // The blocks are really as large as the plan says: write each end to end (ASan
+        // reports a block shorter than its plan).
+        memset(net.params, 0x11, net.plan.params);
+        memset(net.grads, 0x22, net.plan.grads);
+        memset(net.optimizer, 0x33, net.plan.optimizer);
+        memset(net.activations, 0x44, net.plan.activations);
+        memset(net.workspace, 0x55, net.plan.workspace);
+        net_free(&net);
+        assert_null(net.layers);
+    }
+    cfg_free(&cfg);
+}
+
+// The seed network runs a full batch inside its plan: forward (training, with dropout) and
+// backward touch only planned memory (ASan) and give log-probabilities.
+static void test_mnist_forward_backward(void **state) {
+    Cfg cfg;
+    load_mnist_cfg(&cfg);
+    Net net;
+    Error err = {{0}};
+    const int B = 8;
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, B, &cpu_kernels, &err))
+        fail_msg("%s", err.msg);
+    cfg_free(&cfg);
+    assert_int_equal(net_init_params(&net, 1, &err), 0);
+    rng_seed(3);
+    for (int64_t i = 0; i < (int64_t)B * 784; i++) net.input_buf[i] = (float)urand() * 3 - 0.4f;
+    for (int i = 0; i < B; i++) net.labels[i] = i % 10;
+    net_zero_grads(&net);
+    net_forward(&net, B, true, 1, 0, 0);
+    net_loss(&net, B, B, true);
+    net_backward(&net, B, 1, 0, 0);
+    const float *out = net_output(&net);
+    for (int n = 0; n < B; n++) {
+        double s = 0;
+        for (int k = 0; k < 10; k++) s += exp(out[n * 10 + k]);
+        assert_true(fabs(s - 1) < 1e-5);
+    }
+    // Near-uniform predictions at init: the loss is about log 10 = 2.30.
+    const double loss = net.metrics[0] / B;
+    assert_true(loss > 1.8 && loss < 2.8);
+    double g2 = 0;
+    for (int64_t i = 0; i < net.nparams; i++) {
+        assert_true(isfinite(net.grads[i]));
+        g2 += (double)net.grads[i] * net.grads[i];
+    }
+    assert_true(g2 > 0);
+    net_free(&net);
+}
+
+// ---- cfg errors -----------------------------------------------------------------------------
+
+static void expect_net_error(const char *text, int classes, const char *needle1,
+                             const char *needle2) {
+    Cfg cfg = parse(text);
+    Net net;
+    Error err = {{0}};
+    assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, classes, 4,
+                                &cpu_kernels, &err), -1);
+    cfg_free(&cfg);
+    if (!strstr(err.msg, needle1)) fail_msg("message '%s' lacks '%s'", err.msg, needle1);
+    if (needle2 && !strstr(err.msg, needle2)) fail_msg("message '%s' lacks '%s'", err.msg, needle2);
+    // A failed net_create leaves nothing behind (LeakSanitizer checks the layers).
+    assert_null(net.layers);
+    assert_null(net.params);
+    assert_null(net.activations);
+}
+
+static void test_cfg_errors(void **state) {
+    // The last layer is not [log_softmax]: the message names the last section's line.
+    expect_net_error("[train]\nepochs = 1\n[flatten]\n[linear]\nname = fc\noutputs = 10\n", 10,
+                     "t.cfg:4:", "[log_softmax]");
+    // The outputs do not match the classes.
+    expect_net_error("[flatten]\n[linear]\noutputs = 10\n[log_softmax]\n", 3, "t.cfg:4:",
+                     "10 outputs but the data has 3 classes");
+    // A linear layer straight after a conv: it needs [flatten] first.
+    expect_net_error("[conv]\nfilters = 2\nsize = 3\n\n[linear]\noutputs = 10\n[log_softmax]\n",
+                     10, "t.cfg:5:", "[flatten]");
+    // An unknown section.
+    expect_net_error("[data]\nmean = 0\n[flatten]\n\n[foo]\nx = 1\n[linear]\noutputs = 10\n"
+                     "[log_softmax]\n", 10, "t.cfg:5:", "unknown section [foo]");
+    // An unknown key in a layer section names its own line.
+    expect_net_error("[conv]\nfilters = 2\nsize = 3\nstrides = 2\n[flatten]\n[linear]\n"
+                     "outputs = 10\n[log_softmax]\n", 10, "t.cfg:4:", "strides");
+    // Two layers with the same name (their tensors would collide in a checkpoint).
+    expect_net_error("[flatten]\n[linear]\nname = fc\noutputs = 4\n[linear]\nname = fc\n"
+                     "outputs = 10\n[log_softmax]\n", 10, "t.cfg:5:", "'fc'");
+    // A kernel larger than its (padded) input.
+    expect_net_error("[conv]\nfilters = 2\nsize = 9\n[flatten]\n[linear]\noutputs = 10\n"
+                     "[log_softmax]\n", 10, "t.cfg:1:", "size 9");
+    // No layers at all.
+    expect_net_error("[train]\nepochs = 1\n", 10, "t.cfg", "no layer sections");
+}
+
+// ---- whole-network gradients -------------------------------------------------------------
+
+// conv 1->2 3x3 relu, maxpool 2, flatten, linear 8->3, log_softmax on 1x6x6.
+static const char *small_net =
+    "[conv]\nname = conv1\nfilters = 2\nsize = 3\nactivation = relu\n"
+    "[maxpool]\nsize = 2\n"
+    "[flatten]\n"
+    "[linear]\nname = fc\noutputs = 3\n"
+    "[log_softmax]\n";
+enum { SMALL_NPARAMS = 2 * 9 + 2 + 3 * 8 + 3 };
+
+// The small net in double with the parameter block's layout: conv1.weight (2,1,3,3) at 0,
+// conv1.bias at 18, fc.weight (3,8) at 20, fc.bias at 44. x is (N, 6, 6, 1). Returns the
+// mean NLL; logp (N, 3) if non-NULL. *zmin is the smallest |pre-activation| and *gapmin
+// the smallest gap between the two largest values of a pooling window whose maximum is
+// above 0: finite differences are only valid when both exceed their step.
+static double small_net_ref(const double *p, const double *x, const int32_t *y, int N,
+                            double *logp, double *zmin, double *gapmin) {
+    const double *cw = p, *cb = p + 18, *fw = p + 20, *fb = p + 44;
+    double loss = 0, zm = INFINITY, gm = INFINITY;
+    for (int n = 0; n < N; n++) {
+        double a[4][4][2];
+        for (int oh = 0; oh < 4; oh++)
+            for (int ow = 0; ow < 4; ow++)
+                for (int oc = 0; oc < 2; oc++) {
+                    double z = cb[oc];
+                    for (int kh = 0; kh < 3; kh++)
+                        for (int kw = 0; kw < 3; kw++)
+                            z += x[(n * 6 + oh + kh) * 6 + ow + kw] * cw[oc * 9 + kh * 3 + kw];
+                    zm = fmin(zm, fabs(z));
+                    a[oh][ow][oc] = z > 0 ? z : 0;
+                }
+        double f[8];  // PyTorch's flatten: (c, h, w)
+        for (int oc = 0; oc < 2; oc++)
+            for (int ph = 0; ph < 2; ph++)
+                for (int pw = 0; pw < 2; pw++) {
+                    double v[4] = {a[2 * ph][2 * pw][oc], a[2 * ph][2 * pw + 1][oc],
+                                   a[2 * ph + 1][2 * pw][oc], a[2 * ph + 1][2 * pw + 1][oc]};
+                    double m1 = -INFINITY, m2 = -INFINITY;
+                    for (int i = 0; i < 4; i++) {
+                        if (v[i] > m1) m2 = m1, m1 = v[i];
+                        else if (v[i] > m2) m2 = v[i];
+                    }
+                    if (m1 > 0) gm = fmin(gm, m1 - m2);
+                    f[oc * 4 + ph * 2 + pw] = m1;
+                }
+        double l[3], m = -INFINITY, s = 0;
+        for (int k = 0; k < 3; k++) {
+            l[k] = fb[k];
+            for (int j = 0; j < 8; j++) l[k] += fw[k * 8 + j] * f[j];
+            m = fmax(m, l[k]);
+        }
+        for (int k = 0; k < 3; k++) s += exp(l[k] - m);
+        for (int k = 0; k < 3; k++) {
+            const double lp = l[k] - m - log(s);
+            if (logp) logp[n * 3 + k] = lp;
+            if (k == y[n]) loss -= lp;
+        }
+    }
+    if (zmin) *zmin = zm;
+    if (gapmin) *gapmin = gm;
+    return loss / N;
+}
+
+// Fills the small net's parameters and a batch of 2 so that no relu or max is within
+// `margin` of a kink.
+static void small_net_data(Net *net, double *p, double *x, int32_t *y, double margin) {
+    Error err = {{0}};
+    for (int tries = 0;; tries++) {
+        assert_true(tries < 200);
+        assert_int_equal(net_init_params(net, 100 + (uint64_t)tries, &err), 0);
+        rng_seed(200 + (uint64_t)tries);
+        for (int i = 0; i < 72; i++) net->input_buf[i] = (float)(urand() * 2 - 0.5);
+        // The init scale 1/3 makes small logits; larger fc weights make a real test of
+        // the softmax.
+        for (int i = 20; i < SMALL_NPARAMS; i++) net->params[i] *= 3;
+        net->labels[0] = 2, net->labels[1] = 0;
+        for (int i = 0; i < SMALL_NPARAMS; i++) p[i] = net->params[i];
+        for (int i = 0; i < 72; i++) x[i] = net->input_buf[i];
+        y[0] = 2, y[1] = 0;
+        double zmin, gapmin;
+        small_net_ref(p, x, y, 2, NULL, &zmin, &gapmin);
+        if (zmin > margin && gapmin > margin) return;
+    }
+}
+
+// Tolerance: max abs error <= 1e-5 * max(1, max |grad|). The float network's gradients
+// carry ~1e-7 of rounding; the differences of the double reference with h = 1e-6 are
+// exact to ~1e-9 away from kinks.
+static void test_network_gradients(void **state) {
+    Net net;
+    make_net(&net, small_net, (Shape){.c = 1, .h = 6, .w = 6}, 3, 2);
+    assert_int_equal(net.nparams, SMALL_NPARAMS);
+    double p[SMALL_NPARAMS], x[72], logp[6];
+    int32_t y[2];
+    small_net_data(&net, p, x, y, 1e-4);
+
+    net_zero_grads(&net);
+    net.metrics[0] = net.metrics[1] = 0;
+    net_forward(&net, 2, true, 1, 0, 0);
+    net_loss(&net, 2, 2, true);
+    net_backward(&net, 2, 1, 0, 0);
+
+    const double loss = small_net_ref(p, x, y, 2, logp, NULL, NULL);
+    for (int i = 0; i < 6; i++)
+        if (!(fabs(net_output(&net)[i] - logp[i]) <= 1e-5 * fmax(1, fabs(logp[i]))))
+            fail_msg("logp[%d] = %.9g, reference %.9g", i, net_output(&net)[i], logp[i]);
+    // metrics hold the summed loss; the mean is the reference's.
+    assert_true(fabs(net.metrics[0] / 2 - loss) <= 1e-5 * fmax(1, loss));
+
+    double err = 0, big = 0;
+    int at = 0;
+    for (int i = 0; i < SMALL_NPARAMS; i++) {
+        const double keep = p[i], h = 1e-6;
+        p[i] = keep + h;
+        const double lp = small_net_ref(p, x, y, 2, NULL, NULL, NULL);
+        p[i] = keep - h;
+        const double lm = small_net_ref(p, x, y, 2, NULL, NULL, NULL);
+        p[i] = keep;
+        const double fd = (lp - lm) / (2 * h);
+        big = fmax(big, fabs(fd));
+        if (fabs(net.grads[i] - fd) > err) err = fabs(net.grads[i] - fd), at = i;
+    }
+    assert_true(big > 0.01);  // the gradients are not trivially zero
+    if (!(err <= 1e-5 * fmax(1, big)))
+        fail_msg("gradient %d: %.9g, finite differences say otherwise (max error %.3g)", at,
+                 net.grads[at], err);
+    // Every conv weight gets a gradient (no relu or pooling silences a whole filter).
+    for (int i = 0; i < 18; i++) assert_true(net.grads[i] != 0.0f);
+    net_free(&net);
+}
+
+// DESIGN.md decision 5: two micro-batches of 1 with the batch's denominator accumulate to
+// the batch's gradients (up to float rounding).
+static void test_microbatches_accumulate(void **state) {
+    Net net;
+    make_net(&net, small_net, (Shape){.c = 1, .h = 6, .w = 6}, 3, 2);
+    double p[SMALL_NPARAMS], x[72];
+    int32_t y[2];
+    small_net_data(&net, p, x, y, 1e-4);
+    float whole[SMALL_NPARAMS], input[72];
+    memcpy(input, net.input_buf, sizeof input);
+    net_zero_grads(&net);
+    net_forward(&net, 2, true, 1, 0, 0);
+    net_loss(&net, 2, 2, true);
+    net_backward(&net, 2, 1, 0, 0);
+    memcpy(whole, net.grads, sizeof whole);
+
+    net_zero_grads(&net);
+    for (int s = 0; s < 2; s++) {
+        memcpy(net.input_buf, input + 36 * s, 36 * sizeof(float));
+        net.labels[0] = y[s];
+        net_forward(&net, 1, true, 1, 0, s);
+        net_loss(&net, 1, 2, true);
+        net_backward(&net, 1, 1, 0, s);
+    }
+    double big = 0;
+    for (int i = 0; i < SMALL_NPARAMS; i++) big = fmax(big, fabs(whole[i]));
+    for (int i = 0; i < SMALL_NPARAMS; i++)
+        if (!(fabs(net.grads[i] - whole[i]) <= 1e-6 * big))
+            fail_msg("grad %d: micro-batches %.9g, whole batch %.9g", i, net.grads[i], whole[i]);
+    net_free(&net);
+}
+
+// ---- determinism --------------------------------------------------------------------------
+
+// Two convs (the second large enough for the threaded GEMM), pooling, two dropouts.
+static const char *det_net =
+    "[conv]\nname = conv1\nfilters = 8\nsize = 3\nactivation = relu\n"
+    "[conv]\nname = conv2\nfilters = 16\nsize = 3\nactivation = relu\n"
+    "[maxpool]\nsize = 2\n"
+    "[dropout]\np = 0.25\n"
+    "[flatten]\n"
+    "[linear]\nname = fc1\noutputs = 32\nactivation = relu\n"
+    "[dropout]\np = 0.5\n"
+    "[linear]\nname = fc2\noutputs = 10\n"
+    "[log_softmax]\n";
+
+// 20 Adadelta steps on random data; returns the parameters and optimizer state (malloc'd).
+static float *train_steps(uint64_t seed, int steps, size_t *bytes, double *last_loss) {
+    const int B = 16;
+    Net net;
+    make_net(&net, det_net, (Shape){.c = 1, .h = 12, .w = 12}, 10, B);
+    Error err = {{0}};
+    assert_int_equal(net_init_params(&net, seed, &err), 0);
+    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0};
+    for (int step = 0; step < steps; step++) {
+        rng_seed(seed * 1000 + (uint64_t)step);
+        for (int i = 0; i < B * 144; i++) net.input_buf[i] = (float)(urand() * 2 - 1);
+        for (int i = 0; i < B; i++) net.labels[i] = (int32_t)(urand() * 10);
+        net_zero_grads(&net);
+        net.metrics[0] = net.metrics[1] = 0;
+        net_forward(&net, B, true, seed, (uint64_t)step, 0);
+        net_loss(&net, B, B, true);
+        net_backward(&net, B, seed, (uint64_t)step, 0);
+        adadelta_step(&net, &opt, 1.0);
+    }
+    *last_loss = net.metrics[0] / B;
+    *bytes = 3 * (size_t)net.nparams * sizeof(float);
+    float *state = malloc(*bytes);
+    assert_non_null(state);
+    memcpy(state, net.params, net.plan.params);
+    memcpy(state + net.nparams, net.optimizer, net.plan.optimizer);
+    net_free(&net);
+    return state;
+}
+
+static void test_determinism(void **state) {
+    size_t n1, n2, n3;
+    double l1, l2, l3;
+    float *a = train_steps(5, 20, &n1, &l1);
+    float *b = train_steps(5, 20, &n2, &l2);
+    float *c = train_steps(6, 20, &n3, &l3);
+    assert_int_equal(n1, n2);
+    assert_true(isfinite(l1));
+    assert_memory_equal(a, b, n1);         // same seed: the same bits
+    assert_memory_not_equal(a, c, n1);     // another seed: another run
+    free(a), free(b), free(c);
+}
+
+// ---- end-to-end training -----------------------------------------------------------------
+
+static void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+// count 8x8 images of 4 classes: noise in [0, 80) and a bright 3x3 square in the class's
+// quadrant (top left, top right, bottom left, bottom right), jittered by a pixel. Writes
+// IDX images and labels files under g_dir.
+static void write_squares(const char *name, int count, uint64_t seed, char *images, char *labels) {
+    int n1 = snprintf(images, PATH_MAX, "%s/%s-images", g_dir, name);
+    int n2 = snprintf(labels, PATH_MAX, "%s/%s-labels", g_dir, name);
+    assert_true(n1 < PATH_MAX && n2 < PATH_MAX);
+    uint8_t *im = malloc(16 + (size_t)count * 64), *lb = malloc(8 + (size_t)count);
+    assert_true(im && lb);
+    put_be32(im, 0x803), put_be32(im + 4, (uint32_t)count), put_be32(im + 8, 8), put_be32(im + 12, 8);
+    put_be32(lb, 0x801), put_be32(lb + 4, (uint32_t)count);
+    rng_seed(seed);
+    for (int i = 0; i < count; i++) {
+        const int k = (int)(urand() * 4);
+        uint8_t *px = im + 16 + (size_t)i * 64;
+        for (int p = 0; p < 64; p++) px[p] = (uint8_t)(urand() * 80);
+        const int r0 = (k / 2) * 4 + (int)(urand() * 2), c0 = (k % 2) * 4 + (int)(urand() * 2);
+        for (int r = r0; r < r0 + 3; r++)
+            for (int c = c0; c < c0 + 3; c++) px[r * 8 + c] = (uint8_t)(180 + urand() * 75);
+        lb[8 + i] = (uint8_t)k;
+    }
+    FILE *f = fopen(images, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(im, 1, 16 + (size_t)count * 64, f), 16 + (size_t)count * 64);
+    assert_int_equal(fclose(f), 0);
+    f = fopen(labels, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(lb, 1, 8 + (size_t)count, f), 8 + (size_t)count);
+    assert_int_equal(fclose(f), 0);
+    free(im);
+    free(lb);
+}
+
+static const char *train_net =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\nactivation = relu\n"
+    "[maxpool]\nsize = 2\n"
+    "[flatten]\n"
+    "[linear]\nname = fc\noutputs = 4\n"
+    "[log_softmax]\n";
+
+// One pass over the loader's epoch: trains if opt is non-NULL, else evaluates. Returns the
+// mean loss and *acc, the fraction right.
+static double run_epoch(Net *net, Loader *loader, int epoch, const Adadelta *opt, double *acc) {
+    Error err = {{0}};
+    if (loader_start_epoch(loader, epoch, 0, &err)) fail_msg("%s", err.msg);
+    const size_t sample = (size_t)shape_numel(net->input) * sizeof(float);
+    net->metrics[0] = net->metrics[1] = 0;
+    int64_t seen = 0;
+    const Batch *b;
+    for (;;) {
+        if (loader_next(loader, &b, &err)) fail_msg("%s", err.msg);
+        if (!b) break;
+        net->k->upload(net->input_buf, b->x, (size_t)b->n * sample);
+        net->k->upload(net->labels, b->y, (size_t)b->n * sizeof(int32_t));
+        const uint64_t step = (uint64_t)(epoch * 1000 + b->index);
+        net_forward(net, b->n, opt != NULL, 9, step, 0);
+        net_loss(net, b->n, b->n, opt != NULL);
+        if (opt) {
+            net_zero_grads(net);
+            net_backward(net, b->n, 9, step, 0);
+            adadelta_step(net, opt, steplr(opt->lr, 0.7, epoch));
+        }
+        seen += b->n;
+    }
+    *acc = net->metrics[1] / (double)seen;
+    return net->metrics[0] / (double)seen;
+}
+
+static Loader *open_loader(const char *images, const char *labels, Dataset **ds, int shuffle) {
+    Error err = {{0}};
+    if (idx_dataset_open(ds, images, labels, &err)) fail_msg("%s", err.msg);
+    assert_int_equal((*ds)->classes, 4);
+    // 30 does not divide 512: the last batch of each epoch is partial.
+    LoaderConfig lc = {.batch = 30, .shuffle = shuffle, .drop_last = 0, .seed = 4,
+                       .mean = {0.25f}, .std = {0.35f}};
+    Loader *l = NULL;
+    if (loader_create(&l, *ds, &lc, &err)) fail_msg("%s", err.msg);
+    return l;
+}
+
+static void test_training_loss_falls(void **state) {
+    char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
+    write_squares("train", 512, 1, images, labels);
+    write_squares("test", 200, 2, timages, tlabels);
+    Dataset *ds, *tds;
+    Loader *loader = open_loader(images, labels, &ds, 1);
+    Loader *tloader = open_loader(timages, tlabels, &tds, 0);
+
+    Net net;
+    make_net(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, 30);
+    Error err = {{0}};
+    assert_int_equal(net_init_params(&net, 1, &err), 0);
+    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0};
+    const int epochs = 4;
+    double loss[4], acc[4];
+    for (int e = 0; e < epochs; e++) loss[e] = run_epoch(&net, loader, e, &opt, &acc[e]);
+    double test_acc;
+    const double test_loss = run_epoch(&net, tloader, 0, NULL, &test_acc);
+    print_message("epoch losses %.4f %.4f %.4f %.4f, accuracies %.3f %.3f %.3f %.3f; held out "
+                  "loss %.4f accuracy %.3f\n", loss[0], loss[1], loss[2], loss[3], acc[0],
+                  acc[1], acc[2], acc[3], test_loss, test_acc);
+    // Chance is log 4 = 1.39 and 25%.
+    assert_true(loss[0] < 1.6);
+    assert_true(loss[epochs - 1] < 0.5 * loss[0]);
+    assert_true(acc[epochs - 1] > 0.9);
+    assert_true(test_acc > 0.9);
+    net_free(&net);
+    loader_destroy(loader);
+    loader_destroy(tloader);
+    dataset_close(ds);
+    dataset_close(tds);
+}
+
+// ---- main -----------------------------------------------------------------------------------
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    return remove(path);
+}
+
+static int group_setup(void **state) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/test_net_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int group_teardown(void **state) { return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+// models/mnist.cfg is found from the working directory (make test runs in the repository)
+// or, failing that, from the binary's path build[/san]/tests/test_net.
+static void find_root(const char *argv0) {
+    if (access("models/mnist.cfg", R_OK) == 0) return;
+    char real[PATH_MAX];
+    if (!realpath(argv0, real)) return;
+    char *b = NULL;
+    for (char *s = strstr(real, "/build/"); s; s = strstr(s + 1, "/build/")) b = s;
+    if (!b) return;
+    *b = '\0';
+    snprintf(g_root, sizeof g_root, "%s", real);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    find_root(argv[0]);
+    cpu_set_threads(2);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mnist_network),
+        cmocka_unit_test(test_init_params),
+        cmocka_unit_test(test_memory_plan),
+        cmocka_unit_test(test_mnist_forward_backward),
+        cmocka_unit_test(test_cfg_errors),
+        cmocka_unit_test(test_network_gradients),
+        cmocka_unit_test(test_microbatches_accumulate),
+        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_training_loss_falls),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
