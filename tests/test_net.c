@@ -581,6 +581,29 @@ static void test_determinism(void **state) {
     free(a), free(b), free(c);
 }
 
+// The same bits whatever the number of threads: GEMMs are cut into slabs by shape only
+// and every other kernel writes disjoint outputs (DESIGN.md decision 10).
+static void test_thread_count_independence(void **state) {
+    enum { M = 1024, N = 16, K = 72 };  // big enough to be cut into slabs
+    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
+    float *C1 = calloc(M * N, sizeof(float)), *C2 = calloc(M * N, sizeof(float));
+    assert_true(A && B && C1 && C2);
+    rng_seed(42);
+    for (int i = 0; i < M * K; i++) A[i] = (float)(urand() * 2 - 1);
+    for (int i = 0; i < K * N; i++) B[i] = (float)(urand() * 2 - 1);
+    cpu_set_threads(1);
+    cpu_kernels.gemm(C1, A, B, M, N, K, false, false, 1.0f, 0.0f);
+    size_t n1, n2;
+    double l1, l2;
+    float *a = train_steps(5, 20, &n1, &l1);
+    cpu_set_threads(2);
+    cpu_kernels.gemm(C2, A, B, M, N, K, false, false, 1.0f, 0.0f);
+    float *b = train_steps(5, 20, &n2, &l2);
+    assert_memory_equal(C1, C2, sizeof(float) * M * N);
+    assert_memory_equal(a, b, n1);
+    free(A), free(B), free(C1), free(C2), free(a), free(b);
+}
+
 // ---- end-to-end training -----------------------------------------------------------------
 
 static void put_be32(uint8_t *p, uint32_t v) {
@@ -740,6 +763,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_network_gradients),
         cmocka_unit_test(test_microbatches_accumulate),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_thread_count_independence),
         cmocka_unit_test(test_training_loss_falls),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
