@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data/dataset.h"
+#include "data/data_cfg.h"
 #include "nn/cfg.h"
 #include "nn/kernels.h"
 #include "nn/net.h"
@@ -36,27 +36,14 @@ static const CfgKey train_keys[] = {
 };
 enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
 
-static const CfgKey data_keys[] = {
-    {"train", NULL, "training images: an IDX file (raw or .gz)"},
-    {"train_labels", NULL, "training labels: an IDX file (raw or .gz)"},
-    {"test", "", "test images (IDX); evaluated after each epoch; empty = none"},
-    {"test_labels", "", "test labels (IDX); needed with test"},
-    {"mean", "0", "per-channel mean subtracted after scaling pixels to [0, 1]"},
-    {"std", "1", "per-channel standard deviation divided by after that"},
-    {"shuffle", "1", "1: a new seeded order of the training set each epoch; 0: file order"},
-    {"drop_last", "0", "1: skip the last training batch if it is smaller than batch"},
-};
-enum { NDATA_KEYS = sizeof data_keys / sizeof data_keys[0] };
-
 typedef struct Options {
-    int epochs, batch, threads, shuffle, drop_last;
+    int epochs, batch, threads;
     Adadelta adadelta;
     double lr_gamma;
-    const char *device, *train, *train_labels, *test, *test_labels;
+    const char *device;
     char save[1024];
     uint64_t seed;
-    float mean[DATASET_MAX_CHANNELS], std[DATASET_MAX_CHANNELS];
-    int nmean, nstd;
+    DataConfig data;
 } Options;
 
 static void usage(FILE *f) {
@@ -74,7 +61,7 @@ static void usage(FILE *f) {
             "\n");
     cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
     fprintf(f, "\n");
-    cfg_print_keys(f, "data", data_keys, NDATA_KEYS);
+    cfg_print_keys(f, "data", data_keys, data_nkeys);
     fprintf(f, "\nLayer sections, in network order after [train] and [data]:\n");
     for (int i = 0; i < layer_ntypes; i++) {
         fprintf(f, "\n# %s\n", layer_types[i]->summary);
@@ -110,7 +97,7 @@ static int apply_override(Cfg *cfg, const char *arg, Error *err) {
         if (!s) return err_set(err, "command line: '%s': no section or layer named '%s' in %s", arg, key, cfg->path);
     } else if (has_key(train_keys, NTRAIN_KEYS, key)) {
         s = cfg_section(cfg, "train");
-    } else if (has_key(data_keys, NDATA_KEYS, key)) {
+    } else if (has_key(data_keys, data_nkeys, key)) {
         s = cfg_section(cfg, "data");
     } else {
         return err_set(err, "command line: unknown key '%s': not a key of [train] or [data] "
@@ -121,22 +108,13 @@ static int apply_override(Cfg *cfg, const char *arg, Error *err) {
     return cfg_set(s, k, value, err);
 }
 
-static int read_floats(const Cfg *cfg, const CfgSection *s, const char *key, const char *def,
-                       float *out, int *n, Error *err) {
-    double v[DATASET_MAX_CHANNELS];
-    if (cfg_floats(cfg, s, key, def, v, DATASET_MAX_CHANNELS, n, err)) return -1;
-    for (int i = 0; i < *n; i++) out[i] = (float)v[i];
-    return 0;
-}
-
 static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error *err) {
     const CfgSection *t = cfg_section(cfg, "train"), *d = cfg_section(cfg, "data");
     if (!t) return err_set(err, "%s: no [train] section (see models/mnist.cfg)", cfg_path);
     if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
-    if (cfg_check_keys(cfg, t, train_keys, NTRAIN_KEYS, err) ||
-        cfg_check_keys(cfg, d, data_keys, NDATA_KEYS, err))
+    if (cfg_check_keys(cfg, t, train_keys, NTRAIN_KEYS, err) || data_cfg_read(&o->data, cfg, d, err))
         return -1;
-    int64_t epochs, batch, threads, seed, shuffle, drop_last;
+    int64_t epochs, batch, threads, seed;
     double lr, rho, eps, wd, gamma;
     int optimizer;
     static const char *const optimizers[] = {"adadelta"};
@@ -152,22 +130,10 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
         cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err) ||
         cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
-        cfg_str(cfg, t, "save", "", &save, err) ||
-        cfg_str(cfg, d, "train", NULL, &o->train, err) ||
-        cfg_str(cfg, d, "train_labels", NULL, &o->train_labels, err) ||
-        cfg_str(cfg, d, "test", "", &o->test, err) ||
-        cfg_str(cfg, d, "test_labels", "", &o->test_labels, err) ||
-        read_floats(cfg, d, "mean", "0", o->mean, &o->nmean, err) ||
-        read_floats(cfg, d, "std", "1", o->std, &o->nstd, err) ||
-        cfg_int(cfg, d, "shuffle", "1", 0, 1, &shuffle, err) ||
-        cfg_int(cfg, d, "drop_last", "0", 0, 1, &drop_last, err))
+        cfg_str(cfg, t, "save", "", &save, err))
         return -1;
-    for (int i = 0; i < o->nstd; i++)
-        if (!(o->std[i] > 0.0f)) return err_set(err, "%s: [data] std must be > 0", cfg_path);
-    if (o->test[0] && !o->test_labels[0])
-        return err_set(err, "%s: [data] test is set but test_labels is not", cfg_path);
     o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
-    o->shuffle = (int)shuffle, o->drop_last = (int)drop_last, o->seed = (uint64_t)seed;
+    o->seed = (uint64_t)seed;
     o->adadelta = (Adadelta){.lr = lr, .rho = rho, .eps = eps, .weight_decay = wd};
     o->lr_gamma = gamma;
     if (save[0]) {
@@ -176,20 +142,6 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         const char *base = strrchr(cfg_path, '/') ? strrchr(cfg_path, '/') + 1 : cfg_path;
         int len = (int)strcspn(base, ".");
         snprintf(o->save, sizeof o->save, "runs/%.*s", len, base);
-    }
-    return 0;
-}
-
-// Per-channel mean/std for a dataset of c channels: one value applies to all channels.
-static int loader_config(LoaderConfig *lc, const Options *o, const Dataset *ds, bool train, Error *err) {
-    *lc = (LoaderConfig){.batch = o->batch, .shuffle = train ? o->shuffle : 0,
-                         .drop_last = train ? o->drop_last : 0, .seed = o->seed};
-    for (int c = 0; c < ds->shape.c; c++) {
-        if ((o->nmean != 1 && o->nmean != ds->shape.c) || (o->nstd != 1 && o->nstd != ds->shape.c))
-            return err_set(err, "[data] mean and std need 1 or %d values for %d-channel images",
-                           ds->shape.c, ds->shape.c);
-        lc->mean[c] = o->mean[o->nmean == 1 ? 0 : c];
-        lc->std[c] = o->std[o->nstd == 1 ? 0 : c];
     }
     return 0;
 }
@@ -316,8 +268,7 @@ static int train_epoch(Net *net, Loader *loader, const Options *o, int epoch, ui
 
 static int run(const Options *o, const Cfg *cfg, Error *err) {
     int rc = -1;
-    Dataset *train = NULL, *test = NULL;
-    Loader *train_loader = NULL, *test_loader = NULL;
+    Data data = {0};
     Net net = {0};
     FILE *log = NULL;
 
@@ -325,27 +276,14 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (!k) return -1;
     cpu_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
 
-    if (idx_dataset_open(&train, o->train, o->train_labels, err)) goto done;
-    if (o->test[0] && idx_dataset_open(&test, o->test, o->test_labels, err)) goto done;
-    if (test && (test->shape.c != train->shape.c || test->shape.h != train->shape.h ||
-                 test->shape.w != train->shape.w)) {
-        err_set(err, "%s has %dx%dx%d images but %s has %dx%dx%d", o->test, test->shape.c,
-                test->shape.h, test->shape.w, o->train, train->shape.c, train->shape.h, train->shape.w);
-        goto done;
-    }
-    LoaderConfig train_lc, test_lc;
-    if (loader_config(&train_lc, o, train, true, err) || loader_create(&train_loader, train, &train_lc, err))
-        goto done;
-    if (test && (loader_config(&test_lc, o, test, false, err) || loader_create(&test_loader, test, &test_lc, err)))
-        goto done;
-    const int classes = test && test->classes > train->classes ? test->classes : train->classes;
-
-    if (net_create(&net, cfg, train->shape, classes, o->batch, k, err)) goto done;
+    if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
+    const Dataset *train = data.train, *test = data.test;
+    if (net_create(&net, cfg, train->shape, data.classes, o->batch, k, err)) goto done;
     if (net_init_params(&net, o->seed, err)) goto done;
-    net.plan.loader = loader_bytes(train, &train_lc) + (test ? loader_bytes(test, &test_lc) : 0);
+    net.plan.loader = data_loader_bytes(&data);
 
     printf("cnn.c: %s on %s, %lld training images%s, %d classes\n", cfg->path, k->name,
-           (long long)train->count, test ? "" : " (no test set)", classes);
+           (long long)train->count, test ? "" : " (no test set)", data.classes);
     if (test) printf("       %lld test images\n", (long long)test->count);
     net_print(&net, stdout);
     const MemPlan *p = &net.plan;
@@ -365,8 +303,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     for (int epoch = 0; epoch < o->epochs; epoch++) {
         Totals tr, te = {0};
         double seconds;
-        if (train_epoch(&net, train_loader, o, epoch, &step, &tr, &seconds, err)) goto done;
-        if (test && evaluate(&net, test_loader, &te, err)) goto done;
+        if (train_epoch(&net, data.train_loader, o, epoch, &step, &tr, &seconds, err)) goto done;
+        if (test && evaluate(&net, data.test_loader, &te, err)) goto done;
         const double img_s = tr.seen / seconds, rss = peak_rss_mb();
         const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
         char val[96] = "";
@@ -395,10 +333,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
 done:
     if (log) fclose(log);
     net_free(&net);
-    loader_destroy(train_loader);
-    loader_destroy(test_loader);
-    dataset_close(train);
-    dataset_close(test);
+    data_close(&data);
     return rc;
 }
 

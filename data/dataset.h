@@ -63,6 +63,8 @@ int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err
 void loader_destroy(Loader *l);  // NULL is fine
 // Bytes the loader allocates (its batch buffers), for the memory plan.
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg);
+// loader_bytes of an existing loader.
+size_t loader_size(const Loader *l);
 // Batches per epoch.
 int64_t loader_batches(const Loader *l);
 // Starts epoch `epoch` (0-based): computes its order; the next call to loader_next

@@ -67,6 +67,8 @@ static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayou
 // + count * sizeof(int64_t)         the order of the epoch
 // The Loader struct itself (fixed, a few KB with its lookup table) is not counted.
 // 0 when the configuration is invalid; loader_create then says why.
+size_t loader_size(const Loader *l) { return loader_bytes(l->ds, &l->cfg); }
+
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg) {
     LoaderLayout lay;
     if (!ds || !cfg || loader_layout(ds, cfg, &lay) != 0) return 0;

@@ -1,0 +1,39 @@
+// data_cfg.h: the [data] section of the cfg: which data sets, how they are loaded.
+//
+// data_cfg_read checks the section's keys; data_open opens the training and test sets and
+// their loaders from it. The trainer knows nothing of file formats.
+#ifndef DATA_DATA_CFG_H
+#define DATA_DATA_CFG_H
+
+#include "../nn/cfg.h"
+#include "dataset.h"
+
+extern const CfgKey data_keys[];
+extern const int data_nkeys;
+
+typedef struct DataConfig {
+    const char *train, *train_labels;  // strings owned by the Cfg
+    const char *test, *test_labels;    // "" when there is no test set
+    float mean[DATASET_MAX_CHANNELS], std[DATASET_MAX_CHANNELS];
+    int nmean, nstd;  // 1 (applies to every channel) or one per channel
+    int shuffle, drop_last;
+} DataConfig;
+
+// Reads and checks [data] (s may not be NULL). Errors name the file, line and key.
+int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *err);
+
+// The opened data: train is always there; test and test_loader may be NULL.
+typedef struct Data {
+    Dataset *train, *test;
+    Loader *train_loader, *test_loader;
+    int classes;  // the larger class count of the two sets
+} Data;
+
+// Opens the data sets and makes loaders of `batch` samples; the training loader shuffles
+// with `seed` (if dc->shuffle). On error everything opened is closed again.
+int data_open(Data *d, const DataConfig *dc, int batch, uint64_t seed, Error *err);
+void data_close(Data *d);
+// Bytes of the loaders' buffers, for the memory plan.
+size_t data_loader_bytes(const Data *d);
+
+#endif
