@@ -45,7 +45,7 @@ else
   LIB_OBJ   += $(BUILD)/nn/no_cuda.o
 endif
 
-BINS      := train
+BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
@@ -65,6 +65,9 @@ $(BUILD)/libcnn.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 train: $(BUILD)/train.o $(BUILD)/libcnn.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+ckpt: $(BUILD)/ckpt.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libcnn.a

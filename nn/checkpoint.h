@@ -1,0 +1,94 @@
+// checkpoint.h: training checkpoints as safetensors files (DESIGN.md decision 7).
+//
+// One file resumes training exactly or serves prediction alone:
+//
+//   tensors      the model's parameters under PyTorch's state_dict names and layouts
+//                ("conv1.weight" F32 [32, 1, 3, 3], "fc1.weight" F32 [64, 9216], ...), and
+//                the optimizer state under CHECKPOINT_OPTIMIZER_PREFIX:
+//                "optimizer.conv1.weight.square_avg", "optimizer.conv1.weight.acc_delta".
+//   __metadata__ strings: "format" = CHECKPOINT_FORMAT; "cfg" = the cfg text the run used
+//                (command-line overrides applied); "classes" = class names, one per
+//                line; and the TrainState fields below under their own names.
+//
+// A PyTorch user drops the optimizer keys and calls load_state_dict (see README).
+// Loading is strict by name: a mismatch lists the missing keys, the unexpected keys and
+// the keys whose shapes differ, and names the `./ckpt rename` command when the
+// difference is a pure renaming.
+#ifndef NN_CHECKPOINT_H
+#define NN_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "error.h"
+#include "net.h"
+
+#define CHECKPOINT_FORMAT "cnn.c-checkpoint-1"
+#define CHECKPOINT_OPTIMIZER_PREFIX "optimizer."
+
+// Where training stands. Stored in __metadata__ as decimal text (doubles with %.17g, so
+// they read back bit for bit).
+typedef struct TrainState {
+    int64_t epoch;          // epochs completed
+    int64_t batch;          // batches of epoch `epoch` completed (0 at an epoch boundary)
+    uint64_t step;          // optimizer steps so far (keys the dropout masks)
+    uint64_t seed;          // the run's seed
+    double best_val_acc;    // best test accuracy so far, percent; -1 if none yet
+    // Training totals of the unfinished epoch, so a resumed epoch reports the same
+    // loss and accuracy as an uninterrupted one.
+    double epoch_loss, epoch_correct;
+    int64_t epoch_seen;
+} TrainState;
+
+// Metadata a checkpoint carries besides the TrainState.
+typedef struct CheckpointInfo {
+    char *cfg_text;      // the cfg, as text
+    char **class_names;  // classes entries
+    int classes;
+} CheckpointInfo;
+
+void checkpoint_info_free(CheckpointInfo *info);
+
+// Writes net's parameters, its optimizer state, st and info to path, atomically
+// (st_write). Parameters and state are read from the device (net->k->download).
+int checkpoint_save(const char *path, const Net *net, const TrainState *st,
+                    const CheckpointInfo *info, Error *err);
+
+// Reads the metadata of a checkpoint: its info (caller frees with checkpoint_info_free)
+// and, if st is non-NULL, its TrainState. Errors for files that are not cnn.c
+// checkpoints (no "format", another format) name the file.
+int checkpoint_read_info(const char *path, CheckpointInfo *info, TrainState *st, Error *err);
+
+// Loads the model's parameters into net (uploads to the device). Strict: every
+// parameter of net must be in the file with its exact shape, and the file may hold no
+// other model tensor (optimizer keys aside). On a mismatch nothing is loaded and err
+// lists the missing, unexpected and wrongly shaped keys (a few of each, with counts),
+// and, when the unexpected keys map one-to-one onto the missing ones by one substring
+// replacement, the command that fixes it: "./ckpt rename FILE NEW_FILE old=new".
+// F16/BF16/F64 parameters are converted to F32.
+int checkpoint_load_weights(const char *path, Net *net, Error *err);
+
+// Loads parameters (as checkpoint_load_weights), the optimizer state (which must be
+// there, strict in the same way) and the TrainState: everything a resume needs.
+int checkpoint_load_all(const char *path, Net *net, TrainState *st, Error *err);
+
+// The rename rules of `./ckpt rename`.
+typedef enum RenameMode {
+    RENAME_SUBSTRING,  // OLD=NEW replaces every occurrence of OLD in a key (PyTorch recipe)
+    RENAME_PREFIX,     // OLD=NEW replaces OLD at the start of a key only
+    RENAME_WHOLE,      // OLD=NEW renames the layer/key called exactly OLD
+} RenameMode;
+
+typedef struct RenameRule {
+    const char *from, *to;
+} RenameRule;
+
+// Copies checkpoint `in` to `out` with its keys renamed: the rules apply in order to the
+// layer part of each key (the name before ".weight"/".bias"; for optimizer keys the
+// part after the prefix), and the same renaming applies to the layer names in the
+// stored cfg, so the result loads into the renamed model. Refuses a renaming that makes
+// two keys equal or leaves a layer name invalid, and out == in; never modifies in.
+// *renamed = the number of keys changed (0 is not an error, but the CLI says so).
+int checkpoint_rename(const char *in, const char *out, const RenameRule *rules, int nrules,
+                      RenameMode mode, int *renamed, Error *err);
+
+#endif
