@@ -14,7 +14,7 @@ ARCH    ?= -march=x86-64-v3
 CFLAGS  ?= -O3 $(ARCH)
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP \
            -I/usr/include/x86_64-linux-gnu/openblas-pthread
-LDLIBS  += -lopenblas -lz -lm -lpthread -fopenmp
+LDLIBS  += -lopenblas -lstb -lz -lm -lpthread -fopenmp
 
 BUILD   := build
 ifeq ($(SAN),1)

@@ -97,6 +97,14 @@ typedef struct Kernels {
     void (*nll_loss)(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
                      int N, int C, float scale);
 
+    // ---- precision -------------------------------------------------------------------------
+    // IEEE binary16 storage (nn/half.h): round to nearest even, overflow to inf.
+    void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
+    void (*f16_to_f32)(float *out, const uint16_t *in, int64_t n);
+    // Loss scaling: g (n) *= scale; *found_nonfinite = 1 if any result is inf or NaN
+    // (left as it was otherwise, so one flag can cover several calls).
+    void (*scale_check)(float *g, int64_t n, float scale, float *found_nonfinite);
+
     // ---- optimizer ------------------------------------------------------------------------
     // One Adadelta step over n parameters, PyTorch's update exactly:
     //   g += wd * p; sq = rho*sq + (1-rho)*g^2; d = sqrt(acc + eps) / sqrt(sq + eps) * g;
