@@ -12,14 +12,23 @@ extern const CfgKey data_keys[];
 extern const int data_nkeys;
 
 typedef struct DataConfig {
-    const char *train, *train_labels;  // strings owned by the Cfg
+    const char *train, *train_labels;  // strings owned by the Cfg; labels "" for a folder
     const char *test, *test_labels;    // "" when there is no test set
+    int train_folder, test_folder;     // 1: an image folder (a directory), 0: IDX files
+    double val_split;                  // > 0: the test set is this part of train
+    int width, height, channels;       // folders: the size of every sample
     float mean[DATASET_MAX_CHANNELS], std[DATASET_MAX_CHANNELS];
     int nmean, nstd;  // 1 (applies to every channel) or one per channel
     int shuffle, drop_last;
+    int workers, prefetch, skip_bad;   // the loaders' (LoaderConfig)
+    const char *cache;                 // folders: cache folder, "" = none
+    int crop_pad, flip;                // training augmentation
+    double crop_scale;
 } DataConfig;
 
 // Reads and checks [data] (s may not be NULL). Errors name the file, line and key.
+// It looks at the file system once: train (and test) is an image folder if it is a
+// directory, else IDX (which then needs train_labels / test_labels).
 int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *err);
 
 // The opened data: train is always there; test and test_loader may be NULL.
@@ -30,7 +39,9 @@ typedef struct Data {
 } Data;
 
 // Opens the data sets and makes loaders of `batch` samples; the training loader shuffles
-// with `seed` (if dc->shuffle). On error everything opened is closed again.
+// and augments with `seed` (if dc->shuffle), and val_split splits with it. The sets'
+// class_names and info (a line on each set: files left out, cache state) are for the
+// trainer to print and store. On error everything opened is closed again.
 int data_open(Data *d, const DataConfig *dc, int batch, uint64_t seed, Error *err);
 void data_close(Data *d);
 // Bytes of the loaders' buffers, for the memory plan.

@@ -15,11 +15,19 @@
 
 typedef struct Dataset Dataset;
 
+// What read returns for a sample whose file is bad (cannot be opened, read or decoded):
+// err says which file and why. The loader skips such samples with skip_bad = 1; any
+// other failure (-1: an I/O error of the set itself, memory) always stops the run.
+enum { DATASET_BAD = 1 };
+
 typedef struct DatasetOps {
     // Reads sample i (0 <= i < count) as bytes into pixels (H, W, C) row-major, the
-    // channel-last layout of the network's input, and its class into *label.
+    // channel-last layout of the network's input, and its class into *label. Returns 0,
+    // DATASET_BAD (the sample's file is bad; *label is still set), or -1.
     // Thread-safe: workers call it concurrently on one Dataset.
     int (*read)(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *label, Error *err);
+    // The class of sample i without reading its pixels (for a stratified split).
+    int (*label)(const Dataset *ds, int64_t i, int32_t *label, Error *err);
     void (*close)(Dataset *ds);
 } DatasetOps;
 
@@ -29,6 +37,8 @@ struct Dataset {
     Shape shape;    // of one sample (c = 1 or 3)
     int classes;    // number of classes (labels are 0 .. classes-1)
     char *source;   // what it was opened from, for messages
+    char **class_names;  // (classes) owned: folder names for image folders, "0".."9" for IDX
+    char *info;     // owned; one line on how it was opened (cache state, split), or NULL
     void *impl;
 };
 
@@ -41,13 +51,52 @@ int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_
                      Error *err);
 void dataset_close(Dataset *ds);  // NULL is fine
 
+// An image folder: one subfolder per class (class index = subfolder names in strcmp
+// order), images anywhere below it (.png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd
+// .hdr .pic, any case), in strcmp order of their paths. Hidden entries (".name") are not
+// read. Open lists the files only; read decodes one with stb_image, converts it to
+// `channels` (1: luma, 3: gray replicated; alpha dropped) and resizes it to width x
+// height (stretched; stb_image_resize, triangle filter, clamped edges). Errors: no class
+// subfolder, an empty class, an image directly in the root, a file without an image
+// extension (with skip_bad: left out and counted in info). With cache_dir, the decoded
+// samples go to cache_dir/cache_name (see folder.c) and are read from there once complete.
+typedef struct FolderOptions {
+    int width, height;   // every sample is resized to this
+    int channels;        // 1 or 3
+    int skip_bad;        // 1: leave files without an image extension out (counted)
+    const char *cache_dir;   // NULL or "" = no cache
+    const char *cache_name;  // file name in cache_dir ("train.cache")
+} FolderOptions;
+int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt, Error *err);
+
+// Splits ds into *train and *val: in each class, round(fraction * its samples) go to val
+// (at least 1 if the class has 2 or more and fraction > 0), chosen by a permutation
+// keyed by seed; both keep ds's order. Takes ownership of ds (closed with the last of
+// the two; on error closed at once). 0 < fraction < 1.
+int dataset_split(Dataset *ds, double fraction, uint64_t seed, Dataset **train, Dataset **val,
+                  Error *err);
+
+// Helpers for Dataset implementations: copies of names; names "0".."n-1".
+char **dataset_names_copy(char *const *names, int n, Error *err);
+char **dataset_names_numbers(int n, Error *err);
+void dataset_names_free(char **names, int n);
+
 typedef struct LoaderConfig {
     int batch;         // samples per batch
     int shuffle;       // 1: a fresh seeded permutation each epoch; 0: file order
     int drop_last;     // 1: drop the last partial batch
-    uint64_t seed;     // shuffle order = f(seed, epoch) only
+    uint64_t seed;     // shuffle order = f(seed, epoch) only; augmentation f(seed, epoch, sample)
     float mean[DATASET_MAX_CHANNELS];  // normalisation per channel:
     float std[DATASET_MAX_CHANNELS];   //   x = (byte / 255 - mean) / std
+    int workers;       // 0: loader_next reads in the caller's thread; N: N threads read ahead
+    int prefetch;      // batch buffers in the ring when workers > 0; < 1 means 2 * workers
+    int skip_bad;      // 1: skip samples whose file is bad (DATASET_BAD) and count them
+    int fill_bad;      // with skip_bad: 1 = a skipped sample's place goes to the next good
+                       // sample of the order (full batches); 0 = the batch is shorter
+    int crop_pad;      // > 0: pad by this many zero bytes, then a random H x W crop
+    float crop_scale;  // > 0: random resized crop of area fraction in [crop_scale, 1],
+                       // aspect ratio in [3/4, 4/3], resized back to H x W
+    int flip;          // 1: horizontal flip with probability 1/2
 } LoaderConfig;
 
 typedef struct Batch {
@@ -59,9 +108,17 @@ typedef struct Batch {
 
 typedef struct Loader Loader;
 
+// This epoch so far (since loader_start_epoch).
+typedef struct LoaderStats {
+    double wait_seconds;  // time loader_next spent waiting for (or, workers = 0, reading) batches
+    int64_t skipped;      // bad samples skipped (skip_bad) in the batches handed out
+} LoaderStats;
+
 int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err);
 void loader_destroy(Loader *l);  // NULL is fine
-// Bytes the loader allocates (its batch buffers), for the memory plan.
+// Bytes the loader allocates (its ring of batch buffers, the epoch's order, scratch), for
+// the memory plan. Decoding an image also needs its full-size pixels for a moment (one
+// image per worker, freed at once): not counted, as it depends on the files.
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg);
 // loader_bytes of an existing loader.
 size_t loader_size(const Loader *l);
@@ -72,7 +129,9 @@ int64_t loader_batches(const Loader *l);
 int loader_start_epoch(Loader *l, int epoch, int64_t first, Error *err);
 // *out = the next batch of the epoch, or NULL at the end of the epoch; returns 0. On a
 // read error returns -1 with err naming the file and sample. The batch stays valid until
-// the next call.
+// the next call. The batches (order, contents, skipped samples) are the same for any
+// number of workers.
 int loader_next(Loader *l, const Batch **out, Error *err);
+void loader_stats(const Loader *l, LoaderStats *out);
 
 #endif

@@ -330,6 +330,25 @@ static int idx_scan_labels(int fd, const char *path, int64_t count, int *max_lab
     return 0;
 }
 
+static int idx_label(const Dataset *ds, int64_t i, int32_t *label, Error *err) {
+    const IdxImpl *im = ds->impl;
+    if (i < 0 || i >= ds->count)
+        return err_set(err, "%s: sample %" PRId64 " is out of range (the set has %" PRId64 ")",
+                       im->labels_path, i, ds->count);
+    uint8_t b;
+    int64_t got = pread_full(im->labels_fd, &b, 1, IDX_LABELS_HEADER + i);
+    if (got != 1)
+        return err_set(err, "%s: sample %" PRId64 ": cannot read its label: %s; was the file "
+                       "changed while training?",
+                       im->labels_path, i, got < 0 ? strerror(errno) : "end of file");
+    if (b >= ds->classes)
+        return err_set(err, "%s: sample %" PRId64 ": label %d, but the file had %d classes at "
+                       "open; was the file changed while training?",
+                       im->labels_path, i, b, ds->classes);
+    *label = b;
+    return 0;
+}
+
 static int idx_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *label, Error *err) {
     const IdxImpl *im = ds->impl;
     if (i < 0 || i >= ds->count)
@@ -342,19 +361,7 @@ static int idx_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *labe
                        ": %s; was the file changed while training?",
                        ds->source, i, im->sample_bytes, off,
                        got < 0 ? strerror(errno) : "end of file");
-    uint8_t b;
-    got = pread_full(im->labels_fd, &b, 1, IDX_LABELS_HEADER + i);
-    if (got != 1)
-        return err_set(err, "%s: sample %" PRId64 ": cannot read its label: %s; was the file "
-                       "changed while training?",
-                       im->labels_path, i, got < 0 ? strerror(errno) : "end of file");
-    // classes came from a scan at open; a larger label means the file changed since.
-    if (b >= ds->classes)
-        return err_set(err, "%s: sample %" PRId64 ": label %d, but the file had %d classes at "
-                       "open; was the file changed while training?",
-                       im->labels_path, i, b, ds->classes);
-    *label = b;
-    return 0;
+    return idx_label(ds, i, label, err);
 }
 
 // Frees everything, the Dataset included; works on a partly built one.
@@ -366,11 +373,13 @@ static void idx_close(Dataset *ds) {
         free(im->labels_path);
         free(im);
     }
+    dataset_names_free(ds->class_names, ds->classes);
+    free(ds->info);
     free(ds->source);
     free(ds);
 }
 
-static const DatasetOps idx_ops = {.read = idx_read, .close = idx_close};
+static const DatasetOps idx_ops = {.read = idx_read, .label = idx_label, .close = idx_close};
 
 static char *dup_string(const char *s, Error *err) {
     size_t n = strlen(s) + 1;
@@ -415,6 +424,7 @@ int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_
     ds->count = idims[0];
     ds->shape = (Shape){.c = 1, .h = (int)idims[1], .w = (int)idims[2]};
     ds->classes = max_label + 1;
+    if (!(ds->class_names = dataset_names_numbers(ds->classes, err))) goto fail;
     im->sample_bytes = (int64_t)idims[1] * idims[2];
     *out = ds;
     return 0;

@@ -1,71 +1,154 @@
-// loader.c: the batched loader (DESIGN.md decision 8), synchronous for now.
+// loader.c: the batched loader (DESIGN.md decision 8): worker threads, a ring of batch
+// buffers, augmentation.
 //
 // Each epoch has an order of sample indices that is a pure function of (seed, epoch):
 // Fisher-Yates driven by the counter-based RNG, recomputed from scratch every epoch. So
 // any epoch can be started directly (resuming a run) and gives the same batches as an
-// uninterrupted run. batch_fill assembles one batch from a list of indices and touches
-// only its arguments, so the worker threads of a later version can each call it on their
-// own buffers; the batches do not depend on who fills them.
+// uninterrupted run.
+//
+// Batch k of an epoch is a pure function of (seed, epoch, k) and the files: batch_fill
+// reads positions [k * batch, k * batch + n) of the order, augments each sample with
+// random numbers keyed by (seed, epoch, sample index), and normalises. Bad samples
+// (skip_bad) are replaced by the next good samples of the order after the batch, so no
+// batch depends on another one. Who fills a batch, and when, changes nothing: with
+// workers = N, N threads fill batches ahead into a ring of `prefetch` slots (batch k
+// goes to slot k % prefetch), and loader_next hands them out in order; with workers = 0
+// loader_next fills the one slot itself.
+//
+// Synchronisation: one mutex guards the ring's bookkeeping (slot states, fill_next,
+// released, busy); a slot's buffers belong to the worker filling it until it is marked
+// ready under the mutex, then to the caller until its next loader_next. The order and
+// the epoch change only when no worker is busy.
 #include "dataset.h"
 
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <stb/stb_image_resize.h>
 
 #include "../nn/rng.h"
 
 __extension__ typedef unsigned __int128 u128;
+
+#define LOADER_MAX_WORKERS 256
+
+enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_FAILED };
+
+typedef struct Slot {
+    float *x;          // (batch, H, W, C) normalised
+    int32_t *y;        // (batch)
+    uint8_t *pixels;   // (batch, H, W, C) bytes as read (and augmented), before normalising
+    int64_t batch;     // the batch it holds or is being filled with; -1: none
+    int state;         // SLOT_*
+    int n;             // samples in it
+    int64_t skipped;   // bad samples skipped while filling it
+    Error err;         // SLOT_FAILED: why
+} Slot;
+
+typedef struct Worker {
+    struct Loader *l;
+    uint8_t *scratch;  // (H, W, C) one sample before augmentation; NULL without it
+    pthread_t thread;
+} Worker;
 
 struct Loader {
     Dataset *ds;          // not owned
     LoaderConfig cfg;
     int64_t sample;       // bytes (= values) of one sample: H * W * C
     int64_t batches;      // per epoch
+    int augment;          // any of crop_pad, crop_scale, flip
+    int nslots;           // ring size: 1 with workers = 0, else prefetch
+    int nworkers;
+    void *block;          // the one allocation of loader_bytes bytes behind the buffers below
+    int64_t *order;       // (count) sample indices of the epoch, in batch order
+    Slot *slots;          // (nslots)
+    uint8_t *scratch;     // (max(workers, 1), H, W, C) with augmentation, else NULL
+    Worker *workers;      // (nworkers)
+    float lut[DATASET_MAX_CHANNELS][256];  // (C, 256) the normalised value of each byte
+    Batch batch;          // what loader_next hands out: views of a slot
+
+    // The caller's side (loader_start_epoch, loader_next, loader_stats).
     int epoch;            // the epoch started last
     int64_t next;         // next batch loader_next returns; -1 before the first epoch
-    void *block;          // the one allocation of loader_bytes bytes behind the four below
-    int64_t *order;       // (count) sample indices of the epoch, in batch order
-    float *x;             // (batch, H, W, C) normalised
-    int32_t *y;           // (batch)
-    uint8_t *pixels;      // (batch, H, W, C) bytes as read, before normalising
-    float lut[DATASET_MAX_CHANNELS][256];  // (C, 256) the normalised value of each byte
-    Batch batch;          // what loader_next hands out: views of x and y
+    int held;             // slot the caller holds (handed out last), or -1
+    int64_t delivered;    // samples handed out this epoch
+    LoaderStats stats;
+
+    // Shared with the workers, under mu.
+    pthread_mutex_t mu;
+    pthread_cond_t work;  // a batch can be taken, or quit
+    pthread_cond_t done;  // a slot is ready or failed, or a worker went idle
+    int64_t fill_next;    // the next batch a worker takes
+    int64_t released;     // batches below this are handed out and given back (their slots free)
+    int busy;             // workers filling a batch now
+    int quit;
+    uint64_t gen;         // atomic: changes when an epoch starts; a fill of an older one stops
+    int threads_started;  // workers running (joined by loader_destroy)
 };
+
+// ---- the memory plan ---------------------------------------------------------------------
+
+static int loader_nslots(const LoaderConfig *cfg) {
+    if (cfg->workers <= 0) return 1;
+    return cfg->prefetch >= 1 ? cfg->prefetch : 2 * cfg->workers;
+}
+
+static int loader_augments(const LoaderConfig *cfg) {
+    return cfg->crop_pad > 0 || cfg->crop_scale > 0.0f || cfg->flip;
+}
 
 // Byte offsets of the buffers in the loader's block, and its size.
 typedef struct LoaderLayout {
-    size_t order, x, y, pixels, total;
+    size_t order, x, y, pixels, scratch, total;  // x, y, pixels: of slot 0; the others follow
+    size_t x_b, y_b, px_b;                       // bytes of one slot's x, y, pixels
 } LoaderLayout;
 
-// Lays out the block: order first (8-byte aligned at offset 0), then x, y, pixels, each
-// at an offset that is a multiple of its element size. Returns -1 if the sizes overflow.
+// Lays out the block: order first (8-byte aligned at offset 0), then the slots' x, then
+// their y, then their pixels, then scratch; each at an offset that is a multiple of its
+// element size. Returns -1 if the sizes overflow.
 static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayout *lay) {
     int64_t sample = shape_numel(ds->shape);
-    size_t values, order_b, x_b, y_b, px_b;
-    if (ds->count < 0 || sample <= 0 || cfg->batch <= 0) return -1;
+    size_t values, order_b, all;
+    if (ds->count < 0 || sample <= 0 || cfg->batch <= 0 || cfg->workers < 0 ||
+        cfg->workers > LOADER_MAX_WORKERS || cfg->prefetch > 4096)
+        return -1;
+    const size_t slots = (size_t)loader_nslots(cfg);
+    const size_t fillers = (size_t)(cfg->workers > 0 ? cfg->workers : 1);
     if (__builtin_mul_overflow((size_t)cfg->batch, (size_t)sample, &values)) return -1;
     if (__builtin_mul_overflow((size_t)ds->count, sizeof(int64_t), &order_b)) return -1;
-    if (__builtin_mul_overflow(values, sizeof(float), &x_b)) return -1;
-    y_b = (size_t)cfg->batch * sizeof(int32_t);
-    px_b = values;
+    if (__builtin_mul_overflow(values, sizeof(float), &lay->x_b)) return -1;
+    lay->y_b = (size_t)cfg->batch * sizeof(int32_t);
+    lay->px_b = values;
+    size_t per_slot = lay->x_b + lay->y_b + lay->px_b, scratch_b = 0;
+    if (per_slot < lay->x_b) return -1;
+    if (__builtin_mul_overflow(per_slot, slots, &all)) return -1;
+    if (loader_augments(cfg) && __builtin_mul_overflow(fillers, (size_t)sample, &scratch_b))
+        return -1;
     lay->order = 0;
     lay->x = order_b;
-    lay->y = lay->x + x_b;
-    if (lay->y < lay->x) return -1;
-    lay->pixels = lay->y + y_b;
-    if (lay->pixels < lay->y) return -1;
-    lay->total = lay->pixels + px_b;
-    if (lay->total < lay->pixels) return -1;
+    lay->y = lay->x + slots * lay->x_b;
+    lay->pixels = lay->y + slots * lay->y_b;
+    lay->scratch = lay->pixels + slots * lay->px_b;
+    if (lay->scratch < order_b || lay->scratch - order_b != all) return -1;
+    lay->total = lay->scratch + scratch_b;
+    if (lay->total < lay->scratch) return -1;
     return 0;
 }
 
 // Contract: the bytes of the one block loader_create allocates:
-//   batch * H*W*C * sizeof(float)   x, the normalised batch
-// + batch * sizeof(int32_t)         y, the labels
-// + batch * H*W*C                   the bytes of one batch as read
-// + count * sizeof(int64_t)         the order of the epoch
-// The Loader struct itself (fixed, a few KB with its lookup table) is not counted.
+//   S * batch * H*W*C * sizeof(float)   x of each slot, the normalised batch
+// + S * batch * sizeof(int32_t)         y of each slot, the labels
+// + S * batch * H*W*C                   the bytes of each slot's batch as read
+// + count * sizeof(int64_t)             the order of the epoch
+// + F * H*W*C                           with augmentation: one sample per filler
+// where S = 1 with workers = 0, else prefetch (2 * workers if prefetch < 1), and
+// F = max(workers, 1). The Loader struct, its slot table and the threads' stacks are
+// not counted (fixed, a few KB plus the stacks' touched pages), nor the transient
+// full-size image of a decode (see dataset.h).
 // 0 when the configuration is invalid; loader_create then says why.
 size_t loader_size(const Loader *l) { return loader_bytes(l->ds, &l->cfg); }
 
@@ -77,67 +160,9 @@ size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg) {
 
 int64_t loader_batches(const Loader *l) { return l->batches; }
 
-int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err) {
-    *out = NULL;
-    if (cfg->batch <= 0)
-        return err_set(err, "%s: batch = %d; the batch size must be at least 1", ds->source,
-                       cfg->batch);
-    int C = ds->shape.c;
-    if (C < 1 || C > DATASET_MAX_CHANNELS || ds->shape.h < 1 || ds->shape.w < 1)
-        return err_set(err, "%s: sample shape (%d, %d, %d) (H, W, C) is not supported: the "
-                       "loader takes 1 to %d channels and H, W >= 1",
-                       ds->source, ds->shape.h, ds->shape.w, C, DATASET_MAX_CHANNELS);
-    for (int c = 0; c < C; c++) {
-        if (!isfinite(cfg->mean[c]) || !isfinite(cfg->std[c]) || cfg->std[c] == 0.0f)
-            return err_set(err, "%s: channel %d: mean %g, std %g; normalisation needs a finite "
-                           "mean and a finite, non-zero std (set mean and std in [data])",
-                           ds->source, c, cfg->mean[c], cfg->std[c]);
-    }
-    if (ds->count <= 0 || (cfg->drop_last && ds->count < cfg->batch))
-        return err_set(err, "%s: %" PRId64 " samples%s with batch = %d: an epoch would have no "
-                       "batch; use a smaller batch%s",
-                       ds->source, ds->count, cfg->drop_last ? " and drop_last" : "",
-                       cfg->batch, cfg->drop_last ? " or drop_last = 0" : "");
-    LoaderLayout lay;
-    if (loader_layout(ds, cfg, &lay) != 0)
-        return err_set(err, "%s: batch %d of %" PRId64 " values over %" PRId64 " samples "
-                       "overflows the address space; use a smaller batch",
-                       ds->source, cfg->batch, shape_numel(ds->shape), ds->count);
+void loader_stats(const Loader *l, LoaderStats *out) { *out = l->stats; }
 
-    Loader *l = xcalloc(1, sizeof *l, err);
-    if (!l) return -1;
-    l->block = xcalloc(lay.total, 1, err);
-    if (!l->block) {
-        err_wrap(err, "%s: loader buffers (%zu bytes)", ds->source, lay.total);
-        free(l);
-        return -1;
-    }
-    uint8_t *base = l->block;
-    l->order = (int64_t *)(void *)(base + lay.order);
-    l->x = (float *)(void *)(base + lay.x);
-    l->y = (int32_t *)(void *)(base + lay.y);
-    l->pixels = base + lay.pixels;
-    l->ds = ds;
-    l->cfg = *cfg;
-    l->sample = shape_numel(ds->shape);
-    l->batches = cfg->drop_last ? ds->count / cfg->batch
-                                : (ds->count + cfg->batch - 1) / cfg->batch;
-    l->next = -1;
-    // Exactly PyTorch's ToTensor + Normalize in fp32: (b / 255 - mean) / std.
-    for (int c = 0; c < C; c++)
-        for (int b = 0; b < 256; b++)
-            l->lut[c][b] = ((float)b / 255.0f - cfg->mean[c]) / cfg->std[c];
-    l->batch.x = l->x;
-    l->batch.y = l->y;
-    *out = l;
-    return 0;
-}
-
-void loader_destroy(Loader *l) {
-    if (!l) return;
-    free(l->block);
-    free(l);
-}
+// ---- random numbers --------------------------------------------------------------------------
 
 // A uniform draw in [0, range), range >= 1, without bias: Lemire's multiply-shift with
 // rejection. The first draw uses counter i; the rare redraws use i + k * n, which no
@@ -157,6 +182,11 @@ static uint64_t draw_below(uint64_t key, uint64_t i, uint64_t n, uint64_t range)
     return (uint64_t)(m >> 64);
 }
 
+// Uniform in [0, 1) with 53 bits.
+static double uniform01(uint64_t key, uint64_t counter) {
+    return (double)(rng_u64(key, counter) >> 11) * (1.0 / 9007199254740992.0);
+}
+
 // order = a permutation of 0..n-1 that depends only on (seed, epoch); file order if
 // shuffle is off. Fisher-Yates from the back: position i swaps with a uniform j <= i.
 static void loader_shuffle(int64_t *order, int64_t n, int shuffle, uint64_t seed, int epoch) {
@@ -171,24 +201,323 @@ static void loader_shuffle(int64_t *order, int64_t n, int shuffle, uint64_t seed
     }
 }
 
-// Fills one batch: reads samples indices[0..n) of ds into pixels (n, H, W, C) and their
-// labels into y (n), then writes x (n, H, W, C) = lut[c][byte]. Touches nothing but its
-// arguments (Dataset read is thread-safe), so any thread may call it on its own buffers.
-static int batch_fill(const Dataset *ds, const float (*lut)[256], const int64_t *indices, int n,
-                      float *x, int32_t *y, uint8_t *pixels, Error *err) {
-    const int64_t sample = shape_numel(ds->shape);
-    const int C = ds->shape.c;
-    for (int k = 0; k < n; k++)
-        if (ds->ops->read(ds, indices[k], pixels + (size_t)k * (size_t)sample, &y[k], err) != 0)
+// ---- augmentation ------------------------------------------------------------------------
+
+// Counters of a sample's key (rng_key(seed, RNG_STREAM_AUGMENT, epoch, sample index)):
+enum {
+    AUG_FLIP = 0,          // the flip bit
+    AUG_PAD_X = 1,         // crop_pad: the crop's offsets
+    AUG_PAD_Y = 2,
+    AUG_RRC = 8,           // crop_scale: 4 counters per attempt, 10 attempts
+    AUG_RRC_ATTEMPTS = 10,
+    AUG_COUNTERS = 64,     // redraws of draw_below step by this: beyond every counter above
+};
+
+// dst (H, W, C) = the augmented src (H, W, C), for the sample whose key is key:
+// a crop (crop_pad or crop_scale), then a horizontal flip. Returns -1 only if the resize
+// of a resized crop runs out of memory.
+static int augment(const LoaderConfig *cfg, Shape sh, uint64_t key, const uint8_t *src,
+                   uint8_t *dst) {
+    const int H = sh.h, W = sh.w, C = sh.c;
+    const size_t row = (size_t)W * C;
+    if (cfg->crop_pad > 0) {
+        // torchvision's RandomCrop(size, padding=P): zero padding, a uniform offset.
+        const int P = cfg->crop_pad;
+        const int dx = (int)draw_below(key, AUG_PAD_X, AUG_COUNTERS, (uint64_t)(2 * P + 1)) - P;
+        const int dy = (int)draw_below(key, AUG_PAD_Y, AUG_COUNTERS, (uint64_t)(2 * P + 1)) - P;
+        // Columns x with 0 <= x + dx < W come from src; the rest, and rows outside, are 0.
+        const int x0 = dx < 0 ? -dx : 0, x1 = dx > 0 ? W - dx : W;
+        for (int y = 0; y < H; y++) {
+            uint8_t *d = dst + (size_t)y * row;
+            const int sy = y + dy;
+            memset(d, 0, row);
+            if (sy >= 0 && sy < H && x1 > x0)
+                memcpy(d + (size_t)x0 * C, src + (size_t)sy * row + (size_t)(x0 + dx) * C,
+                       (size_t)(x1 - x0) * C);
+        }
+    } else if (cfg->crop_scale > 0.0f) {
+        // torchvision's RandomResizedCrop(scale=(crop_scale, 1), ratio=(3/4, 4/3)): ten tries
+        // at an area and a log-uniform aspect ratio, then the largest centred crop.
+        const double area = (double)H * W, lo = log(3.0 / 4.0), hi = log(4.0 / 3.0);
+        int ch = H, cw = W, cy = 0, cx = 0, found = 0;
+        for (int a = 0; a < AUG_RRC_ATTEMPTS && !found; a++) {
+            const uint64_t c0 = AUG_RRC + 4 * (uint64_t)a;
+            const double target = area * (cfg->crop_scale + (1.0 - cfg->crop_scale) *
+                                                                uniform01(key, c0));
+            const double ratio = exp(lo + (hi - lo) * uniform01(key, c0 + 1));
+            const int w = (int)lround(sqrt(target * ratio)), h = (int)lround(sqrt(target / ratio));
+            if (w > 0 && w <= W && h > 0 && h <= H) {
+                cy = (int)draw_below(key, c0 + 2, AUG_COUNTERS, (uint64_t)(H - h + 1));
+                cx = (int)draw_below(key, c0 + 3, AUG_COUNTERS, (uint64_t)(W - w + 1));
+                ch = h, cw = w, found = 1;
+            }
+        }
+        if (!found) {
+            const double in_ratio = (double)W / H;
+            if (in_ratio < 3.0 / 4.0)
+                cw = W, ch = (int)lround(W / (3.0 / 4.0));
+            else if (in_ratio > 4.0 / 3.0)
+                ch = H, cw = (int)lround(H * (4.0 / 3.0));
+            if (ch > H) ch = H;
+            if (cw > W) cw = W;
+            cy = (H - ch) / 2, cx = (W - cw) / 2;
+        }
+        if (ch == H && cw == W)
+            memcpy(dst, src, (size_t)H * row);
+        else if (!stbir_resize_uint8_generic(src + (size_t)cy * row + (size_t)cx * C, cw, ch,
+                                             (int)row, dst, W, H, 0, C, STBIR_ALPHA_CHANNEL_NONE,
+                                             0, STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
+                                             STBIR_COLORSPACE_LINEAR, NULL))
             return -1;
-    const size_t total = (size_t)n * (size_t)sample;
+    } else {
+        memcpy(dst, src, (size_t)H * row);
+    }
+    if (cfg->flip && (rng_u64(key, AUG_FLIP) >> 63)) {
+        for (int y = 0; y < H; y++) {
+            uint8_t *r = dst + (size_t)y * row;
+            for (int a = 0, b = W - 1; a < b; a++, b--)
+                for (int c = 0; c < C; c++) {
+                    uint8_t t = r[(size_t)a * C + c];
+                    r[(size_t)a * C + c] = r[(size_t)b * C + c];
+                    r[(size_t)b * C + c] = t;
+                }
+        }
+    }
+    return 0;
+}
+
+// ---- filling a batch ---------------------------------------------------------------------
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Reads sample idx, augmented, into dst. Returns 0, DATASET_BAD or -1 like Dataset read.
+static int read_sample(const Loader *l, int epoch, int64_t idx, uint8_t *dst, int32_t *label,
+                       uint8_t *scratch, Error *err) {
+    const Dataset *ds = l->ds;
+    if (!l->augment) return ds->ops->read(ds, idx, dst, label, err);
+    int rc = ds->ops->read(ds, idx, scratch, label, err);
+    if (rc) return rc;
+    uint64_t key = rng_key(l->cfg.seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)idx);
+    if (augment(&l->cfg, ds->shape, key, scratch, dst))
+        return err_set(err, "%s: sample %" PRId64 ": out of memory in the resized crop",
+                       ds->source, idx);
+    return 0;
+}
+
+static int cancelled(Loader *l, uint64_t gen) {
+    return __atomic_load_n(&l->gen, __ATOMIC_ACQUIRE) != gen;
+}
+
+// Fills slot s with batch k of epoch `epoch`: reads positions [k * batch, k * batch + n) of
+// the order into s->pixels and s->y, then writes s->x = lut[c][byte]. A bad sample (with
+// skip_bad) is counted in s->skipped and, with fill_bad, replaced by the next good sample
+// of the order after the batch (wrapping around; never one of the batch's own); without,
+// or when none is left, the batch is shorter. Touches the loader's immutable state, the
+// order (constant while a fill runs) and s only. Returns 0, 1 if the epoch changed
+// (gen) before it finished (s is then garbage), or -1 with err naming the file, sample,
+// epoch and batch.
+static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch, uint64_t gen,
+                      Error *err) {
+    const Dataset *ds = l->ds;
+    const int64_t sample = l->sample, count = ds->count, start = k * l->cfg.batch;
+    const int n = (int)(count - start < l->cfg.batch ? count - start : l->cfg.batch);
+    int64_t t = 0;  // the next position to borrow from: (start + n + t) % count
+    int m = 0;      // samples placed
+    s->skipped = 0;
+    for (int j = 0; j < n; j++) {
+        if (cancelled(l, gen)) return 1;
+        uint8_t *dst = s->pixels + (size_t)m * (size_t)sample;
+        int rc = read_sample(l, epoch, l->order[start + j], dst, &s->y[m], scratch, err);
+        if (rc == 0) {
+            m++;
+            continue;
+        }
+        if (rc == DATASET_BAD && !l->cfg.skip_bad)
+            err_wrap(err, "epoch %d, batch %" PRId64 " (set skip_bad = 1 to skip bad files)",
+                     epoch, k);
+        if (rc != DATASET_BAD || !l->cfg.skip_bad)
+            return rc == DATASET_BAD ? -1 : err_wrap(err, "epoch %d, batch %" PRId64, epoch, k);
+        s->skipped++;
+        if (!l->cfg.fill_bad) continue;
+        while (t < count - n) {
+            int64_t p = (start + n + t++) % count;
+            rc = read_sample(l, epoch, l->order[p], dst, &s->y[m], scratch, err);
+            if (rc == 0) {
+                m++;
+                break;
+            }
+            if (rc != DATASET_BAD) return err_wrap(err, "epoch %d, batch %" PRId64, epoch, k);
+        }
+    }
+    s->n = m;
+    const size_t total = (size_t)m * (size_t)sample;
+    const int C = ds->shape.c;
+    const uint8_t *px = s->pixels;
+    float *x = s->x;
     if (C == 1) {
-        for (size_t v = 0; v < total; v++) x[v] = lut[0][pixels[v]];
+        for (size_t v = 0; v < total; v++) x[v] = l->lut[0][px[v]];
     } else {
         // Channel-last: value v belongs to channel v % C, and sample sizes are multiples of C.
         for (size_t v = 0; v < total; v += (size_t)C)
-            for (int c = 0; c < C; c++) x[v + c] = lut[c][pixels[v + c]];
+            for (int c = 0; c < C; c++) x[v + c] = l->lut[c][px[v + c]];
     }
+    return 0;
+}
+
+// ---- the workers -------------------------------------------------------------------------------
+
+static void *worker_main(void *arg) {
+    Worker *w = arg;
+    Loader *l = w->l;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->quit && !(l->fill_next < l->batches && l->fill_next < l->released + l->nslots))
+            pthread_cond_wait(&l->work, &l->mu);
+        if (l->quit) break;
+        const int64_t k = l->fill_next++;
+        Slot *s = &l->slots[k % l->nslots];
+        s->state = SLOT_FILLING;
+        s->batch = k;
+        const uint64_t gen = __atomic_load_n(&l->gen, __ATOMIC_RELAXED);
+        const int epoch = l->epoch;
+        l->busy++;
+        pthread_mutex_unlock(&l->mu);
+
+        Error err = {{0}};
+        int rc = batch_fill(l, epoch, k, s, w->scratch, gen, &err);
+
+        pthread_mutex_lock(&l->mu);
+        l->busy--;
+        if (__atomic_load_n(&l->gen, __ATOMIC_RELAXED) == gen) {
+            s->state = rc == 0 ? SLOT_READY : SLOT_FAILED;
+            if (rc) s->err = err;
+        }
+        pthread_cond_broadcast(&l->done);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+// ---- the interface ---------------------------------------------------------------------------------
+
+void loader_destroy(Loader *l) {
+    if (!l) return;
+    if (l->threads_started) {
+        pthread_mutex_lock(&l->mu);
+        l->quit = 1;
+        __atomic_add_fetch(&l->gen, 1, __ATOMIC_RELEASE);  // a fill in progress stops early
+        pthread_cond_broadcast(&l->work);
+        pthread_mutex_unlock(&l->mu);
+        for (int i = 0; i < l->threads_started; i++) pthread_join(l->workers[i].thread, NULL);
+    }
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->work);
+    pthread_cond_destroy(&l->done);
+    free(l->workers);
+    free(l->slots);
+    free(l->block);
+    free(l);
+}
+
+int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err) {
+    *out = NULL;
+    if (cfg->batch <= 0)
+        return err_set(err, "%s: batch = %d; the batch size must be at least 1", ds->source,
+                       cfg->batch);
+    int C = ds->shape.c;
+    if (C < 1 || C > DATASET_MAX_CHANNELS || ds->shape.h < 1 || ds->shape.w < 1)
+        return err_set(err, "%s: sample shape (%d, %d, %d) (H, W, C) is not supported: the "
+                       "loader takes 1 to %d channels and H, W >= 1",
+                       ds->source, ds->shape.h, ds->shape.w, C, DATASET_MAX_CHANNELS);
+    for (int c = 0; c < C; c++) {
+        if (!isfinite(cfg->mean[c]) || !isfinite(cfg->std[c]) || cfg->std[c] == 0.0f)
+            return err_set(err, "%s: channel %d: mean %g, std %g; normalisation needs a finite "
+                           "mean and a finite, non-zero std (set mean and std in [data])",
+                           ds->source, c, cfg->mean[c], cfg->std[c]);
+    }
+    if (cfg->workers < 0 || cfg->workers > LOADER_MAX_WORKERS)
+        return err_set(err, "%s: workers = %d; use 0 (read in the trainer's thread) to %d",
+                       ds->source, cfg->workers, LOADER_MAX_WORKERS);
+    if (cfg->prefetch > 4096)
+        return err_set(err, "%s: prefetch = %d; at most 4096 batch buffers", ds->source,
+                       cfg->prefetch);
+    if (cfg->crop_pad < 0 || cfg->crop_pad > 4096)
+        return err_set(err, "%s: crop_pad = %d; use 0 (off) to 4096 pixels", ds->source,
+                       cfg->crop_pad);
+    if (!(cfg->crop_scale >= 0.0f && cfg->crop_scale <= 1.0f))
+        return err_set(err, "%s: crop_scale = %g; use 0 (off) or a smallest area fraction in "
+                       "(0, 1]", ds->source, cfg->crop_scale);
+    if (cfg->crop_pad > 0 && cfg->crop_scale > 0.0f)
+        return err_set(err, "%s: crop_pad = %d and crop_scale = %g: choose one crop", ds->source,
+                       cfg->crop_pad, cfg->crop_scale);
+    if (ds->count <= 0 || (cfg->drop_last && ds->count < cfg->batch))
+        return err_set(err, "%s: %" PRId64 " samples%s with batch = %d: an epoch would have no "
+                       "batch; use a smaller batch%s",
+                       ds->source, ds->count, cfg->drop_last ? " and drop_last" : "",
+                       cfg->batch, cfg->drop_last ? " or drop_last = 0" : "");
+    LoaderLayout lay;
+    if (loader_layout(ds, cfg, &lay) != 0)
+        return err_set(err, "%s: batch %d of %" PRId64 " values over %" PRId64 " samples "
+                       "overflows the address space; use a smaller batch",
+                       ds->source, cfg->batch, shape_numel(ds->shape), ds->count);
+
+    Loader *l = xcalloc(1, sizeof *l, err);
+    if (!l) return -1;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->work, NULL);
+    pthread_cond_init(&l->done, NULL);
+    l->ds = ds;
+    l->cfg = *cfg;
+    l->sample = shape_numel(ds->shape);
+    l->batches = cfg->drop_last ? ds->count / cfg->batch
+                                : (ds->count + cfg->batch - 1) / cfg->batch;
+    l->augment = loader_augments(cfg);
+    l->nslots = loader_nslots(cfg);
+    l->nworkers = cfg->workers;
+    l->next = -1;
+    l->held = -1;
+    l->block = xcalloc(lay.total, 1, err);
+    l->slots = l->block ? xcalloc((size_t)l->nslots, sizeof *l->slots, err) : NULL;
+    l->workers = l->slots && l->nworkers
+                     ? xcalloc((size_t)l->nworkers, sizeof *l->workers, err) : NULL;
+    if (!l->slots || (l->nworkers && !l->workers)) {
+        err_wrap(err, "%s: loader buffers (%zu bytes)", ds->source, lay.total);
+        loader_destroy(l);
+        return -1;
+    }
+    uint8_t *base = l->block;
+    l->order = (int64_t *)(void *)(base + lay.order);
+    for (int i = 0; i < l->nslots; i++) {
+        Slot *s = &l->slots[i];
+        s->x = (float *)(void *)(base + lay.x + (size_t)i * lay.x_b);
+        s->y = (int32_t *)(void *)(base + lay.y + (size_t)i * lay.y_b);
+        s->pixels = base + lay.pixels + (size_t)i * lay.px_b;
+        s->batch = -1;
+    }
+    if (l->augment) l->scratch = base + lay.scratch;
+    // Exactly PyTorch's ToTensor + Normalize in fp32: (b / 255 - mean) / std.
+    for (int c = 0; c < C; c++)
+        for (int b = 0; b < 256; b++)
+            l->lut[c][b] = ((float)b / 255.0f - cfg->mean[c]) / cfg->std[c];
+    l->fill_next = l->batches;  // nothing to fill before the first epoch
+    for (int i = 0; i < l->nworkers; i++) {
+        Worker *w = &l->workers[i];
+        w->l = l;
+        w->scratch = l->scratch ? l->scratch + (size_t)i * (size_t)l->sample : NULL;
+        int e = pthread_create(&w->thread, NULL, worker_main, w);
+        if (e) {
+            err_set(err, "%s: cannot start loader worker %d of %d: %s; use fewer workers",
+                    ds->source, i + 1, l->nworkers, strerror(e));
+            loader_destroy(l);
+            return -1;
+        }
+        l->threads_started++;
+    }
+    *out = l;
     return 0;
 }
 
@@ -200,9 +529,26 @@ int loader_start_epoch(Loader *l, int epoch, int64_t first, Error *err) {
                        "batches 0 to %" PRId64 "; is the checkpoint from another batch size "
                        "or data set?",
                        l->ds->source, epoch, first, l->batches - 1);
+    pthread_mutex_lock(&l->mu);
+    // Stop the fills of the epoch before (they return early) and wait for them: the order
+    // and the slots change below.
+    __atomic_add_fetch(&l->gen, 1, __ATOMIC_RELEASE);
+    l->fill_next = l->batches;
+    while (l->busy > 0) pthread_cond_wait(&l->done, &l->mu);
     loader_shuffle(l->order, l->ds->count, l->cfg.shuffle, l->cfg.seed, epoch);
+    for (int i = 0; i < l->nslots; i++) {
+        l->slots[i].state = SLOT_FREE;
+        l->slots[i].batch = -1;
+    }
     l->epoch = epoch;
     l->next = first;
+    l->held = -1;
+    l->delivered = 0;
+    l->stats = (LoaderStats){0};
+    l->released = first;
+    l->fill_next = first;
+    pthread_cond_broadcast(&l->work);
+    pthread_mutex_unlock(&l->mu);
     return 0;
 }
 
@@ -210,16 +556,56 @@ int loader_next(Loader *l, const Batch **out, Error *err) {
     *out = NULL;
     if (l->next < 0)
         return err_set(err, "%s: loader_next before loader_start_epoch", l->ds->source);
-    if (l->next >= l->batches) return 0;
-    int64_t start = l->next * l->cfg.batch;
-    int64_t left = l->ds->count - start;
-    int n = left < l->cfg.batch ? (int)left : l->cfg.batch;
-    if (batch_fill(l->ds, (const float (*)[256])l->lut, l->order + start, n, l->x, l->y,
-                   l->pixels, err) != 0)
-        return err_wrap(err, "epoch %d, batch %" PRId64, l->epoch, l->next);
-    l->batch.n = n;
-    l->batch.index = l->next;
-    l->next++;
-    *out = &l->batch;
+    for (;;) {
+        Slot *s;
+        if (l->nworkers == 0) {
+            if (l->next >= l->batches) break;
+            s = &l->slots[0];
+            const double t0 = now_seconds();
+            int rc = batch_fill(l, l->epoch, l->next, s, l->scratch,
+                                __atomic_load_n(&l->gen, __ATOMIC_RELAXED), err);
+            l->stats.wait_seconds += now_seconds() - t0;
+            if (rc) return -1;
+        } else {
+            pthread_mutex_lock(&l->mu);
+            if (l->held >= 0) {  // the batch handed out last is done with: its slot is free
+                l->slots[l->held].state = SLOT_FREE;
+                l->released = l->next;
+                l->held = -1;
+                pthread_cond_broadcast(&l->work);
+            }
+            if (l->next >= l->batches) {
+                pthread_mutex_unlock(&l->mu);
+                break;
+            }
+            const int i = (int)(l->next % l->nslots);
+            s = &l->slots[i];
+            const double t0 = now_seconds();
+            while (!(s->batch == l->next && (s->state == SLOT_READY || s->state == SLOT_FAILED)))
+                pthread_cond_wait(&l->done, &l->mu);
+            l->stats.wait_seconds += now_seconds() - t0;
+            if (s->state == SLOT_FAILED) {
+                *err = s->err;
+                pthread_mutex_unlock(&l->mu);
+                return -1;
+            }
+            l->held = i;
+            pthread_mutex_unlock(&l->mu);
+        }
+        l->stats.skipped += s->skipped;
+        const int64_t k = l->next++;
+        if (s->n == 0) continue;  // every sample of the batch was bad and skipped
+        l->batch.x = s->x;
+        l->batch.y = s->y;
+        l->batch.n = s->n;
+        l->batch.index = k;
+        l->delivered += s->n;
+        *out = &l->batch;
+        return 0;
+    }
+    if (l->delivered == 0 && l->stats.skipped > 0)
+        return err_set(err, "%s: epoch %d: all %" PRId64 " samples were bad files and skipped; "
+                       "check the data (the loader's first error names a file)",
+                       l->ds->source, l->epoch, l->stats.skipped);
     return 0;
 }
