@@ -17,6 +17,7 @@
 #ifndef NN_CHECKPOINT_H
 #define NN_CHECKPOINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "error.h"
@@ -87,8 +88,15 @@ typedef struct RenameRule {
 // part after the prefix), and the same renaming applies to the layer names in the
 // stored cfg, so the result loads into the renamed model. Refuses a renaming that makes
 // two keys equal or leaves a layer name invalid, and out == in; never modifies in.
-// *renamed = the number of keys changed (0 is not an error, but the CLI says so).
+// *renamed = the number of keys changed (0 is not an error, but the CLI says so; then
+// out is not written).
 int checkpoint_rename(const char *in, const char *out, const RenameRule *rules, int nrules,
                       RenameMode mode, int *renamed, Error *err);
+
+// The renaming of one key, as checkpoint_rename does it: writes the new key into out (cap
+// bytes) and returns 1 if it differs from key, 0 if not, -1 if a rule's OLD is empty or
+// the result does not fit. (The CLI prints "old -> new" with it.)
+int checkpoint_rename_key(const char *key, const RenameRule *rules, int nrules, RenameMode mode,
+                          char *out, size_t cap);
 
 #endif

@@ -1,0 +1,930 @@
+// checkpoint.c: training checkpoints as safetensors files. The format and the contracts
+// are in checkpoint.h; the file I/O (validation, atomic writes) is safetensors.c's.
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "safetensors.h"
+
+#define OPT_PREFIX CHECKPOINT_OPTIMIZER_PREFIX
+#define OPT_PREFIX_LEN (sizeof OPT_PREFIX - 1)
+
+// The halves of net->optimizer, in their order there: the key suffixes of the optimizer
+// state ("optimizer.conv1.weight.square_avg").
+static const char *const opt_states[2] = {"square_avg", "acc_delta"};
+
+// The metadata keys of the TrainState fields.
+enum { NUM_INT, NUM_UINT, NUM_DOUBLE };
+typedef struct StateField {
+    const char *key;
+    int kind;
+    size_t offset;
+} StateField;
+static const StateField state_fields[] = {
+    {"epoch", NUM_INT, offsetof(TrainState, epoch)},
+    {"batch", NUM_INT, offsetof(TrainState, batch)},
+    {"step", NUM_UINT, offsetof(TrainState, step)},
+    {"seed", NUM_UINT, offsetof(TrainState, seed)},
+    {"best_val_acc", NUM_DOUBLE, offsetof(TrainState, best_val_acc)},
+    {"epoch_loss", NUM_DOUBLE, offsetof(TrainState, epoch_loss)},
+    {"epoch_correct", NUM_DOUBLE, offsetof(TrainState, epoch_correct)},
+    {"epoch_seen", NUM_INT, offsetof(TrainState, epoch_seen)},
+};
+#define NSTATE ((int)(sizeof state_fields / sizeof state_fields[0]))
+static_assert(sizeof(TrainState) == 3 * sizeof(int64_t) + 2 * sizeof(uint64_t) + 3 * sizeof(double),
+              "state_fields must list every TrainState field");
+
+void checkpoint_info_free(CheckpointInfo *info) {
+    if (!info) return;
+    free(info->cfg_text);
+    for (int i = 0; info->class_names && i < info->classes; i++) free(info->class_names[i]);
+    free(info->class_names);
+    memset(info, 0, sizeof *info);
+}
+
+// ---- the network's tensors --------------------------------------------------------------
+
+// Number of parameter tensors of net (layers[i]->params[j], in layer order).
+static int count_params(const Net *net) {
+    int n = 0;
+    for (int i = 0; i < net->nlayers; i++) n += net->layers[i]->nparams;
+    return n;
+}
+
+// The parameter tensors of net, in layer order: a malloc'd array of n pointers into the
+// layers (caller frees), or NULL with err.
+static const Tensor **list_params(const Net *net, int *n, Error *err) {
+    *n = count_params(net);
+    const Tensor **p = xcalloc((size_t)*n, sizeof *p, err);
+    if (!p) return NULL;
+    int k = 0;
+    for (int i = 0; i < net->nlayers; i++)
+        for (int j = 0; j < net->layers[i]->nparams; j++) p[k++] = &net->layers[i]->params[j];
+    return p;
+}
+
+// Where parameter p's optimizer state `half` (0 square_avg, 1 acc_delta) lies on the
+// device: the optimizer block mirrors the parameter block (net.h).
+static float *opt_state(const Net *net, const Tensor *p, int half) {
+    ptrdiff_t off = (const float *)p->data - net->params;
+    return net->optimizer + (size_t)half * (size_t)net->nparams + off;
+}
+
+static int opt_key(char *out, size_t cap, const char *param, int half) {
+    int w = snprintf(out, cap, "%s%s.%s", OPT_PREFIX, param, opt_states[half]);
+    return w < 0 || (size_t)w >= cap ? -1 : 0;
+}
+
+static bool is_opt_key(const char *key) { return strncmp(key, OPT_PREFIX, OPT_PREFIX_LEN) == 0; }
+
+// "[64, 9216]" into buf (always terminated).
+static const char *shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i <= ndim && n < cap; i++) {
+        int w = i == ndim
+                    ? snprintf(buf + n, cap - n, "]")
+                    : snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "[", (long long)shape[i]);
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    if (ndim == 0) snprintf(buf, cap, "[]");
+    return buf;
+}
+
+// ---- saving -------------------------------------------------------------------------------
+
+// The class names joined by '\n' (malloc'd), or NULL with err. A name may not be empty
+// or hold a line break: it would not read back as the same list.
+static char *join_classes(const CheckpointInfo *info, const char *path, Error *err) {
+    size_t size = 1;
+    for (int i = 0; i < info->classes; i++) {
+        const char *c = info->class_names ? info->class_names[i] : NULL;
+        if (!c || !*c || strpbrk(c, "\n\r")) {
+            const char *what = !c ? "missing" : !*c ? "empty" : "on several lines";
+            err_set(err, "cannot write '%s': class %d's name is %s; a class name must be "
+                    "non-empty and on one line", path, i, what);
+            return NULL;
+        }
+        size += strlen(c) + 1;
+    }
+    char *s = xcalloc(size, 1, err);
+    if (!s) return NULL;
+    char *p = s;
+    for (int i = 0; i < info->classes; i++)
+        p += sprintf(p, "%s%s", i ? "\n" : "", info->class_names[i]);
+    return s;
+}
+
+int checkpoint_save(const char *path, const Net *net, const TrainState *st,
+                    const CheckpointInfo *info, Error *err) {
+    if (!st || !info || !info->cfg_text || info->classes < 0)
+        return err_set(err,
+                       "cannot write '%s': checkpoint_save needs the TrainState, the cfg text "
+                       "and the class names",
+                       path);
+    int np = 0, rc = -1;
+    Tensor *t = NULL;
+    float *host = NULL;
+    char *classes = NULL;
+    const Tensor **params = list_params(net, &np, err);
+    if (!params) goto done;
+    classes = join_classes(info, path, err);
+    if (!classes) goto done;
+    t = xcalloc((size_t)np * 3, sizeof *t, err);
+    host = xcalloc((size_t)net->nparams * 3, sizeof *host, err);
+    if (!t || !host) goto done;
+
+    // Host layout: the parameters, then square_avg, then acc_delta, each in layer order.
+    if (net->k->sync) net->k->sync();
+    size_t off = 0;
+    for (int i = 0; i < np; i++) {
+        const Tensor *p = params[i];
+        size_t n = (size_t)tensor_numel(p), bytes = n * sizeof(float);
+        if (off + n > (size_t)net->nparams) {
+            err_set(err,
+                    "cannot write '%s': the network's tensors hold more than its %lld parameters",
+                    path, (long long)net->nparams);
+            goto done;
+        }
+        for (int h = 0; h < 3; h++) {
+            Tensor *o = &t[h * np + i];
+            *o = *p;
+            o->data = host + (size_t)h * (size_t)net->nparams + off;
+            if (h && opt_key(o->name, sizeof o->name, p->name, h - 1)) {
+                err_set(err, "cannot write '%s': the optimizer key of '%s' is too long", path,
+                        p->name);
+                goto done;
+            }
+            if (bytes) net->k->download(o->data, h ? opt_state(net, p, h - 1) : p->data, bytes);
+        }
+        off += n;
+    }
+
+    // Metadata: the format, the cfg, the classes and the TrainState as decimal text.
+    const char *keys[3 + NSTATE], *values[3 + NSTATE];
+    char nums[NSTATE][32];
+    keys[0] = "format", values[0] = CHECKPOINT_FORMAT;
+    keys[1] = "cfg", values[1] = info->cfg_text;
+    keys[2] = "classes", values[2] = classes;
+    for (int i = 0; i < NSTATE; i++) {
+        const StateField *f = &state_fields[i];
+        const char *v = (const char *)st + f->offset;
+        if (f->kind == NUM_INT) {
+            int64_t x;
+            memcpy(&x, v, sizeof x);
+            snprintf(nums[i], sizeof nums[i], "%lld", (long long)x);
+        } else if (f->kind == NUM_UINT) {
+            uint64_t x;
+            memcpy(&x, v, sizeof x);
+            snprintf(nums[i], sizeof nums[i], "%llu", (unsigned long long)x);
+        } else {
+            double x;
+            memcpy(&x, v, sizeof x);
+            snprintf(nums[i], sizeof nums[i], "%.17g", x);
+        }
+        keys[3 + i] = f->key, values[3 + i] = nums[i];
+    }
+    rc = st_write(path, t, np * 3, keys, values, 3 + NSTATE, err);
+done:
+    free(params);
+    free(classes);
+    free(t);
+    free(host);
+    return rc;
+}
+
+// ---- metadata -----------------------------------------------------------------------------
+
+// Fails unless f is a cnn.c checkpoint of the format this build reads.
+static int check_format(const StFile *f, Error *err) {
+    const char *fmt = st_meta(f, "format");
+    if (!fmt)
+        return err_set(err,
+                       "%s is not a cnn.c checkpoint: its metadata has no \"format\" (a "
+                       "checkpoint that ./train writes says \"%s\")",
+                       f->path, CHECKPOINT_FORMAT);
+    if (strcmp(fmt, CHECKPOINT_FORMAT))
+        return err_set(err,
+                       "%s: format \"%.100s\" is not \"%s\", the checkpoint format this "
+                       "build reads",
+                       f->path, fmt, CHECKPOINT_FORMAT);
+    return 0;
+}
+
+static int meta_required(const StFile *f, const char *key, const char **out, Error *err) {
+    *out = st_meta(f, key);
+    if (!*out)
+        return err_set(err,
+                       "%s: the checkpoint's metadata has no \"%s\"; the file is damaged or "
+                       "was not written by ./train",
+                       f->path, key);
+    return 0;
+}
+
+// Parses metadata key as a number of the given kind into out: decimal text only (no
+// sign for unsigned, no white space, nothing after the number, no overflow).
+static int meta_number(const StFile *f, const StateField *sf, void *out, Error *err) {
+    const char *v;
+    if (meta_required(f, sf->key, &v, err)) return -1;
+    const char *what = sf->kind == NUM_DOUBLE ? "a number"
+                       : sf->kind == NUM_INT  ? "a non-negative integer"
+                                              : "an unsigned integer";
+    char *end = NULL;
+    bool ok;
+    errno = 0;
+    if (sf->kind == NUM_DOUBLE) {
+        // strtod's nan/inf spellings are what %.17g writes for them.
+        ok = *v && !strchr(" \t\n\r\f\v+", *v);
+        double x = ok ? strtod(v, &end) : 0;
+        ok = ok && end != v && !*end;
+        if (ok) memcpy(out, &x, sizeof x);
+    } else if (sf->kind == NUM_INT) {
+        ok = *v >= '0' && *v <= '9';  // epochs, batches and counts are never negative
+        long long x = ok ? strtoll(v, &end, 10) : 0;
+        ok = ok && !errno && !*end;
+        int64_t y = x;
+        if (ok) memcpy(out, &y, sizeof y);
+    } else {
+        ok = *v >= '0' && *v <= '9';
+        unsigned long long x = ok ? strtoull(v, &end, 10) : 0;
+        ok = ok && !errno && !*end;
+        uint64_t y = x;
+        if (ok) memcpy(out, &y, sizeof y);
+    }
+    if (!ok)
+        return err_set(err, "%s: metadata \"%s\" = \"%.60s\" is not %s%s", f->path, sf->key, v,
+                       what, errno == ERANGE ? " in range" : "");
+    return 0;
+}
+
+static int read_state(const StFile *f, TrainState *st, Error *err) {
+    TrainState s;
+    memset(&s, 0, sizeof s);
+    for (int i = 0; i < NSTATE; i++)
+        if (meta_number(f, &state_fields[i], (char *)&s + state_fields[i].offset, err)) return -1;
+    *st = s;
+    return 0;
+}
+
+static char *dup_str(const char *s, size_t n, Error *err) {
+    char *d = xcalloc(n + 1, 1, err);
+    if (d && n) memcpy(d, s, n);
+    return d;
+}
+
+static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
+    CheckpointInfo in = {0};
+    const char *cfg, *classes;
+    if (meta_required(f, "cfg", &cfg, err) || meta_required(f, "classes", &classes, err)) return -1;
+    in.cfg_text = dup_str(cfg, strlen(cfg), err);
+    if (!in.cfg_text) return -1;
+    int n = *classes ? 1 : 0;
+    for (const char *p = classes; *p; p++) n += *p == '\n';
+    in.class_names = xcalloc((size_t)n, sizeof *in.class_names, err);
+    if (!in.class_names) goto fail;
+    const char *p = classes;
+    for (int i = 0; i < n; i++) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        in.class_names[i] = dup_str(p, len, err);
+        if (!in.class_names[i]) goto fail;
+        in.classes = i + 1;
+        p += len + 1;
+    }
+    *info = in;
+    return 0;
+fail:
+    checkpoint_info_free(&in);
+    return -1;
+}
+
+int checkpoint_read_info(const char *path, CheckpointInfo *info, TrainState *st, Error *err) {
+    if (info) memset(info, 0, sizeof *info);
+    StFile f;
+    if (st_open(&f, path, err)) return -1;
+    CheckpointInfo in = {0};
+    TrainState s;
+    int rc = -1;
+    if (check_format(&f, err) || (st && read_state(&f, &s, err)) ||
+        (info && read_info(&f, &in, err)))
+        goto done;
+    if (info) *info = in;
+    if (st) *st = s;
+    rc = 0;
+done:
+    st_close(&f);
+    return rc;
+}
+
+// ---- renaming rules -----------------------------------------------------------------------
+
+// The layer part of a key: [*start, *start + *len). "conv1.weight" -> "conv1" (before the
+// last '.'); "optimizer.conv1.weight.square_avg" -> "conv1" (the parameter's layer); a
+// key without '.' is all layer.
+static void layer_part(const char *key, size_t *start, size_t *len) {
+    size_t s = is_opt_key(key) ? OPT_PREFIX_LEN : 0, n = strlen(key + s);
+    const char *dot = memrchr(key + s, '.', n);
+    if (s && dot) {
+        n = (size_t)(dot - (key + s));  // drop the state's name
+        dot = memrchr(key + s, '.', n);
+    }
+    if (dot) n = (size_t)(dot - (key + s));
+    *start = s;
+    *len = n;
+}
+
+// Applies the rules in order to name[0..len) into out (cap bytes). Returns 0, or -1 if a
+// result does not fit.
+static int rename_layer(const char *name, size_t len, const RenameRule *rules, int nrules,
+                        RenameMode mode, char *out, size_t cap) {
+    char buf[2][TENSOR_NAME_MAX];
+    if (len >= sizeof buf[0]) return -1;
+    memcpy(buf[0], name, len);
+    buf[0][len] = '\0';
+    int cur = 0;
+    for (int r = 0; r < nrules; r++) {
+        const char *s = buf[cur], *from = rules[r].from, *to = rules[r].to;
+        size_t nf = strlen(from), nt = strlen(to), n = 0;
+        char *d = buf[!cur];
+        bool whole = mode == RENAME_WHOLE && !strcmp(s, from);
+        bool prefix = mode == RENAME_PREFIX && !strncmp(s, from, nf);
+        if (mode != RENAME_SUBSTRING && !whole && !prefix) continue;
+        while (*s) {
+            bool hit = !strncmp(s, from, nf) && (mode == RENAME_SUBSTRING || s == buf[cur]);
+            size_t add = hit ? nt : 1;
+            if (n + add >= sizeof buf[0]) return -1;
+            memcpy(d + n, hit ? to : s, add);
+            n += add;
+            s += hit ? nf : 1;
+        }
+        d[n] = '\0';
+        cur = !cur;
+    }
+    if (strlen(buf[cur]) >= cap) return -1;
+    strcpy(out, buf[cur]);
+    return 0;
+}
+
+static int check_rules(const RenameRule *rules, int nrules, Error *err) {
+    if (nrules < 1 || !rules) return err_set(err, "no rename rule given: expected OLD=NEW");
+    for (int r = 0; r < nrules; r++) {
+        if (!rules[r].from || !rules[r].to)
+            return err_set(err, "rename rule %d is incomplete", r + 1);
+        if (!*rules[r].from)
+            return err_set(err,
+                           "rename rule '=%s': OLD is empty; expected OLD=NEW with a non-empty OLD",
+                           rules[r].to);
+    }
+    return 0;
+}
+
+int checkpoint_rename_key(const char *key, const RenameRule *rules, int nrules, RenameMode mode,
+                          char *out, size_t cap) {
+    if (check_rules(rules, nrules, NULL)) return -1;
+    size_t start, len;
+    layer_part(key, &start, &len);
+    char layer[TENSOR_NAME_MAX];
+    if (rename_layer(key + start, len, rules, nrules, mode, layer, sizeof layer)) return -1;
+    int w = snprintf(out, cap, "%.*s%s%s", (int)start, key, layer, key + start + len);
+    if (w < 0 || (size_t)w >= cap) return -1;
+    return strcmp(out, key) != 0;
+}
+
+// Why `name` cannot be a layer name, or NULL if it can.
+static const char *layer_name_problem(const char *name) {
+    if (!*name) return "it is empty";
+    if (strchr(name, '.')) return "it holds a '.' (a layer name is one part of a key)";
+    if (strlen(name) >= LAYER_NAME_MAX) return "it is longer than a layer name may be";
+    return NULL;
+}
+
+// ---- strict loading -----------------------------------------------------------------------
+
+// One tensor the network needs from the file.
+typedef struct Want {
+    char name[TENSOR_NAME_MAX];
+    const Tensor *param;  // its parameter (the shape; for optimizer state the same shape)
+    void *dev;            // where it goes on the device
+    const StEntry *e;     // the file's entry, or NULL if missing
+} Want;
+
+static int cmp_str_ptr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static bool float_dtype(StDType d) {
+    return d == ST_F32 || d == ST_F16 || d == ST_BF16 || d == ST_F64;
+}
+
+static bool same_shape(const StEntry *e, const Tensor *t) {
+    if (e->ndim != t->ndim) return false;
+    for (int i = 0; i < e->ndim; i++)
+        if (e->shape[i] != t->shape[i]) return false;
+    return true;
+}
+
+// An error message assembled piece by piece (cut at its end; the caller tries shorter
+// lists when it does not fit an Error).
+typedef struct Msg {
+    char s[4096];
+    size_t n;
+} Msg;
+
+static void msg_add(Msg *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void msg_add(Msg *m, const char *fmt, ...) {
+    if (m->n + 1 >= sizeof m->s) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(m->s + m->n, sizeof m->s - m->n, fmt, ap);
+    va_end(ap);
+    if (w < 0) return;
+    m->n += (size_t)w < sizeof m->s - m->n ? (size_t)w : sizeof m->s - m->n - 1;
+}
+
+// "a, b, c and 5 more" into m: at most `limit` of names[0..n).
+static void msg_names(Msg *m, const char *const *names, int n, int limit) {
+    for (int i = 0; i < n && i < limit; i++) msg_add(m, "%s%s", i ? ", " : "", names[i]);
+    if (n > limit) msg_add(m, " and %d more", n - limit);
+}
+
+// s, single-quoted for a shell if it holds anything but [A-Za-z0-9_./=+-].
+static void msg_shell(Msg *m, const char *s) {
+    bool plain = *s != '\0';
+    for (const char *p = s; *p && plain; p++)
+        plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                strchr("_./=+-", *p);
+    if (plain) {
+        msg_add(m, "%s", s);
+        return;
+    }
+    msg_add(m, "'");
+    for (const char *p = s; *p; p++) {
+        if (*p == '\'')
+            msg_add(m, "'\\''");
+        else
+            msg_add(m, "%c", *p);
+    }
+    msg_add(m, "'");
+}
+
+// Does the substring rule from=to turn the file's model keys (sorted) into exactly the
+// network's parameter names (sorted, n of each)? names is scratch for n names.
+static bool rule_fits(const char *from, const char *to, const char *const *file_keys,
+                      const char *const *net_names, int n, char (*names)[TENSOR_NAME_MAX],
+                      const char **sorted) {
+    RenameRule r = {from, to};
+    for (int i = 0; i < n; i++) {
+        if (checkpoint_rename_key(file_keys[i], &r, 1, RENAME_SUBSTRING, names[i],
+                                  TENSOR_NAME_MAX) < 0)
+            return false;
+        sorted[i] = names[i];
+    }
+    qsort(sorted, (size_t)n, sizeof *sorted, cmp_str_ptr);
+    for (int i = 0; i < n; i++)
+        if (strcmp(sorted[i], net_names[i])) return false;
+    return true;
+}
+
+// Looks for one substring rule OLD=NEW that maps the file's model keys onto the network's
+// parameter names exactly (a pure renaming). Candidates come from pairing the first
+// unexpected key with each missing key: their layer names whole, then without their
+// common prefix and/or suffix ("conv1"/"embed1" -> "conv"/"embed", which also renames
+// conv2). On success from/to (TENSOR_NAME_MAX each) hold the rule.
+static bool find_rename(const StFile *f, const Want *want, int nwant, const char *unexpected0,
+                        char *from, char *to) {
+    int nfile = 0;
+    for (int i = 0; i < f->count; i++) nfile += !is_opt_key(f->entries[i].name);
+    if (nfile != nwant || !nwant) return false;
+    const char **file_keys = calloc((size_t)nwant, sizeof *file_keys);
+    const char **net_names = calloc((size_t)nwant, sizeof *net_names);
+    const char **sorted = calloc((size_t)nwant, sizeof *sorted);
+    char(*names)[TENSOR_NAME_MAX] = calloc((size_t)nwant, sizeof *names);
+    bool found = false;
+    if (!file_keys || !net_names || !sorted || !names) goto done;  // no suggestion, no harm
+    for (int i = 0, k = 0; i < f->count; i++)
+        if (!is_opt_key(f->entries[i].name)) file_keys[k++] = f->entries[i].name;
+    for (int i = 0; i < nwant; i++) net_names[i] = want[i].name;
+    qsort(net_names, (size_t)nwant, sizeof *net_names, cmp_str_ptr);
+
+    size_t us, ul, ms, ml;
+    layer_part(unexpected0, &us, &ul);
+    const char *u = unexpected0 + us;
+    for (int i = 0; i < nwant && !found; i++) {
+        if (want[i].e) continue;  // not missing
+        layer_part(want[i].name, &ms, &ml);
+        const char *m = want[i].name + ms;
+        size_t pre = 0, suf = 0;
+        while (pre < ul && pre < ml && u[pre] == m[pre]) pre++;
+        while (suf < ul && suf < ml && u[ul - 1 - suf] == m[ml - 1 - suf]) suf++;
+        size_t suf2 = suf;  // the common suffix of what is left after the common prefix
+        if (suf2 > ul - pre) suf2 = ul - pre;
+        if (suf2 > ml - pre) suf2 = ml - pre;
+        // (skip from, length from; skip to, length to) for: whole, -prefix, -suffix, -both.
+        const size_t cand[4][4] = {{0, ul, 0, ml},
+                                   {pre, ul - pre, pre, ml - pre},
+                                   {0, ul - suf, 0, ml - suf},
+                                   {pre, ul - pre - suf2, pre, ml - pre - suf2}};
+        for (int c = 0; c < 4 && !found; c++) {
+            if (!cand[c][1]) continue;  // an empty OLD renames nothing
+            snprintf(from, TENSOR_NAME_MAX, "%.*s", (int)cand[c][1], u + cand[c][0]);
+            snprintf(to, TENSOR_NAME_MAX, "%.*s", (int)cand[c][3], m + cand[c][2]);
+            found = rule_fits(from, to, file_keys, net_names, nwant, names, sorted);
+        }
+    }
+done:
+    free(file_keys);
+    free(net_names);
+    free(sorted);
+    free(names);
+    return found;
+}
+
+// Removes from names[0..*n) the optimizer keys whose parameter is itself in the list
+// (keeping the order); returns how many it removed.
+static int drop_shadowed(const char **names, int *n) {
+    int kept = 0, dropped = 0;
+    for (int i = 0; i < *n; i++) {
+        const char *k = names[i];
+        bool dup = false;
+        if (is_opt_key(k)) {
+            const char *param = k + OPT_PREFIX_LEN, *dot = strrchr(param, '.');
+            size_t len = dot ? (size_t)(dot - param) : strlen(param);
+            for (int j = 0; j < *n && !dup; j++)
+                dup = !is_opt_key(names[j]) && strlen(names[j]) == len &&
+                      !strncmp(names[j], param, len);
+        }
+        if (dup)
+            dropped++;
+        else
+            names[kept++] = k;
+    }
+    *n = kept;
+    return dropped;
+}
+
+// Where `./ckpt rename` should write in the suggested command: renamed.safetensors next to
+// path (renamed2... if path is that file).
+static void suggest_out(char *out, size_t cap, const char *path) {
+    const char *slash = strrchr(path, '/');
+    int dir = slash ? (int)(slash - path + 1) : 0;
+    const char *base = "renamed.safetensors";
+    if (!strcmp(path + dir, base)) base = "renamed2.safetensors";
+    snprintf(out, cap, "%.*s%s", dir, path, base);
+}
+
+// Checks the file against want[0..nwant) (sets want[i].e) and, if optimizer, against the
+// optimizer keys too; on a mismatch sets err with everything wrong at once.
+static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimizer, Error *err) {
+    int rc = -1, nmissing = 0, nunexp = 0, nbad = 0, nopt = 0;
+    const char **missing = calloc((size_t)nwant + 1, sizeof *missing);
+    const char **unexp = calloc((size_t)f->count + 1, sizeof *unexp);
+    int *bad = calloc((size_t)nwant + 1, sizeof *bad);
+    const char **sorted = calloc((size_t)nwant + 1, sizeof *sorted);
+    if (!missing || !unexp || !bad || !sorted) {
+        err_set(err, "%s: out of memory checking the checkpoint's keys", f->path);
+        goto done;
+    }
+    for (int i = 0; i < nwant; i++) {
+        want[i].e = st_find(f, want[i].name);
+        if (!want[i].e)
+            missing[nmissing++] = want[i].name;
+        else if (!same_shape(want[i].e, want[i].param) || !float_dtype(want[i].e->dtype))
+            bad[nbad++] = i;
+        sorted[i] = want[i].name;
+    }
+    qsort(sorted, (size_t)nwant, sizeof *sorted, cmp_str_ptr);
+    for (int i = 0; i < f->count; i++) {
+        const char *k = f->entries[i].name;
+        bool opt = is_opt_key(k);
+        nopt += opt;
+        if (opt && !optimizer) continue;
+        if (!bsearch(&k, sorted, (size_t)nwant, sizeof *sorted, cmp_str_ptr)) unexp[nunexp++] = k;
+    }
+    if (!nmissing && !nunexp && !nbad) {
+        rc = 0;
+        goto done;
+    }
+
+    // A file without any optimizer state whose model fits: say so plainly.
+    int model_missing = 0, model_unexp = 0;
+    for (int i = 0; i < nmissing; i++) model_missing += !is_opt_key(missing[i]);
+    for (int i = 0; i < nunexp; i++) model_unexp += !is_opt_key(unexp[i]);
+    bool model_bad = false;
+    for (int i = 0; i < nbad; i++) model_bad |= bad[i] < nmodel;
+    if (optimizer && !nopt && !model_missing && !model_unexp && !model_bad) {
+        err_set(err,
+                "%s holds no optimizer state (no \"%s\" keys), so it cannot resume training; "
+                "start a new run from its weights instead (init=%s)",
+                f->path, OPT_PREFIX, f->path);
+        goto done;
+    }
+
+    // The optimizer keys of missing, unexpected or misshapen parameters say nothing new:
+    // they leave the lists, and the message counts them.
+    int shadowed = drop_shadowed(missing, &nmissing) + drop_shadowed(unexp, &nunexp);
+    int kept = 0;
+    for (int i = 0; i < nbad; i++) {
+        bool dup = false;
+        for (int j = 0; j < nbad && bad[i] >= nmodel && !dup; j++)
+            dup = bad[j] < nmodel && want[bad[j]].param == want[bad[i]].param;
+        if (dup)
+            shadowed++;
+        else
+            bad[kept++] = bad[i];
+    }
+    nbad = kept;
+
+    char from[TENSOR_NAME_MAX], to[TENSOR_NAME_MAX], out[4096];
+    const char *first_unexp = NULL;  // a model key the network does not have
+    for (int i = 0; i < nunexp && !first_unexp; i++)
+        if (!is_opt_key(unexp[i])) first_unexp = unexp[i];
+    bool rename = model_missing && model_missing == model_unexp &&
+                  find_rename(f, want, nmodel, first_unexp, from, to);
+    suggest_out(out, sizeof out, f->path);
+    static const int limits[] = {8, 4, 2, 1};
+    for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
+        int lim = limits[li];
+        Msg m = {.n = 0};
+        msg_add(&m, "%s does not fit this network:", f->path);
+        const char *sep = " ";
+        if (nmissing) {
+            msg_add(&m, "%smissing keys (%d): ", sep, nmissing);
+            msg_names(&m, missing, nmissing, lim);
+            sep = "; ";
+        }
+        if (nunexp) {
+            msg_add(&m, "%sunexpected keys (%d): ", sep, nunexp);
+            msg_names(&m, unexp, nunexp, lim);
+            sep = "; ";
+        }
+        for (int i = 0; i < nbad && i < (lim + 1) / 2; i++) {
+            const Want *w = &want[bad[i]];
+            char a[160], b[160];
+            if (!float_dtype(w->e->dtype))
+                msg_add(&m, "%s%s is %s in the file, not a float type", sep, w->name,
+                        st_dtype_names[w->e->dtype]);
+            else
+                msg_add(&m, "%s%s is %s in the file but %s in the network", sep, w->name,
+                        shape_str(a, sizeof a, w->e->shape, w->e->ndim),
+                        shape_str(b, sizeof b, w->param->shape, w->param->ndim));
+            sep = "; ";
+        }
+        if (nbad > (lim + 1) / 2)
+            msg_add(&m, "%sand %d more keys of another shape", sep, nbad - (lim + 1) / 2);
+        if (shadowed) msg_add(&m, "; their optimizer state likewise (%d keys)", shadowed);
+        if (rename) {
+            msg_add(&m, "; if the layers were renamed: ./ckpt rename ");
+            msg_shell(&m, f->path);
+            msg_add(&m, " ");
+            msg_shell(&m, out);
+            msg_add(&m, " ");
+            char rule[2 * TENSOR_NAME_MAX + 2];
+            snprintf(rule, sizeof rule, "%s=%s", from, to);
+            msg_shell(&m, rule);
+        }
+        if (m.n < sizeof err->msg || li + 1 == sizeof limits / sizeof limits[0]) {
+            err_set(err, "%s", m.s);
+            break;
+        }
+    }
+done:
+    free(missing);
+    free(unexp);
+    free(bad);
+    free(sorted);
+    return rc;
+}
+
+// The loader behind checkpoint_load_weights (st == NULL) and checkpoint_load_all.
+static int load(const char *path, Net *net, TrainState *st, Error *err) {
+    StFile f;
+    if (st_open(&f, path, err)) return -1;
+    int np = 0, rc = -1;
+    Want *want = NULL;
+    float *host = NULL;
+    TrainState s;
+    const Tensor **params = list_params(net, &np, err);
+    if (!params || check_format(&f, err) || (st && read_state(&f, &s, err))) goto done;
+    int halves = st ? 3 : 1;
+    want = xcalloc((size_t)np * (size_t)halves, sizeof *want, err);
+    host = xcalloc((size_t)net->nparams * (size_t)halves, sizeof *host, err);
+    if (!want || !host) goto done;
+    // Model keys first (in layer order), then each parameter's optimizer state.
+    for (int i = 0; i < np; i++) {
+        Want *w = &want[i];
+        snprintf(w->name, sizeof w->name, "%s", params[i]->name);
+        w->param = params[i];
+        w->dev = params[i]->data;
+        for (int h = 0; h + 1 < halves; h++) {
+            w = &want[np + 2 * i + h];
+            if (opt_key(w->name, sizeof w->name, params[i]->name, h)) {
+                err_set(err, "%s: the optimizer key of '%s' is too long", path, params[i]->name);
+                goto done;
+            }
+            w->param = params[i];
+            w->dev = opt_state(net, params[i], h);
+        }
+    }
+    int nwant = np * halves;
+    if (match(&f, want, nwant, np, st != NULL, err)) goto done;
+
+    // Everything fits: read it all to the host, and only then touch the network.
+    size_t off = 0;
+    for (int i = 0; i < nwant; i++) {
+        Tensor t = *want[i].param;
+        snprintf(t.name, sizeof t.name, "%s", want[i].name);
+        t.data = host + off;
+        if (st_read_tensor(&f, &t, err)) goto done;
+        off += (size_t)tensor_numel(&t);
+    }
+    off = 0;
+    for (int i = 0; i < nwant; i++) {
+        size_t n = (size_t)tensor_numel(want[i].param);
+        if (n) net->k->upload(want[i].dev, host + off, n * sizeof(float));
+        off += n;
+    }
+    if (net->k->sync) net->k->sync();
+    if (st) *st = s;
+    rc = 0;
+done:
+    free(params);
+    free(want);
+    free(host);
+    st_close(&f);
+    return rc;
+}
+
+int checkpoint_load_weights(const char *path, Net *net, Error *err) {
+    return load(path, net, NULL, err);
+}
+
+int checkpoint_load_all(const char *path, Net *net, TrainState *st, Error *err) {
+    if (!st) return err_set(err, "%s: checkpoint_load_all needs a TrainState to fill", path);
+    return load(path, net, st, err);
+}
+
+// ---- renaming -----------------------------------------------------------------------------
+
+typedef struct Renamed {
+    char name[TENSOR_NAME_MAX];  // the new name
+    const char *old;             // the file's name
+} Renamed;
+
+// By name, model keys before optimizer keys (so a clash is reported by its model key).
+static int cmp_renamed(const void *a, const void *b) {
+    const char *x = ((const Renamed *)a)->name, *y = ((const Renamed *)b)->name;
+    int ox = is_opt_key(x), oy = is_opt_key(y);
+    return ox != oy ? ox - oy : strcmp(x, y);
+}
+
+// Renames the layers of the cfg text (the same rules as the keys); *out is the new text
+// (malloc'd) or NULL if no layer name changed.
+static int rename_cfg(const char *text, const char *in, const RenameRule *rules, int nrules,
+                      RenameMode mode, char **out, Error *err) {
+    *out = NULL;
+    char label[512];
+    snprintf(label, sizeof label, "%s (its stored cfg)", in);
+    Cfg cfg;
+    if (cfg_parse(&cfg, text, label, err)) return -1;
+    int rc = -1, changed = 0;
+    char(*names)[TENSOR_NAME_MAX] = xcalloc((size_t)cfg.nsections, sizeof *names, err);
+    if (!names) goto done;
+    for (int i = 0; i < cfg.nsections; i++) {
+        CfgSection *s = &cfg.sections[i];
+        if (!strcmp(s->name, "train") || !strcmp(s->name, "data")) continue;
+        char old[LAYER_NAME_MAX];
+        layer_section_name(&cfg, s, old, sizeof old);
+        char tmp[TENSOR_NAME_MAX];
+        const char *why = NULL;
+        if (rename_layer(old, strlen(old), rules, nrules, mode, tmp, sizeof tmp))
+            why = "it is longer than a layer name may be";
+        else
+            why = layer_name_problem(tmp);
+        if (why) {
+            err_set(err, "%s: renaming layer '%s' of its cfg (line %d) gives '%s': %s", in, old,
+                    s->line, tmp, why);
+            goto done;
+        }
+        snprintf(names[i], sizeof names[i], "%s", tmp);
+        for (int j = 0; j < i; j++)
+            if (names[j][0] && !strcmp(names[j], names[i])) {
+                err_set(err,
+                        "%s: the renaming gives two layers of its cfg the name '%s' (lines %d "
+                        "and %d); rename them apart",
+                        in, names[i], cfg.sections[j].line, s->line);
+                goto done;
+            }
+        if (strcmp(old, tmp)) {
+            if (cfg_set(s, "name", tmp, err)) goto done;
+            changed++;
+        }
+    }
+    if (changed) {
+        *out = cfg_to_text(&cfg, err);
+        if (!*out) goto done;
+    }
+    rc = 0;
+done:
+    free(names);
+    cfg_free(&cfg);
+    return rc;
+}
+
+int checkpoint_rename(const char *in, const char *out, const RenameRule *rules, int nrules,
+                      RenameMode mode, int *renamed, Error *err) {
+    if (renamed) *renamed = 0;
+    if (check_rules(rules, nrules, err)) return -1;
+    if ((unsigned)mode > RENAME_WHOLE) return err_set(err, "unknown rename mode %d", (int)mode);
+    struct stat a, b;
+    if (!strcmp(in, out) ||
+        (!stat(in, &a) && !stat(out, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino))
+        return err_set(err,
+                       "'%s' is the input file: write the renamed checkpoint to another file "
+                       "(the input is never modified)",
+                       out);
+    StFile f;
+    if (st_open(&f, in, err)) return -1;
+    int rc = -1, count = 0;
+    Tensor *t = NULL;
+    Renamed *r = NULL;
+    char *cfg_text = NULL;
+    const char **keys = NULL, **values = NULL;
+    const char *cfg;
+    if (check_format(&f, err) || meta_required(&f, "cfg", &cfg, err)) goto done;
+    t = xcalloc((size_t)f.count, sizeof *t, err);
+    r = xcalloc((size_t)f.count, sizeof *r, err);
+    keys = xcalloc((size_t)f.nmeta, sizeof *keys, err);
+    values = xcalloc((size_t)f.nmeta, sizeof *values, err);
+    if (!t || !r || !keys || !values) goto done;
+
+    for (int i = 0; i < f.count; i++) {
+        const StEntry *e = &f.entries[i];
+        if (st_as_tensor(&f, e, &t[i], err)) goto done;
+        int c = checkpoint_rename_key(e->name, rules, nrules, mode, r[i].name, sizeof r[i].name);
+        if (c < 0) {
+            err_set(err, "%s: renaming key '%s' gives a name longer than %d characters", in,
+                    e->name, TENSOR_NAME_MAX - 1);
+            goto done;
+        }
+        r[i].old = e->name;
+        if (c) {
+            size_t start, len;
+            layer_part(r[i].name, &start, &len);
+            char layer[TENSOR_NAME_MAX];
+            snprintf(layer, sizeof layer, "%.*s", (int)len, r[i].name + start);
+            const char *why = layer_name_problem(layer);
+            if (why) {
+                err_set(err,
+                        "%s: renaming key '%s' gives '%s', whose layer name '%s' is invalid: %s",
+                        in, e->name, r[i].name, layer, why);
+                goto done;
+            }
+            snprintf(t[i].name, sizeof t[i].name, "%s", r[i].name);
+            count++;
+        }
+    }
+    if (!count) {  // nothing to do: out is not written
+        rc = 0;
+        goto done;
+    }
+    qsort(r, (size_t)f.count, sizeof *r, cmp_renamed);
+    for (int i = 1; i < f.count; i++)
+        if (!strcmp(r[i - 1].name, r[i].name)) {
+            const char *x = r[i - 1].old, *y = r[i].old, *z = r[i].name;
+            if (!strcmp(x, z) || !strcmp(y, z))  // one of them keeps its name
+                err_set(err,
+                        "%s: renaming '%s' gives '%s', which the file already holds; nothing "
+                        "was written",
+                        in, strcmp(x, z) ? x : y, z);
+            else
+                err_set(err,
+                        "%s: the renaming makes two keys '%s' (from '%s' and '%s'); nothing "
+                        "was written",
+                        in, z, x, y);
+            goto done;
+        }
+    if (rename_cfg(cfg, in, rules, nrules, mode, &cfg_text, err)) goto done;
+    for (int i = 0; i < f.nmeta; i++) {
+        keys[i] = f.meta[i].key;
+        values[i] = cfg_text && !strcmp(keys[i], "cfg") ? cfg_text : f.meta[i].value;
+    }
+    if (st_write(out, t, f.count, keys, values, f.nmeta, err)) goto done;
+    if (renamed) *renamed = count;
+    rc = 0;
+done:
+    free(t);
+    free(r);
+    free(keys);
+    free(values);
+    free(cfg_text);
+    st_close(&f);
+    return rc;
+}
