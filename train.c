@@ -17,12 +17,18 @@
 #include "nn/kernels.h"
 #include "nn/net.h"
 #include "nn/optim.h"
+#include "nn/scaler.h"
 
 // ---- the [train] and [data] sections -------------------------------------------------------
 
 static const CfgKey train_keys[] = {
     {"epochs", "14", "passes over the training set"},
     {"batch", "64", "samples per optimizer step"},
+    {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
+    {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
+    {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
+    {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
+    {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
     {"optimizer", "adadelta", "adadelta (PyTorch's update)"},
     {"lr", "1.0", "learning rate"},
     {"rho", "0.9", "Adadelta's running-average coefficient"},
@@ -37,7 +43,9 @@ static const CfgKey train_keys[] = {
 enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
 
 typedef struct Options {
-    int epochs, batch, threads;
+    int epochs, batch, threads, accumulate;
+    DType precision;
+    LossScaler scaler;  // its initial state
     Adadelta adadelta;
     double lr_gamma;
     const char *device;
@@ -114,13 +122,18 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
     if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
     if (cfg_check_keys(cfg, t, train_keys, NTRAIN_KEYS, err) || data_cfg_read(&o->data, cfg, d, err))
         return -1;
-    int64_t epochs, batch, threads, seed;
-    double lr, rho, eps, wd, gamma;
-    int optimizer;
-    static const char *const optimizers[] = {"adadelta"};
-    const char *save;
+    int64_t epochs, batch, threads, seed, accumulate, growth_interval;
+    double lr, rho, eps, wd, gamma, init_scale;
+    int optimizer, precision;
+    static const char *const optimizers[] = {"adadelta"}, *const precisions[] = {"fp32", "fp16"};
+    const char *save, *loss_scale;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
+        cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
+        cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
+        cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
+        cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
+        cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
         cfg_choice(cfg, t, "optimizer", "adadelta", optimizers, 1, &optimizer, err) ||
         cfg_float(cfg, t, "lr", "1.0", 0.0, 1e6, &lr, err) ||
         cfg_float(cfg, t, "rho", "0.9", 0.0, 1.0, &rho, err) ||
@@ -134,6 +147,22 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         return -1;
     o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
     o->seed = (uint64_t)seed;
+    o->accumulate = (int)accumulate;
+    if (batch % accumulate != 0)
+        return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
+                            "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
+    o->precision = precision ? DT_F16 : DT_F32;
+    if (strcmp(loss_scale, "dynamic") == 0) {
+        o->scaler = scaler_make(true, init_scale, growth_interval);
+    } else {
+        char *end;
+        const double fixed = strtod(loss_scale, &end);
+        if (*end || !(fixed > 0) || !isfinite(fixed))
+            return err_set(err, "%s: [train] loss_scale = '%s': expected dynamic or a positive "
+                                "number", cfg_path, loss_scale);
+        o->scaler = scaler_make(false, fixed, growth_interval);
+    }
+    if (o->precision == DT_F32) o->scaler = scaler_make(false, 1.0, growth_interval);
     o->adadelta = (Adadelta){.lr = lr, .rho = rho, .eps = eps, .weight_decay = wd};
     o->lr_gamma = gamma;
     if (save[0]) {
@@ -195,10 +224,36 @@ typedef struct Totals {
     int64_t seen;
 } Totals;
 
-// Copies a host batch into the network's input and label buffers.
-static void put_batch(Net *net, const Batch *b) {
-    net->k->upload(net->input_buf, b->x, (size_t)b->n * shape_numel(net->input) * sizeof(float));
-    net->k->upload(net->labels, b->y, (size_t)b->n * sizeof(int32_t));
+// Copies samples [first, first + n) of a host batch into the network's input and labels.
+static void put_batch(Net *net, const Batch *b, int first, int n) {
+    const int64_t numel = shape_numel(net->input);
+    net->k->upload(net->input_buf, b->x + first * numel, (size_t)n * numel * sizeof(float));
+    net->k->upload(net->labels, b->y + first, (size_t)n * sizeof(int32_t));
+}
+
+// One optimizer step on a batch: forward and backward over micro-batches of net->batch
+// samples, the loss averaged over the whole batch; then, with loss scaling, the gradients
+// are unscaled and checked, and the step is skipped if they are not finite.
+static void train_step(Net *net, const Batch *b, const Options *o, uint64_t step, double lr,
+                       LossScaler *scaler) {
+    net_zero_grads(net);
+    net->loss_scale = (float)scaler->scale;
+    for (int m0 = 0; m0 < b->n; m0 += net->batch) {
+        const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
+        put_batch(net, b, m0, n);
+        net_forward(net, n, true, o->seed, step, m0);
+        net_loss(net, n, b->n, true);
+        net_backward(net, n, o->seed, step, m0);
+    }
+    if (o->precision == DT_F16) {
+        float nonfinite;
+        net->k->scale_check(net->grads, net->nparams, (float)(1.0 / scaler->scale),
+                            &net->metrics[NET_NONFINITE]);
+        net->k->download(&nonfinite, &net->metrics[NET_NONFINITE], sizeof nonfinite);
+        if (nonfinite) net->k->zero(&net->metrics[NET_NONFINITE], sizeof nonfinite);
+        if (!scaler_update(scaler, nonfinite != 0.0f)) return;
+    }
+    adadelta_step(net, &o->adadelta, lr);
 }
 
 static void read_metrics(Net *net, Totals *t) {
@@ -216,9 +271,12 @@ static int evaluate(Net *net, Loader *loader, Totals *t, Error *err) {
     while (1) {
         if (loader_next(loader, &b, err)) return -1;
         if (!b) break;
-        put_batch(net, b);
-        net_forward(net, b->n, false, 0, 0, 0);
-        net_loss(net, b->n, b->n, false);
+        for (int m0 = 0; m0 < b->n; m0 += net->batch) {
+            const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
+            put_batch(net, b, m0, n);
+            net_forward(net, n, false, 0, 0, 0);
+            net_loss(net, n, n, false);
+        }
         t->seen += b->n;
     }
     read_metrics(net, t);
@@ -226,7 +284,7 @@ static int evaluate(Net *net, Loader *loader, Totals *t, Error *err) {
 }
 
 static int train_epoch(Net *net, Loader *loader, const Options *o, int epoch, uint64_t *step,
-                       Totals *t, double *seconds, Error *err) {
+                       LossScaler *scaler, Totals *t, double *seconds, Error *err) {
     const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
     const int64_t nbatches = loader_batches(loader);
     const bool live = isatty(STDOUT_FILENO);
@@ -239,12 +297,7 @@ static int train_epoch(Net *net, Loader *loader, const Options *o, int epoch, ui
     while (1) {
         if (loader_next(loader, &b, err)) return -1;
         if (!b) break;
-        put_batch(net, b);
-        net_zero_grads(net);
-        net_forward(net, b->n, true, o->seed, *step, 0);
-        net_loss(net, b->n, b->n, true);
-        net_backward(net, b->n, o->seed, *step, 0);
-        adadelta_step(net, &o->adadelta, lr);
+        train_step(net, b, o, *step, lr, scaler);
         (*step)++;
         t->seen += b->n;
         const double tn = now();
@@ -278,12 +331,15 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
 
     if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
-    if (net_create(&net, cfg, train->shape, data.classes, o->batch, k, err)) goto done;
+    const NetOptions net_opt = {.batch = o->batch / o->accumulate, .precision = o->precision};
+    if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     if (net_init_params(&net, o->seed, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
 
-    printf("cnn.c: %s on %s, %lld training images%s, %d classes\n", cfg->path, k->name,
-           (long long)train->count, test ? "" : " (no test set)", data.classes);
+    printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", cfg->path, k->name,
+           (long long)train->count, test ? "" : " (no test set)", data.classes, o->batch);
+    if (o->accumulate > 1) printf(" as %d micro-batches of %d", o->accumulate, net.batch);
+    printf(", %s\n", o->precision == DT_F16 ? "fp16 activations" : "fp32");
     if (test) printf("       %lld test images\n", (long long)test->count);
     net_print(&net, stdout);
     const MemPlan *p = &net.plan;
@@ -300,10 +356,11 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         goto done;
     }
     uint64_t step = 0;
+    LossScaler scaler = o->scaler;
     for (int epoch = 0; epoch < o->epochs; epoch++) {
         Totals tr, te = {0};
         double seconds;
-        if (train_epoch(&net, data.train_loader, o, epoch, &step, &tr, &seconds, err)) goto done;
+        if (train_epoch(&net, data.train_loader, o, epoch, &step, &scaler, &tr, &seconds, err)) goto done;
         if (test && evaluate(&net, data.test_loader, &te, err)) goto done;
         const double img_s = tr.seen / seconds, rss = peak_rss_mb();
         const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
@@ -311,10 +368,14 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (test)
             snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen,
                      100.0 * te.correct / te.seen);
+        char scale[64] = "";
+        if (o->precision == DT_F16)
+            snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", scaler.scale,
+                     (long long)scaler.skipped);
         printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
-               "peak %.0f MB\n",
+               "peak %.0f MB%s\n",
                epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
-               img_s, seconds, rss);
+               img_s, seconds, rss, scale);
         fflush(stdout);
         char val_loss[32] = "null", val_acc[32] = "null";
         if (test) {
@@ -324,9 +385,9 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         fprintf(log,
                 "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
                 "\"val_acc\": %s, \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, "
-                "\"peak_rss_mb\": %.1f}\n",
+                "\"peak_rss_mb\": %.1f, \"loss_scale\": %g, \"skipped_steps\": %lld}\n",
                 epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc, lr,
-                img_s, seconds, rss);
+                img_s, seconds, rss, scaler.scale, (long long)scaler.skipped);
         fflush(log);
     }
     rc = 0;

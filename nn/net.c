@@ -62,35 +62,54 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
     return 0;
 }
 
-// Computes net->plan and the offsets of everything; with `base` non-NULL also sets the
-// pointers. The same function plans and carves, so the plan is the allocation.
+// fp16 runs each layer over chunks of samples through four fp32 scratch buffers; the
+// chunk is as many samples as fit in this many bytes of scratch (at least one).
+#define FP16_SCRATCH_BYTES ((size_t)16 << 20)
+
+// Computes net->plan and the offsets of everything; with `act_base` non-NULL also sets
+// the pointers. The same function plans and carves, so the plan is the allocation.
 static void net_layout(Net *net, char *act_base) {
-    const int B = net->batch;
+    const int B = net->batch, last = net->nlayers - 1;
+    const size_t es = dtype_sizes[net->precision];
     size_t off = 0, largest = (size_t)shape_numel(net->input);
     if (act_base) net->input_buf = (float *)(act_base + off);
     off += align64((size_t)B * shape_numel(net->input) * sizeof(float));
-    for (int i = 0; i < net->nlayers; i++) {
+    for (int i = 0; i <= last; i++) {
         const size_t n = (size_t)shape_numel(net->layers[i]->out);
-        if (act_base) net->acts[i] = (float *)(act_base + off);
-        off += align64((size_t)B * n * sizeof(float));
+        if (act_base) net->acts[i] = act_base + off;
+        off += align64((size_t)B * n * (i == last ? sizeof(float) : es));
         if (n > largest) largest = n;
     }
     for (int i = 0; i < 2; i++) {
-        if (act_base) net->grad_buf[i] = (float *)(act_base + off);
-        off += align64((size_t)B * largest * sizeof(float));
+        if (act_base) net->grad_buf[i] = act_base + off;
+        off += align64((size_t)B * largest * es);
     }
+    if (act_base) net->dlogp = (float *)(act_base + off);
+    off += align64((size_t)B * shape_numel(net->layers[last]->out) * sizeof(float));
     if (act_base) net->labels = (int32_t *)(act_base + off);
     off += align64((size_t)B * sizeof(int32_t));
     if (act_base) net->metrics = (float *)(act_base + off);
-    off += align64(2 * sizeof(float));
+    off += align64(NET_METRICS * sizeof(float));
     net->plan.activations = off;
 
+    // Layers run on the whole batch in fp32, on chunks through the scratch in fp16. The
+    // workspace block holds the scratch (fp16 only) and then the layers' workspace.
+    net->chunk = B;
+    net->largest = largest;
     size_t ws = 0;
-    for (int i = 0; i < net->nlayers; i++) {
-        size_t w = net->layers[i]->ops->workspace_bytes(net->layers[i], B);
-        if (w > ws) ws = w;
+    if (net->precision == DT_F16) {
+        const size_t per_sample = 4 * largest * sizeof(float);
+        net->chunk = FP16_SCRATCH_BYTES / per_sample < (size_t)B ? (int)(FP16_SCRATCH_BYTES / per_sample) : B;
+        if (net->chunk < 1) net->chunk = 1;
+        ws = 4 * align64((size_t)net->chunk * largest * sizeof(float));
     }
-    net->plan.workspace = ws;
+    net->scratch_bytes = ws;
+    size_t layer_ws = 0;
+    for (int i = 0; i <= last; i++) {
+        size_t w = net->layers[i]->ops->workspace_bytes(net->layers[i], net->chunk);
+        if (w > layer_ws) layer_ws = w;
+    }
+    net->plan.workspace = ws + layer_ws;
     net->plan.params = (size_t)net->nparams * sizeof(float);
     net->plan.grads = net->plan.params;
     net->plan.optimizer = 2 * net->plan.params;
@@ -106,12 +125,19 @@ static void *device_block(const Kernels *k, size_t bytes, const char *what, Erro
     return p;
 }
 
-int net_create(Net *net, const Cfg *cfg, Shape input, int classes, int batch, const Kernels *k,
-               Error *err) {
+int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOptions *opt,
+               const Kernels *k, Error *err) {
     memset(net, 0, sizeof *net);
     net->k = k;
     net->input = input;
-    net->batch = batch;
+    net->batch = opt->batch;
+    net->precision = opt->precision;
+    net->loss_scale = 1.0f;
+    if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
+        err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
+                opt->batch, dtype_names[opt->precision]);
+        goto fail;
+    }
     if (net_build_layers(net, cfg, input, classes, err)) goto fail;
     for (int i = 0; i < net->nlayers; i++)
         for (int j = 0; j < net->layers[i]->nparams; j++)
@@ -127,6 +153,9 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, int batch, co
         !(net->workspace = device_block(k, net->plan.workspace, "workspace", err)))
         goto fail;
     net_layout(net, net->activations);
+    for (int i = 0; i < 4 && net->scratch_bytes; i++)
+        net->scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
+    net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
     int64_t off = 0;
     for (int i = 0; i < net->nlayers; i++) {
         Layer *l = net->layers[i];
@@ -174,35 +203,74 @@ int net_init_params(Net *net, uint64_t seed, Error *err) {
 }
 
 static LayerCtx net_ctx(const Net *net, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
-    return (LayerCtx){.k = net->k, .workspace = net->workspace, .seed = seed, .step = step,
+    return (LayerCtx){.k = net->k, .workspace = net->layer_workspace, .seed = seed, .step = step,
                       .sample0 = sample0, .train = train};
 }
 
+// fp16: view of samples [n0, n0 + n) of an activation stored as halves, in scratch slot
+// `slot` as floats. The input and the output (always F32) are used in place.
+static float *fp32_view(const Net *net, int i, int n0, int n, int slot) {
+    if (i < 0) return net->input_buf + (int64_t)n0 * shape_numel(net->input);
+    const int64_t numel = shape_numel(net->layers[i]->out);
+    if (i == net->nlayers - 1) return (float *)net->acts[i] + n0 * numel;
+    net->k->f16_to_f32(net->scratch[slot], (const uint16_t *)net->acts[i] + n0 * numel, n * numel);
+    return net->scratch[slot];
+}
+
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
-    const LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
-    const float *in = net->input_buf;
-    for (int i = 0; i < net->nlayers; i++) {
+    LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
+    const int last = net->nlayers - 1;
+    for (int i = 0; i <= last; i++) {
         Layer *l = net->layers[i];
-        l->ops->forward(l, &ctx, net->acts[i], in, N);
-        in = net->acts[i];
+        if (net->precision == DT_F32) {
+            l->ops->forward(l, &ctx, net->acts[i], i ? net->acts[i - 1] : net->input_buf, N);
+            continue;
+        }
+        const int64_t nout = shape_numel(l->out);
+        for (int n0 = 0; n0 < N; n0 += net->chunk) {
+            const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
+            ctx.sample0 = sample0 + n0;
+            const float *x = fp32_view(net, i - 1, n0, n, 0);
+            float *y = i == last ? (float *)net->acts[i] + n0 * nout : net->scratch[1];
+            l->ops->forward(l, &ctx, y, x, n);
+            if (i != last) net->k->f32_to_f16((uint16_t *)net->acts[i] + n0 * nout, y, n * nout);
+        }
     }
 }
 
 void net_loss(Net *net, int N, int denominator, bool grad) {
     const Layer *out = net->layers[net->nlayers - 1];
-    net->k->nll_loss(grad ? net->grad_buf[0] : NULL, net->metrics, net_output(net), net->labels, N, out->out.c,
-                     1.0f / (float)denominator);
+    net->k->nll_loss(grad ? net->dlogp : NULL, net->metrics, net_output(net), net->labels, N,
+                     out->out.c, net->loss_scale / (float)denominator);
 }
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
-    const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
-    int cur = 0;  // grad_buf[cur] holds the gradient of layer i's output
-    for (int i = net->nlayers - 1; i >= 0; i--) {
+    LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
+    const int last = net->nlayers - 1;
+    void *dout = net->dlogp;  // the gradient of layer i's output
+    int next = 0;             // grad_buf[next] takes the gradient of its input
+    for (int i = last; i >= 0; i--) {
         Layer *l = net->layers[i];
-        const float *in = i > 0 ? net->acts[i - 1] : net->input_buf;
-        float *din = i > 0 ? net->grad_buf[1 - cur] : NULL;
-        l->ops->backward(l, &ctx, din, net->grad_buf[cur], in, net->acts[i], N);
-        cur = 1 - cur;
+        void *din = i > 0 ? net->grad_buf[next] : NULL;
+        if (net->precision == DT_F32) {
+            l->ops->backward(l, &ctx, din, dout, i ? net->acts[i - 1] : net->input_buf,
+                             net->acts[i], N);
+        } else {
+            const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+            for (int n0 = 0; n0 < N; n0 += net->chunk) {
+                const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
+                ctx.sample0 = sample0 + n0;
+                const float *x = fp32_view(net, i - 1, n0, n, 0);
+                const float *y = fp32_view(net, i, n0, n, 1);
+                float *dy = net->scratch[2];
+                if (i == last) dy = net->dlogp + n0 * nout;
+                else net->k->f16_to_f32(dy, (const uint16_t *)dout + n0 * nout, n * nout);
+                l->ops->backward(l, &ctx, din ? net->scratch[3] : NULL, dy, x, y, n);
+                if (din) net->k->f32_to_f16((uint16_t *)din + n0 * nin, net->scratch[3], n * nin);
+            }
+        }
+        dout = din;
+        next = 1 - next;
     }
 }
 

@@ -23,13 +23,27 @@ typedef struct MemPlan {
 
 size_t mem_plan_total(const MemPlan *p);
 
+// How the network is built and stored.
+typedef struct NetOptions {
+    int batch;        // the largest N that forward/backward accept (the micro-batch)
+    DType precision;  // DT_F32, or DT_F16: activations and their gradients stored as IEEE
+                      // halves, computed in fp32 (DESIGN.md decision 4)
+} NetOptions;
+
+enum { NET_LOSS, NET_CORRECT, NET_NONFINITE, NET_METRICS };
+
 typedef struct Net {
     const Kernels *k;
     Layer **layers;  // host structs; their tensors point into the device blocks
     int nlayers;
     Shape input;
     int batch;        // the largest N that forward/backward accept
+    DType precision;  // of activations and activation gradients (the output is always F32)
+    int chunk;        // fp16: samples per layer call through the fp32 scratch
+    size_t largest;   // values of the largest activation of one sample
+    size_t scratch_bytes;  // the fp16 scratch at the start of the workspace block
     int64_t nparams;  // scalars in all parameter tensors
+    float loss_scale; // multiplies the loss gradient (dynamic loss scaling); 1 by default
     MemPlan plan;
 
     // Device blocks (one allocation each) and pointers into them.
@@ -37,18 +51,24 @@ typedef struct Net {
     float *grads;      // (nparams): same layout
     float *optimizer;  // (2 * nparams): Adadelta's square_avg then acc_delta
     void *activations;
-    void *workspace;
-    float *input_buf;  // (batch, H, W, C) the batch to forward
-    float **acts;      // acts[i]: (batch, layers[i]->out) output of layer i
-    float *grad_buf[2];  // ping-pong input/output gradients, each of the largest activation
+    void *workspace;        // the fp16 scratch, then layer_workspace
+    void *layer_workspace;  // what layers get as LayerCtx.workspace
+    float *input_buf;  // (batch, H, W, C) F32: the batch to forward
+    void **acts;       // acts[i]: (batch, layers[i]->out) output of layer i, in precision;
+                       // the last layer's (the log-probabilities) is F32
+    void *grad_buf[2];   // ping-pong activation gradients in precision, each as large as
+                         // the largest activation
+    float *dlogp;        // (batch, classes) F32: the loss gradient
+    float *scratch[4];   // fp16: (chunk, largest activation) F32 in, out, dout, din
     int32_t *labels;     // (batch)
-    float *metrics;      // [2]: summed loss, correct count (accumulated by nll_loss)
+    float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to
+                         // them), and the loss scaler's non-finite flag (scale_check sets it)
 } Net;
 
 // Builds the layers from the cfg's layer sections (all sections but [train] and [data]),
-// plans and allocates for batches of up to `batch` samples of shape `input`. The last
+// plans and allocates for batches of up to opt->batch samples of shape `input`. The last
 // layer must be [log_softmax] with `classes` outputs. Errors name the cfg line.
-int net_create(Net *net, const Cfg *cfg, Shape input, int classes, int batch,
+int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOptions *opt,
                const Kernels *k, Error *err);
 void net_free(Net *net);
 
@@ -63,13 +83,14 @@ static inline float *net_acc_delta(const Net *net) { return net->optimizer + net
 // Forward of N samples from net->input_buf; the output (log-probabilities) is
 // net->acts[nlayers - 1]. step and sample0 key the dropout masks (see LayerCtx).
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0);
-static inline float *net_output(const Net *net) { return net->acts[net->nlayers - 1]; }
+static inline float *net_output(const Net *net) { return (float *)net->acts[net->nlayers - 1]; }
 
 // NLL loss of the output against net->labels, mean over `denominator` samples:
-// adds to net->metrics and, if grad, writes the output gradient into grad_buf[0].
+// adds to net->metrics and, if grad, writes the output gradient, times loss_scale,
+// into dlogp.
 void net_loss(Net *net, int N, int denominator, bool grad);
 
-// Backward of N samples from the output gradient in grad_buf[0] (net_loss); parameter
+// Backward of N samples from the output gradient in dlogp (net_loss); parameter
 // gradients accumulate into net->grads. Same step/sample0 as the forward.
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0);
 

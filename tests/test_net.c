@@ -56,7 +56,7 @@ static Cfg parse(const char *text) {
 static void make_net(Net *net, const char *text, Shape input, int classes, int batch) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    if (net_create(net, &cfg, input, classes, batch, &cpu_kernels, &err))
+    if (net_create(net, &cfg, input, classes, &(NetOptions){.batch = batch, .precision = DT_F32}, &cpu_kernels, &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
 }
@@ -104,7 +104,7 @@ static void test_mnist_network(void **state) {
     load_mnist_cfg(&cfg);
     Net net;
     Error err = {{0}};
-    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, 64, &cpu_kernels, &err))
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, &(NetOptions){.batch = 64, .precision = DT_F32}, &cpu_kernels, &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(net.nparams, 609354);
@@ -156,8 +156,8 @@ static void test_init_params(void **state) {
     Net a, b;
     Error err = {{0}};
     const Shape in = {.c = 1, .h = 28, .w = 28};
-    assert_int_equal(net_create(&a, &cfg, in, 10, 1, &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&b, &cfg, in, 10, 1, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 1, .precision = DT_F32}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 1, .precision = DT_F32}, &cpu_kernels, &err), 0);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&a, 1, &err), 0);
     assert_int_equal(net_init_params(&b, 1, &err), 0);
@@ -197,6 +197,7 @@ static void test_init_params(void **state) {
 //               + sum over layers of align64(B * numel(out) * 4)
 //               + 2 * align64(B * 36,864 * 4)                 two gradient buffers, each
 //                                                             of the largest activation
+//               + align64(B * 10 * 4)                         the loss gradient dlogp
 //               + align64(B * 4) + align64(2 * 4)             labels, metrics
 //   workspace = the largest conv im2col chunk: images per chunk = min(B, max(1,
 //               16 MB / (OH*OW*C*K*K*4))), times that per-image size; conv1's image takes
@@ -214,7 +215,8 @@ static void expect_mnist_plan(const Net *net, int B) {
         if (n > largest) largest = n;
     }
     assert_int_equal(largest, 36864);
-    act += 2 * align64(B * largest * f) + align64(B * sizeof(int32_t)) + align64(2 * f);
+    act += 2 * align64(B * largest * f) + align64(B * 10 * f) + align64(B * sizeof(int32_t)) +
+           align64(2 * f);
     assert_int_equal(net->plan.activations, act);
     const size_t col = (size_t)16 << 20, img1 = 24336, img2 = 663552;
     const size_t chunk1 = col / img1 < (size_t)B ? col / img1 : (size_t)B;
@@ -262,7 +264,7 @@ static void test_memory_plan(void **state) {
         Net net;
         Error err = {{0}};
         const int B = batches[k];
-        if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, B, &cpu_kernels, &err))
+        if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, &(NetOptions){.batch = B, .precision = DT_F32}, &cpu_kernels, &err))
             fail_msg("%s", err.msg);
         assert_int_equal(net.batch, B);
         expect_mnist_plan(&net, B);
@@ -288,7 +290,7 @@ static void test_mnist_forward_backward(void **state) {
     Net net;
     Error err = {{0}};
     const int B = 8;
-    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, B, &cpu_kernels, &err))
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, &(NetOptions){.batch = B, .precision = DT_F32}, &cpu_kernels, &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&net, 1, &err), 0);
@@ -324,7 +326,7 @@ static void expect_net_error(const char *text, int classes, const char *needle1,
     Cfg cfg = parse(text);
     Net net;
     Error err = {{0}};
-    assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, classes, 4,
+    assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, classes, &(NetOptions){.batch = 4, .precision = DT_F32},
                                 &cpu_kernels, &err), -1);
     cfg_free(&cfg);
     if (!strstr(err.msg, needle1)) fail_msg("message '%s' lacks '%s'", err.msg, needle1);
