@@ -4,6 +4,7 @@
 // the chosen device and trains it with Adadelta on the NLL loss, evaluating on the test
 // set after each epoch. Prints a line per epoch and appends it to SAVE/metrics.jsonl.
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 
 #include "data/data_cfg.h"
 #include "nn/cfg.h"
+#include "nn/checkpoint.h"
 #include "nn/kernels.h"
 #include "nn/net.h"
 #include "nn/optim.h"
@@ -38,12 +40,19 @@ static const CfgKey train_keys[] = {
     {"device", "cpu", "cpu, or cuda in builds with the CUDA backend"},
     {"threads", "0", "CPU threads for OpenBLAS and the kernels; 0 = all cores"},
     {"seed", "1", "seeds initialisation, shuffling and dropout"},
-    {"save", "runs/<cfg name>", "folder for the metrics log (metrics.jsonl)"},
+    {"save", "runs/<cfg name>", "folder for checkpoints (last, best) and metrics.jsonl"},
+    {"save_every", "0", "also write the last checkpoint every N batches; 0 = each epoch only"},
+    {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint, as on "
+                        "Ctrl-C (for time-boxed sessions); 0 = never"},
+    {"resume", "", "a checkpoint to continue training from exactly (same cfg and seed)"},
+    {"init", "", "a checkpoint whose weights start this run (optimizer starts fresh)"},
 };
 enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
 
 typedef struct Options {
     int epochs, batch, threads, accumulate;
+    int64_t save_every, stop_after;
+    const char *resume, *init;
     DType precision;
     LossScaler scaler;  // its initial state
     Adadelta adadelta;
@@ -143,7 +152,11 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
         cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err) ||
         cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
-        cfg_str(cfg, t, "save", "", &save, err))
+        cfg_str(cfg, t, "save", "", &save, err) ||
+        cfg_int(cfg, t, "save_every", "0", 0, INT64_MAX, &o->save_every, err) ||
+        cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
+        cfg_str(cfg, t, "resume", "", &o->resume, err) ||
+        cfg_str(cfg, t, "init", "", &o->init, err))
         return -1;
     o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
     o->seed = (uint64_t)seed;
@@ -221,7 +234,8 @@ static void format_eta(char *buf, size_t n, double seconds) {
 
 typedef struct Totals {
     double loss, correct;
-    int64_t seen;
+    int64_t seen;         // samples of the epoch (a resumed epoch counts its first part)
+    int64_t trained_now;  // samples this process trained (for images per second)
 } Totals;
 
 // Copies samples [first, first + n) of a host batch into the network's input and labels.
@@ -283,32 +297,91 @@ static int evaluate(Net *net, Loader *loader, Totals *t, Error *err) {
     return 0;
 }
 
-static int train_epoch(Net *net, Loader *loader, const Options *o, int epoch, uint64_t *step,
-                       LossScaler *scaler, Totals *t, double *seconds, Error *err) {
+// ---- checkpoints and signals ---------------------------------------------------------------
+
+// The first SIGINT or SIGTERM asks the training loop to finish its step, write a
+// checkpoint and stop; a second one kills as usual (SA_RESETHAND).
+static volatile sig_atomic_t stop_signal = 0;
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static void catch_stop_signals(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+// What a run needs to write its checkpoints.
+typedef struct Run {
+    const Options *o;
+    Net *net;
+    Loader *loader;
+    TrainState st;
+    LossScaler scaler;
+    CheckpointInfo info;
+    char last[1100], best[1100];
+} Run;
+
+// Writes the run's state to path (the epoch totals so far come from the device).
+static int save_checkpoint(Run *r, const char *path, Error *err) {
+    float m[2];
+    r->net->k->download(m, r->net->metrics, sizeof m);
+    r->st.epoch_loss = m[0], r->st.epoch_correct = m[1];
+    r->st.loss_scale = r->scaler.scale;
+    r->st.scaler_good_steps = r->scaler.good_steps;
+    r->st.scaler_skipped = r->scaler.skipped;
+    return checkpoint_save(path, r->net, &r->st, &r->info, err);
+}
+
+// Trains epoch r->st.epoch from batch r->st.batch to its end, or until a stop signal
+// (returns 1 then, with the checkpoint written). Totals t cover the whole epoch.
+static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
+    const Options *o = r->o;
+    Net *net = r->net;
+    const int epoch = (int)r->st.epoch;
     const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
-    const int64_t nbatches = loader_batches(loader);
+    const int64_t nbatches = loader_batches(r->loader);
     const bool live = isatty(STDOUT_FILENO);
-    net->k->zero(net->metrics, 2 * sizeof(float));
-    if (loader_start_epoch(loader, epoch, 0, err)) return -1;
-    t->seen = 0;
+    // A resumed epoch goes on from the totals of its first part.
+    const float totals[2] = {(float)r->st.epoch_loss, (float)r->st.epoch_correct};
+    net->k->upload(net->metrics, totals, sizeof totals);
+    if (loader_start_epoch(r->loader, epoch, r->st.batch, err)) return -1;
+    const int64_t seen0 = r->st.epoch_seen;
     const double t0 = now();
     double last_print = t0;
     const Batch *b;
     while (1) {
-        if (loader_next(loader, &b, err)) return -1;
+        if (loader_next(r->loader, &b, err)) return -1;
         if (!b) break;
-        train_step(net, b, o, *step, lr, scaler);
-        (*step)++;
-        t->seen += b->n;
+        train_step(net, b, o, r->st.step, lr, &r->scaler);
+        r->st.step++;
+        r->st.batch = b->index + 1;
+        r->st.epoch_seen += b->n;
         const double tn = now();
+        const bool step_limit = o->stop_after && r->st.step >= (uint64_t)o->stop_after;
+        if (stop_signal || step_limit) {
+            if (live) printf("\r\033[K");
+            if (save_checkpoint(r, r->last, err)) return -1;
+            printf("stopped %s in epoch %d after batch %lld/%lld; wrote %s\n"
+                   "resume with: ./train CFG resume=%s (the same cfg and overrides)\n",
+                   step_limit ? "at stop_after" : stop_signal == SIGINT ? "by SIGINT" : "by SIGTERM",
+                   epoch + 1, (long long)r->st.batch, (long long)nbatches, r->last, r->last);
+            return 1;
+        }
+        if (o->save_every && r->st.batch % o->save_every == 0 && r->st.batch < nbatches &&
+            save_checkpoint(r, r->last, err))
+            return -1;
         if (live && (tn - last_print > 0.25 || b->index + 1 == nbatches)) {
             last_print = tn;
             read_metrics(net, t);
             char eta[32];
-            const double rate = t->seen / (tn - t0);
+            const double rate = (r->st.epoch_seen - seen0) / (tn - t0);
             format_eta(eta, sizeof eta, (nbatches - b->index - 1) * (double)o->batch / rate);
             printf("\r\033[K  epoch %d  %lld/%lld  loss %.4f  %.0f img/s  ETA %s", epoch + 1,
-                   (long long)b->index + 1, (long long)nbatches, t->loss / t->seen, rate, eta);
+                   (long long)b->index + 1, (long long)nbatches, t->loss / r->st.epoch_seen,
+                   rate, eta);
             fflush(stdout);
         }
     }
@@ -316,6 +389,8 @@ static int train_epoch(Net *net, Loader *loader, const Options *o, int epoch, ui
     *seconds = now() - t0;
     if (live) printf("\r\033[K");
     read_metrics(net, t);
+    t->seen = r->st.epoch_seen;
+    t->trained_now = r->st.epoch_seen - seen0;
     return 0;
 }
 
@@ -324,6 +399,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     Data data = {0};
     Net net = {0};
     FILE *log = NULL;
+    Run r = {.o = o, .net = &net};
 
     const Kernels *k = kernels_for_device(o->device, err);
     if (!k) return -1;
@@ -331,10 +407,35 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
 
     if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
+    r.loader = data.train_loader;
     const NetOptions net_opt = {.batch = o->batch / o->accumulate, .precision = o->precision};
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     if (net_init_params(&net, o->seed, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
+    r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
+    r.scaler = o->scaler;
+    if (o->init[0]) {
+        if (checkpoint_load_weights(o->init, &net, err)) goto done;
+        printf("initial weights from %s\n", o->init);
+    }
+    if (o->resume[0]) {
+        if (checkpoint_load_all(o->resume, &net, &r.st, err)) goto done;
+        if (r.st.seed != o->seed) {
+            err_set(err, "%s was trained with seed %llu, this run has seed %llu: resume with "
+                         "seed=%llu (and the rest of that run's settings)", o->resume,
+                    (unsigned long long)r.st.seed, (unsigned long long)o->seed,
+                    (unsigned long long)r.st.seed);
+            goto done;
+        }
+        r.scaler.scale = r.st.loss_scale;
+        r.scaler.good_steps = r.st.scaler_good_steps;
+        r.scaler.skipped = r.st.scaler_skipped;
+        printf("resuming from %s: epoch %lld, batch %lld, step %llu\n", o->resume,
+               (long long)r.st.epoch + 1, (long long)r.st.batch, (unsigned long long)r.st.step);
+    }
+    if (!(r.info.cfg_text = cfg_to_text(cfg, err))) goto done;
+    r.info.class_names = train->class_names;
+    r.info.classes = train->classes;
 
     printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", cfg->path, k->name,
            (long long)train->count, test ? "" : " (no test set)", data.classes, o->batch);
@@ -351,47 +452,66 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (mkdirs(o->save, err)) goto done;
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->save);
-    if (!(log = fopen(path, "w"))) {
+    snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);
+    snprintf(r.best, sizeof r.best, "%s/best.safetensors", o->save);
+    // A resumed run appends to the log of the run it continues.
+    if (!(log = fopen(path, o->resume[0] ? "a" : "w"))) {
         err_set(err, "cannot write %s: %s", path, strerror(errno));
         goto done;
     }
-    uint64_t step = 0;
-    LossScaler scaler = o->scaler;
-    for (int epoch = 0; epoch < o->epochs; epoch++) {
-        Totals tr, te = {0};
+    catch_stop_signals();
+    while (r.st.epoch < o->epochs) {
+        const int epoch = (int)r.st.epoch;
+        Totals tr = {0}, te = {0};
         double seconds;
-        if (train_epoch(&net, data.train_loader, o, epoch, &step, &scaler, &tr, &seconds, err)) goto done;
+        const int stopped = train_epoch(&r, &tr, &seconds, err);
+        if (stopped < 0) goto done;
+        if (stopped) {
+            rc = 1;
+            goto done;
+        }
         if (test && evaluate(&net, data.test_loader, &te, err)) goto done;
-        const double img_s = tr.seen / seconds, rss = peak_rss_mb();
+        const double img_s = tr.trained_now / seconds, rss = peak_rss_mb();
         const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
+        const double val_acc = test ? 100.0 * te.correct / te.seen : -1;
         char val[96] = "";
-        if (test)
-            snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen,
-                     100.0 * te.correct / te.seen);
+        if (test) snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen, val_acc);
         char scale[64] = "";
         if (o->precision == DT_F16)
-            snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", scaler.scale,
-                     (long long)scaler.skipped);
+            snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r.scaler.scale,
+                     (long long)r.scaler.skipped);
         printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
                "peak %.0f MB%s\n",
                epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
                img_s, seconds, rss, scale);
         fflush(stdout);
-        char val_loss[32] = "null", val_acc[32] = "null";
+        char val_loss[32] = "null", val_acc_s[32] = "null";
         if (test) {
             snprintf(val_loss, sizeof val_loss, "%.6f", te.loss / te.seen);
-            snprintf(val_acc, sizeof val_acc, "%.4f", 100.0 * te.correct / te.seen);
+            snprintf(val_acc_s, sizeof val_acc_s, "%.4f", val_acc);
         }
         fprintf(log,
                 "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
                 "\"val_acc\": %s, \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, "
                 "\"peak_rss_mb\": %.1f, \"loss_scale\": %g, \"skipped_steps\": %lld}\n",
-                epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc, lr,
-                img_s, seconds, rss, scaler.scale, (long long)scaler.skipped);
+                epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc_s,
+                lr, img_s, seconds, rss, r.scaler.scale, (long long)r.scaler.skipped);
         fflush(log);
+
+        // The epoch is done: the checkpoint starts the next one from scratch.
+        r.st.epoch = epoch + 1;
+        r.st.batch = 0;
+        r.st.epoch_seen = 0;
+        net.k->zero(net.metrics, 2 * sizeof(float));
+        const bool improved = test && val_acc > r.st.best_val_acc;
+        if (improved) r.st.best_val_acc = val_acc;
+        if (save_checkpoint(&r, r.last, err) || (improved && save_checkpoint(&r, r.best, err)))
+            goto done;
     }
+    printf("wrote %s%s%s\n", r.last, test ? " and " : "", test ? r.best : "");
     rc = 0;
 done:
+    free(r.info.cfg_text);
     if (log) fclose(log);
     net_free(&net);
     data_close(&data);
@@ -416,8 +536,9 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (apply_override(&cfg, argv[i], &err)) goto fail;
     if (read_options(&o, &cfg, argv[1], &err)) goto fail;
-    if (run(&o, &cfg, &err)) goto fail;
-    rc = 0;
+    const int ran = run(&o, &cfg, &err);
+    if (ran < 0) goto fail;
+    rc = ran ? 130 : 0;  // stopped by a signal: the checkpoint is written, resume is possible
     goto out;
 fail:
     fprintf(stderr, "train: %s\n", err.msg);

@@ -36,9 +36,12 @@ static const StateField state_fields[] = {
     {"epoch_loss", NUM_DOUBLE, offsetof(TrainState, epoch_loss)},
     {"epoch_correct", NUM_DOUBLE, offsetof(TrainState, epoch_correct)},
     {"epoch_seen", NUM_INT, offsetof(TrainState, epoch_seen)},
+    {"loss_scale", NUM_DOUBLE, offsetof(TrainState, loss_scale)},
+    {"scaler_good_steps", NUM_INT, offsetof(TrainState, scaler_good_steps)},
+    {"scaler_skipped", NUM_INT, offsetof(TrainState, scaler_skipped)},
 };
 #define NSTATE ((int)(sizeof state_fields / sizeof state_fields[0]))
-static_assert(sizeof(TrainState) == 3 * sizeof(int64_t) + 2 * sizeof(uint64_t) + 3 * sizeof(double),
+static_assert(sizeof(TrainState) == 5 * sizeof(int64_t) + 2 * sizeof(uint64_t) + 4 * sizeof(double),
               "state_fields must list every TrainState field");
 
 void checkpoint_info_free(CheckpointInfo *info) {

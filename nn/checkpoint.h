@@ -38,6 +38,10 @@ typedef struct TrainState {
     // loss and accuracy as an uninterrupted one.
     double epoch_loss, epoch_correct;
     int64_t epoch_seen;
+    // The loss scaler (nn/scaler.h): its scale, its clean steps since the last change and
+    // the steps it skipped.
+    double loss_scale;
+    int64_t scaler_good_steps, scaler_skipped;
 } TrainState;
 
 // Metadata a checkpoint carries besides the TrainState.
