@@ -1,0 +1,210 @@
+// test_train.c: the trainer end to end, as a user runs it (./train and ./ckpt, built by
+// `make test` before the suites run): exact resume after an interruption, with fp32,
+// fp16 and accumulation; the metrics log; errors for bad input.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../nn/safetensors.h"
+
+static char dir[512];  // short enough that every path built from it fits
+
+static void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+// count 10x10 images of 3 classes: noise and a bright bar whose position is the class.
+static void write_set(const char *name, int count, unsigned seed) {
+    char path[PATH_MAX + 64];
+    uint8_t *im = malloc(16 + (size_t)count * 100), *lb = malloc(8 + (size_t)count);
+    assert_true(im && lb);
+    put_be32(im, 0x803), put_be32(im + 4, (uint32_t)count), put_be32(im + 8, 10), put_be32(im + 12, 10);
+    put_be32(lb, 0x801), put_be32(lb + 4, (uint32_t)count);
+    srand(seed);
+    for (int i = 0; i < count; i++) {
+        const int k = rand() % 3;
+        uint8_t *px = im + 16 + (size_t)i * 100;
+        for (int p = 0; p < 100; p++) px[p] = (uint8_t)(rand() % 90);
+        for (int r = 0; r < 10; r++) px[r * 10 + 2 + 3 * k] = (uint8_t)(200 + rand() % 55);
+        lb[8 + i] = (uint8_t)k;
+    }
+    snprintf(path, sizeof path, "%s/%s-images", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(im, 1, 16 + (size_t)count * 100, f), 16 + (size_t)count * 100);
+    assert_int_equal(fclose(f), 0);
+    snprintf(path, sizeof path, "%s/%s-labels", dir, name);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(lb, 1, 8 + (size_t)count, f), 8 + (size_t)count);
+    assert_int_equal(fclose(f), 0);
+    free(im), free(lb);
+}
+
+static int group_setup(void **state) {
+    snprintf(dir, sizeof dir, "%s/cnnc-train-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(dir)) return -1;
+    write_set("train", 600, 1);
+    write_set("test", 150, 2);
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/net.cfg", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "[train]\nepochs = 2\nbatch = 32\nseed = 3\nthreads = 2\n"
+            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
+            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.2\nstd = 0.3\n"
+            "[conv]\nname = conv1\nfilters = 4\nsize = 3\nactivation = relu\n"
+            "[maxpool]\nsize = 2\n[dropout]\np = 0.25\n[flatten]\n"
+            "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
+            "[linear]\nname = fc2\noutputs = 3\n[log_softmax]\n",
+            dir, dir, dir, dir);
+    return fclose(f);
+}
+
+static int group_teardown(void **state) {
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+// Runs ./train on the test cfg with extra arguments; returns its exit status.
+static int train(const char *args) {
+    char cmd[2 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "./train %s/net.cfg %s > %s/out.txt 2>&1", dir, args, dir);
+    const int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static char *read_output(void) {
+    static char buf[65536];
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+// Every tensor of the two checkpoints has the same bytes.
+static void expect_same_tensors(const char *a_name, const char *b_name) {
+    char a_path[PATH_MAX + 64], b_path[PATH_MAX + 64];
+    snprintf(a_path, sizeof a_path, "%s/%s", dir, a_name);
+    snprintf(b_path, sizeof b_path, "%s/%s", dir, b_name);
+    StFile a, b;
+    Error err = {{0}};
+    if (st_open(&a, a_path, &err) || st_open(&b, b_path, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(a.count, b.count);
+    for (int i = 0; i < a.count; i++) {
+        const StEntry *e = st_find(&b, a.entries[i].name);
+        assert_non_null(e);
+        assert_int_equal(e->bytes, a.entries[i].bytes);
+        if (memcmp(e->data, a.entries[i].data, e->bytes) != 0)
+            fail_msg("%s differs between %s and %s", e->name, a_name, b_name);
+    }
+    assert_string_equal(st_meta(&a, "step"), st_meta(&b, "step"));
+    st_close(&a);
+    st_close(&b);
+}
+
+static void check_resume(const char *extra, const char *tag) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2048];
+    // Straight through two epochs.
+    snprintf(args, sizeof args, "%s save=%s/%s-a", extra, dir, tag);
+    assert_int_equal(train(args), 0);
+    // Stopped mid-epoch (as Ctrl-C does), resumed to the end of epoch 1, stopped again
+    // at the epoch boundary, resumed to the end.
+    snprintf(args, sizeof args, "%s save=%s/%s-b stop_after=7", extra, dir, tag);
+    assert_int_equal(train(args), 130);
+    assert_non_null(strstr(read_output(), "resume with"));
+    snprintf(args, sizeof args, "%s save=%s/%s-b epochs=1 resume=%s/%s-b/last.safetensors", extra,
+             dir, tag, dir, tag);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "%s save=%s/%s-b resume=%s/%s-b/last.safetensors", extra, dir, tag,
+             dir, tag);
+    assert_int_equal(train(args), 0);
+    char a[64], b[64];
+    snprintf(a, sizeof a, "%s-a/last.safetensors", tag);
+    snprintf(b, sizeof b, "%s-b/last.safetensors", tag);
+    expect_same_tensors(a, b);
+    // The resumed run's log ends with the same epoch line as the straight one.
+    char cmd[3 * PATH_MAX];
+    snprintf(cmd, sizeof cmd,
+             "test \"$(tail -n 1 %s/%s-a/metrics.jsonl | cut -d, -f1-5)\" = "
+             "\"$(tail -n 1 %s/%s-b/metrics.jsonl | cut -d, -f1-5)\"", dir, tag, dir, tag);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_resume_fp32(void **state) { check_resume("", "fp32"); }
+static void test_resume_fp16(void **state) { check_resume("precision=fp16", "fp16"); }
+static void test_resume_accumulate(void **state) { check_resume("accumulate=4", "acc"); }
+
+static void test_training_learns(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[PATH_MAX + 64];
+    snprintf(args, sizeof args, "epochs=3 save=%s/learn", dir);
+    assert_int_equal(train(args), 0);
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/learn/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[1024];
+    double first = -1, last = -1, acc = 0;
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) {
+        double loss;
+        const char *p = strstr(line, "\"train_loss\": "), *q = strstr(line, "\"val_acc\": ");
+        assert_true(p && q && strstr(line, "\"img_per_s\": ") && strstr(line, "\"peak_rss_mb\": "));
+        loss = atof(p + 14);
+        acc = atof(q + 11);
+        if (first < 0) first = loss;
+        last = loss;
+        lines++;
+    }
+    fclose(f);
+    assert_int_equal(lines, 3);
+    assert_true(last < 0.5 * first);
+    assert_true(acc > 90.0);
+    fprintf(stderr, "loss %.4f -> %.4f, val_acc %.2f%%\n", first, last, acc);
+}
+
+static void test_bad_input(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    assert_int_equal(train("epochs=0"), 1);
+    assert_non_null(strstr(read_output(), "epochs"));
+    assert_int_equal(train("accumulate=5"), 1);
+    assert_non_null(strstr(read_output(), "does not divide"));
+    assert_int_equal(train("bogus=1"), 1);
+    assert_non_null(strstr(read_output(), "unknown key 'bogus'"));
+    assert_int_equal(train("fc2.outputs=4"), 1);
+    assert_non_null(strstr(read_output(), "3 classes"));
+    assert_int_equal(train("train=/nonexistent/images"), 1);
+    assert_non_null(strstr(read_output(), "/nonexistent/images"));
+    char args[PATH_MAX + 64];
+    snprintf(args, sizeof args, "resume=%s/net.cfg", dir);  // not a checkpoint
+    assert_int_equal(train(args), 1);
+    assert_non_null(strstr(read_output(), "net.cfg"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_training_learns),
+        cmocka_unit_test(test_resume_fp32),
+        cmocka_unit_test(test_resume_fp16),
+        cmocka_unit_test(test_resume_accumulate),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
