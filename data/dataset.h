@@ -110,7 +110,8 @@ typedef struct Loader Loader;
 
 // This epoch so far (since loader_start_epoch).
 typedef struct LoaderStats {
-    double wait_seconds;  // time loader_next spent waiting for (or, workers = 0, reading) batches
+    double wait_seconds;  // time spent in loader_next: waiting for a batch from the workers
+                          // (or, workers = 0, reading it) and normalising it
     int64_t skipped;      // bad samples skipped (skip_bad) in the batches handed out
 } LoaderStats;
 

@@ -7,8 +7,10 @@
 // uninterrupted run.
 //
 // Batch k of an epoch is a pure function of (seed, epoch, k) and the files: batch_fill
-// reads positions [k * batch, k * batch + n) of the order, augments each sample with
-// random numbers keyed by (seed, epoch, sample index), and normalises. Bad samples
+// reads positions [k * batch, k * batch + n) of the order and augments each sample with
+// random numbers keyed by (seed, epoch, sample index); loader_next normalises it into
+// the one float batch it hands out (so the ring holds bytes: a quarter of the memory, and
+// the normalisation, a table lookup per value, costs the trainer ~1% of a step). Bad samples
 // (skip_bad) are replaced by the next good samples of the order after the batch, so no
 // batch depends on another one. Who fills a batch, and when, changes nothing: with
 // workers = N, N threads fill batches ahead into a ring of `prefetch` slots (batch k
@@ -39,7 +41,6 @@ __extension__ typedef unsigned __int128 u128;
 enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_FAILED };
 
 typedef struct Slot {
-    float *x;          // (batch, H, W, C) normalised
     int32_t *y;        // (batch)
     uint8_t *pixels;   // (batch, H, W, C) bytes as read (and augmented), before normalising
     int64_t batch;     // the batch it holds or is being filled with; -1: none
@@ -66,10 +67,11 @@ struct Loader {
     void *block;          // the one allocation of loader_bytes bytes behind the buffers below
     int64_t *order;       // (count) sample indices of the epoch, in batch order
     Slot *slots;          // (nslots)
+    float *x;             // (batch, H, W, C) the batch handed out, normalised
     uint8_t *scratch;     // (max(workers, 1), H, W, C) with augmentation, else NULL
     Worker *workers;      // (nworkers)
     float lut[DATASET_MAX_CHANNELS][256];  // (C, 256) the normalised value of each byte
-    Batch batch;          // what loader_next hands out: views of a slot
+    Batch batch;          // what loader_next hands out: x, and y of a slot
 
     // The caller's side (loader_start_epoch, loader_next, loader_stats).
     int epoch;            // the epoch started last
@@ -103,12 +105,12 @@ static int loader_augments(const LoaderConfig *cfg) {
 
 // Byte offsets of the buffers in the loader's block, and its size.
 typedef struct LoaderLayout {
-    size_t order, x, y, pixels, scratch, total;  // x, y, pixels: of slot 0; the others follow
-    size_t x_b, y_b, px_b;                       // bytes of one slot's x, y, pixels
+    size_t order, x, y, pixels, scratch, total;  // y, pixels: of slot 0; the others follow
+    size_t x_b, y_b, px_b;                       // bytes of x, of one slot's y and pixels
 } LoaderLayout;
 
-// Lays out the block: order first (8-byte aligned at offset 0), then the slots' x, then
-// their y, then their pixels, then scratch; each at an offset that is a multiple of its
+// Lays out the block: order first (8-byte aligned at offset 0), then x, then the slots'
+// y, then their pixels, then scratch; each at an offset that is a multiple of its
 // element size. Returns -1 if the sizes overflow.
 static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayout *lay) {
     int64_t sample = shape_numel(ds->shape);
@@ -123,14 +125,15 @@ static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayou
     if (__builtin_mul_overflow(values, sizeof(float), &lay->x_b)) return -1;
     lay->y_b = (size_t)cfg->batch * sizeof(int32_t);
     lay->px_b = values;
-    size_t per_slot = lay->x_b + lay->y_b + lay->px_b, scratch_b = 0;
-    if (per_slot < lay->x_b) return -1;
+    size_t per_slot = lay->y_b + lay->px_b, scratch_b = 0;
+    if (per_slot < lay->px_b) return -1;
     if (__builtin_mul_overflow(per_slot, slots, &all)) return -1;
+    if (__builtin_add_overflow(all, lay->x_b, &all)) return -1;
     if (loader_augments(cfg) && __builtin_mul_overflow(fillers, (size_t)sample, &scratch_b))
         return -1;
     lay->order = 0;
     lay->x = order_b;
-    lay->y = lay->x + slots * lay->x_b;
+    lay->y = lay->x + lay->x_b;
     lay->pixels = lay->y + slots * lay->y_b;
     lay->scratch = lay->pixels + slots * lay->px_b;
     if (lay->scratch < order_b || lay->scratch - order_b != all) return -1;
@@ -140,7 +143,7 @@ static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayou
 }
 
 // Contract: the bytes of the one block loader_create allocates:
-//   S * batch * H*W*C * sizeof(float)   x of each slot, the normalised batch
+//   batch * H*W*C * sizeof(float)       x, the normalised batch handed out
 // + S * batch * sizeof(int32_t)         y of each slot, the labels
 // + S * batch * H*W*C                   the bytes of each slot's batch as read
 // + count * sizeof(int64_t)             the order of the epoch
@@ -313,7 +316,7 @@ static int cancelled(Loader *l, uint64_t gen) {
 }
 
 // Fills slot s with batch k of epoch `epoch`: reads positions [k * batch, k * batch + n) of
-// the order into s->pixels and s->y, then writes s->x = lut[c][byte]. A bad sample (with
+// the order into s->pixels and s->y. A bad sample (with
 // skip_bad) is counted in s->skipped and, with fill_bad, replaced by the next good sample
 // of the order after the batch (wrapping around; never one of the batch's own); without,
 // or when none is left, the batch is shorter. Touches the loader's immutable state, the
@@ -354,10 +357,15 @@ static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch
         }
     }
     s->n = m;
-    const size_t total = (size_t)m * (size_t)sample;
-    const int C = ds->shape.c;
+    return 0;
+}
+
+// l->x = lut[c][byte] of the n samples in s: exactly PyTorch's ToTensor + Normalize.
+static void normalise(Loader *l, const Slot *s) {
+    const size_t total = (size_t)s->n * (size_t)l->sample;
+    const int C = l->ds->shape.c;
     const uint8_t *px = s->pixels;
-    float *x = s->x;
+    float *x = l->x;
     if (C == 1) {
         for (size_t v = 0; v < total; v++) x[v] = l->lut[0][px[v]];
     } else {
@@ -365,7 +373,6 @@ static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch
         for (size_t v = 0; v < total; v += (size_t)C)
             for (int c = 0; c < C; c++) x[v + c] = l->lut[c][px[v + c]];
     }
-    return 0;
 }
 
 // ---- the workers -------------------------------------------------------------------------------
@@ -491,9 +498,9 @@ int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err
     }
     uint8_t *base = l->block;
     l->order = (int64_t *)(void *)(base + lay.order);
+    l->x = (float *)(void *)(base + lay.x);
     for (int i = 0; i < l->nslots; i++) {
         Slot *s = &l->slots[i];
-        s->x = (float *)(void *)(base + lay.x + (size_t)i * lay.x_b);
         s->y = (int32_t *)(void *)(base + lay.y + (size_t)i * lay.y_b);
         s->pixels = base + lay.pixels + (size_t)i * lay.px_b;
         s->batch = -1;
@@ -552,20 +559,16 @@ int loader_start_epoch(Loader *l, int epoch, int64_t first, Error *err) {
     return 0;
 }
 
-int loader_next(Loader *l, const Batch **out, Error *err) {
-    *out = NULL;
-    if (l->next < 0)
-        return err_set(err, "%s: loader_next before loader_start_epoch", l->ds->source);
+// loader_next without the clock.
+static int loader_get(Loader *l, const Batch **out, Error *err) {
     for (;;) {
         Slot *s;
         if (l->nworkers == 0) {
             if (l->next >= l->batches) break;
             s = &l->slots[0];
-            const double t0 = now_seconds();
-            int rc = batch_fill(l, l->epoch, l->next, s, l->scratch,
-                                __atomic_load_n(&l->gen, __ATOMIC_RELAXED), err);
-            l->stats.wait_seconds += now_seconds() - t0;
-            if (rc) return -1;
+            if (batch_fill(l, l->epoch, l->next, s, l->scratch,
+                           __atomic_load_n(&l->gen, __ATOMIC_RELAXED), err))
+                return -1;
         } else {
             pthread_mutex_lock(&l->mu);
             if (l->held >= 0) {  // the batch handed out last is done with: its slot is free
@@ -580,10 +583,8 @@ int loader_next(Loader *l, const Batch **out, Error *err) {
             }
             const int i = (int)(l->next % l->nslots);
             s = &l->slots[i];
-            const double t0 = now_seconds();
             while (!(s->batch == l->next && (s->state == SLOT_READY || s->state == SLOT_FAILED)))
                 pthread_cond_wait(&l->done, &l->mu);
-            l->stats.wait_seconds += now_seconds() - t0;
             if (s->state == SLOT_FAILED) {
                 *err = s->err;
                 pthread_mutex_unlock(&l->mu);
@@ -595,7 +596,8 @@ int loader_next(Loader *l, const Batch **out, Error *err) {
         l->stats.skipped += s->skipped;
         const int64_t k = l->next++;
         if (s->n == 0) continue;  // every sample of the batch was bad and skipped
-        l->batch.x = s->x;
+        normalise(l, s);
+        l->batch.x = l->x;
         l->batch.y = s->y;
         l->batch.n = s->n;
         l->batch.index = k;
@@ -608,4 +610,14 @@ int loader_next(Loader *l, const Batch **out, Error *err) {
                        "check the data (the loader's first error names a file)",
                        l->ds->source, l->epoch, l->stats.skipped);
     return 0;
+}
+
+int loader_next(Loader *l, const Batch **out, Error *err) {
+    *out = NULL;
+    if (l->next < 0)
+        return err_set(err, "%s: loader_next before loader_start_epoch", l->ds->source);
+    const double t0 = now_seconds();
+    int rc = loader_get(l, out, err);
+    l->stats.wait_seconds += now_seconds() - t0;
+    return rc;
 }

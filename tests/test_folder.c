@@ -277,8 +277,27 @@ static void ref_line(const double *in, int n, int si, double *out, int m, int so
     }
 }
 
-// src (h, w, c) resized to (oh, ow, c), rounded to bytes.
+// src (h, w, c) resized to (oh, ow, c), rounded to bytes. A reduction by a factor f >= 4
+// first averages boxes of floor(f / 2) pixels (rounded to bytes; the last box of a row
+// or column holds what is left), then filters the rest.
 static void ref_resize(const uint8_t *src, int w, int h, int c, uint8_t *dst, int ow, int oh) {
+    const int kx = w / ow / 2 > 1 ? w / ow / 2 : 1, ky = h / oh / 2 > 1 ? h / oh / 2 : 1;
+    uint8_t *red = NULL;
+    if (kx > 1 || ky > 1) {
+        const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
+        red = malloc((size_t)rw * rh * c);
+        assert_non_null(red);
+        for (int oy = 0; oy < rh; oy++)
+            for (int ox = 0; ox < rw; ox++)
+                for (int k = 0; k < c; k++) {
+                    int sum = 0, n = 0;
+                    for (int y = oy * ky; y < oy * ky + ky && y < h; y++)
+                        for (int x = ox * kx; x < ox * kx + kx && x < w; x++, n++)
+                            sum += src[((size_t)y * w + x) * c + k];
+                    red[((size_t)oy * rw + ox) * c + k] = (uint8_t)((sum + n / 2) / n);
+                }
+        src = red, w = rw, h = rh;
+    }
     double *a = malloc(sizeof(double) * w * h), *b = malloc(sizeof(double) * ow * h),
            *r = malloc(sizeof(double) * ow * oh);
     assert_true(a && b && r);
@@ -288,12 +307,13 @@ static void ref_resize(const uint8_t *src, int w, int h, int c, uint8_t *dst, in
         for (int x = 0; x < ow; x++) ref_line(b + x, h, ow, r + x, oh, ow);
         for (int i = 0; i < ow * oh; i++) dst[(size_t)i * c + k] = (uint8_t)(r[i] * 255 + 0.5);
     }
-    free(a), free(b), free(r);
+    free(a), free(b), free(r), free(red);
 }
 
 static void test_folder_resize_reference(void **state) {
     static const int cases[][4] = {{40, 30, 16, 12}, {40, 30, 20, 15}, {7, 5, 14, 10},
-                                   {37, 23, 32, 32}, {90, 90, 28, 28}};
+                                   {37, 23, 32, 32}, {90, 90, 28, 28}, {300, 250, 32, 24},
+                                   {203, 161, 20, 16}, {120, 40, 12, 40}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const int w = cases[k][0], h = cases[k][1], ow = cases[k][2], oh = cases[k][3];
         char rel[64], root[64];
@@ -743,9 +763,10 @@ static void test_data_cfg_folders(void **state) {
     assert_string_equal(d.train->class_names[0], "even");
     assert_int_equal(d.train->shape.w, 6);
     assert_int_equal(d.train->shape.h, 4);
-    // Two loaders of 2 slots; scratch for augmentation in the training one only.
-    const size_t slot = 4 * 72 * 4 + 4 * 4 + 4 * 72;
-    assert_int_equal(data_loader_bytes(&d), 2 * slot + 20 * 8 + 3 * 72 + 2 * slot + 6 * 8);
+    // Two loaders of a float batch and 2 slots; scratch for augmentation in the training
+    // one only.
+    const size_t x = 4 * 72 * 4, slot = 4 * 4 + 4 * 72;
+    assert_int_equal(data_loader_bytes(&d), x + 2 * slot + 20 * 8 + 3 * 72 + x + 2 * slot + 6 * 8);
     LoaderStats st;
     assert_int_equal(loader_start_epoch(d.train_loader, 0, 0, &err), 0);
     const Batch *b;

@@ -444,7 +444,7 @@ static void test_augment_crop_pad_flip(void **state) {
 static void test_cache_with_workers(void **state) {
     const int bad[] = {9};
     make_tree("cw", 40, bad, 1, 0, 0, 0);
-    char root[PATH_MAX], cache[PATH_MAX];
+    char root[600], cache[600];
     snprintf(root, sizeof root, "%s/cw", g_dir);
     snprintf(cache, sizeof cache, "%s/cw_cache", g_dir);
     FolderOptions o = {.width = 7, .height = 5, .channels = 3, .cache_dir = cache,
@@ -514,18 +514,19 @@ static void test_stats_wait(void **state) {
 static void test_loader_bytes_ring(void **state) {
     Dataset *ds = open_idx("bytes", 1000, 4, 3);
     LoaderConfig cfg = {.batch = 64, .mean = {0}, .std = {1}};
-    const size_t slot = 64 * 12 * 4 + 64 * 4 + 64 * 12, order = 1000 * 8;
-    assert_int_equal(loader_bytes(ds, &cfg), slot + order);
+    // One float batch; per slot of the ring the labels and the bytes.
+    const size_t x = 64 * 12 * 4, slot = 64 * 4 + 64 * 12, order = 1000 * 8;
+    assert_int_equal(loader_bytes(ds, &cfg), x + slot + order);
     cfg.workers = 2;  // prefetch 0: 2 * workers slots
-    assert_int_equal(loader_bytes(ds, &cfg), 4 * slot + order);
+    assert_int_equal(loader_bytes(ds, &cfg), x + 4 * slot + order);
     cfg.prefetch = 3;
-    assert_int_equal(loader_bytes(ds, &cfg), 3 * slot + order);
+    assert_int_equal(loader_bytes(ds, &cfg), x + 3 * slot + order);
     cfg.flip = 1;  // one sample of scratch per worker
-    assert_int_equal(loader_bytes(ds, &cfg), 3 * slot + order + 2 * 12);
+    assert_int_equal(loader_bytes(ds, &cfg), x + 3 * slot + order + 2 * 12);
     cfg.workers = 0;
-    assert_int_equal(loader_bytes(ds, &cfg), slot + order + 12);
+    assert_int_equal(loader_bytes(ds, &cfg), x + slot + order + 12);
     Loader *l = make_loader(ds, cfg);
-    assert_int_equal(loader_size(l), slot + order + 12);
+    assert_int_equal(loader_size(l), x + slot + order + 12);
     loader_destroy(l);
     cfg.workers = -1;
     assert_int_equal(loader_bytes(ds, &cfg), 0);

@@ -1,0 +1,115 @@
+#!/bin/sh
+# bench/data_bench.sh: the data pipeline's benchmark (issue 3).
+#
+#   sh bench/data_bench.sh            everything below (about 10 minutes on 2 cores)
+#   SECS=30 sh bench/data_bench.sh    shorter trainer runs for the memory measurement
+#
+# 1. Writes image folders from Fashion-MNIST into bench/out/ (once; bench/make_folders.c):
+#    png28_10k, png28_100k (28x28 gray PNG, all files distinct) and jpg600_10k,
+#    jpg600_100k (600x600 RGB JPEG, upscaled and coloured; the 100k folder holds 10,000
+#    distinct files, each under ten names by hard links: 100,000 distinct 85 KB JPEGs
+#    would take 8.5 GB and an hour to write, and decoding costs the same either way).
+# 2. The loader alone (bench/loader_bench.c, no training): images/s for workers = 0, 1, 2
+#    and from the cache, against the IDX loader on Fashion-MNIST.
+# 3. The trainer (./train models/folder.cfg, 64x64 RGB, batch 64): peak RSS (VmHWM) on
+#    jpg600_10k and jpg600_100k, each run for SECS seconds (default 60) and stopped.
+# 4. The trainer on png28_10k at 28x28: images/s and the time it waited for data, for
+#    workers = 0, 1, 2 and with the cache. The trainer prints the wait when it shows
+#    loader_stats in its epoch line; until then a loader_bench run with the trainer's
+#    measured step time as simulated compute stands in.
+#
+# Timings depend on what else runs on the machine: the script prints the load average.
+set -e
+cd "$(dirname "$0")/.."
+OUT=bench/out
+BIN=$OUT/bin
+SECS=${SECS:-60}
+CC=${CC:-gcc}
+CFLAGS="-std=c11 -D_GNU_SOURCE -O2 -march=x86-64-v3 -Wall -Wextra -Wno-unused-parameter"
+FM=/usr/share/datasets/fashion-mnist
+mkdir -p $BIN
+
+echo "== building"
+$CC $CFLAGS bench/make_folders.c data/idx.c data/split.c nn/error.c -lstb -lz -lpthread -lm \
+    -o $BIN/make_folders
+$CC $CFLAGS bench/loader_bench.c data/*.c nn/error.c nn/tensor.c nn/cfg.c -lstb -lz -lpthread \
+    -lm -o $BIN/loader_bench
+make -s train
+
+echo "== image folders (bench/out; delete one to write it again)"
+$BIN/make_folders $OUT/png28_10k png28 10000
+$BIN/make_folders $OUT/png28_100k png28 100000
+$BIN/make_folders $OUT/jpg600_10k jpg600 10000
+$BIN/make_folders $OUT/jpg600_100k jpg600 100000 10000 $OUT/jpg600_10k
+df -h $OUT | tail -1
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+
+P28="train=$OUT/png28_10k width=28 height=28 channels=1 mean=0.286 std=0.353"
+IDX="train=$FM/train-images-idx3-ubyte.gz train_labels=$FM/train-labels-idx1-ubyte.gz \
+width=28 height=28 channels=1 mean=0.286 std=0.353"
+CACHE=$OUT/cache
+rm -rf $CACHE
+
+echo "== the loader alone: images/s (2nd epoch; models/folder.cfg's flip and crop_pad on)"
+for w in 0 1 2; do
+    printf "png28 folder, workers=%s:  " $w
+    $BIN/loader_bench models/folder.cfg $P28 workers=$w --epochs 2 | tail -1
+done
+for w in 0 2; do
+    printf "png28 folder + cache, workers=%s:  " $w
+    $BIN/loader_bench models/folder.cfg $P28 workers=$w cache=$CACHE --epochs 2 | tail -1
+done
+for w in 0 2; do
+    printf "IDX Fashion-MNIST, workers=%s:  " $w
+    $BIN/loader_bench models/folder.cfg $IDX workers=$w --epochs 2 | tail -1
+done
+for w in 0 1 2; do
+    printf "jpg600 -> 64x64x3, workers=%s (40 batches):  " $w
+    $BIN/loader_bench models/folder.cfg train=$OUT/jpg600_10k workers=$w --epochs 1 \
+        --max-batches 40 | tail -1
+done
+
+# Runs ./train with the given overrides for SECS seconds and prints its peak RSS (VmHWM).
+peak_rss() {
+    ./train models/folder.cfg epochs=1 save=$OUT/runs "$@" > $OUT/train.log 2>&1 &
+    pid=$!
+    hwm=0
+    t=0
+    while [ $t -lt "$SECS" ] && kill -0 $pid 2>/dev/null; do
+        sleep 1
+        t=$((t + 1))
+        h=$(awk '/VmHWM/ {print $2}' /proc/$pid/status 2>/dev/null || echo 0)
+        [ -n "$h" ] && [ "$h" -gt "$hwm" ] && hwm=$h
+    done
+    kill -INT $pid 2>/dev/null || true
+    wait $pid 2>/dev/null || true
+    echo "peak RSS $((hwm / 1024)) MB after ${t} s ($(grep -o 'loader [0-9.]* MB' $OUT/train.log))"
+}
+
+echo "== the trainer: peak RSS, 600x600 JPEG -> 64x64 RGB, batch 64, workers 2, ${SECS} s each"
+printf "jpg600_10k:   "
+peak_rss train=$OUT/jpg600_10k
+printf "jpg600_100k:  "
+peak_rss train=$OUT/jpg600_100k
+
+echo "== the trainer on png28_10k at 28x28: one epoch each"
+for w in 0 1 2; do
+    printf "workers=%s:  " $w
+    ./train models/folder.cfg epochs=1 save=$OUT/runs $P28 workers=$w | grep '^epoch'
+done
+printf "workers=2, cache:  "
+./train models/folder.cfg epochs=2 save=$OUT/runs $P28 workers=2 cache=$CACHE | grep '^epoch' |
+    tail -1
+printf "IDX, workers=2:  "
+./train models/folder.cfg epochs=1 save=$OUT/runs $IDX workers=2 | grep '^epoch'
+
+# The wait share with a simulated trainer: compute for the trainer's time per batch (from
+# its images/s on IDX, where the loader costs nothing) on 2 threads, as its kernels do.
+RATE=$(./train models/folder.cfg epochs=1 save=$OUT/runs $IDX workers=0 |
+       sed -n 's/.* \([0-9]*\) img\/s.*/\1/p')
+MS=$(awk -v r="$RATE" 'BEGIN {printf "%.2f", 64000 / r}')
+echo "== simulated trainer: ${MS} ms a batch (the trainer's ${RATE} img/s on IDX)"
+for w in 0 1 2; do
+    printf "png28 folder, workers=%s:  " $w
+    $BIN/loader_bench models/folder.cfg $P28 workers=$w --compute-ms $MS --epochs 1 | tail -1
+done
