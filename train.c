@@ -15,6 +15,7 @@
 
 #include "data/data_cfg.h"
 #include "nn/cfg.h"
+#include "nn/budget.h"
 #include "nn/checkpoint.h"
 #include "nn/kernels.h"
 #include "nn/net.h"
@@ -28,6 +29,10 @@ static const CfgKey train_keys[] = {
     {"batch", "64", "samples per optimizer step"},
     {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
     {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
+    {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
+    {"memory", "", "a budget (512M, 2G, ...): choose checkpointing, then accumulation, then "
+                   "(with auto_fp16) fp16, until the plan fits"},
+    {"auto_fp16", "0", "1: memory may also switch precision to fp16"},
     {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
     {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
     {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
@@ -52,6 +57,10 @@ enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
 typedef struct Options {
     int epochs, batch, threads, accumulate;
     int64_t save_every, stop_after;
+    int segments;        // NetOptions.segments
+    size_t memory;       // budget in bytes; 0 = none
+    int auto_fp16;
+    bool plan, json;     // --plan [--json]
     const char *resume, *init;
     DType precision;
     LossScaler scaler;  // its initial state
@@ -74,6 +83,8 @@ static void usage(FILE *f) {
             "  LAYER.key=value    a key of the layer named LAYER (conv1.filters=16)\n"
             "\n"
             "Options:\n"
+            "  --plan             print the memory plan for the cfg and stop (no training)\n"
+            "  --plan --json      the same as one JSON object of byte counts\n"
             "  -h, --help         this text, with every cfg key\n"
             "\n");
     cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
@@ -135,12 +146,16 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
     double lr, rho, eps, wd, gamma, init_scale;
     int optimizer, precision;
     static const char *const optimizers[] = {"adadelta"}, *const precisions[] = {"fp32", "fp16"};
-    const char *save, *loss_scale;
+    const char *save, *loss_scale, *checkpoint, *memory;
+    int64_t auto_fp16;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
         cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
         cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
+        cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
+        cfg_str(cfg, t, "memory", "", &memory, err) ||
+        cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
         cfg_choice(cfg, t, "optimizer", "adadelta", optimizers, 1, &optimizer, err) ||
@@ -165,6 +180,33 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
                             "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
     o->precision = precision ? DT_F16 : DT_F32;
+    o->auto_fp16 = (int)auto_fp16;
+    if (strcmp(checkpoint, "none") == 0) {
+        o->segments = 0;
+    } else if (strcmp(checkpoint, "sqrt") == 0) {
+        o->segments = NET_SEGMENTS_SQRT;
+    } else {
+        char *end;
+        const long n = strtol(checkpoint, &end, 10);
+        if (*end || n < 1 || n > 100000)
+            return err_set(err, "%s: [train] checkpoint = '%s': expected none, sqrt or a number "
+                                "of segments >= 1", cfg_path, checkpoint);
+        o->segments = (int)n;
+    }
+    o->memory = 0;
+    if (memory[0]) {
+        char *end;
+        const double v = strtod(memory, &end);
+        double unit = 1;
+        if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+        else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
+        else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end || !(v > 0) || v * unit > 1e18)
+            return err_set(err, "%s: [train] memory = '%s': expected a size such as 512M, 2G "
+                                "or 800000K", cfg_path, memory);
+        o->memory = (size_t)(v * unit);
+    }
     if (strcmp(loss_scale, "dynamic") == 0) {
         o->scaler = scaler_make(true, init_scale, growth_interval);
     } else {
@@ -175,7 +217,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
                                 "number", cfg_path, loss_scale);
         o->scaler = scaler_make(false, fixed, growth_interval);
     }
-    if (o->precision == DT_F32) o->scaler = scaler_make(false, 1.0, growth_interval);
+
     o->adadelta = (Adadelta){.lr = lr, .rho = rho, .eps = eps, .weight_decay = wd};
     o->lr_gamma = gamma;
     if (save[0]) {
@@ -259,7 +301,7 @@ static void train_step(Net *net, const Batch *b, const Options *o, uint64_t step
         net_loss(net, n, b->n, true);
         net_backward(net, n, o->seed, step, m0);
     }
-    if (o->precision == DT_F16) {
+    if (net->precision == DT_F16) {
         float nonfinite;
         net->k->scale_check(net->grads, net->nparams, (float)(1.0 / scaler->scale),
                             &net->metrics[NET_NONFINITE]);
@@ -394,6 +436,77 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     return 0;
 }
 
+// Resident memory of this process now, in bytes (VmRSS), or 0 if unknown.
+static size_t current_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmRSS:", 6) == 0) kb = (size_t)atoll(line + 6);
+    fclose(f);
+    return kb * 1024;
+}
+
+static void print_plan(const MemPlan *p, size_t baseline, bool json) {
+    if (json) {
+        printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"activations\": %zu, "
+               "\"activations_saved\": %zu, \"activations_scratch\": %zu, \"workspace\": %zu, "
+               "\"loader\": %zu, \"total\": %zu, \"baseline\": %zu}\n",
+               p->params, p->grads, p->optimizer, p->activations, p->act_saved, p->act_scratch,
+               p->workspace, p->loader, mem_plan_total(p), baseline);
+        return;
+    }
+    printf("memory plan (MB):\n");
+    printf("  %-34s %10.1f\n", "parameters", p->params / 1e6);
+    printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
+    printf("  %-34s %10.1f\n", "optimizer state", p->optimizer / 1e6);
+    printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
+    printf("  %-34s %10.1f\n", "  saved (input, segment outputs)", p->act_saved / 1e6);
+    printf("  %-34s %10.1f\n", "  scratch (recomputed in backward)", p->act_scratch / 1e6);
+    printf("  %-34s %10.1f\n", "  gradients, loss, labels", (p->activations - p->act_saved - p->act_scratch) / 1e6);
+    printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
+    printf("  %-34s %10.1f\n", "loader buffers", p->loader / 1e6);
+    printf("  %-34s %10.1f\n", "total", mem_plan_total(p) / 1e6);
+    printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);
+}
+
+// With `memory = SIZE`: changes *opt and *accumulate to the first choice that fits, and
+// says what it chose and why; an error when nothing fits.
+static int apply_budget(const Options *o, const Cfg *cfg, const Dataset *train, int classes,
+                        size_t overhead, NetOptions *opt, int *accumulate, Error *err) {
+    FitChoice c;
+    bool fits;
+    if (fit_budget(cfg, train->shape, classes, o->batch, *opt, *accumulate, overhead, o->memory,
+                   o->auto_fp16, &c, &fits, err))
+        return -1;
+    if (!fits)
+        return err_set(err, "memory = %.0f MB: nothing fits; the smallest plan (checkpoint%s, "
+                            "accumulate = %d%s) needs %.0f MB with the loader and this process's "
+                            "baseline: raise memory to at least %.0fM, lower the batch%s",
+                       o->memory / 1048576.0, c.net.segments ? " = sqrt" : " none", c.accumulate,
+                       c.net.precision == DT_F16 ? ", fp16" : "",
+                       (mem_plan_total(&c.plan) + overhead) / 1048576.0,
+                       (mem_plan_total(&c.plan) + overhead) / 1048576.0 + 1,
+                       o->auto_fp16 || o->precision == DT_F16 ? "" : " or allow auto_fp16 = 1");
+    char what[256] = "";
+    if (c.net.segments != opt->segments) snprintf(what + strlen(what), sizeof what - strlen(what), ", checkpoint = sqrt");
+    if (c.accumulate != *accumulate)
+        snprintf(what + strlen(what), sizeof what - strlen(what), ", accumulate = %d (micro-batch %d)",
+                 c.accumulate, c.net.batch);
+    if (c.net.precision != opt->precision) snprintf(what + strlen(what), sizeof what - strlen(what), ", precision = fp16");
+    if (what[0])
+        printf("memory = %.0f MB: the run as configured does not fit; chose%s: the plan needs "
+               "%.0f MB with the loader and baseline\n", o->memory / 1048576.0, what + 1,
+               (mem_plan_total(&c.plan) + overhead) / 1048576.0);
+    else
+        printf("memory = %.0f MB: the run fits as configured (%.0f MB with the loader and "
+               "baseline)\n", o->memory / 1048576.0, (mem_plan_total(&c.plan) + overhead) / 1048576.0);
+    *opt = c.net;
+    *accumulate = c.accumulate;
+    return 0;
+}
+
 static int run(const Options *o, const Cfg *cfg, Error *err) {
     int rc = -1;
     Data data = {0};
@@ -408,12 +521,26 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
     r.loader = data.train_loader;
-    const NetOptions net_opt = {.batch = o->batch / o->accumulate, .precision = o->precision};
+    NetOptions net_opt = {.batch = o->batch / o->accumulate, .precision = o->precision,
+                          .segments = o->segments};
+    int accumulate = o->accumulate;
+    const size_t baseline = current_rss();
+    if (o->memory && apply_budget(o, cfg, train, data.classes, data_loader_bytes(&data) + baseline,
+                                  &net_opt, &accumulate, err))
+        goto done;
+    if (o->plan) {
+        net_opt.plan_only = true;
+        if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
+        net.plan.loader = data_loader_bytes(&data);
+        print_plan(&net.plan, baseline, o->json);
+        rc = 0;
+        goto done;
+    }
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     if (net_init_params(&net, o->seed, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
-    r.scaler = o->scaler;
+    r.scaler = net.precision == DT_F16 ? o->scaler : scaler_make(false, 1.0, 1);
     if (o->init[0]) {
         if (checkpoint_load_weights(o->init, &net, err)) goto done;
         printf("initial weights from %s\n", o->init);
@@ -439,15 +566,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
 
     printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", cfg->path, k->name,
            (long long)train->count, test ? "" : " (no test set)", data.classes, o->batch);
-    if (o->accumulate > 1) printf(" as %d micro-batches of %d", o->accumulate, net.batch);
-    printf(", %s\n", o->precision == DT_F16 ? "fp16 activations" : "fp32");
+    if (accumulate > 1) printf(" as %d micro-batches of %d", accumulate, net.batch);
+    printf(", %s", net.precision == DT_F16 ? "fp16 activations" : "fp32");
+    if (net.nsegments > 1) printf(", %d checkpoint segments", net.nsegments);
+    printf("\n");
     if (test) printf("       %lld test images\n", (long long)test->count);
     net_print(&net, stdout);
-    const MemPlan *p = &net.plan;
-    printf("memory plan: params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, "
-           "workspace %.1f MB, loader %.1f MB; total %.1f MB\n",
-           p->params / 1e6, p->grads / 1e6, p->optimizer / 1e6, p->activations / 1e6,
-           p->workspace / 1e6, p->loader / 1e6, mem_plan_total(p) / 1e6);
+    print_plan(&net.plan, baseline, false);
 
     if (mkdirs(o->save, err)) goto done;
     char path[1100];
@@ -477,7 +602,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         char val[96] = "";
         if (test) snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen, val_acc);
         char scale[64] = "";
-        if (o->precision == DT_F16)
+        if (net.precision == DT_F16)
             snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r.scaler.scale,
                      (long long)r.scaler.skipped);
         printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
@@ -532,10 +657,29 @@ int main(int argc, char **argv) {
     Cfg cfg = {0};
     Options o = {0};
     int rc = 1;
-    if (cfg_load(&cfg, argv[1], &err)) goto fail;
-    for (int i = 2; i < argc; i++)
-        if (apply_override(&cfg, argv[i], &err)) goto fail;
-    if (read_options(&o, &cfg, argv[1], &err)) goto fail;
+    bool plan = false, json = false;
+    const char *cfg_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--plan") == 0) plan = true;
+        else if (strcmp(argv[i], "--json") == 0) json = true;
+        else if (argv[i][0] == '-' && argv[i][1] == '-') {
+            err_set(&err, "unknown option %s (see ./train --help)", argv[i]);
+            goto fail;
+        } else if (!cfg_path) {
+            cfg_path = argv[i];
+            if (cfg_load(&cfg, cfg_path, &err)) goto fail;
+        } else if (apply_override(&cfg, argv[i], &err)) goto fail;
+    }
+    if (!cfg_path) {
+        usage(stderr);
+        return 2;
+    }
+    if (json && !plan) {
+        err_set(&err, "--json goes with --plan");
+        goto fail;
+    }
+    if (read_options(&o, &cfg, cfg_path, &err)) goto fail;
+    o.plan = plan, o.json = json;
     const int ran = run(&o, &cfg, &err);
     if (ran < 0) goto fail;
     rc = ran ? 130 : 0;  // stopped by a signal: the checkpoint is written, resume is possible

@@ -74,12 +74,31 @@ static void net_layout(Net *net, char *act_base) {
     size_t off = 0, largest = (size_t)shape_numel(net->input);
     if (act_base) net->input_buf = (float *)(act_base + off);
     off += align64((size_t)B * shape_numel(net->input) * sizeof(float));
-    for (int i = 0; i <= last; i++) {
-        const size_t n = (size_t)shape_numel(net->layers[i]->out);
+    // Saved outputs: the last layer of each segment (the network's output is one, in F32).
+    for (int g = 0; g < net->nsegments; g++) {
+        const int i = net->seg_first[g + 1] - 1;
         if (act_base) net->acts[i] = act_base + off;
-        off += align64((size_t)B * n * (i == last ? sizeof(float) : es));
-        if (n > largest) largest = n;
+        off += align64((size_t)B * shape_numel(net->layers[i]->out) * (i == last ? sizeof(float) : es));
     }
+    net->plan.act_saved = off;
+    // The scratch region: the other outputs of one segment at a time, laid out in order.
+    size_t scratch = 0;
+    for (int g = 0; g < net->nsegments; g++) {
+        size_t o = 0;
+        for (int i = net->seg_first[g]; i < net->seg_first[g + 1] - 1; i++) {
+            if (act_base) net->acts[i] = act_base + off + o;
+            o += align64((size_t)B * shape_numel(net->layers[i]->out) * es);
+        }
+        if (o > scratch) scratch = o;
+    }
+    off += scratch;
+    net->plan.act_scratch = scratch;
+    if (net->nsegments == 1) {  // nothing is recomputed: every output is kept
+        net->plan.act_saved += scratch;
+        net->plan.act_scratch = 0;
+    }
+    for (int i = 0; i <= last; i++)
+        if ((size_t)shape_numel(net->layers[i]->out) > largest) largest = (size_t)shape_numel(net->layers[i]->out);
     for (int i = 0; i < 2; i++) {
         if (act_base) net->grad_buf[i] = act_base + off;
         off += align64((size_t)B * largest * es);
@@ -115,6 +134,20 @@ static void net_layout(Net *net, char *act_base) {
     net->plan.optimizer = 2 * net->plan.params;
 }
 
+// Splits the layers into `segments` contiguous segments of as equal counts as possible
+// (NET_SEGMENTS_SQRT: round(sqrt(layers)); at most one segment per layer).
+static int net_segments(Net *net, int segments, Error *err) {
+    const int n = net->nlayers;
+    int S = segments == NET_SEGMENTS_SQRT ? (int)lround(sqrt((double)n)) : segments;
+    if (S < 1) S = 1;
+    if (S > n) S = n;
+    net->nsegments = S;
+    net->seg_first = xcalloc((size_t)S + 1, sizeof *net->seg_first, err);
+    if (!net->seg_first) return -1;
+    for (int g = 0; g <= S; g++) net->seg_first[g] = (int)((int64_t)g * n / S);
+    return 0;
+}
+
 static void *device_block(const Kernels *k, size_t bytes, const char *what, Error *err) {
     void *p = k->alloc(bytes);
     if (!p)
@@ -142,7 +175,9 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     for (int i = 0; i < net->nlayers; i++)
         for (int j = 0; j < net->layers[i]->nparams; j++)
             net->nparams += tensor_numel(&net->layers[i]->params[j]);
+    if (net_segments(net, opt->segments, err)) goto fail;
     net_layout(net, NULL);
+    if (opt->plan_only) return 0;
 
     net->acts = xcalloc((size_t)net->nlayers, sizeof *net->acts, err);
     if (!net->acts) goto fail;
@@ -180,6 +215,7 @@ void net_free(Net *net) {
     for (int i = 0; i < net->nlayers; i++) free(net->layers[i]);
     free(net->layers);
     free(net->acts);
+    free(net->seg_first);
     memset(net, 0, sizeof *net);
 }
 
@@ -217,25 +253,51 @@ static float *fp32_view(const Net *net, int i, int n0, int n, int slot) {
     return net->scratch[slot];
 }
 
-void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
-    LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
+// Runs layer i forward on N samples: on the whole batch in fp32, through the scratch in
+// chunks in fp16.
+static void forward_layer(Net *net, int i, LayerCtx ctx, int N) {
+    Layer *l = net->layers[i];
     const int last = net->nlayers - 1;
-    for (int i = 0; i <= last; i++) {
-        Layer *l = net->layers[i];
-        if (net->precision == DT_F32) {
-            l->ops->forward(l, &ctx, net->acts[i], i ? net->acts[i - 1] : net->input_buf, N);
-            continue;
-        }
-        const int64_t nout = shape_numel(l->out);
-        for (int n0 = 0; n0 < N; n0 += net->chunk) {
-            const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
-            ctx.sample0 = sample0 + n0;
-            const float *x = fp32_view(net, i - 1, n0, n, 0);
-            float *y = i == last ? (float *)net->acts[i] + n0 * nout : net->scratch[1];
-            l->ops->forward(l, &ctx, y, x, n);
-            if (i != last) net->k->f32_to_f16((uint16_t *)net->acts[i] + n0 * nout, y, n * nout);
-        }
+    if (net->precision == DT_F32) {
+        l->ops->forward(l, &ctx, net->acts[i], i ? net->acts[i - 1] : net->input_buf, N);
+        return;
     }
+    const int64_t nout = shape_numel(l->out), sample0 = ctx.sample0;
+    for (int n0 = 0; n0 < N; n0 += net->chunk) {
+        const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
+        ctx.sample0 = sample0 + n0;
+        const float *x = fp32_view(net, i - 1, n0, n, 0);
+        float *y = i == last ? (float *)net->acts[i] + n0 * nout : net->scratch[1];
+        l->ops->forward(l, &ctx, y, x, n);
+        if (i != last) net->k->f32_to_f16((uint16_t *)net->acts[i] + n0 * nout, y, n * nout);
+    }
+}
+
+// Runs layer i backward: din (NULL for the first layer) from dout.
+static void backward_layer(Net *net, int i, LayerCtx ctx, int N, void *dout, void *din) {
+    Layer *l = net->layers[i];
+    const int last = net->nlayers - 1;
+    if (net->precision == DT_F32) {
+        l->ops->backward(l, &ctx, din, dout, i ? net->acts[i - 1] : net->input_buf, net->acts[i], N);
+        return;
+    }
+    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out), sample0 = ctx.sample0;
+    for (int n0 = 0; n0 < N; n0 += net->chunk) {
+        const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
+        ctx.sample0 = sample0 + n0;
+        const float *x = fp32_view(net, i - 1, n0, n, 0);
+        const float *y = fp32_view(net, i, n0, n, 1);
+        float *dy = net->scratch[2];
+        if (i == last) dy = (float *)dout + n0 * nout;
+        else net->k->f16_to_f32(dy, (const uint16_t *)dout + n0 * nout, n * nout);
+        l->ops->backward(l, &ctx, din ? net->scratch[3] : NULL, dy, x, y, n);
+        if (din) net->k->f32_to_f16((uint16_t *)din + n0 * nin, net->scratch[3], n * nin);
+    }
+}
+
+void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
+    const LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
+    for (int i = 0; i < net->nlayers; i++) forward_layer(net, i, ctx, N);
 }
 
 void net_loss(Net *net, int N, int denominator, bool grad) {
@@ -245,32 +307,21 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
 }
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
-    LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
-    const int last = net->nlayers - 1;
+    const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
     void *dout = net->dlogp;  // the gradient of layer i's output
     int next = 0;             // grad_buf[next] takes the gradient of its input
-    for (int i = last; i >= 0; i--) {
-        Layer *l = net->layers[i];
-        void *din = i > 0 ? net->grad_buf[next] : NULL;
-        if (net->precision == DT_F32) {
-            l->ops->backward(l, &ctx, din, dout, i ? net->acts[i - 1] : net->input_buf,
-                             net->acts[i], N);
-        } else {
-            const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-            for (int n0 = 0; n0 < N; n0 += net->chunk) {
-                const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
-                ctx.sample0 = sample0 + n0;
-                const float *x = fp32_view(net, i - 1, n0, n, 0);
-                const float *y = fp32_view(net, i, n0, n, 1);
-                float *dy = net->scratch[2];
-                if (i == last) dy = net->dlogp + n0 * nout;
-                else net->k->f16_to_f32(dy, (const uint16_t *)dout + n0 * nout, n * nout);
-                l->ops->backward(l, &ctx, din ? net->scratch[3] : NULL, dy, x, y, n);
-                if (din) net->k->f32_to_f16((uint16_t *)din + n0 * nin, net->scratch[3], n * nin);
-            }
+    for (int g = net->nsegments - 1; g >= 0; g--) {
+        const int first = net->seg_first[g], end = net->seg_first[g + 1];
+        // Later segments overwrote this one's outputs in the shared scratch: recompute them
+        // from its saved input, with the same dropout masks (same step and samples).
+        if (g < net->nsegments - 1)
+            for (int i = first; i < end - 1; i++) forward_layer(net, i, ctx, N);
+        for (int i = end - 1; i >= first; i--) {
+            void *din = i > 0 ? net->grad_buf[next] : NULL;
+            backward_layer(net, i, ctx, N, dout, din);
+            dout = din;
+            next = 1 - next;
         }
-        dout = din;
-        next = 1 - next;
     }
 }
 

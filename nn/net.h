@@ -19,6 +19,9 @@
 // Bytes per category. `loader` is filled in by the trainer (the data side plans it).
 typedef struct MemPlan {
     size_t params, grads, optimizer, activations, workspace, loader;
+    // Parts of `activations`: outputs kept through forward (segment outputs, the input)
+    // and the region that the layers inside a segment share and recompute in backward.
+    size_t act_saved, act_scratch;
 } MemPlan;
 
 size_t mem_plan_total(const MemPlan *p);
@@ -28,7 +31,12 @@ typedef struct NetOptions {
     int batch;        // the largest N that forward/backward accept (the micro-batch)
     DType precision;  // DT_F32, or DT_F16: activations and their gradients stored as IEEE
                       // halves, computed in fp32 (DESIGN.md decision 4)
+    int segments;     // activation checkpointing (decision 6): 0 or 1 = none; S > 1 splits
+                      // the layers into S segments; NET_SEGMENTS_SQRT = round(sqrt(layers))
+    bool plan_only;   // compute net->plan and allocate nothing (./train --plan)
 } NetOptions;
+
+#define NET_SEGMENTS_SQRT (-1)
 
 enum { NET_LOSS, NET_CORRECT, NET_NONFINITE, NET_METRICS };
 
@@ -39,6 +47,8 @@ typedef struct Net {
     Shape input;
     int batch;        // the largest N that forward/backward accept
     DType precision;  // of activations and activation gradients (the output is always F32)
+    int nsegments;    // checkpoint segments (1: none)
+    int *seg_first;   // (nsegments + 1): segment s is layers seg_first[s] .. seg_first[s+1]-1
     int chunk;        // fp16: samples per layer call through the fp32 scratch
     size_t largest;   // values of the largest activation of one sample
     size_t scratch_bytes;  // the fp16 scratch at the start of the workspace block
@@ -55,7 +65,9 @@ typedef struct Net {
     void *layer_workspace;  // what layers get as LayerCtx.workspace
     float *input_buf;  // (batch, H, W, C) F32: the batch to forward
     void **acts;       // acts[i]: (batch, layers[i]->out) output of layer i, in precision;
-                       // the last layer's (the log-probabilities) is F32
+                       // the last layer's (the log-probabilities) is F32. With segments,
+                       // only each segment's last output has its own buffer; the others
+                       // share the scratch region and are recomputed in backward
     void *grad_buf[2];   // ping-pong activation gradients in precision, each as large as
                          // the largest activation
     float *dlogp;        // (batch, classes) F32: the loss gradient

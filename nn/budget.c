@@ -1,0 +1,64 @@
+#include "budget.h"
+
+static int plan_of(const Cfg *cfg, Shape input, int classes, NetOptions opt, MemPlan *plan,
+                   Error *err) {
+    Net net;
+    opt.plan_only = true;
+    if (net_create(&net, cfg, input, classes, &opt, &cpu_kernels, err)) return -1;
+    *plan = net.plan;
+    net_free(&net);
+    return 0;
+}
+
+typedef struct Search {
+    const Cfg *cfg;
+    Shape input;
+    int classes, batch;
+    size_t overhead, budget, smallest;
+    FitChoice *out;
+    bool *fits;
+} Search;
+
+// Plans candidate c; returns 1 if it fits (and takes it), 0 if not, -1 on error.
+static int try_choice(Search *s, FitChoice c, Error *err) {
+    c.net.batch = s->batch / c.accumulate;
+    if (plan_of(s->cfg, s->input, s->classes, c.net, &c.plan, err)) return -1;
+    const size_t total = mem_plan_total(&c.plan) + s->overhead;
+    if (total <= s->budget) {
+        *s->out = c;
+        *s->fits = true;
+        return 1;
+    }
+    if (total < s->smallest) s->smallest = total, *s->out = c;
+    return 0;
+}
+
+// Tries `c` with accumulate = base, then each larger divisor of the batch.
+static int try_accumulations(Search *s, FitChoice c, Error *err) {
+    const int base = c.accumulate;
+    for (int acc = base; acc <= s->batch; acc++) {
+        if (s->batch % acc) continue;
+        c.accumulate = acc;
+        const int r = try_choice(s, c, err);
+        if (r) return r;
+    }
+    return 0;
+}
+
+int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions base,
+               int base_accumulate, size_t overhead, size_t budget, bool allow_fp16,
+               FitChoice *out, bool *fits, Error *err) {
+    Search s = {.cfg = cfg, .input = input, .classes = classes, .batch = batch,
+                .overhead = overhead, .budget = budget, .smallest = SIZE_MAX, .out = out,
+                .fits = fits};
+    *fits = false;
+    FitChoice c = {.net = base, .accumulate = base_accumulate};
+    int r = try_choice(&s, c, err);  // 1. as configured
+    if (r) return r < 0 ? -1 : 0;
+    c.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
+    r = try_accumulations(&s, c, err);  // 2. checkpointing, 3. then accumulation
+    if (r || !allow_fp16 || base.precision == DT_F16) return r < 0 ? -1 : 0;
+    c.net.precision = DT_F16;
+    r = try_accumulations(&s, c, err);  // 4. then fp16
+    return r < 0 ? -1 : 0;
+}

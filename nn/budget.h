@@ -1,0 +1,27 @@
+// budget.h: the changes that make a training run fit a memory budget (`memory = 512M`).
+#ifndef NN_BUDGET_H
+#define NN_BUDGET_H
+
+#include <stdbool.h>
+
+#include "net.h"
+
+typedef struct FitChoice {
+    NetOptions net;  // batch here is the micro-batch
+    int accumulate;
+    MemPlan plan;    // the network's plan for this choice (loader not included)
+} FitChoice;
+
+// Plans without allocating, in this order of preference, and takes the first that fits
+// plan + overhead <= budget (overhead: loader buffers and the process's own baseline):
+//   1. the run as configured (base, base_accumulate);
+//   2. checkpoint = sqrt (unless already checkpointed);
+//   3. with it, accumulate = each divisor of batch above base_accumulate, smallest first;
+//   4. if allow_fp16 and base is fp32: precision = fp16 with each of 2 and 3.
+// *fits says whether one did; if none, *out is the smallest plan of them all. Errors come
+// from building the network (a bad cfg).
+int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions base,
+               int base_accumulate, size_t overhead, size_t budget, bool allow_fp16,
+               FitChoice *out, bool *fits, Error *err);
+
+#endif
