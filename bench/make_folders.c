@@ -1,7 +1,9 @@
 // make_folders.c: writes image folders (one subfolder per class) from Fashion-MNIST, for
 // the data pipeline's benchmark (bench/data_bench.sh).
 //
-//   make_folders OUT png28 COUNT            COUNT 28x28 gray PNGs
+//   make_folders OUT png28 COUNT [FIRST]    COUNT 28x28 gray PNGs: images FIRST .. FIRST +
+//                                           COUNT - 1 (FIRST = 60000: the 10,000 test images,
+//                                           the same as Fashion-MNIST's t10k IDX files)
 //   make_folders OUT jpg600 COUNT [UNIQUE [FROM]]
 //                                           COUNT 600x600 RGB JPEGs (quality 90), made by
 //                                           upscaling and colouring; with UNIQUE < COUNT
@@ -49,6 +51,7 @@ typedef struct Job {
     const char *out, *kind;
     const char *from;  // NULL, or a folder whose files the unique ones link to
     int64_t start, count, unique;  // this job writes images [start, count)
+    int64_t first;                 // png28: image j of the job is source image first + j
     int thread;
     int failed;
 } Job;
@@ -102,8 +105,8 @@ static void *work(void *arg) {
             }
             continue;
         }
-        if (source(jb, j, src, &label)) goto fail;
-        path_of(p, jb, label, j);
+        if (source(jb, jb->first + j, src, &label)) goto fail;
+        path_of(p, jb, label, jb->first + j);
         if (jb->from) {
             Job other = *jb;
             other.out = jb->from;
@@ -153,10 +156,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     Job base = {.out = argv[1], .kind = argv[2], .count = atoll(argv[3])};
-    base.unique = argc > 4 ? atoll(argv[4]) : base.count;
+    const int png = strcmp(base.kind, "png28") == 0;
+    base.unique = argc > 4 && !png ? atoll(argv[4]) : base.count;
+    base.first = argc > 4 && png ? atoll(argv[4]) : 0;
     base.from = argc > 5 ? argv[5] : NULL;
-    if (base.count < 1 || base.unique < 1 || base.unique > base.count) {
-        fprintf(stderr, "make_folders: need 1 <= UNIQUE <= COUNT\n");
+    if (base.count < 1 || base.unique < 1 || base.unique > base.count || base.first < 0) {
+        fprintf(stderr, "make_folders: need 1 <= UNIQUE <= COUNT and FIRST >= 0\n");
         return 2;
     }
     char done[PATH_MAX];
@@ -202,7 +207,7 @@ int main(int argc, char **argv) {
     FILE *f = fopen(done, "w");
     if (f) fclose(f);
     printf("%s: %" PRId64 " %s images (%" PRId64 " unique files)\n", base.out, base.count,
-           base.kind, strcmp(base.kind, "png28") == 0 ? base.count : base.unique);
+           base.kind, png ? base.count : base.unique);
     dataset_close(base.train);
     dataset_close(base.test);
     return 0;

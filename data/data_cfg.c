@@ -1,6 +1,7 @@
 // data_cfg.c: the [data] section: its keys, their checks, and opening the data it names.
 #include "data_cfg.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -67,9 +68,16 @@ static int read_path(const Cfg *cfg, const CfgSection *s, const char *key, const
     return 0;
 }
 
-static bool is_dir(const char *path) {
+// 1 if path is a directory, 0 if something else, -1 (err set) if it cannot be found.
+static int is_dir(const Cfg *cfg, const CfgSection *s, const char *key, const char *path,
+                  Error *err) {
     struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    char w[1100];
+    if (stat(path, &st) != 0)
+        return err_set(err, "%s: [data] %s = %s: %s; it names an image folder (one subfolder "
+                       "per class) or an IDX images file", where(w, sizeof w, cfg, s, key), key,
+                       path, strerror(errno));
+    return S_ISDIR(st.st_mode) ? 1 : 0;
 }
 
 // The labels key of an images key: not used with a folder, needed with an IDX file.
@@ -118,8 +126,8 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *er
         if (!(dc->std[i] > 0.0f))
             return err_set(err, "%s: [data] std: every value must be > 0",
                            where(w, sizeof w, cfg, s, "std"));
-    dc->train_folder = is_dir(dc->train);
-    dc->test_folder = dc->test[0] && is_dir(dc->test);
+    if ((dc->train_folder = is_dir(cfg, s, "train", dc->train, err)) < 0) return -1;
+    if (dc->test[0] && (dc->test_folder = is_dir(cfg, s, "test", dc->test, err)) < 0) return -1;
     if (check_labels(cfg, s, "train", dc->train, dc->train_folder, "train_labels",
                      dc->train_labels, err))
         return -1;

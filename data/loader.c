@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -315,6 +316,16 @@ static int cancelled(Loader *l, uint64_t gen) {
     return __atomic_load_n(&l->gen, __ATOMIC_ACQUIRE) != gen;
 }
 
+// Puts where it happened before err's message, counting epochs and batches from 1 as the
+// trainer shows them; for a bad file, says how to go on. Returns -1.
+static int fill_error(const Loader *l, int epoch, int64_t k, int bad, Error *err) {
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    return err_set(err, "epoch %d, batch %" PRId64 " of %" PRId64 ": %s%s", epoch + 1, k + 1,
+                   l->batches, msg,
+                   bad ? "; or set skip_bad = 1 to skip such files (counted each epoch)" : "");
+}
+
 // Fills slot s with batch k of epoch `epoch`: reads positions [k * batch, k * batch + n) of
 // the order into s->pixels and s->y. A bad sample (with
 // skip_bad) is counted in s->skipped and, with fill_bad, replaced by the next good sample
@@ -339,11 +350,8 @@ static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch
             m++;
             continue;
         }
-        if (rc == DATASET_BAD && !l->cfg.skip_bad)
-            err_wrap(err, "epoch %d, batch %" PRId64 " (set skip_bad = 1 to skip bad files)",
-                     epoch, k);
         if (rc != DATASET_BAD || !l->cfg.skip_bad)
-            return rc == DATASET_BAD ? -1 : err_wrap(err, "epoch %d, batch %" PRId64, epoch, k);
+            return fill_error(l, epoch, k, rc == DATASET_BAD, err);
         s->skipped++;
         if (!l->cfg.fill_bad) continue;
         while (t < count - n) {
@@ -353,7 +361,7 @@ static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch
                 m++;
                 break;
             }
-            if (rc != DATASET_BAD) return err_wrap(err, "epoch %d, batch %" PRId64, epoch, k);
+            if (rc != DATASET_BAD) return fill_error(l, epoch, k, 0, err);
         }
     }
     s->n = m;

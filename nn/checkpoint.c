@@ -142,8 +142,11 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
     classes = join_classes(info, path, err);
     if (!classes) goto done;
     t = xcalloc((size_t)np * 3, sizeof *t, err);
-    host = xcalloc((size_t)net->nparams * 3, sizeof *host, err);
-    if (!t || !host) goto done;
+    if (!t) goto done;
+    // Where the device's memory is the host's (the CPU), the tensors are written from it
+    // directly: saving then costs no memory beyond the plan.
+    if (!net->k->host_memory && !(host = xcalloc((size_t)net->nparams * 3, sizeof *host, err)))
+        goto done;
 
     // Host layout: the parameters, then square_avg, then acc_delta, each in layer order.
     if (net->k->sync) net->k->sync();
@@ -160,13 +163,14 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
         for (int h = 0; h < 3; h++) {
             Tensor *o = &t[h * np + i];
             *o = *p;
-            o->data = host + (size_t)h * (size_t)net->nparams + off;
+            float *src = h ? opt_state(net, p, h - 1) : p->data;
+            o->data = host ? host + (size_t)h * (size_t)net->nparams + off : src;
             if (h && opt_key(o->name, sizeof o->name, p->name, h - 1)) {
                 err_set(err, "cannot write '%s': the optimizer key of '%s' is too long", path,
                         p->name);
                 goto done;
             }
-            if (bytes) net->k->download(o->data, h ? opt_state(net, p, h - 1) : p->data, bytes);
+            if (host && bytes) net->k->download(o->data, src, bytes);
         }
         off += n;
     }

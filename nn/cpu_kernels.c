@@ -358,6 +358,7 @@ void cpu_set_threads(int n) {
 
 const Kernels cpu_kernels = {
     .name = "cpu",
+    .host_memory = true,
     .alloc = cpu_alloc,
     .release = cpu_release,
     .upload = cpu_memcpy,

@@ -21,6 +21,7 @@ extern const char *const activation_names[ACT_COUNT];
 
 typedef struct Kernels {
     const char *name;  // "cpu", "cuda"
+    bool host_memory;  // the device's pointers are host memory (the CPU): no copies needed
 
     // ---- memory of the device -------------------------------------------------------
     void *(*alloc)(size_t bytes);  // NULL on failure; the caller reports it

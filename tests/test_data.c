@@ -745,7 +745,7 @@ static void test_loader_read_error(void **state) {
     assert_null(b);
     assert_non_null(strstr(err.msg, f.ds->source));
     assert_non_null(strstr(err.msg, "sample 10"));
-    assert_non_null(strstr(err.msg, "epoch 2, batch 2"));
+    assert_non_null(strstr(err.msg, "epoch 3, batch 3 of 5"));  // counted from 1
     loader_destroy(l);
     dataset_close(f.ds);
 }

@@ -348,7 +348,7 @@ static void test_bad_file_stops(void **state) {
         assert_null(b);
         assert_non_null(strstr(err.msg, "stop/c1/007.png"));
         assert_non_null(strstr(err.msg, "not a readable image"));
-        assert_non_null(strstr(err.msg, "epoch 0, batch 3"));
+        assert_non_null(strstr(err.msg, "epoch 1, batch 4 of 6"));  // counted from 1
         assert_non_null(strstr(err.msg, "skip_bad = 1"));
         loader_destroy(l);
     }
