@@ -85,6 +85,10 @@ static void usage(FILE *f) {
             "Options:\n"
             "  --plan             print the memory plan for the cfg and stop (no training)\n"
             "  --plan --json      the same as one JSON object of byte counts\n"
+            "\n"
+            "usage: ./train --eval CHECKPOINT [key=value ...]\n"
+            "  evaluates a checkpoint (SAVE/best.safetensors) on the test set of the cfg stored\n"
+            "  in it, or on another: test=PATH test_labels=PATH\n"
             "  -h, --help         this text, with every cfg key\n"
             "\n");
     cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
@@ -643,6 +647,48 @@ done:
     return rc;
 }
 
+// ./train --eval CKPT [key=value ...]: the checkpoint's network and weights, evaluated on
+// the test set of its stored cfg (or the one given by test=... test_labels=...).
+static int eval_checkpoint(const char *ckpt, int noverrides, char **overrides, Error *err) {
+    int rc = -1;
+    CheckpointInfo info = {0};
+    Cfg cfg = {0};
+    Options o = {0};
+    Data data = {0};
+    Net net = {0};
+    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
+    char name[1100];
+    snprintf(name, sizeof name, "%s (its stored cfg)", ckpt);
+    if (cfg_parse(&cfg, info.cfg_text, name, err)) goto done;
+    for (int i = 0; i < noverrides; i++)
+        if (apply_override(&cfg, overrides[i], err)) goto done;
+    if (read_options(&o, &cfg, name, err)) goto done;
+    const Kernels *k = kernels_for_device(o.device, err);
+    if (!k) goto done;
+    cpu_set_threads(o.threads > 0 ? o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    if (data_open_test(&data, &o.data, o.batch, err)) goto done;
+    if (data.test->classes > info.classes) {
+        err_set(err, "%s has labels up to %d but %s knows %d classes", o.data.test,
+                data.test->classes - 1, ckpt, info.classes);
+        goto done;
+    }
+    const NetOptions opt = {.batch = o.batch, .precision = o.precision, .segments = 0};
+    if (net_create(&net, &cfg, data.test->shape, info.classes, &opt, k, err) ||
+        checkpoint_load_weights(ckpt, &net, err))
+        goto done;
+    Totals t = {0};
+    if (evaluate(&net, data.test_loader, &t, err)) goto done;
+    printf("%s on %s: test_loss %.4f  test_acc %.2f%% (%lld images)\n", ckpt, o.data.test,
+           t.loss / t.seen, 100.0 * t.correct / t.seen, (long long)t.seen);
+    rc = 0;
+done:
+    net_free(&net);
+    data_close(&data);
+    cfg_free(&cfg);
+    checkpoint_info_free(&info);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -657,6 +703,14 @@ int main(int argc, char **argv) {
     Cfg cfg = {0};
     Options o = {0};
     int rc = 1;
+    if (strcmp(argv[1], "--eval") == 0) {
+        if (argc < 3) {
+            usage(stderr);
+            return 2;
+        }
+        if (eval_checkpoint(argv[2], argc - 3, argv + 3, &err)) goto fail;
+        return 0;
+    }
     bool plan = false, json = false;
     const char *cfg_path = NULL;
     for (int i = 1; i < argc; i++) {

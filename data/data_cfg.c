@@ -277,6 +277,22 @@ fail:
     return -1;
 }
 
+int data_open_test(Data *d, const DataConfig *dc, int batch, Error *err) {
+    memset(d, 0, sizeof *d);
+    if (!dc->test[0])
+        return err_set(err, "no test set to evaluate on: give test=PATH (and test_labels=PATH for "
+                            "IDX files)");
+    LoaderConfig lc;
+    if (open_set(&d->test, dc, dc->test, dc->test_labels, dc->test_folder, "test.cache", err) ||
+        loader_config(&lc, dc, d->test, batch, 0, false, err) ||
+        loader_create(&d->test_loader, d->test, &lc, err)) {
+        data_close(d);
+        return -1;
+    }
+    d->classes = d->test->classes;
+    return 0;
+}
+
 void data_close(Data *d) {
     loader_destroy(d->train_loader);
     loader_destroy(d->test_loader);

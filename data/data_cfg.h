@@ -43,6 +43,8 @@ typedef struct Data {
 // class_names and info (a line on each set: files left out, cache state) are for the
 // trainer to print and store. On error everything opened is closed again.
 int data_open(Data *d, const DataConfig *dc, int batch, uint64_t seed, Error *err);
+// Opens the test set only (for evaluating a checkpoint): d->train stays NULL.
+int data_open_test(Data *d, const DataConfig *dc, int batch, Error *err);
 void data_close(Data *d);
 // Bytes of the loaders' buffers, for the memory plan.
 size_t data_loader_bytes(const Data *d);
