@@ -85,11 +85,11 @@ static void usage(FILE *f) {
             "Options:\n"
             "  --plan             print the memory plan for the cfg and stop (no training)\n"
             "  --plan --json      the same as one JSON object of byte counts\n"
+            "  -h, --help         this text, with every cfg key\n"
             "\n"
             "usage: ./train --eval CHECKPOINT [key=value ...]\n"
             "  evaluates a checkpoint (SAVE/best.safetensors) on the test set of the cfg stored\n"
             "  in it, or on another: test=PATH test_labels=PATH\n"
-            "  -h, --help         this text, with every cfg key\n"
             "\n");
     cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
     fprintf(f, "\n");
