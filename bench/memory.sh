@@ -1,0 +1,38 @@
+#!/bin/sh
+# Memory benchmarks (issue 6): the plan against the measured peak RSS, and activation
+# checkpointing on models/deep.cfg. Each run trains STEPS optimizer steps (stop_after)
+# and is measured with /usr/bin/time; the plan comes from ./train --plan --json.
+#   STEPS=20 sh bench/memory.sh
+set -e
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-20}
+OUT=bench/out/memory
+mkdir -p "$OUT"
+[ -f data/mnist/train-images-idx3-ubyte ] || sh data/make_mnist.sh
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(uptime | sed 's/.*load/load/')"
+
+# run CFG NAME ARGS...: prints plan total + baseline, peak RSS, seconds per step
+run() {
+    cfg=$1; name=$2; shift 2
+    plan=$(./train "$cfg" --plan --json "$@")
+    /usr/bin/time -f "%M %e" -o "$OUT/$name.time" ./train "$cfg" "$@" stop_after="$STEPS" \
+        save="$OUT/$name" > "$OUT/$name.log" 2>&1 || [ $? -eq 130 ]
+    /usr/bin/python3 - "$plan" "$OUT/$name.time" "$name" "$STEPS" <<'PY'
+import json, sys
+plan = json.loads(sys.argv[1]); peak_kib, secs = open(sys.argv[2]).read().split()[-2:]
+expected = (plan["total"] + plan["baseline"]) / 1e6; peak = int(peak_kib) * 1024 / 1e6
+print("%-28s %12.1f %12.1f %14.1f %8.1f %+8.1f%% %9.2f" % (sys.argv[3], plan["activations"] / 1e6,
+      plan["total"] / 1e6, expected, peak, 100 * (peak - expected) / expected, float(secs) / int(sys.argv[4])))
+PY
+}
+
+header() {
+    printf '%-28s %12s %12s %14s %8s %9s %9s\n' "run" "activ. MB" "plan MB" "plan+base MB" "peak MB" "diff" "s/step"
+}
+
+echo; echo "plan against measured peak RSS (fp32)"; header
+for b in 32 128 512; do run models/fashion.cfg "fashion batch=$b" batch=$b; done
+for b in 16 64 128; do run models/deep.cfg "deep batch=$b" batch=$b; done
+
+echo; echo "activation checkpointing on models/deep.cfg, batch 64"; header
+for c in none sqrt 2 4; do run models/deep.cfg "deep checkpoint=$c" checkpoint=$c; done
