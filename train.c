@@ -605,14 +605,20 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         const double val_acc = test ? 100.0 * te.correct / te.seen : -1;
         char val[96] = "";
         if (test) snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen, val_acc);
+        LoaderStats ls;
+        loader_stats(data.train_loader, &ls);
+        char wait[96];
+        snprintf(wait, sizeof wait, "  data wait %.1f s (%.0f%%)", ls.wait_seconds,
+                 seconds > 0 ? 100.0 * ls.wait_seconds / seconds : 0.0);
+        if (ls.skipped) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "  skipped %lld bad", (long long)ls.skipped);
         char scale[64] = "";
         if (net.precision == DT_F16)
             snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r.scaler.scale,
                      (long long)r.scaler.skipped);
         printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
-               "peak %.0f MB%s\n",
+               "peak %.0f MB%s%s\n",
                epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
-               img_s, seconds, rss, scale);
+               img_s, seconds, rss, wait, scale);
         fflush(stdout);
         char val_loss[32] = "null", val_acc_s[32] = "null";
         if (test) {
@@ -622,9 +628,11 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         fprintf(log,
                 "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
                 "\"val_acc\": %s, \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, "
-                "\"peak_rss_mb\": %.1f, \"loss_scale\": %g, \"skipped_steps\": %lld}\n",
+                "\"peak_rss_mb\": %.1f, \"data_wait_s\": %.3f, \"skipped_bad\": %lld, "
+                "\"loss_scale\": %g, \"skipped_steps\": %lld}\n",
                 epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc_s,
-                lr, img_s, seconds, rss, r.scaler.scale, (long long)r.scaler.skipped);
+                lr, img_s, seconds, rss, ls.wait_seconds, (long long)ls.skipped, r.scaler.scale,
+                (long long)r.scaler.skipped);
         fflush(log);
 
         // The epoch is done: the checkpoint starts the next one from scratch.
