@@ -70,6 +70,9 @@ train: $(BUILD)/train.o $(BUILD)/libcnn.a
 ckpt: $(BUILD)/ckpt.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libcnn.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
@@ -96,7 +99,7 @@ test: deps-test
 	@sh tests/run_all.sh $(TEST_BINS)
 
 bench: deps-bench
-	$(MAKE) all
+	$(MAKE) all $(BUILD)/bench/sgemm
 	sh bench/run.sh
 
 clean:

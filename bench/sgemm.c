@@ -1,0 +1,65 @@
+// sgemm.c: the OpenBLAS sgemm ceiling on this machine, for `make bench`.
+//
+// Times the GEMMs of one training step of the seed network (batch 64) through the
+// project's GEMM (cpu_kernels.gemm: slabs over OpenMP threads, single-threaded OpenBLAS)
+// and a large square product, and prints GFLOP/s. The step's GEMM FLOPs divided by the
+// best rate is the images/s ceiling quoted against the trainer.
+//   build/bench/sgemm [threads]
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "../nn/kernels.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct Shape3 {
+    const char *what;
+    int M, N, K;
+    bool ta, tb;
+} Shape3;
+
+static double rate(const Shape3 *s, float *A, float *B, float *C) {
+    const double flop = 2.0 * s->M * s->N * s->K;
+    int reps = (int)(2e9 / flop) + 1;  // about 2 GFLOP a measurement
+    double best = 0;
+    for (int trial = 0; trial < 3; trial++) {
+        const double t0 = now();
+        for (int r = 0; r < reps; r++) cpu_kernels.gemm(C, A, B, s->M, s->N, s->K, s->ta, s->tb, 1.0f, 0.0f);
+        const double g = flop * reps / (now() - t0) / 1e9;
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    const int threads = argc > 1 ? atoi(argv[1]) : 2;
+    cpu_set_threads(threads);
+    // Seed network, batch 64: conv2 forward, its weight gradient and input gradient
+    // (im2col chunks of 25 images of 24x24 = 14,400 rows), fc1 forward and gradients.
+    const Shape3 shapes[] = {
+        {"conv2 forward   (14400x64x288)", 14400, 64, 288, false, true},
+        {"conv2 dW        (64x288x14400)", 64, 288, 14400, true, false},
+        {"conv2 dcol      (14400x288x64)", 14400, 288, 64, false, false},
+        {"fc1 forward     (64x64x9216)", 64, 64, 9216, false, true},
+        {"fc1 dW          (64x9216x64)", 64, 9216, 64, true, false},
+        {"square          (2048^3)", 2048, 2048, 2048, false, false},
+    };
+    const size_t max = (size_t)14400 * 288 + (size_t)2048 * 2048 * 2;
+    float *A = malloc(max * sizeof(float)), *B = malloc(max * sizeof(float)), *C = malloc(max * sizeof(float));
+    if (!A || !B || !C) return 1;
+    for (size_t i = 0; i < max; i++) A[i] = B[i] = (float)(i % 7) * 0.1f, C[i] = 0;
+    double best = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const double g = rate(&shapes[i], A, B, C);
+        printf("sgemm %-32s %7.1f GFLOP/s\n", shapes[i].what, g);
+        if (g > best) best = g;
+    }
+    printf("{\"sgemm_ceiling_gflops\": %.1f, \"threads\": %d}\n", best, threads);
+    free(A), free(B), free(C);
+    return 0;
+}
