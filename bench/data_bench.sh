@@ -15,9 +15,10 @@
 # 3. The trainer (./train models/folder.cfg, 64x64 RGB, batch 64): peak RSS (VmHWM) on
 #    jpg600_10k and jpg600_100k, each stopped after STEPS batches (default 150).
 # 4. The trainer on png28_t10k at 28x28: images/s and the time it waited for data, for
-#    workers = 0, 1, 2 and with the cache. The trainer prints the wait when it shows
-#    loader_stats in its epoch line; until then a loader_bench run with the trainer's
-#    measured step time as simulated compute stands in.
+#    workers = 0, 1, 2 and with the cache, against IDX files of the same images; the
+#    trainer's epoch line shows the time it waited for data (loader_stats).
+#    (bench/loader_bench.c --compute-ms X simulates a trainer of X ms a batch, for the
+#    loader alone.)
 #
 # Timings depend on what else runs on the machine: the script prints the load average.
 set -e
@@ -52,18 +53,18 @@ width=28 height=28 channels=1 mean=0.286 std=0.353"
 CACHE=$OUT/cache
 rm -rf $CACHE
 
-echo "== the loader alone: images/s (2nd epoch; models/folder.cfg's flip and crop_pad on)"
+echo "== the loader alone: the best epoch after the first (folder.cfg's flip and crop_pad on)"
 for w in 0 1 2; do
     printf "png28 folder, workers=%s:  " $w
-    $BIN/loader_bench models/folder.cfg $P28 workers=$w --epochs 2 | tail -1
+    $BIN/loader_bench models/folder.cfg $P28 workers=$w --epochs 4 | tail -1
 done
 for w in 0 2; do
     printf "png28 folder + cache, workers=%s:  " $w
-    $BIN/loader_bench models/folder.cfg $P28 workers=$w cache=$CACHE --epochs 2 | tail -1
+    $BIN/loader_bench models/folder.cfg $P28 workers=$w cache=$CACHE --epochs 8 | tail -1
 done
 for w in 0 2; do
-    printf "IDX Fashion-MNIST, workers=%s:  " $w
-    $BIN/loader_bench models/folder.cfg $IDX workers=$w --epochs 2 | tail -1
+    printf "IDX, the same images, workers=%s:  " $w
+    $BIN/loader_bench models/folder.cfg $IDX workers=$w --epochs 8 | tail -1
 done
 for w in 0 1 2; do
     printf "jpg600 -> 64x64x3, workers=%s (40 batches):  " $w
@@ -78,7 +79,7 @@ peak_rss() {
         save=$OUT/runs "$@" > $OUT/train.log 2>&1 || true
     echo "peak RSS $(($(tail -1 $OUT/rss.txt) / 1024)) MB after $STEPS batches" \
          "($(grep -o 'cnn.c: .* images' $OUT/train.log | sed 's/.*, //'); memory plan" \
-         "$(grep -o 'total [0-9.]* MB' $OUT/train.log))"
+         "$(awk '/^  total/ {print $2}' $OUT/train.log) MB)"
 }
 
 echo "== the trainer: peak RSS, 600x600 JPEG -> 64x64 RGB, batch 64, workers 2, $STEPS batches"
@@ -102,14 +103,3 @@ printf "workers=2, cache:  "
     tail -1
 printf "IDX, workers=2:  "
 ./train models/folder.cfg epochs=1 save=$OUT/runs $IDX workers=2 | grep '^epoch'
-
-# The wait share with a simulated trainer: compute for the trainer's time per batch (from
-# its images/s on IDX, where the loader costs nothing) on 2 threads, as its kernels do.
-RATE=$(./train models/folder.cfg epochs=1 save=$OUT/runs $IDX workers=0 |
-       sed -n 's/.* \([0-9]*\) img\/s.*/\1/p')
-MS=$(awk -v r="$RATE" 'BEGIN {printf "%.2f", 64000 / r}')
-echo "== simulated trainer: ${MS} ms a batch (the trainer's ${RATE} img/s on IDX)"
-for w in 0 1 2; do
-    printf "png28 folder, workers=%s:  " $w
-    $BIN/loader_bench models/folder.cfg $P28 workers=$w --compute-ms $MS --epochs 1 | tail -1
-done

@@ -8,7 +8,8 @@
 // training loader. After each batch it "computes" for X ms: T threads spin, as the
 // trainer's OpenMP/OpenBLAS threads occupy the cores (X = 0: the loader's own speed).
 // Per epoch it prints images/s, the time loader_next waited (LoaderStats) and its share
-// of the epoch, the skipped samples and the peak RSS so far.
+// of the epoch, the skipped samples and the peak RSS so far; at the end the best epoch
+// after the first (on a shared machine the least disturbed one).
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,6 +24,13 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// CPU seconds of the whole process (every thread), user + system.
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 static double peak_rss_mb(void) {
@@ -141,9 +149,10 @@ int main(int argc, char **argv) {
     printf("opened %s in %.2f s: %s; workers %d, prefetch %d, loader %.1f MB; peak RSS %.1f MB\n",
            dc.train, now() - t_open, data.train->info ? data.train->info : "",
            dc.workers, dc.prefetch, data_loader_bytes(&data) / 1e6, peak_rss_mb());
+    double best = 0, best_cpu = 0;
     for (int e = 0; e < epochs; e++) {
         if (loader_start_epoch(data.train_loader, e, 0, &err)) goto fail;
-        const double t0 = now();
+        const double t0 = now(), c0 = cpu_seconds();
         int64_t images = 0, batches = 0;
         const Batch *b;
         double sum = 0;
@@ -156,16 +165,22 @@ int main(int argc, char **argv) {
             batches++;
             compute(compute_ms, compute_threads);
         }
-        const double secs = now() - t0;
+        const double secs = now() - t0, cpu = cpu_seconds() - c0;
         LoaderStats st;
         loader_stats(data.train_loader, &st);
-        printf("epoch %d: %" PRId64 " images in %.2f s = %.0f img/s; waited %.2f s (%.1f%% of "
-               "the epoch); skipped %" PRId64 "; peak RSS %.1f MB\n",
-               e + 1, images, secs, images / secs, st.wait_seconds,
-               100.0 * st.wait_seconds / secs, st.skipped, peak_rss_mb());
+        printf("epoch %d: %" PRId64 " images in %.2f s = %.0f img/s (CPU %.1f us an image); "
+               "waited %.2f s (%.1f%% of the epoch); skipped %" PRId64 "; peak RSS %.1f MB\n",
+               e + 1, images, secs, images / secs,
+               1e6 * (cpu - (compute_ms > 0 ? compute_threads * batches * compute_ms / 1e3 : 0)) /
+                   images,
+               st.wait_seconds, 100.0 * st.wait_seconds / secs, st.skipped, peak_rss_mb());
         fflush(stdout);
         (void)sum;
+        if (e > 0 && images / secs > best) best = images / secs, best_cpu = cpu / images;
     }
+    if (epochs > 1)
+        printf("best epoch after the first: %.0f img/s (CPU %.2f us an image)\n", best,
+               1e6 * best_cpu);
     data_close(&data);
     pthread_mutex_lock(&g_spin.mu);
     g_spin.quit = 1;
