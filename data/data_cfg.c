@@ -303,5 +303,5 @@ void data_close(Data *d) {
 
 size_t data_loader_bytes(const Data *d) {
     // loader_bytes needs the config the loader was made with; the loaders keep it.
-    return loader_size(d->train_loader) + (d->test_loader ? loader_size(d->test_loader) : 0);
+    return loader_size(d->train_loader) + loader_size(d->test_loader);  // NULL counts 0
 }

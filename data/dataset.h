@@ -69,6 +69,11 @@ typedef struct FolderOptions {
 } FolderOptions;
 int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt, Error *err);
 
+// Decodes one image file as a folder dataset does: to shape.c channels, resized to
+// shape.w x shape.h, into out (H, W, C) bytes. Returns 0, or DATASET_BAD (the file cannot
+// be read or decoded) or -1 (out of memory) with err naming the file.
+int image_load(const char *path, Shape shape, uint8_t *out, Error *err);
+
 // Splits ds into *train and *val: in each class, round(fraction * its samples) go to val
 // (at least 1 if the class has 2 or more and fraction > 0), chosen by a permutation
 // keyed by seed; both keep ds's order. Takes ownership of ds (closed with the last of
@@ -121,7 +126,7 @@ void loader_destroy(Loader *l);  // NULL is fine
 // the memory plan. Decoding an image also needs its full-size pixels for a moment (one
 // image per worker, freed at once): not counted, as it depends on the files.
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg);
-// loader_bytes of an existing loader.
+// loader_bytes of an existing loader; 0 for NULL.
 size_t loader_size(const Loader *l);
 // Batches per epoch.
 int64_t loader_batches(const Loader *l);

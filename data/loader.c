@@ -154,7 +154,7 @@ static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayou
 // not counted (fixed, a few KB plus the stacks' touched pages), nor the transient
 // full-size image of a decode (see dataset.h).
 // 0 when the configuration is invalid; loader_create then says why.
-size_t loader_size(const Loader *l) { return loader_bytes(l->ds, &l->cfg); }
+size_t loader_size(const Loader *l) { return l ? loader_bytes(l->ds, &l->cfg) : 0; }
 
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg) {
     LoaderLayout lay;
