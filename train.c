@@ -90,6 +90,10 @@ static void usage(FILE *f) {
             "usage: ./train --eval CHECKPOINT [key=value ...]\n"
             "  evaluates a checkpoint (SAVE/best.safetensors) on the test set of the cfg stored\n"
             "  in it, or on another: test=PATH test_labels=PATH\n"
+            "\n"
+            "usage: ./train --predict CHECKPOINT IMAGE...\n"
+            "  the five most likely classes of each image file (PNG, JPEG, BMP, GIF, TGA, PNM),\n"
+            "  decoded, resized to the network's input and normalised as in training\n"
             "\n");
     cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
     fprintf(f, "\n");
@@ -697,6 +701,65 @@ done:
     return rc;
 }
 
+// ./train --predict CHECKPOINT IMAGE...: the top classes of each image file, decoded and
+// resized to the network's input and normalised with the stored cfg's mean and std.
+static int predict(const char *ckpt, int nfiles, char **files, Error *err) {
+    int rc = -1;
+    CheckpointInfo info = {0};
+    Cfg cfg = {0};
+    Options o = {0};
+    Net net = {0};
+    uint8_t *pixels = NULL;
+    float *probs = NULL;
+    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
+    char name[1100];
+    snprintf(name, sizeof name, "%s (its stored cfg)", ckpt);
+    if (cfg_parse(&cfg, info.cfg_text, name, err) || read_options(&o, &cfg, name, err)) goto done;
+    const Kernels *k = kernels_for_device(o.device, err);
+    if (!k) goto done;
+    const NetOptions opt = {.batch = 1, .precision = DT_F32};
+    if (net_create(&net, &cfg, info.input, info.classes, &opt, k, err) ||
+        checkpoint_load_weights(ckpt, &net, err))
+        goto done;
+    const int64_t numel = shape_numel(info.input);
+    const DataConfig *dc = &o.data;
+    if ((dc->nmean != 1 && dc->nmean != info.input.c) || (dc->nstd != 1 && dc->nstd != info.input.c)) {
+        err_set(err, "%s: mean and std do not match the %d input channels", name, info.input.c);
+        goto done;
+    }
+    if (!(pixels = xcalloc((size_t)numel, 1, err)) ||
+        !(probs = xcalloc((size_t)(numel > info.classes ? numel : info.classes), sizeof *probs, err)))
+        goto done;
+    for (int f = 0; f < nfiles; f++) {
+        if (image_load(files[f], info.input, pixels, err)) goto done;
+        for (int64_t i = 0; i < numel; i++) {  // (H, W, C): the channel is i % C
+            const int c = (int)(i % info.input.c);
+            probs[i] = ((float)pixels[i] / 255.0f - dc->mean[dc->nmean == 1 ? 0 : c]) /
+                       dc->std[dc->nstd == 1 ? 0 : c];
+        }
+        k->upload(net.input_buf, probs, (size_t)numel * sizeof(float));
+        net_forward(&net, 1, false, 0, 0, 0);
+        k->download(probs, net_output(&net), (size_t)info.classes * sizeof(float));
+        printf("%s:", files[f]);
+        for (int top = 0; top < 5 && top < info.classes; top++) {
+            int best = 0;
+            for (int c = 1; c < info.classes; c++)
+                if (probs[c] > probs[best]) best = c;
+            printf("  %s %.1f%%", info.class_names[best], 100.0 * exp(probs[best]));
+            probs[best] = -INFINITY;
+        }
+        printf("\n");
+    }
+    rc = 0;
+done:
+    free(pixels);
+    free(probs);
+    net_free(&net);
+    cfg_free(&cfg);
+    checkpoint_info_free(&info);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -711,6 +774,14 @@ int main(int argc, char **argv) {
     Cfg cfg = {0};
     Options o = {0};
     int rc = 1;
+    if (strcmp(argv[1], "--predict") == 0) {
+        if (argc < 4) {
+            usage(stderr);
+            return 2;
+        }
+        if (predict(argv[2], argc - 3, argv + 3, &err)) goto fail;
+        return 0;
+    }
     if (strcmp(argv[1], "--eval") == 0) {
         if (argc < 3) {
             usage(stderr);

@@ -664,8 +664,8 @@ static int resize(const uint8_t *src, int w, int h, int C, uint8_t *dst, int W, 
 }
 
 // Decodes path into out (H, W, C). Returns 0, DATASET_BAD with err, or -1 (no memory).
-static int decode(const Dataset *ds, const char *path, uint8_t *out, Error *err) {
-    const int W = ds->shape.w, H = ds->shape.h, C = ds->shape.c;
+int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
+    const int W = shape.w, H = shape.h, C = shape.c;
     FILE *f = fopen(path, "rb");
     if (!f) {
         err_set(err, "%s: cannot open: %s", path, strerror(errno));
@@ -723,7 +723,7 @@ static int folder_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *l
     }
     char path[PATH_MAX];
     if (entry_path(ds, i, path, err)) return DATASET_BAD;
-    int rc = decode(ds, path, pixels, err);
+    int rc = image_load(path, ds->shape, pixels, err);
     if (rc < 0 || !c || !__atomic_load_n(&c->building, __ATOMIC_ACQUIRE)) return rc;
     // Into the cache. Two threads may decode the same sample (a sample borrowed by two
     // batches); both write the same bytes, and one of them sets its status.

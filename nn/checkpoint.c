@@ -175,12 +175,16 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
         off += n;
     }
 
-    // Metadata: the format, the cfg, the classes and the TrainState as decimal text.
-    const char *keys[3 + NSTATE], *values[3 + NSTATE];
-    char nums[NSTATE][32];
+    // Metadata: the format, the cfg, the classes, the input shape and the TrainState as
+    // decimal text.
+    enum { NINFO = 4 };
+    const char *keys[NINFO + NSTATE], *values[NINFO + NSTATE];
+    char nums[NSTATE][32], input[64];
+    snprintf(input, sizeof input, "%d,%d,%d", net->input.c, net->input.h, net->input.w);
     keys[0] = "format", values[0] = CHECKPOINT_FORMAT;
     keys[1] = "cfg", values[1] = info->cfg_text;
     keys[2] = "classes", values[2] = classes;
+    keys[3] = "input", values[3] = input;
     for (int i = 0; i < NSTATE; i++) {
         const StateField *f = &state_fields[i];
         const char *v = (const char *)st + f->offset;
@@ -197,9 +201,9 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
             memcpy(&x, v, sizeof x);
             snprintf(nums[i], sizeof nums[i], "%.17g", x);
         }
-        keys[3 + i] = f->key, values[3 + i] = nums[i];
+        keys[NINFO + i] = f->key, values[NINFO + i] = nums[i];
     }
-    rc = st_write(path, t, np * 3, keys, values, 3 + NSTATE, err);
+    rc = st_write(path, t, np * 3, keys, values, NINFO + NSTATE, err);
 done:
     free(params);
     free(classes);
@@ -289,8 +293,14 @@ static char *dup_str(const char *s, size_t n, Error *err) {
 
 static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
     CheckpointInfo in = {0};
-    const char *cfg, *classes;
-    if (meta_required(f, "cfg", &cfg, err) || meta_required(f, "classes", &classes, err)) return -1;
+    const char *cfg, *classes, *input;
+    if (meta_required(f, "cfg", &cfg, err) || meta_required(f, "classes", &classes, err) ||
+        meta_required(f, "input", &input, err))
+        return -1;
+    char end;
+    if (sscanf(input, "%d,%d,%d%c", &in.input.c, &in.input.h, &in.input.w, &end) != 3 ||
+        in.input.c < 1 || in.input.h < 1 || in.input.w < 1)
+        return err_set(err, "%s: metadata \"input\" = \"%s\" is not C,H,W", f->path, input);
     in.cfg_text = dup_str(cfg, strlen(cfg), err);
     if (!in.cfg_text) return -1;
     int n = *classes ? 1 : 0;

@@ -8,7 +8,8 @@
 //                "optimizer.conv1.weight.square_avg", "optimizer.conv1.weight.acc_delta".
 //   __metadata__ strings: "format" = CHECKPOINT_FORMAT; "cfg" = the cfg text the run used
 //                (command-line overrides applied); "classes" = class names, one per
-//                line; and the TrainState fields below under their own names.
+//                line; "input" = the input shape "C,H,W"; and the TrainState fields below
+//                under their own names.
 //
 // A PyTorch user drops the optimizer keys and calls load_state_dict (see README).
 // Loading is strict by name: a mismatch lists the missing keys, the unexpected keys and
@@ -49,6 +50,7 @@ typedef struct CheckpointInfo {
     char *cfg_text;      // the cfg, as text
     char **class_names;  // classes entries
     int classes;
+    Shape input;         // the network's input (C, H, W); checkpoint_save takes it from the net
 } CheckpointInfo;
 
 void checkpoint_info_free(CheckpointInfo *info);

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <stb/stb_image_write.h>
+
 #include "../nn/safetensors.h"
 
 static char dir[512];  // short enough that every path built from it fits
@@ -180,6 +182,49 @@ static void test_training_learns(void **state) {
     fprintf(stderr, "loss %.4f -> %.4f, val_acc %.2f%%\n", first, last, acc);
 }
 
+// The trained checkpoint evaluates to the accuracy the run printed, and classifies an
+// image file written from a test sample as that sample's class.
+static void test_eval_and_predict(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2048], path[1024];
+    snprintf(args, sizeof args, "epochs=2 save=%s/ep", dir);
+    assert_int_equal(train(args), 0);
+    const char *acc = strstr(strstr(read_output(), "epoch 2/2"), "val_acc ");
+    assert_non_null(acc);
+    char expected[32];
+    snprintf(expected, sizeof expected, "test_acc %.6s", acc + 8);  // "val_acc 98.67%"
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "./train --eval %s/ep/best.safetensors > %s/out.txt 2>&1", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    if (!strstr(read_output(), expected)) fail_msg("expected '%s' in: %s", expected, read_output());
+    // Test sample 0 as a PNG: its class must come first.
+    snprintf(path, sizeof path, "%s/test-images", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint8_t head[16], px[100], label[9];
+    assert_int_equal(fread(head, 1, 16, f), 16);
+    assert_int_equal(fread(px, 1, 100, f), 100);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/test-labels", dir);
+    f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(label, 1, 9, f), 9);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/sample.png", dir);
+    assert_true(stbi_write_png(path, 10, 10, 1, px, 10));
+    snprintf(cmd, sizeof cmd, "./train --predict %s/ep/best.safetensors %s > %s/out.txt 2>&1", dir,
+             path, dir);
+    assert_int_equal(system(cmd), 0);
+    char want[64];
+    snprintf(want, sizeof want, "sample.png:  %d ", label[8]);
+    if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
+    // A file that is not an image: a message naming it, and a failure.
+    snprintf(cmd, sizeof cmd, "./train --predict %s/ep/best.safetensors %s/net.cfg > %s/out.txt 2>&1",
+             dir, dir, dir);
+    assert_int_not_equal(system(cmd), 0);
+    assert_non_null(strstr(read_output(), "net.cfg"));
+}
+
 static void test_bad_input(void **state) {
     if (access("./train", X_OK) != 0) skip();
     assert_int_equal(train("epochs=0"), 1);
@@ -204,6 +249,7 @@ int main(void) {
         cmocka_unit_test(test_resume_fp32),
         cmocka_unit_test(test_resume_fp16),
         cmocka_unit_test(test_resume_accumulate),
+        cmocka_unit_test(test_eval_and_predict),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
