@@ -579,6 +579,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net.nsegments > 1) printf(", %d checkpoint segments", net.nsegments);
     printf("\n");
     if (test) printf("       %lld test images\n", (long long)test->count);
+    if (train->info) printf("       train: %s\n", train->info);
+    if (test && test->info) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
     print_plan(&net.plan, baseline, false);
 

@@ -13,10 +13,6 @@
 
 #include "../nn/rng.h"
 
-// The split's stream of the counter-based RNG, next to nn/rng.h's streams (1 to 4):
-// a split never shares random numbers with shuffling, augmentation or initialisation.
-enum { DATA_RNG_STREAM_SPLIT = 5 };
-
 // ---- class names ---------------------------------------------------------------------
 
 void dataset_names_free(char **names, int n) {
@@ -173,7 +169,7 @@ int dataset_split(Dataset *ds, double fraction, uint64_t seed, Dataset **train, 
         if (k == 0 && m >= 2) k = 1;
         if (k >= m) k = m - 1;
         if (k <= 0) continue;
-        const uint64_t key = rng_key(seed, DATA_RNG_STREAM_SPLIT, (uint64_t)c, 0);
+        const uint64_t key = rng_key(seed, RNG_STREAM_SPLIT, (uint64_t)c, 0);
         for (int64_t i = m - 1; i > 0; i--) {
             int64_t j = (int64_t)(rng_u64(key, (uint64_t)i) % (uint64_t)(i + 1));
             int64_t t = idx[i];

@@ -42,7 +42,13 @@ RNG_FN float rng_uniform(uint64_t key, uint64_t counter) {
     return (float)(rng_u64(key, counter) >> 40) * (1.0f / 16777216.0f);
 }
 
-// Streams: the `a` argument of rng_key, so that uses of one seed never collide.
-enum { RNG_STREAM_INIT = 1, RNG_STREAM_DROPOUT = 2, RNG_STREAM_SHUFFLE = 3, RNG_STREAM_AUGMENT = 4 };
+// Streams: the `stream` argument of rng_key, so that uses of one seed never collide.
+enum {
+    RNG_STREAM_INIT = 1,
+    RNG_STREAM_DROPOUT = 2,
+    RNG_STREAM_SHUFFLE = 3,
+    RNG_STREAM_AUGMENT = 4,
+    RNG_STREAM_SPLIT = 5,  // val_split's choice of held-out samples
+};
 
 #endif
