@@ -1,0 +1,828 @@
+// cuda_kernels.cu: the kernel table of nn/kernels.h in CUDA (DESIGN.md decision 1).
+//
+// The second implementation of the table that nn/cpu_kernels.c implements on OpenBLAS;
+// layers and the network are the same code on both. GEMMs go through cuBLAS, the rest are
+// the project's own kernels. tests/test_gpu.c checks every entry against the CPU table.
+//
+// Contracts, beyond nn/kernels.h:
+//   - One stream for everything (created by cuda_kernels() on first use); the cuBLAS
+//     handle is bound to it, so the table's calls run in the order they are made.
+//   - upload returns when the host buffer may be reused; download returns when the data
+//     is on the host (it waits for the stream); sync waits for the stream.
+//   - Every CUDA and cuBLAS call is checked: kernels cannot return errors through the
+//     table, so a failure prints "cuda error at FILE:LINE: <reason>" and aborts. Only
+//     alloc fails softly (NULL), because the network reports out-of-memory itself.
+//   - Results match the CPU bit for bit wherever the CPU's arithmetic can be replayed in
+//     the same order: im2col, col2im (each pixel sums its patches in the CPU's order),
+//     bias + activation, ReLU, maxpool (first maximum), dropout (the counter RNG of
+//     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
+//     NaN payloads included), scale_check and Adadelta (explicit _rn intrinsics, so that
+//     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either). GEMM,
+//     bias_backward and the log-softmax/NLL sums differ by float rounding only.
+//   - Reductions are deterministic: a fixed launch shape and a fixed summation tree, no
+//     atomics, so the same inputs give the same bits run after run on one GPU.
+//   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH: no TF32). A tf32 switch needs a field in
+//     the table or the trainer's cfg and is left out.
+//   - The per-element work of every kernel is a __host__ __device__ function of the element
+//     index, so that a host build can replay the kernels element by element against the
+//     CPU table where no GPU is available; the kernels are grid-stride loops around them.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "../nn/kernels.h"
+#include "../nn/rng.h"
+}
+
+// ---- error checks ------------------------------------------------------------------------
+
+#define CUDA_CHECK(call) cuda_check((call), __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check((call), __FILE__, __LINE__)
+// After a kernel launch: launch errors (bad configuration, no kernel image for this GPU).
+// Errors while a kernel runs (an illegal address) surface at the next synchronising call
+// (download, sync) with that call's line; run with CUDA_LAUNCH_BLOCKING=1 to have them
+// reported at the launch that caused them.
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+static void cuda_check(cudaError_t e, const char *file, int line) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "cuda error at %s:%d: %s\n", file, line, cudaGetErrorString(e));
+    fflush(stderr);
+    abort();
+}
+
+static void cublas_check(cublasStatus_t s, const char *file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "cuda error at %s:%d: cuBLAS: %s\n", file, line, cublasGetStatusString(s));
+    fflush(stderr);
+    abort();
+}
+
+// ---- state ---------------------------------------------------------------------------------
+
+static struct {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    int sms;  // multiprocessors: caps grid-stride grids
+} g;
+
+#define THREADS 256
+
+// Blocks for a grid-stride loop over n items: enough to fill the GPU, no more.
+static unsigned blocks_for(int64_t n) {
+    int64_t b = (n + THREADS - 1) / THREADS, cap = (int64_t)g.sms * 32;
+    if (b > cap) b = cap;
+    return b < 1 ? 1u : (unsigned)b;
+}
+
+// Grid-stride loop with 64-bit indices: sizes may exceed 2^31.
+#define GRID_LOOP(i, n)                                                                  \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);             \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+// ---- memory ----------------------------------------------------------------------------------
+
+static void *cuda_alloc(size_t bytes) {
+    void *p = NULL;
+    // cudaMalloc(0) may give NULL, which the caller would take for a failure.
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky: clear it so later checks do not see it
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_release(void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, g.stream));
+    // The caller may reuse its buffer as soon as upload returns. CUDA only says that a
+    // copy from pageable memory "might be" synchronous, and one from page-locked memory is
+    // not, so wait. (This stalls the host once per upload; overlapping the next batch's
+    // copy with compute needs an asynchronous upload in the table, with an event.)
+    CUDA_CHECK(cudaStreamSynchronize(g.stream));
+}
+
+static void cuda_download(void *host_dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, g.stream));
+    CUDA_CHECK(cudaStreamSynchronize(g.stream));
+}
+
+static void cuda_zero(void *p, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g.stream));
+}
+
+static void cuda_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream));
+}
+
+static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(g.stream)); }
+
+// ---- dense algebra -------------------------------------------------------------------------
+
+// cuBLAS is column-major. A row-major (r, c) matrix with leading dimension c is the
+// column-major (c, r) matrix of its transpose, so the row-major C = op(A) op(B) is the
+// column-major C^T = op(B)^T op(A)^T: swap the operands and the dimensions M and N, keep
+// each operand's own transpose flag and the row-major leading dimensions.
+struct ColumnMajorGemm {
+    cublasOperation_t op1, op2;  // of the first and second cuBLAS operands
+    int m, n, k;
+    const float *a1, *a2;  // the first and second cuBLAS operands
+    int ld1, ld2;
+    float *c;
+    int ldc;
+};
+
+static ColumnMajorGemm gemm_for_cublas(float *C, const float *A, const float *B, int M, int N,
+                                       int K, bool transA, bool transB) {
+    const int lda = transA ? M : K, ldb = transB ? K : N;
+    ColumnMajorGemm g;
+    g.op1 = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    g.op2 = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    g.m = N, g.n = M, g.k = K;
+    g.a1 = B, g.ld1 = ldb > 1 ? ldb : 1;  // cuBLAS wants leading dimensions >= 1 even
+    g.a2 = A, g.ld2 = lda > 1 ? lda : 1;  // when K == 0
+    g.c = C, g.ldc = N;
+    return g;
+}
+
+static void cuda_gemm(float *C, const float *A, const float *B, int M, int N, int K,
+                      bool transA, bool transB, float alpha, float beta) {
+    if (M <= 0 || N <= 0) return;
+    const ColumnMajorGemm c = gemm_for_cublas(C, A, B, M, N, K, transA, transB);
+    CUBLAS_CHECK(cublasSgemm(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, c.ld1, c.a2,
+                             c.ld2, &beta, c.c, c.ldc));
+}
+
+// ---- per-element bodies ------------------------------------------------------------------
+//
+// Each kernel below is a grid-stride loop around one of these functions of the element
+// index (see the contracts at the top for why they are __host__ __device__).
+
+// Explicitly rounded operations: nvcc would otherwise contract a*b+c into an FMA, which
+// the CPU build (gcc -std=c11: -ffp-contract=off) does not do.
+__host__ __device__ static inline float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+__host__ __device__ static inline float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+__host__ __device__ static inline float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+__host__ __device__ static inline float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+__host__ __device__ static inline float sqrt_rn(float a) {
+#ifdef __CUDA_ARCH__
+    return __fsqrt_rn(a);
+#else
+    return sqrtf(a);
+#endif
+}
+
+// The geometry of a convolution or pooling window over (N, H, W, C) images.
+struct Window {
+    int H, W, C, K, stride, pad, OH, OW;
+};
+
+// First output o whose window [o * stride, o * stride + K - 1] reaches x (>= 0).
+__host__ __device__ static inline int first_window(int x, int K, int stride) {
+    const int a = x - K + 1;
+    return a <= 0 ? 0 : (a + stride - 1) / stride;
+}
+// Last output o whose window starts at or before x.
+__host__ __device__ static inline int last_window(int x, int stride, int O) {
+    const int o = x / stride;
+    return o < O - 1 ? o : O - 1;
+}
+
+// col element i = (row (n, oh, ow), column (c, kh, kw)); zero outside the image.
+__host__ __device__ static inline void im2col_at(int64_t i, float *col, const float *in, Window w) {
+    const int64_t kk = (int64_t)w.K * w.K, ckk = w.C * kk;
+    const int64_t r = i / ckk, j = i - r * ckk, c = j / kk;
+    const int kh = (int)((j - c * kk) / w.K), kw = (int)(j - c * kk - (int64_t)kh * w.K);
+    const int ow = (int)(r % w.OW), oh = (int)(r / w.OW % w.OH);
+    const int64_t n = r / ((int64_t)w.OW * w.OH);
+    const int ih = oh * w.stride - w.pad + kh, iw = ow * w.stride - w.pad + kw;
+    col[i] = ih >= 0 && ih < w.H && iw >= 0 && iw < w.W
+                 ? in[((n * w.H + ih) * w.W + iw) * w.C + c]
+                 : 0.0f;
+}
+
+// din element i = (n, ih, iw, c): the sum of the col entries of the patches that hold
+// this pixel, in the CPU's order (oh, then ow, ascending) from 0: the CPU's bits, and no
+// atomics.
+__host__ __device__ static inline void col2im_at(int64_t i, float *din, const float *col, Window w) {
+    const int64_t ckk = (int64_t)w.C * w.K * w.K;
+    const int c = (int)(i % w.C);
+    const int64_t t = i / w.C;
+    const int iw = (int)(t % w.W), ih = (int)(t / w.W % w.H);
+    const int64_t n = t / ((int64_t)w.W * w.H);
+    const int y = ih + w.pad, x = iw + w.pad;  // in padded coordinates
+    const int oh0 = first_window(y, w.K, w.stride), oh1 = last_window(y, w.stride, w.OH);
+    const int ow0 = first_window(x, w.K, w.stride), ow1 = last_window(x, w.stride, w.OW);
+    float acc = 0.0f;
+    for (int oh = oh0; oh <= oh1; oh++) {
+        const int kh = y - oh * w.stride;
+        for (int ow = ow0; ow <= ow1; ow++) {
+            const int kw = x - ow * w.stride;
+            acc += col[((n * w.OH + oh) * w.OW + ow) * ckk + ((int64_t)c * w.K + kh) * w.K + kw];
+        }
+    }
+    din[i] = acc;
+}
+
+__host__ __device__ static inline void bias_act_at(int64_t i, float *out, const float *bias,
+                                                   int cols, bool relu) {
+    float v = out[i];
+    if (bias) v += bias[i % cols];
+    if (relu) v = v > 0.0f ? v : 0.0f;
+    out[i] = v;
+}
+
+// din = y > 0 ? dout : 0, where y is ReLU's output (din may be dout).
+__host__ __device__ static inline void relu_backward_at(int64_t i, float *din, const float *dout,
+                                                        const float *y) {
+    din[i] = y[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+__host__ __device__ static inline void relu_forward_at(int64_t i, float *out, const float *in) {
+    out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+// out element i = (n, oh, ow, c); a NaN in the window wins, as on the CPU.
+__host__ __device__ static inline void maxpool_forward_at(int64_t i, float *out, const float *in,
+                                                          Window w) {
+    const int c = (int)(i % w.C);
+    const int64_t t = i / w.C;
+    const int ow = (int)(t % w.OW), oh = (int)(t / w.OW % w.OH);
+    const int64_t n = t / ((int64_t)w.OW * w.OH);
+    float m = -INFINITY;
+    for (int kh = 0; kh < w.K; kh++)
+        for (int kw = 0; kw < w.K; kw++) {
+            const float v = in[((n * w.H + oh * w.stride + kh) * w.W + ow * w.stride + kw) * w.C + c];
+            if (v > m || isnan(v)) m = v;
+        }
+    out[i] = m;
+}
+
+// din element i = (n, ih, iw, c): the sum, in the CPU's order from 0, of the output
+// gradients of the windows that hold it and whose first maximum it is (found again from
+// in and out).
+__host__ __device__ static inline void maxpool_backward_at(int64_t i, float *din, const float *dout,
+                                                           const float *in, const float *out,
+                                                           Window w) {
+    const int c = (int)(i % w.C);
+    const int64_t t = i / w.C;
+    const int iw = (int)(t % w.W), ih = (int)(t / w.W % w.H);
+    const int64_t n = t / ((int64_t)w.W * w.H);
+    const int oh0 = first_window(ih, w.K, w.stride), oh1 = last_window(ih, w.stride, w.OH);
+    const int ow0 = first_window(iw, w.K, w.stride), ow1 = last_window(iw, w.stride, w.OW);
+    const float *img = in + n * w.H * w.W * w.C + c;
+    float acc = 0.0f;
+    for (int oh = oh0; oh <= oh1; oh++)
+        for (int ow = ow0; ow <= ow1; ow++) {
+            const int64_t o = ((n * w.OH + oh) * w.OW + ow) * w.C + c;
+            const float m = out[o];
+            int first = -1;  // kh * K + kw of the window's first maximum
+            for (int kk = 0; kk < w.K * w.K && first < 0; kk++) {
+                const int kh = kk / w.K, kw = kk - kh * w.K;
+                const float v =
+                    img[((int64_t)(oh * w.stride + kh) * w.W + ow * w.stride + kw) * w.C];
+                if (v == m || (isnan(m) && isnan(v))) first = kk;
+            }
+            if (first == (ih - oh * w.stride) * w.K + (iw - ow * w.stride)) acc += dout[o];
+        }
+    din[i] = acc;
+}
+
+// scale is computed by the caller exactly as the CPU does: 1.0f / (1.0f - p).
+__host__ __device__ static inline void dropout_at(int64_t i, float *out, const float *in, float p,
+                                                  float scale, uint64_t key, uint64_t offset) {
+    out[i] = rng_uniform(key, offset + (uint64_t)i) >= p ? mul_rn(in[i], scale) : 0.0f;
+}
+
+// out element i = (n, c, p) of (N, C, H*W) from (N, H*W, C), and the reverse.
+__host__ __device__ static inline void nhwc_to_nchw_at(int64_t i, float *out, const float *in,
+                                                       int64_t hw, int C) {
+    const int64_t p = i % hw, nc = i / hw, n = nc / C;
+    const int c = (int)(nc - n * C);
+    out[i] = in[(n * hw + p) * C + c];
+}
+__host__ __device__ static inline void nchw_to_nhwc_at(int64_t i, float *out, const float *in,
+                                                       int64_t hw, int C) {
+    const int c = (int)(i % C);
+    const int64_t np = i / C, n = np / hw, p = np - n * hw;
+    out[i] = in[(n * C + c) * hw + p];
+}
+
+// One row per call, in the CPU's order and precision (a double sum of exponentials):
+// rows are few (the batch) and short (the classes).
+__host__ __device__ static inline void log_softmax_forward_row(int64_t n, float *out,
+                                                               const float *in, int C) {
+    const float *x = in + n * C;
+    float *y = out + n * C;
+    float m = -INFINITY;
+    for (int c = 0; c < C; c++) m = x[c] > m ? x[c] : m;
+    double s = 0.0;
+    for (int c = 0; c < C; c++) s += exp((double)x[c] - m);
+    const float lse = m + (float)log(s);
+    for (int c = 0; c < C; c++) y[c] = x[c] - lse;
+}
+
+__host__ __device__ static inline void log_softmax_backward_row(int64_t n, float *din,
+                                                                const float *dout,
+                                                                const float *out, int C) {
+    const float *dy = dout + n * C, *y = out + n * C;
+    float *dx = din + n * C;
+    double s = 0.0;
+    for (int c = 0; c < C; c++) s += dy[c];
+    for (int c = 0; c < C; c++) dx[c] = sub_rn(dy[c], mul_rn(expf(y[c]), (float)s));
+}
+
+// Row n's contribution to the metrics: its loss (added to *loss) and whether the first
+// maximum is the label. A label outside [0, C) makes the loss NaN (the CPU would read
+// out of bounds; the loaders check labels).
+__host__ __device__ static inline void nll_row(int n, const float *logp, const int32_t *labels,
+                                               int C, double *loss, int *correct) {
+    const float *y = logp + (int64_t)n * C;
+    int best = 0;
+    for (int c = 1; c < C; c++)
+        if (y[c] > y[best]) best = c;
+    const int label = labels[n];
+    if (label < 0 || label >= C) {
+        *loss = NAN;
+        return;
+    }
+    *correct += best == label;
+    *loss -= y[label];
+}
+
+__host__ __device__ static inline void nll_grad_at(int64_t i, float *dlogp, const int32_t *labels,
+                                                   int C, float scale) {
+    dlogp[i] = (int)(i % C) == labels[i / C] ? -scale : 0.0f;
+}
+
+// nn/half.h's conversions. The hardware conversions round to nearest even and overflow to
+// infinity as half.h does; NaNs are done by hand because half.h keeps the payload's top
+// bits where the hardware may give a canonical NaN.
+__host__ __device__ static inline uint16_t f32_to_f16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t absx = x & 0x7fffffffu;
+    if (absx > 0x7f800000u)
+        return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u | ((absx >> 13) & 0x3ffu));
+    return __half_as_ushort(__float2half_rn(f));
+}
+
+__host__ __device__ static inline float f16_bits_to_f32(uint16_t h) {
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {  // NaN: quiet, payload kept
+        const uint32_t x =
+            ((uint32_t)(h & 0x8000u) << 16) | 0x7fc00000u | ((uint32_t)(h & 0x3ffu) << 13);
+        float f;
+        memcpy(&f, &x, sizeof f);
+        return f;
+    }
+    return __half2float(__ushort_as_half(h));
+}
+
+// g *= scale; true if the result is not finite.
+__host__ __device__ static inline bool scale_check_at(int64_t i, float *grad, float scale) {
+    const float v = mul_rn(grad[i], scale);
+    grad[i] = v;
+    return !isfinite(v);
+}
+
+// nn/cpu_kernels.c's expression, operation by operation.
+__host__ __device__ static inline void adadelta_at(int64_t i, float *p, float *square_avg,
+                                                   float *acc_delta, const float *grad, float lr,
+                                                   float rho, float eps, float weight_decay) {
+    const float one_minus_rho = 1.0f - rho;
+    const float gi =
+        weight_decay != 0.0f ? add_rn(grad[i], mul_rn(weight_decay, p[i])) : grad[i];
+    const float sq = add_rn(mul_rn(rho, square_avg[i]), mul_rn(mul_rn(one_minus_rho, gi), gi));
+    const float std = sqrt_rn(add_rn(sq, eps));
+    const float delta = mul_rn(div_rn(sqrt_rn(add_rn(acc_delta[i], eps)), std), gi);
+    square_avg[i] = sq;
+    acc_delta[i] = add_rn(mul_rn(rho, acc_delta[i]), mul_rn(mul_rn(one_minus_rho, delta), delta));
+    p[i] = sub_rn(p[i], mul_rn(lr, delta));
+}
+
+// ---- kernels and their launchers ---------------------------------------------------------------
+
+__global__ void im2col_kernel(float *col, const float *in, Window w, int64_t total) {
+    GRID_LOOP(i, total) im2col_at(i, col, in, w);
+}
+__global__ void col2im_kernel(float *din, const float *col, Window w, int64_t total) {
+    GRID_LOOP(i, total) col2im_at(i, din, col, w);
+}
+
+static void cuda_im2col(float *col, const float *in, int N, int H, int W, int C, int K,
+                        int stride, int pad, int OH, int OW) {
+    const int64_t total = (int64_t)N * OH * OW * C * K * K;
+    if (total <= 0) return;
+    im2col_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        col, in, Window{H, W, C, K, stride, pad, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_col2im(float *din, const float *col, int N, int H, int W, int C, int K,
+                        int stride, int pad, int OH, int OW) {
+    const int64_t total = (int64_t)N * H * W * C;
+    if (total <= 0) return;
+    col2im_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        din, col, Window{H, W, C, K, stride, pad, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+__global__ void bias_act_kernel(float *out, const float *bias, int cols, bool relu, int64_t total) {
+    GRID_LOOP(i, total) bias_act_at(i, out, bias, cols, relu);
+}
+
+static void cuda_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
+                                  Activation act) {
+    const int64_t total = rows * cols;
+    if (total <= 0 || (!bias && act != ACT_RELU)) return;
+    bias_act_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, bias, cols,
+                                                                 act == ACT_RELU, total);
+    LAUNCH_CHECK();
+}
+
+__global__ void relu_forward_kernel(float *out, const float *in, int64_t n) {
+    GRID_LOOP(i, n) relu_forward_at(i, out, in);
+}
+__global__ void relu_backward_kernel(float *din, const float *dout, const float *y, int64_t n) {
+    GRID_LOOP(i, n) relu_backward_at(i, din, dout, y);
+}
+
+static void cuda_act_backward(float *dout, const float *y, int64_t n, Activation act) {
+    if (act != ACT_RELU || n <= 0) return;
+    relu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dout, dout, y, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_relu_forward(float *out, const float *in, int64_t n) {
+    if (n <= 0) return;
+    relu_forward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
+    if (n <= 0) return;
+    relu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(din, dout, out, n);
+    LAUNCH_CHECK();
+}
+
+// Column sums: a block takes 32 columns (one per lane, so a warp reads 32 consecutive
+// floats of a row) and 32 row lanes; row lane ty sums rows ty, ty + 32, ... in order,
+// then a fixed tree adds the 32 partial sums. No atomics: the same bits on every run.
+// (A column block runs on one multiprocessor: enough for these bias sizes; a split over
+// row slabs would need scratch memory that the table does not plan.)
+#define BB_COLS 32
+#define BB_ROWS 32
+__host__ __device__ static inline float bias_lane_sum(const float *dout, int64_t rows, int cols,
+                                                      int c, int lane) {
+    float acc = 0.0f;
+    for (int64_t r = lane; r < rows; r += BB_ROWS) acc += dout[r * cols + c];
+    return acc;
+}
+
+__global__ void bias_backward_kernel(float *dbias, const float *dout, int64_t rows, int cols) {
+    __shared__ float part[BB_ROWS][BB_COLS + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int c0 = blockIdx.x * BB_COLS; c0 < cols; c0 += gridDim.x * BB_COLS) {
+        const int c = c0 + tx;
+        part[ty][tx] = c < cols ? bias_lane_sum(dout, rows, cols, c, ty) : 0.0f;
+        __syncthreads();
+        for (int half = BB_ROWS / 2; half > 0; half /= 2) {
+            if (ty < half) part[ty][tx] += part[ty + half][tx];
+            __syncthreads();
+        }
+        if (ty == 0 && c < cols) dbias[c] += part[0][tx];
+        __syncthreads();  // part is reused by the next column block
+    }
+}
+
+static void cuda_bias_backward(float *dbias, const float *dout, int64_t rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    const int col_blocks = (cols + BB_COLS - 1) / BB_COLS;
+    const unsigned blocks = (unsigned)(col_blocks < g.sms * 8 ? col_blocks : g.sms * 8);
+    bias_backward_kernel<<<blocks, dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(dbias, dout, rows, cols);
+    LAUNCH_CHECK();
+}
+
+__global__ void maxpool_forward_kernel(float *out, const float *in, Window w, int64_t total) {
+    GRID_LOOP(i, total) maxpool_forward_at(i, out, in, w);
+}
+__global__ void maxpool_backward_kernel(float *din, const float *dout, const float *in,
+                                        const float *out, Window w, int64_t total) {
+    GRID_LOOP(i, total) maxpool_backward_at(i, din, dout, in, out, w);
+}
+
+static void cuda_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
+                                 int stride, int OH, int OW) {
+    const int64_t total = (int64_t)N * OH * OW * C;
+    if (total <= 0) return;
+    maxpool_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        out, in, Window{H, W, C, K, stride, 0, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_maxpool_backward(float *din, const float *dout, const float *in,
+                                  const float *out, int N, int H, int W, int C, int K,
+                                  int stride, int OH, int OW) {
+    const int64_t total = (int64_t)N * H * W * C;
+    if (total <= 0) return;
+    maxpool_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        din, dout, in, out, Window{H, W, C, K, stride, 0, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+__global__ void dropout_kernel(float *out, const float *in, int64_t n, float p, float scale,
+                               uint64_t key, uint64_t offset) {
+    GRID_LOOP(i, n) dropout_at(i, out, in, p, scale, key, offset);
+}
+
+static void cuda_dropout_forward(float *out, const float *in, int64_t n, float p, uint64_t key,
+                                 uint64_t offset) {
+    if (n <= 0) return;
+    const float scale = 1.0f / (1.0f - p);
+    dropout_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n, p, scale, key, offset);
+    LAUNCH_CHECK();
+}
+
+static void cuda_dropout_backward(float *din, const float *dout, int64_t n, float p,
+                                  uint64_t key, uint64_t offset) {
+    cuda_dropout_forward(din, dout, n, p, key, offset);  // the same mask and scale
+}
+
+__global__ void nhwc_to_nchw_kernel(float *out, const float *in, int64_t hw, int C, int64_t total) {
+    GRID_LOOP(i, total) nhwc_to_nchw_at(i, out, in, hw, C);
+}
+__global__ void nchw_to_nhwc_kernel(float *out, const float *in, int64_t hw, int C, int64_t total) {
+    GRID_LOOP(i, total) nchw_to_nhwc_at(i, out, in, hw, C);
+}
+
+static void cuda_nhwc_to_nchw(float *out, const float *in, int N, int H, int W, int C) {
+    const int64_t hw = (int64_t)H * W, total = (int64_t)N * hw * C;
+    if (total <= 0) return;
+    nhwc_to_nchw_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, in, hw, C, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_nchw_to_nhwc(float *out, const float *in, int N, int H, int W, int C) {
+    const int64_t hw = (int64_t)H * W, total = (int64_t)N * hw * C;
+    if (total <= 0) return;
+    nchw_to_nhwc_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, in, hw, C, total);
+    LAUNCH_CHECK();
+}
+
+__global__ void log_softmax_forward_kernel(float *out, const float *in, int N, int C) {
+    GRID_LOOP(n, (int64_t)N) log_softmax_forward_row(n, out, in, C);
+}
+__global__ void log_softmax_backward_kernel(float *din, const float *dout, const float *out,
+                                            int N, int C) {
+    GRID_LOOP(n, (int64_t)N) log_softmax_backward_row(n, din, dout, out, C);
+}
+
+static void cuda_log_softmax_forward(float *out, const float *in, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    log_softmax_forward_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(out, in, N, C);
+    LAUNCH_CHECK();
+}
+
+static void cuda_log_softmax_backward(float *din, const float *dout, const float *out, int N,
+                                      int C) {
+    if (N <= 0 || C <= 0) return;
+    log_softmax_backward_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(din, dout, out, N, C);
+    LAUNCH_CHECK();
+}
+
+// The metrics: one block; thread t takes rows t, t + 256, ... in order, then a fixed tree
+// adds the threads' sums (the loss in double, as on the CPU). Deterministic, no atomics.
+#define NLL_THREADS 256
+__host__ __device__ static inline void nll_lane(const float *logp, const int32_t *labels, int N,
+                                                int C, int t, double *loss, int *correct) {
+    *loss = 0.0, *correct = 0;
+    for (int n = t; n < N; n += NLL_THREADS) nll_row(n, logp, labels, C, loss, correct);
+}
+
+__global__ void nll_metrics_kernel(float *metrics, const float *logp, const int32_t *labels,
+                                   int N, int C) {
+    __shared__ double loss_part[NLL_THREADS];
+    __shared__ int correct_part[NLL_THREADS];
+    const int t = threadIdx.x;
+    double loss;
+    int correct;
+    nll_lane(logp, labels, N, C, t, &loss, &correct);
+    loss_part[t] = loss;
+    correct_part[t] = correct;
+    __syncthreads();
+    for (int half = NLL_THREADS / 2; half > 0; half /= 2) {
+        if (t < half) {
+            loss_part[t] += loss_part[t + half];
+            correct_part[t] += correct_part[t + half];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        metrics[0] += (float)loss_part[0];
+        metrics[1] += (float)correct_part[0];
+    }
+}
+
+__global__ void nll_grad_kernel(float *dlogp, const int32_t *labels, int C, float scale,
+                                int64_t total) {
+    GRID_LOOP(i, total) nll_grad_at(i, dlogp, labels, C, scale);
+}
+
+static void cuda_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
+                          int N, int C, float scale) {
+    if (N <= 0 || C <= 0) return;
+    nll_metrics_kernel<<<1, NLL_THREADS, 0, g.stream>>>(metrics, logp, labels, N, C);
+    LAUNCH_CHECK();
+    if (dlogp) {
+        const int64_t total = (int64_t)N * C;
+        nll_grad_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(dlogp, labels, C, scale,
+                                                                     total);
+        LAUNCH_CHECK();
+    }
+}
+
+__global__ void f32_to_f16_kernel(uint16_t *out, const float *in, int64_t n) {
+    GRID_LOOP(i, n) out[i] = f32_to_f16_bits(in[i]);
+}
+__global__ void f16_to_f32_kernel(float *out, const uint16_t *in, int64_t n) {
+    GRID_LOOP(i, n) out[i] = f16_bits_to_f32(in[i]);
+}
+
+static void cuda_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
+    if (n <= 0) return;
+    f32_to_f16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
+    if (n <= 0) return;
+    f16_to_f32_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+// Every thread that saw a non-finite result writes 1.0f to the flag (the same value, so
+// the race is benign); otherwise the flag is left alone and one flag covers several calls.
+__global__ void scale_check_kernel(float *grad, int64_t n, float scale, float *found_nonfinite) {
+    bool bad = false;
+    GRID_LOOP(i, n) bad |= scale_check_at(i, grad, scale);
+    if (bad) *found_nonfinite = 1.0f;
+}
+
+static void cuda_scale_check(float *grad, int64_t n, float scale, float *found_nonfinite) {
+    if (n <= 0) return;
+    scale_check_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(grad, n, scale, found_nonfinite);
+    LAUNCH_CHECK();
+}
+
+__global__ void adadelta_kernel(float *p, float *square_avg, float *acc_delta, const float *grad,
+                                int64_t n, float lr, float rho, float eps, float weight_decay) {
+    GRID_LOOP(i, n) adadelta_at(i, p, square_avg, acc_delta, grad, lr, rho, eps, weight_decay);
+}
+
+static void cuda_adadelta_step(float *p, float *square_avg, float *acc_delta, const float *grad,
+                               int64_t n, float lr, float rho, float eps, float weight_decay) {
+    if (n <= 0) return;
+    adadelta_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(p, square_avg, acc_delta, grad, n, lr,
+                                                             rho, eps, weight_decay);
+    LAUNCH_CHECK();
+}
+
+// ---- the table -------------------------------------------------------------------------------
+
+static Kernels g_table;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static char g_error[512];  // set when set-up failed: the message for every caller
+
+static void set_error(const char *fmt, const char *what, cudaError_t e) {
+    snprintf(g_error, sizeof g_error, fmt, what, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+}
+
+// Once per process: find a GPU, check that this build has code for it, create the stream
+// and the cuBLAS handle. Failures become messages, not aborts: device=cuda on a machine
+// without a usable GPU is a user error.
+static void cuda_init(void) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        set_error("device=cuda: no CUDA GPU found (%s: %s); use device=cpu", "cudaGetDeviceCount", e);
+        return;
+    }
+    if (count == 0) {
+        snprintf(g_error, sizeof g_error,
+                 "device=cuda: no CUDA GPU found (cudaGetDeviceCount: 0 devices); use device=cpu");
+        return;
+    }
+    int dev = 0;
+    cudaDeviceProp prop;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess) {
+        set_error("device=cuda: cannot query the GPU (%s: %s)", "cudaGetDeviceProperties", e);
+        return;
+    }
+    // A GPU older than the build's targets has no image for our kernels: say so now
+    // rather than at the first launch.
+    cudaFuncAttributes fa;
+    if ((e = cudaFuncGetAttributes(&fa, relu_forward_kernel)) != cudaSuccess) {
+        snprintf(g_error, sizeof g_error,
+                 "device=cuda: this build has no kernels for GPU %d (%s, compute capability "
+                 "%d.%d): %s; rebuild with a -gencode for it in NVFLAGS, or use device=cpu",
+                 dev, prop.name, prop.major, prop.minor, cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return;
+    }
+    if ((e = cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        set_error("device=cuda: cannot set up the GPU (%s: %s)", "cudaStreamCreate", e);
+        return;
+    }
+    cublasStatus_t s = cublasCreate(&g.blas);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(g.blas, g.stream);
+    // Plain fp32 products, no TF32 (CUBLAS_DEFAULT_MATH; NVIDIA_TF32_OVERRIDE=1 in the
+    // environment would still allow it).
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(g.blas, CUBLAS_DEFAULT_MATH);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(g_error, sizeof g_error, "device=cuda: cannot set up cuBLAS (%s)",
+                 cublasGetStatusString(s));
+        return;
+    }
+    g.sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+
+    Kernels *k = &g_table;
+    k->name = "cuda";
+    k->host_memory = false;  // device pointers: the host reads them through download
+    k->alloc = cuda_alloc;
+    k->release = cuda_release;
+    k->upload = cuda_upload;
+    k->download = cuda_download;
+    k->zero = cuda_zero;
+    k->copy = cuda_copy;
+    k->sync = cuda_sync;
+    k->gemm = cuda_gemm;
+    k->im2col = cuda_im2col;
+    k->col2im = cuda_col2im;
+    k->bias_act_forward = cuda_bias_act_forward;
+    k->act_backward = cuda_act_backward;
+    k->bias_backward = cuda_bias_backward;
+    k->relu_forward = cuda_relu_forward;
+    k->relu_backward = cuda_relu_backward;
+    k->maxpool_forward = cuda_maxpool_forward;
+    k->maxpool_backward = cuda_maxpool_backward;
+    k->dropout_forward = cuda_dropout_forward;
+    k->dropout_backward = cuda_dropout_backward;
+    k->nhwc_to_nchw = cuda_nhwc_to_nchw;
+    k->nchw_to_nhwc = cuda_nchw_to_nhwc;
+    k->log_softmax_forward = cuda_log_softmax_forward;
+    k->log_softmax_backward = cuda_log_softmax_backward;
+    k->nll_loss = cuda_nll_loss;
+    k->f32_to_f16 = cuda_f32_to_f16;
+    k->f16_to_f32 = cuda_f16_to_f32;
+    k->scale_check = cuda_scale_check;
+    k->adadelta_step = cuda_adadelta_step;
+}
+
+// The CUDA table, or NULL with a message when no usable GPU is here (set up once; every
+// call gives the same answer).
+extern "C" const Kernels *cuda_kernels(Error *err) {
+    pthread_once(&g_once, cuda_init);
+    if (g_error[0]) {
+        err_set(err, "%s", g_error);
+        return NULL;
+    }
+    return &g_table;
+}

@@ -1,0 +1,182 @@
+// host_replay.cu: gpu/cuda_kernels.cu replayed on the host, to test it where no GPU is.
+//
+// Includes the real source and builds a table whose entries run the same per-element
+// __host__ __device__ bodies on the host, over every index; the two block reductions
+// (bias_backward, the NLL metrics) are replayed with the same partial sums and tree; the
+// GEMM goes through the same row-major -> column-major argument mapping into a column-major
+// reference with cuBLAS's semantics and argument checks (loops in double; OpenBLAS's
+// column-major sgemm for large products, to keep whole training runs fast enough). Linked with
+// tests/test_gpu.c in place of the real table (`make test-gpu-replay`), it checks the
+// index arithmetic, the summation orders, the first-maximum and NaN rules, the RNG use, the
+// fp16 bit handling (through cuda_fp16.h's host conversions), the Adadelta expression and
+// the GEMM operand mapping against the CPU table. What it cannot check: the device's own
+// arithmetic (its exp, log, expf and conversion instructions), the launches, the block
+// reductions' shared memory and barriers, streams and synchronisation, cuBLAS itself.
+// It is not built into libcnn.a (the Makefile takes gpu/*.cu only).
+#define cuda_kernels cuda_kernels_device
+#include "../cuda_kernels.cu"
+#undef cuda_kernels
+
+#include <stdlib.h>
+#include <cblas.h>
+
+static void *replay_alloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes > ((size_t)1 << 32)) return NULL;  // keeps test_gpu's 8.6 GB test off the host
+    if (posix_memalign(&p, 256, bytes ? bytes : 256)) return NULL;
+    memset(p, 0xa5, bytes);  // garbage, as cudaMalloc leaves it
+    return p;
+}
+static void replay_release(void *p) { free(p); }
+static void replay_copy(void *d, const void *s, size_t n) { if (n) memmove(d, s, n); }
+static void replay_zero(void *p, size_t n) { memset(p, 0, n); }
+static void replay_sync(void) {}
+
+// cublasSgemm's definition, column-major: C = alpha op1(A1) op2(A2) + beta C, with C not
+// read when beta == 0.
+static void ref_sgemm_cm(cublasOperation_t o1, cublasOperation_t o2, int m, int n, int k,
+                         float alpha, const float *a1, int ld1, const float *a2, int ld2,
+                         float beta, float *c, int ldc) {
+    if (o1 == CUBLAS_OP_N ? ld1 < (m > 1 ? m : 1) : ld1 < (k > 1 ? k : 1)) abort();
+    if (o2 == CUBLAS_OP_N ? ld2 < (k > 1 ? k : 1) : ld2 < (n > 1 ? n : 1)) abort();
+    if (ldc < (m > 1 ? m : 1)) abort();
+    if ((int64_t)m * n * k > (1 << 22)) {  // large: OpenBLAS has the same column-major semantics
+        cblas_sgemm(CblasColMajor, o1 == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                    o2 == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, alpha, a1, ld1, a2,
+                    ld2, beta, c, ldc);
+        return;
+    }
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int p = 0; p < k; p++) {
+                const float x = o1 == CUBLAS_OP_N ? a1[i + (int64_t)p * ld1] : a1[p + (int64_t)i * ld1];
+                const float y = o2 == CUBLAS_OP_N ? a2[p + (int64_t)j * ld2] : a2[j + (int64_t)p * ld2];
+                s += (double)x * y;
+            }
+            float *out = &c[i + (int64_t)j * ldc];
+            *out = (float)(alpha * s + (beta == 0.0f ? 0.0 : (double)beta * *out));
+        }
+}
+
+static void replay_gemm(float *C, const float *A, const float *B, int M, int N, int K, bool transA,
+                     bool transB, float alpha, float beta) {
+    if (M <= 0 || N <= 0) return;
+    const ColumnMajorGemm c = gemm_for_cublas(C, A, B, M, N, K, transA, transB);
+    ref_sgemm_cm(c.op1, c.op2, c.m, c.n, c.k, alpha, c.a1, c.ld1, c.a2, c.ld2, beta, c.c, c.ldc);
+}
+
+static void replay_im2col(float *col, const float *in, int N, int H, int W, int C, int K, int stride,
+                       int pad, int OH, int OW) {
+    const Window w = {H, W, C, K, stride, pad, OH, OW};
+    for (int64_t i = 0; i < (int64_t)N * OH * OW * C * K * K; i++) im2col_at(i, col, in, w);
+}
+static void replay_col2im(float *din, const float *col, int N, int H, int W, int C, int K, int stride,
+                       int pad, int OH, int OW) {
+    const Window w = {H, W, C, K, stride, pad, OH, OW};
+    for (int64_t i = 0; i < (int64_t)N * H * W * C; i++) col2im_at(i, din, col, w);
+}
+static void replay_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
+                                 Activation act) {
+    if (!bias && act != ACT_RELU) return;
+    for (int64_t i = 0; i < rows * cols; i++) bias_act_at(i, out, bias, cols, act == ACT_RELU);
+}
+static void replay_act_backward(float *dout, const float *y, int64_t n, Activation act) {
+    if (act != ACT_RELU) return;
+    for (int64_t i = 0; i < n; i++) relu_backward_at(i, dout, dout, y);
+}
+// The kernel's algorithm: the same lane sums, then the kernel's tree over them.
+static void replay_bias_backward(float *dbias, const float *dout, int64_t rows, int cols) {
+    for (int c = 0; c < cols; c++) {
+        float part[BB_ROWS];
+        for (int ty = 0; ty < BB_ROWS; ty++) part[ty] = bias_lane_sum(dout, rows, cols, c, ty);
+        for (int half = BB_ROWS / 2; half > 0; half /= 2)
+            for (int ty = 0; ty < half; ty++) part[ty] += part[ty + half];
+        dbias[c] += part[0];
+    }
+}
+static void replay_relu_forward(float *out, const float *in, int64_t n) {
+    for (int64_t i = 0; i < n; i++) relu_forward_at(i, out, in);
+}
+static void replay_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) relu_backward_at(i, din, dout, out);
+}
+static void replay_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
+                                int stride, int OH, int OW) {
+    const Window w = {H, W, C, K, stride, 0, OH, OW};
+    for (int64_t i = 0; i < (int64_t)N * OH * OW * C; i++) maxpool_forward_at(i, out, in, w);
+}
+static void replay_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
+                                 int N, int H, int W, int C, int K, int stride, int OH, int OW) {
+    const Window w = {H, W, C, K, stride, 0, OH, OW};
+    for (int64_t i = 0; i < (int64_t)N * H * W * C; i++) maxpool_backward_at(i, din, dout, in, out, w);
+}
+static void replay_dropout(float *out, const float *in, int64_t n, float p, uint64_t key,
+                        uint64_t offset) {
+    const float scale = 1.0f / (1.0f - p);
+    for (int64_t i = 0; i < n; i++) dropout_at(i, out, in, p, scale, key, offset);
+}
+static void replay_nhwc_to_nchw(float *out, const float *in, int N, int H, int W, int C) {
+    const int64_t hw = (int64_t)H * W;
+    for (int64_t i = 0; i < N * hw * C; i++) nhwc_to_nchw_at(i, out, in, hw, C);
+}
+static void replay_nchw_to_nhwc(float *out, const float *in, int N, int H, int W, int C) {
+    const int64_t hw = (int64_t)H * W;
+    for (int64_t i = 0; i < N * hw * C; i++) nchw_to_nhwc_at(i, out, in, hw, C);
+}
+static void replay_log_softmax_forward(float *out, const float *in, int N, int C) {
+    for (int64_t n = 0; n < N; n++) log_softmax_forward_row(n, out, in, C);
+}
+static void replay_log_softmax_backward(float *din, const float *dout, const float *out, int N, int C) {
+    for (int64_t n = 0; n < N; n++) log_softmax_backward_row(n, din, dout, out, C);
+}
+// The kernel's algorithm: the same per-thread sums, then the kernel's tree over them.
+static void replay_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
+                         int N, int C, float scale) {
+    double loss[NLL_THREADS];
+    int correct[NLL_THREADS];
+    for (int t = 0; t < NLL_THREADS; t++) nll_lane(logp, labels, N, C, t, &loss[t], &correct[t]);
+    for (int half = NLL_THREADS / 2; half > 0; half /= 2)
+        for (int t = 0; t < half; t++) loss[t] += loss[t + half], correct[t] += correct[t + half];
+    metrics[0] += (float)loss[0];
+    metrics[1] += (float)correct[0];
+    if (dlogp)
+        for (int64_t i = 0; i < (int64_t)N * C; i++) nll_grad_at(i, dlogp, labels, C, scale);
+}
+static void replay_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = f32_to_f16_bits(in[i]);
+}
+static void replay_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = f16_bits_to_f32(in[i]);
+}
+static void replay_scale_check(float *grad, int64_t n, float scale, float *found) {
+    bool bad = false;
+    for (int64_t i = 0; i < n; i++) bad |= scale_check_at(i, grad, scale);
+    if (bad) *found = 1.0f;
+}
+static void replay_adadelta_step(float *p, float *sq, float *acc, const float *grad, int64_t n,
+                              float lr, float rho, float eps, float wd) {
+    for (int64_t i = 0; i < n; i++) adadelta_at(i, p, sq, acc, grad, lr, rho, eps, wd);
+}
+
+// Stands in for the CUDA table, under its name.
+static Kernels replay_table;
+
+extern "C" const Kernels *cuda_kernels(Error *err) {
+    (void)err;
+    Kernels *k = &replay_table;
+    k->name = "cuda";
+    k->alloc = replay_alloc, k->release = replay_release, k->upload = replay_copy, k->download = replay_copy;
+    k->zero = replay_zero, k->copy = replay_copy, k->sync = replay_sync, k->gemm = replay_gemm;
+    k->im2col = replay_im2col, k->col2im = replay_col2im, k->bias_act_forward = replay_bias_act_forward;
+    k->act_backward = replay_act_backward, k->bias_backward = replay_bias_backward;
+    k->relu_forward = replay_relu_forward, k->relu_backward = replay_relu_backward;
+    k->maxpool_forward = replay_maxpool_forward, k->maxpool_backward = replay_maxpool_backward;
+    k->dropout_forward = replay_dropout, k->dropout_backward = replay_dropout;
+    k->nhwc_to_nchw = replay_nhwc_to_nchw, k->nchw_to_nhwc = replay_nchw_to_nhwc;
+    k->log_softmax_forward = replay_log_softmax_forward;
+    k->log_softmax_backward = replay_log_softmax_backward;
+    k->nll_loss = replay_nll_loss, k->f32_to_f16 = replay_f32_to_f16, k->f16_to_f32 = replay_f16_to_f32;
+    k->scale_check = replay_scale_check, k->adadelta_step = replay_adadelta_step;
+    return k;
+}

@@ -1,0 +1,1012 @@
+// test_gpu.c: the CUDA kernel table (gpu/) against the CPU table (nn/cpu_kernels.c).
+//
+// Every kernel runs on both tables over the same fresh random inputs; outputs start
+// poisoned (all bits set: NaN) wherever the kernel must write all of them, so an element
+// the GPU forgets shows up. Tolerances:
+//   exact (bits)  memory ops, im2col, col2im (the GPU sums each pixel's patches in the
+//                 CPU's order), bias + activation, ReLU, maxpool (first maximum, NaNs),
+//                 dropout masks and values, layout permutes, the NLL gradient and correct
+//                 count, fp16 conversions (all 65,536 halves; rounding ties, overflow,
+//                 subnormals, NaN payloads), scale_check and Adadelta (the GPU replays the
+//                 CPU's operations without FMA contraction);
+//   gemm          |gpu - cpu| <= 1e-5 * (|alpha| * sum_k |a_ik b_kj| + |beta c_ij|),
+//                 all four transpose combinations, beta 0 and 1;
+//   bias_backward |gpu - cpu| <= 1e-5 * (sum_r |dout_rc| + |dbias_c|);
+//   log_softmax   forward 1e-6 * (1 + |y|); backward 1e-6 * (|dy| + |exp(y) sum(dy)|);
+//   NLL loss      1e-6 * (|metric| + sum |terms|);
+//   a whole step  of a small network (conv, maxpool, relu, dropout, flatten, linear,
+//                 log_softmax; one and two micro-batches, with and without activation
+//                 checkpointing): log-probabilities within 1e-5,
+//                 each gradient tensor within 1e-4 of its norm, each parameter tensor's
+//                 Adadelta update within 1e-3 of its norm; fp16 storage within 1e-2;
+//   checkpoints   written on one device and loaded on the other: bit-identical.
+//
+// Without a usable GPU (a build without CUDA, or no device at run time) cuda_kernels()
+// returns NULL and every GPU test prints why and is skipped, so the suite passes in CI.
+// `test_gpu --require-gpu` (make test-gpu) fails instead of skipping. Linked with
+// gpu/replay/host_replay.cu instead of the real table (make test-gpu-replay), the suite
+// checks the CUDA kernels' per-element code replayed on the host, without a GPU.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../nn/cfg.h"
+#include "../nn/checkpoint.h"
+#include "../nn/half.h"
+#include "../nn/kernels.h"
+#include "../nn/net.h"
+#include "../nn/optim.h"
+#include "../nn/rng.h"
+
+static const Kernels *const C = &cpu_kernels;
+static const Kernels *G;    // the CUDA table, or NULL
+static char g_why[1024];    // why G is NULL
+static bool g_require_gpu;  // --require-gpu: a missing GPU fails instead of skipping
+static char g_dir[PATH_MAX];
+
+#define NEED_GPU()                                                                  \
+    do {                                                                            \
+        if (!G) {                                                                   \
+            if (g_require_gpu) fail_msg("--require-gpu: %s", g_why);                \
+            print_message("[  SKIPPED ] no GPU: %s\n", g_why);                     \
+            skip();                                                                 \
+        }                                                                           \
+    } while (0)
+
+// ---- random test data (independent of the library's RNG) ------------------------------
+
+static uint64_t g_rng = 1;
+
+static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ULL + 4242; }
+
+static uint64_t urand64(void) {
+    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return rng_mix64(g_rng);
+}
+
+static double urand(void) { return (double)(urand64() >> 11) * (1.0 / 9007199254740992.0); }
+
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)urand(); }
+
+static float *rand_floats(int64_t n, float lo, float hi) {
+    float *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    assert_non_null(p);
+    for (int64_t i = 0; i < n; i++) p[i] = frand(lo, hi);
+    return p;
+}
+
+// Values with exact zeros of both signs among them, for comparisons with 0.
+static float *rand_floats_zeros(int64_t n) {
+    float *p = rand_floats(n, -1, 1);
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t r = urand64() % 16;
+        if (r == 0) p[i] = 0.0f;
+        if (r == 1) p[i] = -0.0f;
+    }
+    return p;
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+// ---- one buffer on both devices --------------------------------------------------------
+
+typedef struct Buf {
+    void *cpu, *gpu;
+    size_t bytes;
+} Buf;
+
+static void *dev_alloc(const Kernels *k, size_t bytes) {
+    void *p = k->alloc(bytes);
+    if (!p) fail_msg("%s alloc of %zu bytes failed", k->name, bytes);
+    return p;
+}
+
+// The same bytes on both devices.
+static Buf buf_from(const void *host, size_t bytes) {
+    Buf b = {dev_alloc(C, bytes), dev_alloc(G, bytes), bytes};
+    C->upload(b.cpu, host, bytes);
+    G->upload(b.gpu, host, bytes);
+    return b;
+}
+
+// All bits set (NaN as floats): for outputs that the kernel must write in full.
+static Buf buf_poison(size_t bytes) {
+    void *h = xmalloc(bytes);
+    memset(h, 0xff, bytes);
+    Buf b = buf_from(h, bytes);
+    free(h);
+    return b;
+}
+
+static void buf_fetch(Buf b, void *cpu_host, void *gpu_host) {
+    C->download(cpu_host, b.cpu, b.bytes);
+    G->download(gpu_host, b.gpu, b.bytes);
+}
+
+static void buf_free(Buf b) {
+    C->release(b.cpu);
+    G->release(b.gpu);
+}
+
+// Runs `call` once with k = the CPU table and P(buf) its copies, once with the GPU's.
+#define P(b) (side_ ? (b).gpu : (b).cpu)
+#define BOTH(call)                                        \
+    for (int side_ = 0; side_ < 2; side_++) {             \
+        const Kernels *k = side_ ? G : C;                 \
+        (void)k;                                          \
+        call;                                             \
+    }
+
+// ---- comparisons ------------------------------------------------------------------------
+
+// Bitwise equality of n 4- or 2-byte values; the message names the first difference.
+static void expect_same_bits(const void *cpu, const void *gpu, int64_t n, size_t size,
+                             const char *what) {
+    for (int64_t i = 0; i < n; i++) {
+        const char *a = (const char *)cpu + i * size, *b = (const char *)gpu + i * size;
+        if (memcmp(a, b, size) == 0) continue;
+        if (size == 4) {
+            float x, y;
+            uint32_t xb, yb;
+            memcpy(&x, a, 4), memcpy(&y, b, 4), memcpy(&xb, a, 4), memcpy(&yb, b, 4);
+            fail_msg("%s: element %lld differs: cpu %.9g (0x%08x), gpu %.9g (0x%08x)", what,
+                     (long long)i, x, xb, y, yb);
+        } else {
+            uint16_t x, y;
+            memcpy(&x, a, 2), memcpy(&y, b, 2);
+            fail_msg("%s: element %lld differs: cpu 0x%04x, gpu 0x%04x", what, (long long)i, x, y);
+        }
+    }
+}
+
+static void expect_same_f32(const float *cpu, const float *gpu, int64_t n, const char *what) {
+    expect_same_bits(cpu, gpu, n, 4, what);
+}
+
+// |gpu - cpu| <= bound[i] for every i, and NaN nowhere.
+static void expect_within(const float *cpu, const float *gpu, const double *bound, int64_t n,
+                          const char *what) {
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)gpu[i] - cpu[i]);
+        if (!(d <= bound[i]))
+            fail_msg("%s: element %lld: cpu %.9g, gpu %.9g, |difference| %.3g > bound %.3g",
+                     what, (long long)i, cpu[i], gpu[i], d, bound[i]);
+    }
+}
+
+static double norm_diff(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(s);
+}
+
+static double norm(const float *a, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * a[i];
+    return sqrt(s);
+}
+
+// ---- the backend itself (runs without a GPU too) ------------------------------------------
+
+static void test_backend(void **state) {
+    Error err = {{0}};
+    const Kernels *k = cuda_kernels(&err);
+    Error err2 = {{0}};
+    const Kernels *k2 = kernels_for_device("cuda", &err2);
+    assert_ptr_equal(k, k2);  // the same answer every time
+    if (!k) {
+        // The message says it is about device=cuda and what happened.
+        if (strncmp(err.msg, "device=cuda: ", 13) != 0 || strlen(err.msg) < 30)
+            fail_msg("cuda_kernels: unhelpful message '%s'", err.msg);
+        assert_string_equal(err.msg, err2.msg);
+        print_message("[     INFO ] %s\n", err.msg);
+        return;
+    }
+    assert_string_equal(k->name, "cuda");
+    const void *fns[] = {
+        (void *)k->alloc, (void *)k->release, (void *)k->upload, (void *)k->download,
+        (void *)k->zero, (void *)k->copy, (void *)k->sync, (void *)k->gemm, (void *)k->im2col,
+        (void *)k->col2im, (void *)k->bias_act_forward, (void *)k->act_backward,
+        (void *)k->bias_backward, (void *)k->relu_forward, (void *)k->relu_backward,
+        (void *)k->maxpool_forward, (void *)k->maxpool_backward, (void *)k->dropout_forward,
+        (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
+        (void *)k->log_softmax_forward, (void *)k->log_softmax_backward, (void *)k->nll_loss,
+        (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->scale_check,
+        (void *)k->adadelta_step,
+    };
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
+        if (!fns[i]) fail_msg("the CUDA table's entry %zu is NULL", i);
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+static void test_memory(void **state) {
+    NEED_GPU();
+    rng_seed(1);
+    const int64_t n = 100003;
+    float *h = rand_floats(n, -5, 5), *back = xmalloc(n * sizeof *back);
+    float *d = dev_alloc(G, n * sizeof *d), *e = dev_alloc(G, n * sizeof *e);
+    G->upload(d, h, n * sizeof *h);
+    G->download(back, d, n * sizeof *back);
+    expect_same_f32(h, back, n, "upload/download");
+    // copy, then zero a middle range, then an upload at an offset.
+    G->copy(e, d, n * sizeof *d);
+    G->zero(e + 1000, 5000 * sizeof *e);
+    G->upload(e + 50000, h, 7 * sizeof *h);
+    G->sync();
+    G->download(back, e, n * sizeof *back);
+    for (int64_t i = 0; i < n; i++) {
+        float want = h[i];
+        if (i >= 1000 && i < 6000) want = 0.0f;
+        if (i >= 50000 && i < 50007) want = h[i - 50000];
+        if (memcmp(&want, &back[i], 4) != 0)
+            fail_msg("copy/zero/upload: element %lld: want %g, got %g", (long long)i, want, back[i]);
+    }
+    // Zero bytes are allowed everywhere; alloc(0) gives a pointer that can be released.
+    G->upload(d, h, 0);
+    G->download(back, d, 0);
+    G->copy(e, d, 0);
+    G->zero(d, 0);
+    void *z = G->alloc(0);
+    assert_non_null(z);
+    G->release(z);
+    // Failure is NULL, not an abort, and the table keeps working afterwards.
+    assert_null(G->alloc((size_t)1 << 60));
+    G->download(back, d, sizeof *back);
+    assert_memory_equal(back, h, sizeof *back);
+    G->release(d);
+    G->release(e);
+    G->release(NULL);
+    free(h);
+    free(back);
+}
+
+// Sizes past 2^31 elements: a kernel over 2^31 + 4099 floats (8.6 GB) must reach the end.
+static void test_64bit_sizes(void **state) {
+    NEED_GPU();
+    const int64_t n = ((int64_t)1 << 31) + 4099;
+    float *d = G->alloc((size_t)n * sizeof(float));
+    if (!d) {
+        print_message("[  SKIPPED ] this GPU has no room for %.1f GB\n", n * 4 / 1e9);
+        skip();
+    }
+    G->zero(d, (size_t)n * sizeof(float));
+    enum { WIN = 8192 };
+    const int64_t at[] = {0, ((int64_t)1 << 31) - WIN / 2, n - WIN};
+    float *h = rand_floats(WIN, -1, 1), *back = xmalloc(WIN * sizeof *back);
+    for (int j = 0; j < 3; j++) G->upload(d + at[j], h, WIN * sizeof *h);
+    G->relu_forward(d, d, n);  // in place
+    float flag = 0.0f, *dflag = dev_alloc(G, sizeof flag);
+    G->upload(dflag, &flag, sizeof flag);
+    G->scale_check(d, n, 2.0f, dflag);
+    for (int j = 0; j < 3; j++) {
+        G->download(back, d + at[j], WIN * sizeof *back);
+        for (int i = 0; i < WIN; i++) {
+            const float want = (h[i] > 0 ? h[i] : 0.0f) * 2.0f;
+            if (back[i] != want)
+                fail_msg("element %lld: want %g, got %g", (long long)(at[j] + i), want, back[i]);
+        }
+    }
+    G->download(&flag, dflag, sizeof flag);
+    assert_true(flag == 0.0f);
+    G->release(d);
+    G->release(dflag);
+    free(h);
+    free(back);
+}
+
+// ---- gemm -------------------------------------------------------------------------------------
+
+static void check_gemm(int M, int N, int K, bool ta, bool tb, float alpha, float beta) {
+    const float *A = rand_floats((int64_t)M * K, -1, 1), *B = rand_floats((int64_t)K * N, -1, 1);
+    float *C0 = rand_floats((int64_t)M * N, -1, 1);
+    Buf a = buf_from(A, (size_t)M * K * 4), b = buf_from(B, (size_t)K * N * 4),
+        c = buf_from(C0, (size_t)M * N * 4);
+    BOTH(k->gemm(P(c), P(a), P(b), M, N, K, ta, tb, alpha, beta));
+    float *hc = xmalloc((size_t)M * N * 4), *hg = xmalloc((size_t)M * N * 4);
+    buf_fetch(c, hc, hg);
+    double *bound = xmalloc((size_t)M * N * sizeof *bound);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int p = 0; p < K; p++) {
+                const float x = ta ? A[(int64_t)p * M + i] : A[(int64_t)i * K + p];
+                const float y = tb ? B[(int64_t)j * K + p] : B[(int64_t)p * N + j];
+                s += fabs((double)x * y);
+            }
+            bound[(int64_t)i * N + j] =
+                1e-5 * (fabs(alpha) * s + fabs(beta * C0[(int64_t)i * N + j])) + 1e-30;
+        }
+    char what[128];
+    snprintf(what, sizeof what, "gemm M=%d N=%d K=%d transA=%d transB=%d alpha=%g beta=%g", M, N,
+             K, ta, tb, alpha, beta);
+    expect_within(hc, hg, bound, (int64_t)M * N, what);
+    buf_free(a), buf_free(b), buf_free(c);
+    free((void *)A), free((void *)B), free(C0), free(hc), free(hg), free(bound);
+}
+
+static void test_gemm(void **state) {
+    NEED_GPU();
+    rng_seed(2);
+    // Odd sizes, a vector, the shapes of the seed network's layers (conv1 forward, conv2
+    // weight gradient, fc1 forward and its weight gradient).
+    static const int shapes[][3] = {{1, 1, 1},    {37, 53, 29},  {3, 1000, 17}, {1, 64, 9216},
+                                    {676, 32, 9}, {64, 288, 576}, {64, 64, 9216}, {64, 9216, 64}};
+    static const float ab[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 1.0f}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            for (int j = 0; j < 3; j++)
+                check_gemm(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, ab[j][0],
+                           ab[j][1]);
+}
+
+// ---- convolution lowering ----------------------------------------------------------------
+
+typedef struct ConvGeom {
+    int N, H, W, C, K, stride, pad;
+} ConvGeom;
+
+static const ConvGeom conv_geoms[] = {
+    {2, 7, 7, 1, 3, 1, 0},  {3, 8, 6, 3, 3, 1, 1},  {2, 9, 11, 4, 3, 2, 1}, {1, 10, 10, 2, 5, 2, 2},
+    {2, 5, 5, 6, 1, 1, 0},  {1, 6, 7, 3, 2, 3, 0},  {1, 4, 4, 2, 3, 1, 3},  {4, 28, 28, 32, 3, 1, 0},
+};
+
+static void test_im2col_col2im(void **state) {
+    NEED_GPU();
+    rng_seed(3);
+    for (size_t t = 0; t < sizeof conv_geoms / sizeof conv_geoms[0]; t++) {
+        const ConvGeom g = conv_geoms[t];
+        const int OH = (g.H + 2 * g.pad - g.K) / g.stride + 1, OW = (g.W + 2 * g.pad - g.K) / g.stride + 1;
+        const int64_t nin = (int64_t)g.N * g.H * g.W * g.C, ncol = (int64_t)g.N * OH * OW * g.C * g.K * g.K;
+        float *x = rand_floats(nin, -1, 1), *dcol = rand_floats(ncol, -1, 1);
+        Buf in = buf_from(x, nin * 4), col = buf_poison(ncol * 4), dc = buf_from(dcol, ncol * 4),
+            din = buf_poison(nin * 4);
+        BOTH(k->im2col(P(col), P(in), g.N, g.H, g.W, g.C, g.K, g.stride, g.pad, OH, OW));
+        BOTH(k->col2im(P(din), P(dc), g.N, g.H, g.W, g.C, g.K, g.stride, g.pad, OH, OW));
+        const int64_t most = ncol > nin ? ncol : nin;
+        float *hc = xmalloc(most * 4), *hg = xmalloc(most * 4);
+        char what[128];
+        snprintf(what, sizeof what, "im2col N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d", g.N, g.H,
+                 g.W, g.C, g.K, g.stride, g.pad);
+        buf_fetch(col, hc, hg);
+        expect_same_f32(hc, hg, ncol, what);
+        buf_fetch(din, hc, hg);
+        memcpy(what, "col2im", 6);
+        expect_same_f32(hc, hg, nin, what);
+        buf_free(in), buf_free(col), buf_free(dc), buf_free(din);
+        free(x), free(dcol), free(hc), free(hg);
+    }
+}
+
+// ---- elementwise and reductions ------------------------------------------------------------
+
+static void test_bias_act(void **state) {
+    NEED_GPU();
+    rng_seed(4);
+    static const int shapes[][2] = {{1, 1}, {43264, 32}, {64, 64}, {7, 1000}, {3, 33}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int act = 0; act < ACT_COUNT; act++)
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+                float *x = rand_floats_zeros(n), *b = rand_floats(cols, -0.5f, 0.5f);
+                Buf out = buf_from(x, n * 4), bias = buf_from(b, cols * 4);
+                BOTH(k->bias_act_forward(P(out), with_bias ? P(bias) : NULL, rows, (int)cols,
+                                         (Activation)act));
+                float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+                buf_fetch(out, hc, hg);
+                char what[96];
+                snprintf(what, sizeof what, "bias_act_forward %lldx%lld act=%s bias=%d",
+                         (long long)rows, (long long)cols, activation_names[act], with_bias);
+                expect_same_f32(hc, hg, n, what);
+                buf_free(out), buf_free(bias);
+                free(x), free(b), free(hc), free(hg);
+            }
+}
+
+static void test_relu(void **state) {
+    NEED_GPU();
+    rng_seed(5);
+    const int64_t n = 300007;
+    float *x = rand_floats_zeros(n), *dy = rand_floats(n, -1, 1);
+    x[5] = NAN, x[6] = -NAN, x[7] = INFINITY, x[8] = -INFINITY;
+    Buf in = buf_from(x, n * 4), out = buf_poison(n * 4), dout = buf_from(dy, n * 4),
+        din = buf_poison(n * 4), dact = buf_from(dy, n * 4);
+    BOTH(k->relu_forward(P(out), P(in), n));
+    BOTH(k->relu_backward(P(din), P(dout), P(out), n));
+    BOTH(k->act_backward(P(dact), P(in), n, ACT_RELU));
+    float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+    buf_fetch(out, hc, hg);
+    expect_same_f32(hc, hg, n, "relu_forward");
+    buf_fetch(din, hc, hg);
+    expect_same_f32(hc, hg, n, "relu_backward");
+    buf_fetch(dact, hc, hg);
+    expect_same_f32(hc, hg, n, "act_backward relu");
+    // ACT_NONE leaves dout alone.
+    G->act_backward(dact.gpu, in.gpu, n, ACT_NONE);
+    G->download(hg, dact.gpu, n * 4);
+    expect_same_f32(hc, hg, n, "act_backward none");
+    buf_free(in), buf_free(out), buf_free(dout), buf_free(din), buf_free(dact);
+    free(x), free(dy), free(hc), free(hg);
+}
+
+static void test_bias_backward(void **state) {
+    NEED_GPU();
+    rng_seed(6);
+    static const int shapes[][2] = {{1, 1}, {43264, 32}, {36864, 64}, {64, 64}, {7, 1000}, {1000, 33}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t rows = shapes[s][0];
+        const int cols = shapes[s][1];
+        float *dy = rand_floats(rows * cols, -1, 1), *db0 = rand_floats(cols, -1, 1);
+        Buf dout = buf_from(dy, rows * cols * 4), db = buf_from(db0, cols * 4);
+        BOTH(k->bias_backward(P(db), P(dout), rows, cols));  // accumulates
+        float *hc = xmalloc(cols * 4), *hg = xmalloc(cols * 4);
+        buf_fetch(db, hc, hg);
+        double *bound = xmalloc(cols * sizeof *bound);
+        for (int c = 0; c < cols; c++) {
+            double s = fabs(db0[c]);
+            for (int64_t r = 0; r < rows; r++) s += fabs(dy[r * cols + c]);
+            bound[c] = 1e-5 * s;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "bias_backward %lldx%d", (long long)rows, cols);
+        expect_within(hc, hg, bound, cols, what);
+        buf_free(dout), buf_free(db);
+        free(dy), free(db0), free(hc), free(hg), free(bound);
+    }
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+
+static void test_maxpool(void **state) {
+    NEED_GPU();
+    rng_seed(7);
+    // Non-overlapping, overlapping (stride < K), leftover rows and columns, K = 1; inputs
+    // drawn from a few values so that windows have ties (the first maximum takes the
+    // gradient), and one case with NaNs.
+    static const int geoms[][6] = {  // N, H, W, C, K, stride
+        {2, 24, 24, 64, 2, 2}, {3, 7, 9, 5, 3, 2}, {2, 6, 6, 3, 3, 1},
+        {1, 5, 7, 2, 2, 3},    {2, 4, 4, 3, 1, 1}, {2, 8, 8, 4, 2, 2}};
+    for (size_t t = 0; t < sizeof geoms / sizeof geoms[0]; t++) {
+        const int N = geoms[t][0], H = geoms[t][1], W = geoms[t][2], Cc = geoms[t][3],
+                  K = geoms[t][4], S = geoms[t][5];
+        const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+        const int64_t nin = (int64_t)N * H * W * Cc, nout = (int64_t)N * OH * OW * Cc;
+        float *x = xmalloc(nin * 4), *dy = rand_floats(nout, -1, 1);
+        for (int64_t i = 0; i < nin; i++) x[i] = (float)(urand64() % 4) - 1.5f;
+        if (t == sizeof geoms / sizeof geoms[0] - 1)
+            for (int64_t i = 0; i < nin; i += 7) x[i] = NAN;
+        Buf in = buf_from(x, nin * 4), out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4),
+            din = buf_poison(nin * 4);
+        BOTH(k->maxpool_forward(P(out), P(in), N, H, W, Cc, K, S, OH, OW));
+        BOTH(k->maxpool_backward(P(din), P(dout), P(in), P(out), N, H, W, Cc, K, S, OH, OW));
+        float *hc = xmalloc(nin * 4), *hg = xmalloc(nin * 4);
+        char what[96];
+        snprintf(what, sizeof what, "maxpool_forward N=%d H=%d W=%d C=%d K=%d stride=%d", N, H, W,
+                 Cc, K, S);
+        buf_fetch(out, hc, hg);
+        expect_same_f32(hc, hg, nout, what);
+        memcpy(what + 8, "backward", 8);
+        buf_fetch(din, hc, hg);
+        expect_same_f32(hc, hg, nin, what);
+        buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
+        free(x), free(dy), free(hc), free(hg);
+    }
+}
+
+// ---- dropout ----------------------------------------------------------------------------------
+
+static void test_dropout(void **state) {
+    NEED_GPU();
+    rng_seed(8);
+    const int64_t n = 1000003;
+    float *x = rand_floats(n, -2, 2);
+    Buf in = buf_from(x, n * 4), out = buf_poison(n * 4), din = buf_poison(n * 4);
+    float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+    static const float ps[] = {0.25f, 0.5f, 0.1f, 0.999f};
+    for (int j = 0; j < 4; j++) {
+        const uint64_t key = rng_key(1234 + j, RNG_STREAM_DROPOUT, 77, j);
+        const uint64_t offset = j == 2 ? ((uint64_t)1 << 33) + 5 : (uint64_t)j * 9216;
+        BOTH(k->dropout_forward(P(out), P(in), n, ps[j], key, offset));
+        BOTH(k->dropout_backward(P(din), P(in), n, ps[j], key, offset));
+        char what[64];
+        snprintf(what, sizeof what, "dropout_forward p=%g", ps[j]);
+        buf_fetch(out, hc, hg);
+        expect_same_f32(hc, hg, n, what);
+        int64_t kept = 0;
+        for (int64_t i = 0; i < n; i++) kept += hg[i] != 0.0f;
+        if (ps[j] < 0.9f && fabs((double)kept / n - (1 - ps[j])) > 0.01)
+            fail_msg("%s: kept %lld of %lld", what, (long long)kept, (long long)n);
+        snprintf(what, sizeof what, "dropout_backward p=%g", ps[j]);
+        buf_fetch(din, hc, hg);
+        expect_same_f32(hc, hg, n, what);
+    }
+    buf_free(in), buf_free(out), buf_free(din);
+    free(x), free(hc), free(hg);
+}
+
+// ---- layout ------------------------------------------------------------------------------------
+
+static void test_layout(void **state) {
+    NEED_GPU();
+    rng_seed(9);
+    static const int shapes[][4] = {{2, 3, 5, 7}, {64, 12, 12, 64}, {1, 1, 1, 9}, {3, 4, 1, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s][0], H = shapes[s][1], W = shapes[s][2], Cc = shapes[s][3];
+        const int64_t n = (int64_t)N * H * W * Cc;
+        float *x = rand_floats(n, -1, 1);
+        Buf in = buf_from(x, n * 4), a = buf_poison(n * 4), b = buf_poison(n * 4);
+        BOTH(k->nhwc_to_nchw(P(a), P(in), N, H, W, Cc));
+        BOTH(k->nchw_to_nhwc(P(b), P(in), N, H, W, Cc));
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        char what[64];
+        snprintf(what, sizeof what, "nhwc_to_nchw %dx%dx%dx%d", N, H, W, Cc);
+        buf_fetch(a, hc, hg);
+        expect_same_f32(hc, hg, n, what);
+        snprintf(what, sizeof what, "nchw_to_nhwc %dx%dx%dx%d", N, H, W, Cc);
+        buf_fetch(b, hc, hg);
+        expect_same_f32(hc, hg, n, what);
+        buf_free(in), buf_free(a), buf_free(b);
+        free(x), free(hc), free(hg);
+    }
+}
+
+// ---- output and loss ----------------------------------------------------------------------------
+
+static void test_log_softmax(void **state) {
+    NEED_GPU();
+    rng_seed(10);
+    static const int shapes[][2] = {{64, 10}, {5, 1000}, {1, 1}, {513, 3}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s][0], Cc = shapes[s][1];
+        const int64_t n = (int64_t)N * Cc;
+        float *x = rand_floats(n, -8, 8), *dy = rand_floats(n, -1, 1);
+        Buf in = buf_from(x, n * 4), out = buf_poison(n * 4), dout = buf_from(dy, n * 4),
+            din = buf_poison(n * 4);
+        BOTH(k->log_softmax_forward(P(out), P(in), N, Cc));
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        double *bound = xmalloc(n * sizeof *bound);
+        buf_fetch(out, hc, hg);
+        for (int64_t i = 0; i < n; i++) bound[i] = 1e-6 * (1 + fabs(hc[i]));
+        char what[64];
+        snprintf(what, sizeof what, "log_softmax_forward %dx%d", N, Cc);
+        expect_within(hc, hg, bound, n, what);
+        // Backward from the same y on both (the CPU's), so that only the kernel differs.
+        G->upload(out.gpu, hc, n * 4);
+        BOTH(k->log_softmax_backward(P(din), P(dout), P(out), N, Cc));
+        for (int r = 0; r < N; r++) {
+            double sum = 0;
+            for (int c = 0; c < Cc; c++) sum += dy[(int64_t)r * Cc + c];
+            for (int c = 0; c < Cc; c++) {
+                const int64_t i = (int64_t)r * Cc + c;
+                bound[i] = 1e-6 * (fabs(dy[i]) + fabs(exp(hc[i]) * sum)) + 1e-30;
+            }
+        }
+        buf_fetch(din, hc, hg);
+        snprintf(what, sizeof what, "log_softmax_backward %dx%d", N, Cc);
+        expect_within(hc, hg, bound, n, what);
+        buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
+        free(x), free(dy), free(hc), free(hg), free(bound);
+    }
+}
+
+static void test_nll_loss(void **state) {
+    NEED_GPU();
+    rng_seed(11);
+    static const int shapes[][2] = {{64, 10}, {1000, 7}, {1, 1}, {300, 100}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s][0], Cc = shapes[s][1];
+        const int64_t n = (int64_t)N * Cc;
+        float *logp = rand_floats(n, -6, 0);
+        int32_t *lab = xmalloc(N * sizeof *lab);
+        for (int r = 0; r < N; r++) {
+            lab[r] = (int32_t)(urand64() % Cc);
+            if (r % 5 == 0 && Cc > 2) {  // a tie for the maximum: the first one counts
+                float *y = logp + (int64_t)r * Cc;
+                y[0] = y[Cc - 1] = 0.5f;
+                lab[r] = r % 10 == 0 ? 0 : Cc - 1;
+            }
+        }
+        const float m0[2] = {3.25f, 17.0f};
+        Buf lp = buf_from(logp, n * 4), labels = buf_from(lab, N * 4), met = buf_from(m0, 8),
+            dl = buf_poison(n * 4), met2 = buf_from(m0, 8);
+        const float scale = 1.0f / N * 65536.0f;
+        BOTH(k->nll_loss(P(dl), P(met), P(lp), P(labels), N, Cc, scale));
+        BOTH(k->nll_loss(NULL, P(met2), P(lp), P(labels), N, Cc, scale));
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        char what[64];
+        snprintf(what, sizeof what, "nll_loss dlogp %dx%d", N, Cc);
+        buf_fetch(dl, hc, hg);
+        expect_same_f32(hc, hg, n, what);
+        double terms = fabs(m0[0]);
+        for (int r = 0; r < N; r++) terms += fabs(logp[(int64_t)r * Cc + lab[r]]);
+        const double bound[2] = {1e-6 * terms, 0};
+        float mc[2], mg[2];
+        buf_fetch(met, mc, mg);
+        snprintf(what, sizeof what, "nll_loss metrics %dx%d", N, Cc);
+        expect_within(mc, mg, bound, 2, what);
+        buf_fetch(met2, mc, mg);
+        snprintf(what, sizeof what, "nll_loss metrics, no gradient, %dx%d", N, Cc);
+        expect_within(mc, mg, bound, 2, what);
+        buf_free(lp), buf_free(labels), buf_free(met), buf_free(dl), buf_free(met2);
+        free(logp), free(lab), free(hc), free(hg);
+    }
+}
+
+// ---- precision ----------------------------------------------------------------------------------
+
+static float bits_f32(uint32_t b) {
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static void test_f16(void **state) {
+    NEED_GPU();
+    rng_seed(12);
+    // Every half to float.
+    enum { NH = 65536 };
+    uint16_t *h = xmalloc(NH * 2);
+    for (int i = 0; i < NH; i++) h[i] = (uint16_t)i;
+    Buf hin = buf_from(h, NH * 2), fout = buf_poison(NH * 4);
+    BOTH(k->f16_to_f32(P(fout), P(hin), NH));
+    float *fc = xmalloc(NH * 4), *fg = xmalloc(NH * 4);
+    buf_fetch(fout, fc, fg);
+    expect_same_f32(fc, fg, NH, "f16_to_f32 (all halves)");
+    // Floats to half: for every finite half, the float tie halfway to the next half and
+    // its float neighbours (round to nearest even), the half's own value; the overflow
+    // threshold; specials (zeros, infinities, NaN payloads); random bit patterns.
+    const int64_t nf = 4 * NH + 64 + (1 << 20);
+    float *f = xmalloc(nf * 4);
+    int64_t m = 0;
+    for (int i = 0; i < NH; i++) {
+        if ((i & 0x7c00) == 0x7c00) continue;
+        const float a = half_to_float((uint16_t)i), b = half_to_float((uint16_t)(i + 1));
+        if ((i & 0x7fff) == 0x7bff) continue;  // the largest half: its tie is the overflow
+        const float tie = (float)(((double)a + b) / 2);
+        uint32_t tb;
+        memcpy(&tb, &tie, 4);
+        f[m++] = a, f[m++] = tie, f[m++] = bits_f32(tb + 1), f[m++] = bits_f32(tb - 1);
+    }
+    const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, 65504.0f, 65519.996f, 65520.0f,
+                              -65520.0f, 1e10f, 5.9604645e-8f, 2.9802322e-8f, 2.9802326e-8f,
+                              1e-45f, -1e-45f, 1.1754944e-38f, 6.1035156e-5f, 6.1035152e-5f};
+    for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) f[m++] = specials[i];
+    const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fbfffffu, 0xff812345u,
+                             0x7fffffffu, 0x7fa00000u, 0xffffe000u};
+    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) f[m++] = bits_f32(nans[i]);
+    while (m < nf) f[m++] = bits_f32((uint32_t)urand64());
+    Buf fin = buf_from(f, nf * 4), hout = buf_poison(nf * 2);
+    BOTH(k->f32_to_f16(P(hout), P(fin), nf));
+    uint16_t *hc = xmalloc(nf * 2), *hg = xmalloc(nf * 2);
+    buf_fetch(hout, hc, hg);
+    expect_same_bits(hc, hg, nf, 2, "f32_to_f16");
+    buf_free(hin), buf_free(fout), buf_free(fin), buf_free(hout);
+    free(h), free(fc), free(fg), free(f), free(hc), free(hg);
+}
+
+static void test_scale_check(void **state) {
+    NEED_GPU();
+    rng_seed(13);
+    const int64_t n = 200003;
+    float *g = rand_floats(n, -1e3f, 1e3f), *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+    const float zero = 0.0f, one = 1.0f;
+    // Finite results leave the flag as it was (0, or 1 from an earlier call).
+    Buf grad = buf_from(g, n * 4), flag = buf_from(&zero, 4), flag1 = buf_from(&one, 4);
+    BOTH(k->scale_check(P(grad), n, 1.0f / 65536, P(flag)));
+    BOTH(k->scale_check(P(grad), n, 3.0f, P(flag1)));
+    buf_fetch(grad, hc, hg);
+    expect_same_f32(hc, hg, n, "scale_check values");
+    float fc, fg;
+    buf_fetch(flag, &fc, &fg);
+    assert_true(fc == 0.0f && fg == 0.0f);
+    buf_fetch(flag1, &fc, &fg);
+    assert_true(fc == 1.0f && fg == 1.0f);
+    // Overflow, an inf and a NaN each set it.
+    for (int j = 0; j < 3; j++) {
+        const float bad[] = {3e38f, INFINITY, NAN};
+        float *h = rand_floats(n, -1, 1);
+        h[(j + 1) * 54321] = bad[j];
+        Buf b = buf_from(h, n * 4), fl = buf_from(&zero, 4);
+        BOTH(k->scale_check(P(b), n, 2.0f, P(fl)));
+        buf_fetch(fl, &fc, &fg);
+        if (!(fc == 1.0f && fg == 1.0f)) fail_msg("scale_check case %d: flag cpu %g gpu %g", j, fc, fg);
+        buf_fetch(b, hc, hg);
+        expect_same_f32(hc, hg, n, "scale_check values with a non-finite one");
+        buf_free(b), buf_free(fl);
+        free(h);
+    }
+    buf_free(grad), buf_free(flag), buf_free(flag1);
+    free(g), free(hc), free(hg);
+}
+
+// ---- optimizer ------------------------------------------------------------------------------------
+
+static void test_adadelta(void **state) {
+    NEED_GPU();
+    rng_seed(14);
+    const int64_t n = 500009;
+    for (int j = 0; j < 2; j++) {
+        float *p = rand_floats(n, -1, 1), *g = rand_floats(n, -1, 1);
+        float *sq = rand_floats(n, 0, 1e-2f), *acc = rand_floats(n, 0, 1e-4f);
+        for (int64_t i = 0; i < n; i += 3) g[i] *= 1e-4f;  // small gradients too
+        Buf bp = buf_from(p, n * 4), bg = buf_from(g, n * 4), bs = buf_from(sq, n * 4),
+            ba = buf_from(acc, n * 4);
+        const float wd = j ? 0.01f : 0.0f;
+        for (int step = 0; step < 3; step++)
+            BOTH(k->adadelta_step(P(bp), P(bs), P(ba), P(bg), n, 0.7f, 0.9f, 1e-6f, wd));
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        const Buf bufs[] = {bp, bs, ba};
+        const char *names[] = {"adadelta params", "adadelta square_avg", "adadelta acc_delta"};
+        for (int b = 0; b < 3; b++) {
+            buf_fetch(bufs[b], hc, hg);
+            char what[64];
+            snprintf(what, sizeof what, "%s (weight_decay %g)", names[b], wd);
+            expect_same_f32(hc, hg, n, what);
+        }
+        buf_free(bp), buf_free(bg), buf_free(bs), buf_free(ba);
+        free(p), free(g), free(sq), free(acc), free(hc), free(hg);
+    }
+}
+
+// ---- a whole training step ---------------------------------------------------------------------
+
+// conv (pad) + relu, maxpool, a strided conv, relu, dropout, flatten, linear + relu,
+// dropout, linear, log_softmax: every kernel of the table.
+static const char *step_cfg =
+    "[conv]\nname = conv1\nfilters = 6\nsize = 3\npad = 1\nactivation = relu\n"
+    "[maxpool]\nsize = 3\nstride = 2\n"
+    "[conv]\nname = conv2\nfilters = 8\nsize = 3\nstride = 2\n"
+    "[relu]\n"
+    "[dropout]\np = 0.25\n"
+    "[flatten]\n"
+    "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n"
+    "[dropout]\np = 0.5\n"
+    "[linear]\nname = fc2\noutputs = 5\n"
+    "[log_softmax]\n";
+enum { STEP_B = 16, STEP_CLASSES = 5 };
+static const Shape step_input = {.c = 3, .h = 13, .w = 13};
+
+static void make_net(Net *net, const Kernels *k, DType precision, int batch, int segments) {
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
+    if (net_create(net, &cfg, step_input, STEP_CLASSES,
+                   &(NetOptions){.batch = batch, .precision = precision, .segments = segments},
+                   k, &err))
+        fail_msg("net_create on %s: %s", k->name, err.msg);
+    cfg_free(&cfg);
+    if (net_init_params(net, 7, &err)) fail_msg("net_init_params: %s", err.msg);
+}
+
+typedef struct StepResult {
+    int64_t nparams;
+    float *before, *grads, *after, *logp;  // host copies
+    float metrics[2];
+} StepResult;
+
+// One optimizer step over a batch of STEP_B split into `micro` micro-batches: forward,
+// loss, backward for each, then Adadelta.
+static StepResult run_step(const Kernels *k, DType precision, int micro, int segments,
+                           const float *x, const int32_t *y) {
+    Net net;
+    const int mb = STEP_B / micro;
+    make_net(&net, k, precision, mb, segments);
+    StepResult r = {.nparams = net.nparams};
+    const size_t pbytes = (size_t)net.nparams * 4, numel = (size_t)shape_numel(step_input);
+    r.before = xmalloc(pbytes), r.grads = xmalloc(pbytes), r.after = xmalloc(pbytes);
+    r.logp = xmalloc((size_t)STEP_B * STEP_CLASSES * 4);
+    k->download(r.before, net.params, pbytes);
+    net_zero_grads(&net);
+    const uint64_t seed = 99, step = 5;
+    for (int m = 0; m < micro; m++) {
+        k->upload(net.input_buf, x + (size_t)m * mb * numel, (size_t)mb * numel * 4);
+        k->upload(net.labels, y + m * mb, (size_t)mb * 4);
+        net_forward(&net, mb, true, seed, step, (int64_t)m * mb);
+        net_loss(&net, mb, STEP_B, true);
+        net_backward(&net, mb, seed, step, (int64_t)m * mb);
+        k->download(r.logp + (size_t)m * mb * STEP_CLASSES, net_output(&net),
+                    (size_t)mb * STEP_CLASSES * 4);
+    }
+    k->download(r.grads, net.grads, pbytes);
+    k->download(r.metrics, net.metrics, sizeof r.metrics);
+    adadelta_step(&net, &(Adadelta){.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0}, 1.0);
+    k->download(r.after, net.params, pbytes);
+    net_free(&net);
+    return r;
+}
+
+static void free_step(StepResult *r) {
+    free(r->before), free(r->grads), free(r->after), free(r->logp);
+}
+
+static void check_step(DType precision, int micro, int segments, double tol_logp,
+                       double tol_grad, double tol_update) {
+    rng_seed(15 + micro);
+    const int64_t nx = (int64_t)STEP_B * shape_numel(step_input);
+    float *x = rand_floats(nx, -2, 2);
+    int32_t y[STEP_B];
+    for (int i = 0; i < STEP_B; i++) y[i] = (int32_t)(urand64() % STEP_CLASSES);
+    StepResult c = run_step(C, precision, micro, segments, x, y),
+               g = run_step(G, precision, micro, segments, x, y);
+    char what[160];
+    char prec[48];
+    snprintf(prec, sizeof prec, "%s step (segments %d)", precision == DT_F16 ? "fp16" : "fp32", segments);
+    snprintf(what, sizeof what, "%s, %d micro-batch(es): initial parameters", prec, micro);
+    expect_same_f32(c.before, g.before, c.nparams, what);
+    double *bound = xmalloc(STEP_B * STEP_CLASSES * sizeof *bound);
+    for (int i = 0; i < STEP_B * STEP_CLASSES; i++) bound[i] = tol_logp * (1 + fabs(c.logp[i]));
+    snprintf(what, sizeof what, "%s, %d micro-batch(es): log-probabilities", prec, micro);
+    expect_within(c.logp, g.logp, bound, STEP_B * STEP_CLASSES, what);
+    if (fabs(c.metrics[0] - g.metrics[0]) > tol_logp * (1 + fabs(c.metrics[0])))
+        fail_msg("%s: loss cpu %.9g gpu %.9g", prec, c.metrics[0], g.metrics[0]);
+    // Per parameter tensor: gradients and updates relative to their norms.
+    Net shape;
+    make_net(&shape, C, DT_F32, 1, 0);
+    int64_t off = 0;
+    for (int i = 0; i < shape.nlayers; i++)
+        for (int j = 0; j < shape.layers[i]->nparams; j++) {
+            const char *name = shape.layers[i]->params[j].name;
+            const int64_t n = tensor_numel(&shape.layers[i]->params[j]);
+            const double eg = norm_diff(c.grads + off, g.grads + off, n), ng = norm(c.grads + off, n);
+            if (!(eg <= tol_grad * ng))
+                fail_msg("%s, %d micro-batch(es): %s gradient: |gpu - cpu| = %.3g, |cpu| = %.3g",
+                         prec, micro, name, eg, ng);
+            float *dc = xmalloc(n * 4), *dg = xmalloc(n * 4);
+            for (int64_t e = 0; e < n; e++)
+                dc[e] = c.after[off + e] - c.before[off + e], dg[e] = g.after[off + e] - g.before[off + e];
+            const double eu = norm_diff(dc, dg, n), nu = norm(dc, n);
+            if (!(eu <= tol_update * nu))
+                fail_msg("%s, %d micro-batch(es): %s update: |gpu - cpu| = %.3g, |cpu| = %.3g",
+                         prec, micro, name, eu, nu);
+            free(dc), free(dg);
+            off += n;
+        }
+    assert_int_equal(off, c.nparams);
+    net_free(&shape);
+    free_step(&c), free_step(&g);
+    free(x), free(bound);
+}
+
+static void test_net_step_fp32(void **state) {
+    NEED_GPU();
+    check_step(DT_F32, 1, 0, 1e-5, 1e-4, 1e-3);
+    check_step(DT_F32, 2, 0, 1e-5, 1e-4, 1e-3);
+    check_step(DT_F32, 1, 3, 1e-5, 1e-4, 1e-3);  // activation checkpointing: recomputation
+}
+
+static void test_net_step_fp16(void **state) {
+    NEED_GPU();
+    check_step(DT_F16, 1, 0, 1e-2, 1e-2, 1e-2);
+    check_step(DT_F16, 2, NET_SEGMENTS_SQRT, 1e-2, 1e-2, 1e-2);
+}
+
+// ---- checkpoints across devices ----------------------------------------------------------------
+
+// Parameters and optimizer state of net, on the host.
+static float *snapshot(const Net *net) {
+    const size_t n = (size_t)net->nparams;
+    float *h = xmalloc(3 * n * 4);
+    net->k->download(h, net->params, n * 4);
+    net->k->download(h + n, net->optimizer, 2 * n * 4);
+    return h;
+}
+
+// Gives net non-trivial optimizer state: one step on a random batch.
+static void train_once(Net *net, uint64_t seed) {
+    rng_seed(seed);
+    const int64_t nx = (int64_t)net->batch * shape_numel(step_input);
+    float *x = rand_floats(nx, -2, 2);
+    int32_t *y = xmalloc(net->batch * sizeof *y);
+    for (int i = 0; i < net->batch; i++) y[i] = (int32_t)(urand64() % STEP_CLASSES);
+    net->k->upload(net->input_buf, x, nx * 4);
+    net->k->upload(net->labels, y, net->batch * sizeof *y);
+    net_zero_grads(net);
+    net_forward(net, net->batch, true, seed, 1, 0);
+    net_loss(net, net->batch, net->batch, true);
+    net_backward(net, net->batch, seed, 1, 0);
+    adadelta_step(net, &(Adadelta){.lr = 1.0, .rho = 0.9, .eps = 1e-6}, 1.0);
+    free(x), free(y);
+}
+
+static void save_and_load(Net *from, Net *to, const char *file) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", g_dir, file);
+    const TrainState st = {.epoch = 2, .batch = 5, .step = 123, .seed = 7, .best_val_acc = -1,
+                           .loss_scale = 65536};
+    CheckpointInfo info = {.cfg_text = (char *)step_cfg, .class_names = NULL, .classes = 0};
+    Error err = {{0}};
+    if (checkpoint_save(path, from, &st, &info, &err))
+        fail_msg("checkpoint_save on %s: %s", from->k->name, err.msg);
+    TrainState back;
+    if (checkpoint_load_all(path, to, &back, &err))
+        fail_msg("checkpoint_load_all on %s: %s", to->k->name, err.msg);
+    assert_true(back.step == st.step && back.epoch == st.epoch);
+    float *a = snapshot(from), *b = snapshot(to);
+    char what[96];
+    snprintf(what, sizeof what, "checkpoint %s -> %s", from->k->name, to->k->name);
+    expect_same_f32(a, b, 3 * from->nparams, what);
+    free(a), free(b);
+}
+
+static void test_checkpoint_across_devices(void **state) {
+    NEED_GPU();
+    Net gpu, cpu;
+    make_net(&gpu, G, DT_F32, 8, 0);
+    make_net(&cpu, C, DT_F32, 8, 0);
+    train_once(&gpu, 21);
+    save_and_load(&gpu, &cpu, "from_gpu.safetensors");
+    train_once(&cpu, 22);
+    save_and_load(&cpu, &gpu, "from_cpu.safetensors");
+    net_free(&gpu);
+    net_free(&cpu);
+}
+
+// ---- main ---------------------------------------------------------------------------------------
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    return remove(path);
+}
+
+static int group_setup(void **state) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/test_gpu_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int group_teardown(void **state) { return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--require-gpu") == 0) {
+            g_require_gpu = true;
+        } else {
+            fprintf(stderr, "usage: %s [--require-gpu]\n", argv[0]);
+            return 2;
+        }
+    }
+    cpu_set_threads(2);
+    Error err = {{0}};
+    G = cuda_kernels(&err);
+    if (!G) {
+        snprintf(g_why, sizeof g_why, "%s", err.msg);
+        printf("test_gpu: %s: %s\n",
+               g_require_gpu ? "no GPU, and --require-gpu was given" : "skipping the GPU tests",
+               g_why);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_backend),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_64bit_sizes),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_im2col_col2im),
+        cmocka_unit_test(test_bias_act),
+        cmocka_unit_test(test_relu),
+        cmocka_unit_test(test_bias_backward),
+        cmocka_unit_test(test_maxpool),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_layout),
+        cmocka_unit_test(test_log_softmax),
+        cmocka_unit_test(test_nll_loss),
+        cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_scale_check),
+        cmocka_unit_test(test_adadelta),
+        cmocka_unit_test(test_net_step_fp32),
+        cmocka_unit_test(test_net_step_fp16),
+        cmocka_unit_test(test_checkpoint_across_devices),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
