@@ -49,7 +49,7 @@ BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all run test bench deps deps-test deps-bench data clean
+.PHONY: all run test test-gpu test-gpu-replay bench deps deps-test deps-bench data clean
 all: $(BINS)
 
 $(BUILD)/%.o: %.c
@@ -58,7 +58,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libcnn.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -97,6 +97,26 @@ run: deps
 test: deps-test
 	$(MAKE) $(TEST_BINS) $(BINS)
 	@sh tests/run_all.sh $(TEST_BINS)
+
+# The GPU suite (tests/test_gpu.c) on a machine with an NVIDIA GPU: every kernel and a
+# training step against the CPU. Fails where `make test` would skip it (no CUDA, no GPU).
+test-gpu: deps-test
+	@[ "$(CUDA)" = 1 ] || { echo "make test-gpu: this build has no CUDA (CUDA=0, or no nvcc found): install the CUDA toolkit, or give NVCC=/path/to/nvcc" >&2; exit 1; }
+	$(MAKE) $(BUILD)/tests/test_gpu
+	$(BUILD)/tests/test_gpu --require-gpu
+
+# The same suite against gpu/cuda_kernels.cu's kernels replayed on the host (nvcc, no GPU):
+# index arithmetic, summation orders, fp16 bits, the GEMM operand mapping.
+REPLAY_CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+$(BUILD)/gpu/replay/host_replay.o: gpu/replay/host_replay.cu gpu/cuda_kernels.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -MMD -MP -I/usr/include/x86_64-linux-gnu/openblas-pthread -c $< -o $@
+$(BUILD)/tests/test_gpu_replay: $(BUILD)/tests/test_gpu.o $(BUILD)/gpu/replay/host_replay.o $(BUILD)/libcnn.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -L$(REPLAY_CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -lcmocka
+test-gpu-replay: deps-test
+	@[ -n "$(NVCC)" ] || { echo "make test-gpu-replay: no nvcc found; install the CUDA toolkit" >&2; exit 1; }
+	$(MAKE) $(BUILD)/tests/test_gpu_replay
+	$(BUILD)/tests/test_gpu_replay
 
 bench: deps-bench
 	$(MAKE) all $(BUILD)/bench/sgemm
