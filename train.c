@@ -526,13 +526,14 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (!k) return -1;
     cpu_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
 
+    // The process's own memory (libraries, OpenBLAS) before anything of the plan exists.
+    const size_t baseline = current_rss();
     if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
     r.loader = data.train_loader;
     NetOptions net_opt = {.batch = o->batch / o->accumulate, .precision = o->precision,
                           .segments = o->segments};
     int accumulate = o->accumulate;
-    const size_t baseline = current_rss();
     if (o->memory && apply_budget(o, cfg, train, data.classes, data_loader_bytes(&data) + baseline,
                                   &net_opt, &accumulate, err))
         goto done;
