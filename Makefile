@@ -6,7 +6,7 @@
 #   make SAN=1 test   the suites under AddressSanitizer + UBSan
 #
 # Objects go to build/ (build/san with SAN=1). The CUDA backend is built when nvcc is
-# found (or CUDA=1); otherwise nn/no_cuda.c stands in and device=cuda says how to get it.
+# found (or CUDA=1), as libcnn_cuda.so, loaded when device=cuda is used.
 
 CC      ?= gcc
 # x86-64-v3 = AVX2 + FMA + F16C: the most the binaries require at run time.
@@ -23,34 +23,35 @@ ifeq ($(SAN),1)
   BUILD   := build/san
 endif
 
-NN_SRC    := $(filter-out nn/no_cuda.c,$(wildcard nn/*.c))
+NN_SRC    := $(wildcard nn/*.c)
 DATA_SRC  := $(wildcard data/*.c)
 LIB_SRC   := $(NN_SRC) $(DATA_SRC)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 
-# CUDA backend, when the toolkit is here.
+# CUDA backend, when the toolkit is here: a shared library that nn/cuda_loader.c loads
+# on the first use of device=cuda, so CPU runs never map the CUDA libraries.
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifeq ($(CUDA),)
   CUDA := $(if $(NVCC),1,0)
 endif
 GPU_SRC := $(wildcard gpu/*.cu)
+CUDA_LIB :=
 ifeq ($(CUDA)$(if $(GPU_SRC),y,n),1y)
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-  NVFLAGS   ?= -O3 -std=c++17 -gencode arch=compute_75,code=sm_75 \
+  NVFLAGS   ?= -O3 -std=c++17 -Xcompiler -fPIC -gencode arch=compute_75,code=sm_75 \
                -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                -gencode arch=compute_90,code=compute_90
-  LIB_OBJ   += $(GPU_SRC:%.cu=$(BUILD)/%.o)
-  LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
-else
-  LIB_OBJ   += $(BUILD)/nn/no_cuda.o
+  CUDA_LIB  := libcnn_cuda.so
 endif
+$(BUILD)/nn/cuda_loader.o: CFLAGS += -DCNN_CUDA_LIB='"$(abspath $(CUDA_LIB))"'
+LDLIBS  += -ldl
 
 BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all run test test-gpu test-gpu-replay bench deps deps-test deps-bench data clean
-all: $(BINS)
+all: $(BINS) $(CUDA_LIB)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -59,6 +60,13 @@ $(BUILD)/%.o: %.c
 $(BUILD)/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+libcnn_cuda.so: $(GPU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/gpu/error.pic.o
+	$(NVCC) -shared $^ -o $@ -L$(CUDA_HOME)/lib64 -lcudart -lcublas
+
+$(BUILD)/gpu/error.pic.o: nn/error.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
 $(BUILD)/libcnn.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -95,14 +103,14 @@ run: deps
 	./train models/mnist.cfg
 
 test: deps-test
-	$(MAKE) $(TEST_BINS) $(BINS)
+	$(MAKE) $(TEST_BINS) $(BINS) $(CUDA_LIB)
 	@sh tests/run_all.sh $(TEST_BINS)
 
 # The GPU suite (tests/test_gpu.c) on a machine with an NVIDIA GPU: every kernel and a
 # training step against the CPU. Fails where `make test` would skip it (no CUDA, no GPU).
 test-gpu: deps-test
 	@[ "$(CUDA)" = 1 ] || { echo "make test-gpu: this build has no CUDA (CUDA=0, or no nvcc found): install the CUDA toolkit, or give NVCC=/path/to/nvcc" >&2; exit 1; }
-	$(MAKE) $(BUILD)/tests/test_gpu
+	$(MAKE) $(BUILD)/tests/test_gpu $(CUDA_LIB)
 	$(BUILD)/tests/test_gpu --require-gpu
 
 # The same suite against gpu/cuda_kernels.cu's kernels replayed on the host (nvcc, no GPU):
@@ -123,6 +131,6 @@ bench: deps-bench
 	sh bench/run.sh
 
 clean:
-	rm -rf build $(BINS)
+	rm -rf build $(BINS) libcnn_cuda.so
 
 -include $(shell find build -name '*.d' 2>/dev/null)

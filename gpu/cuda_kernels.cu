@@ -818,7 +818,7 @@ static void cuda_init(void) {
 
 // The CUDA table, or NULL with a message when no usable GPU is here (set up once; every
 // call gives the same answer).
-extern "C" const Kernels *cuda_kernels(Error *err) {
+extern "C" const Kernels *cnn_cuda_kernels(Error *err) {
     pthread_once(&g_once, cuda_init);
     if (g_error[0]) {
         err_set(err, "%s", g_error);
