@@ -1,7 +1,9 @@
 #!/bin/sh
 # Memory benchmarks (issue 6): the plan against the measured peak RSS, and activation
 # checkpointing on models/deep.cfg. Each run trains STEPS optimizer steps (stop_after)
-# and is measured with /usr/bin/time; the plan comes from ./train --plan --json.
+# and is measured with /usr/bin/time (wall and CPU seconds per step: the CPU time is the
+# steadier measure on a shared machine; both include start-up and one checkpoint write);
+# the plan comes from ./train --plan --json.
 #   STEPS=20 sh bench/memory.sh
 set -e
 cd "$(dirname "$0")/.."
@@ -15,19 +17,21 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 run() {
     cfg=$1; name=$2; shift 2
     plan=$(./train "$cfg" --plan --json "$@")
-    /usr/bin/time -f "%M %e" -o "$OUT/$name.time" ./train "$cfg" "$@" stop_after="$STEPS" \
+    /usr/bin/time -f "%M %e %U %S" -o "$OUT/$name.time" ./train "$cfg" "$@" stop_after="$STEPS" \
         save="$OUT/$name" > "$OUT/$name.log" 2>&1 || [ $? -eq 130 ]
     /usr/bin/python3 - "$plan" "$OUT/$name.time" "$name" "$STEPS" <<'PY'
 import json, sys
-plan = json.loads(sys.argv[1]); peak_kib, secs = open(sys.argv[2]).read().split()[-2:]
+plan = json.loads(sys.argv[1]); peak_kib, secs, user, system = open(sys.argv[2]).read().split()[-4:]
 expected = (plan["total"] + plan["baseline"]) / 1e6; peak = int(peak_kib) * 1024 / 1e6
-print("%-28s %12.1f %12.1f %14.1f %8.1f %+8.1f%% %9.2f" % (sys.argv[3], plan["activations"] / 1e6,
-      plan["total"] / 1e6, expected, peak, 100 * (peak - expected) / expected, float(secs) / int(sys.argv[4])))
+steps = int(sys.argv[4])
+print("%-28s %12.1f %12.1f %14.1f %8.1f %+8.1f%% %9.2f %9.2f" % (sys.argv[3], plan["activations"] / 1e6,
+      plan["total"] / 1e6, expected, peak, 100 * (peak - expected) / expected, float(secs) / steps,
+      (float(user) + float(system)) / steps))
 PY
 }
 
 header() {
-    printf '%-28s %12s %12s %14s %8s %9s %9s\n' "run" "activ. MB" "plan MB" "plan+base MB" "peak MB" "diff" "s/step"
+    printf '%-28s %12s %12s %14s %8s %9s %9s %9s\n' "run" "activ. MB" "plan MB" "plan+base MB" "peak MB" "diff" "s/step" "cpu s/step"
 }
 
 echo; echo "plan against measured peak RSS (fp32)"; header
