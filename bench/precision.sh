@@ -13,8 +13,9 @@
 # metrics.jsonl). THREADS (default 2) and SEED (default 1) are passed to ./train; extra
 # trainer keys can be given in TRAIN_ARGS. Runs are sequential: timings on a shared
 # machine are only comparable when nothing else runs, so the load is printed with them.
-# On a loaded machine OMP_WAIT_POLICY=passive helps a lot (spinning OpenMP threads steal
-# the cores from OpenBLAS's, and fp16 has a parallel conversion per layer and chunk):
+# On a loaded machine OMP_WAIT_POLICY=passive helps a lot: a thread that reaches a barrier
+# first spins while its partner waits for a core, and fp16 has more parallel regions (a
+# conversion per layer and chunk) than fp32, so it suffers more:
 #   OMP_WAIT_POLICY=passive sh bench/precision.sh
 set -e
 cd "$(dirname "$0")/.."
@@ -34,6 +35,20 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 
 # A number field of the last line of a metrics.jsonl.
 field() { tail -n 1 "$1" | sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p"; }
+
+# "activations workspace total" in MB from a training log's memory plan: the one-line
+# form ("memory plan: ..., activations X MB, workspace Y MB, ...; total Z MB") or the
+# table ("memory plan (MB):" then "  activations  X", "  workspace (...)  Y", "  total  Z").
+plan() {
+    awk '/^memory plan:/ { for (i = 1; i < NF; i++) { if ($i == "activations") a = $(i + 1);
+                                                       if ($i == "workspace") w = $(i + 1);
+                                                       if ($i == "total") t = $(i + 1) } }
+         /^memory plan \(MB\):/ { table = 1; next }
+         table && /^  [a-z]/ { if ($1 == "activations") a = $NF; if ($1 == "workspace") w = $NF;
+                               if ($1 == "total") t = $NF }
+         table && !/^  / { table = 0 }
+         END { print (a == "" ? "?" : a), (w == "" ? "?" : w), (t == "" ? "?" : t) }' "$1"
+}
 
 rows=""
 for c in "$@"; do
@@ -55,9 +70,8 @@ for c in "$@"; do
         exit 1
     fi
     grep '^epoch' "$dir/train.log"
-    act=$(sed -n 's/^memory plan:.*activations \([0-9.]*\) MB.*/\1/p' "$dir/train.log")
-    ws=$(sed -n 's/^memory plan:.*workspace \([0-9.]*\) MB.*/\1/p' "$dir/train.log")
-    total=$(sed -n 's/^memory plan:.*total \([0-9.]*\) MB.*/\1/p' "$dir/train.log")
+    pl=$(plan "$dir/train.log")
+    act=${pl%% *}; pl=${pl#* }; ws=${pl%% *}; total=${pl#* }
     m=$dir/metrics.jsonl
     rows="$rows$(printf '%-5s %6s %5s %6s %9s %9s %9s %9s %7s %8s %7s %6s' "$prec" "$batch" "$acc" \
         "$((batch / acc))" "$act" "$ws" "$total" "$(field "$m" peak_rss_mb)" \
