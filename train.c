@@ -15,6 +15,7 @@
 
 #include "data/data_cfg.h"
 #include "nn/cfg.h"
+#include "nn/file.h"
 #include "nn/budget.h"
 #include "nn/checkpoint.h"
 #include "nn/kernels.h"
@@ -258,21 +259,6 @@ static double peak_rss_mb(void) {
     return mb;
 }
 
-static int mkdirs(const char *path, Error *err) {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return err_set(err, "cannot create folder %s: %s", buf, strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    return 0;
-}
 
 static void format_eta(char *buf, size_t n, double seconds) {
     int s = (int)(seconds + 0.5);
@@ -585,7 +571,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     net_print(&net, stdout);
     print_plan(&net.plan, baseline, false);
 
-    if (mkdirs(o->save, err)) goto done;
+    if (file_mkdirs(o->save, err)) goto done;
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->save);
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);

@@ -14,6 +14,8 @@
 // cache holds it, not the process, so RSS stays flat. Any difference rebuilds it.
 #include "dataset.h"
 
+#include "../nn/file.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -85,39 +87,6 @@ typedef struct FolderImpl {
 
 // ---- small helpers ----------------------------------------------------------------------
 
-static char *dup_str(const char *s, Error *err) {
-    size_t n = strlen(s) + 1;
-    char *d = xcalloc(n, 1, err);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
-static int64_t pread_full(int fd, void *buf, size_t n, int64_t off) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(fd, (uint8_t *)buf + done, n - done, (off_t)(off + (int64_t)done));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (r == 0) break;
-        done += (size_t)r;
-    }
-    return (int64_t)done;
-}
-
-static int pwrite_full(int fd, const void *buf, size_t n, int64_t off) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = pwrite(fd, (const uint8_t *)buf + done, n - done, (off_t)(off + (int64_t)done));
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        done += (size_t)w;
-    }
-    return 0;
-}
 
 static int has_image_ext(const char *name) {
     const char *dot = strrchr(name, '.');
@@ -128,27 +97,6 @@ static int has_image_ext(const char *name) {
 }
 
 // Creates dir and its parents (mkdir -p).
-static int mkdirs(const char *dir, Error *err) {
-    char p[PATH_MAX];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
-        return err_set(err, "cache: the folder name %.200s... is too long", dir);
-    for (char *s = p + 1;; s++) {
-        if (*s == '/' || *s == 0) {
-            char c = *s;
-            *s = 0;
-            if (mkdir(p, 0777) != 0 && errno != EEXIST)
-                return err_set(err, "cache: cannot create the folder %s: %s; check the cache "
-                               "key of [data]", p, strerror(errno));
-            *s = c;
-            if (!c) break;
-        }
-    }
-    struct stat st;
-    if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
-        return err_set(err, "cache: %s is not a folder; cache names a folder for the cache files",
-                       p);
-    return 0;
-}
 
 // The class of entry i: the last class whose first entry is <= i.
 static int class_of(const Dataset *ds, int64_t i) {
@@ -328,7 +276,7 @@ static int scan_classes(const char *root, char ***out, int *nout, Error *err) {
             }
             names = q;
         }
-        if (!(names[n] = dup_str(e->d_name, err))) {
+        if (!(names[n] = xstrdup(e->d_name, err))) {
             rc = -1;
             break;
         }
@@ -396,7 +344,7 @@ static int cache_check(const Dataset *ds, int fd, CacheHeader *h, char *why, siz
     const CacheHeader want = cache_want(ds);
     struct stat st;
     if (fstat(fd, &st) != 0) return err_set(err, "cache: cannot stat: %s", strerror(errno));
-    if (pread_full(fd, h, sizeof *h, 0) != (int64_t)sizeof *h ||
+    if (file_pread_full(fd, h, sizeof *h, 0) != (int64_t)sizeof *h ||
         memcmp(h->magic, CACHE_MAGIC, 8) != 0 || h->endian != want.endian) {
         snprintf(why, wsize, "not a cache file of this program");
         return 0;
@@ -524,7 +472,7 @@ static int cache_create(const Dataset *ds, Cache *c, Error *err) {
     if (e)
         return err_set(err, "cache: cannot make room for %" PRId64 " bytes in %s: %s; free space "
                        "there, or remove the cache key", h.file_bytes, c->tmp, strerror(e));
-    if (pwrite_full(c->fd, &h, sizeof h, 0))
+    if (file_pwrite_full(c->fd, &h, sizeof h, 0))
         return err_set(err, "cache: cannot write %s: %s", c->tmp, strerror(errno));
     c->h = h;
     c->building = 1;
@@ -534,10 +482,10 @@ static int cache_create(const Dataset *ds, Cache *c, Error *err) {
 // Every sample is in: status bytes, then the header marked complete, then the rename.
 // Called once, by the thread whose sample completed the cache.
 static int cache_finish(Cache *c, Error *err) {
-    if (pwrite_full(c->fd, c->state, (size_t)c->h.count, c->h.status_off) || fdatasync(c->fd))
+    if (file_pwrite_full(c->fd, c->state, (size_t)c->h.count, c->h.status_off) || fdatasync(c->fd))
         goto fail;
     c->h.complete = 1;
-    if (pwrite_full(c->fd, &c->h, sizeof c->h, 0) || fsync(c->fd)) goto fail;
+    if (file_pwrite_full(c->fd, &c->h, sizeof c->h, 0) || fsync(c->fd)) goto fail;
     if (rename(c->tmp, c->path) != 0) goto fail;
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", c->path);
@@ -562,7 +510,7 @@ fail:
 static int cache_open(Dataset *ds, const char *dir, const char *name, char *note, size_t nsize,
                       Error *err) {
     FolderImpl *fi = ds->impl;
-    if (mkdirs(dir, err)) return -1;
+    if (file_mkdirs(dir, err)) return err_wrap(err, "cache (the cache key of [data])");
     Cache *c = xcalloc(1, sizeof *c, err);
     if (!c) return -1;
     c->fd = -1;
@@ -582,7 +530,7 @@ static int cache_open(Dataset *ds, const char *dir, const char *name, char *note
             return -1;
         }
         if (ok) {
-            int64_t got = pread_full(fd, c->state, (size_t)ds->count, c->h.status_off);
+            int64_t got = file_pread_full(fd, c->state, (size_t)ds->count, c->h.status_off);
             int64_t bad = 0;
             for (int64_t i = 0; got == ds->count && i < ds->count; i++) {
                 if (c->state[i] == ST_BAD) bad++;
@@ -715,7 +663,7 @@ static int folder_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *l
     if (c && __atomic_load_n(&c->state[i], __ATOMIC_ACQUIRE) == ST_GOOD) {
         int64_t off = c->h.data_off + i * sample;
         errno = 0;
-        if (pread_full(c->fd, pixels, (size_t)sample, off) != sample)
+        if (file_pread_full(c->fd, pixels, (size_t)sample, off) != sample)
             return err_set(err, "cache %s: cannot read sample %" PRId64 " at byte %" PRId64
                            ": %s; remove the file to rebuild it", c->path, i, off,
                            errno ? strerror(errno) : "end of file");
@@ -727,7 +675,7 @@ static int folder_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *l
     if (rc < 0 || !c || !__atomic_load_n(&c->building, __ATOMIC_ACQUIRE)) return rc;
     // Into the cache. Two threads may decode the same sample (a sample borrowed by two
     // batches); both write the same bytes, and one of them sets its status.
-    if (rc == 0 && pwrite_full(c->fd, pixels, (size_t)sample, c->h.data_off + i * sample))
+    if (rc == 0 && file_pwrite_full(c->fd, pixels, (size_t)sample, c->h.data_off + i * sample))
         return err_set(err, "cache %s: cannot write sample %" PRId64 ": %s; free space there, "
                        "or remove the cache key", c->tmp, i, strerror(errno));
     uint8_t expect = ST_MISSING;
@@ -791,7 +739,7 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
     // The root without trailing slashes, so messages read ROOT/class/file.
     size_t rl = strlen(dir);
     while (rl > 1 && dir[rl - 1] == '/') rl--;
-    if (!(ds->source = dup_str(dir, err)) || !(fi->root = dup_str(dir, err))) goto fail;
+    if (!(ds->source = xstrdup(dir, err)) || !(fi->root = xstrdup(dir, err))) goto fail;
     fi->root[rl] = 0;
     if (scan_classes(fi->root, &ds->class_names, &ds->classes, err)) goto fail;
     if (!(fi->first = xcalloc((size_t)ds->classes + 1, sizeof *fi->first, err))) goto fail;
@@ -836,7 +784,7 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
             goto fail;
         snprintf(info + len, sizeof info - (size_t)len, "; %s", note);
     }
-    if (!(ds->info = dup_str(info, err))) goto fail;
+    if (!(ds->info = xstrdup(info, err))) goto fail;
     free(sc);
     *out = ds;
     return 0;

@@ -7,6 +7,8 @@
 // never does, and the temporary file disappears with the descriptor.
 #include "dataset.h"
 
+#include "../nn/file.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -49,36 +51,6 @@ typedef struct IdxImpl {
 
 static uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-// Reads n bytes at off, retrying short reads and EINTR. Returns the bytes read (less
-// than n only at end of file), or -1 with errno set.
-static int64_t pread_full(int fd, void *buf, size_t n, int64_t off) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = pread(fd, (uint8_t *)buf + done, n - done, (off_t)(off + (int64_t)done));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (r == 0) break;
-        done += (size_t)r;
-    }
-    return (int64_t)done;
-}
-
-// Writes n bytes, retrying short writes and EINTR. Returns 0, or -1 with errno set.
-static int write_full(int fd, const void *buf, size_t n) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = write(fd, (const uint8_t *)buf + done, n - done);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        done += (size_t)w;
-    }
-    return 0;
 }
 
 // Inflates the gzip file at path into a new unlinked temporary file in $TMPDIR (or
@@ -124,7 +96,7 @@ static int idx_inflate(int *out_fd, const char *path, Error *err) {
         int n = gzread(gz, buf, IDX_INFLATE_CHUNK);
         if (n < 0) break;  // the stream is bad; gzerror below says how
         if (n == 0) break;
-        if (write_full(fd, buf, (size_t)n) != 0) {
+        if (file_write_full(fd, buf, (size_t)n) != 0) {
             err_set(err,
                     "%s: cannot write the inflated copy (%" PRId64 " bytes so far) to a "
                     "temporary file in %s: %s; free space there or set TMPDIR to a "
@@ -189,7 +161,7 @@ static int idx_file_open(IdxFile *f, const char *path, Error *err) {
         return err_set(err, "%s: not a regular file; expected an IDX file (raw or gzip)", path);
     }
     uint8_t magic[2];
-    int64_t got = pread_full(fd, magic, sizeof magic, 0);
+    int64_t got = file_pread_full(fd, magic, sizeof magic, 0);
     if (got < 0) {
         int e = errno;
         close(fd);
@@ -247,7 +219,7 @@ static int idx_check_header(const IdxFile *f, const char *path, int is_images, u
     uint8_t h[IDX_IMAGES_HEADER];
     int64_t n = f->size < header ? f->size : header;
     errno = 0;
-    if (pread_full(f->fd, h, (size_t)n, 0) != n)
+    if (file_pread_full(f->fd, h, (size_t)n, 0) != n)
         return err_set(err, "%s: cannot read the IDX header: %s", path,
                        errno ? strerror(errno) : "short read");
     uint32_t magic = be32(h);
@@ -314,7 +286,7 @@ static int idx_scan_labels(int fd, const char *path, int64_t count, int *max_lab
     int max = 0;
     for (int64_t done = 0; done < count;) {
         size_t n = (size_t)(count - done < IDX_SCAN_CHUNK ? count - done : IDX_SCAN_CHUNK);
-        int64_t got = pread_full(fd, buf, n, IDX_LABELS_HEADER + done);
+        int64_t got = file_pread_full(fd, buf, n, IDX_LABELS_HEADER + done);
         if (got != (int64_t)n) {
             err_set(err, "%s: cannot read the labels at byte %" PRId64 ": %s", path,
                     IDX_LABELS_HEADER + done, got < 0 ? strerror(errno) : "file shrank");
@@ -336,7 +308,7 @@ static int idx_label(const Dataset *ds, int64_t i, int32_t *label, Error *err) {
         return err_set(err, "%s: sample %" PRId64 " is out of range (the set has %" PRId64 ")",
                        im->labels_path, i, ds->count);
     uint8_t b;
-    int64_t got = pread_full(im->labels_fd, &b, 1, IDX_LABELS_HEADER + i);
+    int64_t got = file_pread_full(im->labels_fd, &b, 1, IDX_LABELS_HEADER + i);
     if (got != 1)
         return err_set(err, "%s: sample %" PRId64 ": cannot read its label: %s; was the file "
                        "changed while training?",
@@ -355,7 +327,7 @@ static int idx_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *labe
         return err_set(err, "%s: sample %" PRId64 " is out of range (the set has %" PRId64 ")",
                        ds->source, i, ds->count);
     int64_t off = IDX_IMAGES_HEADER + i * im->sample_bytes;
-    int64_t got = pread_full(im->images_fd, pixels, (size_t)im->sample_bytes, off);
+    int64_t got = file_pread_full(im->images_fd, pixels, (size_t)im->sample_bytes, off);
     if (got != im->sample_bytes)
         return err_set(err, "%s: sample %" PRId64 ": cannot read %" PRId64 " bytes at %" PRId64
                        ": %s; was the file changed while training?",
@@ -381,12 +353,6 @@ static void idx_close(Dataset *ds) {
 
 static const DatasetOps idx_ops = {.read = idx_read, .label = idx_label, .close = idx_close};
 
-static char *dup_string(const char *s, Error *err) {
-    size_t n = strlen(s) + 1;
-    char *d = xcalloc(n, 1, err);
-    if (d) memcpy(d, s, n);
-    return d;
-}
 
 int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_path,
                      Error *err) {
@@ -401,8 +367,8 @@ int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_
     }
     im->images_fd = im->labels_fd = -1;
     ds->impl = im;
-    if (!(ds->source = dup_string(images_path, err))) goto fail;
-    if (!(im->labels_path = dup_string(labels_path, err))) goto fail;
+    if (!(ds->source = xstrdup(images_path, err))) goto fail;
+    if (!(im->labels_path = xstrdup(labels_path, err))) goto fail;
 
     IdxFile images, labels;
     uint32_t idims[3], ldims[3];

@@ -21,13 +21,6 @@
 
 // ---- small helpers ----------------------------------------------------------------
 
-// A malloc'd copy of s[0..n) with a terminating NUL.
-static char *dup_n(const char *s, size_t n, Error *err) {
-    char *p = xcalloc(n + 1, 1, err);
-    if (p) memcpy(p, s, n);
-    return p;
-}
-
 static int is_space(char c) { return isspace((unsigned char)c) != 0; }
 
 // Trims white space from both ends of [*b, *e).
@@ -102,8 +95,8 @@ static void section_free(CfgSection *s) {
 // Appends key = value (copied) to s at the given line. On failure s is unchanged.
 static int section_append(CfgSection *s, const char *key, size_t keylen, const char *value,
                           size_t valuelen, int line, Error *err) {
-    char *k = dup_n(key, keylen, err);
-    char *v = k ? dup_n(value, valuelen, err) : NULL;
+    char *k = xstrndup(key, keylen, err);
+    char *v = k ? xstrndup(value, valuelen, err) : NULL;
     CfgEntry *entries = v ? grow(s->entries, &s->nentries, sizeof *entries, err) : NULL;
     if (!entries) {
         free(k);
@@ -140,7 +133,7 @@ static int parse_line(Cfg *cfg, const char *b, const char *e, int line, Error *e
                            "%s:%d: bad section name '%.*s': expected letters, digits and _ "
                            "between [ and ]",
                            path, line, len, b);
-        char *name = dup_n(nb, (size_t)(ne - nb), err);
+        char *name = xstrndup(nb, (size_t)(ne - nb), err);
         if (!name) return -1;
         CfgSection *sections = grow(cfg->sections, &cfg->nsections, sizeof *sections, err);
         if (!sections) {
@@ -191,7 +184,7 @@ int cfg_parse(Cfg *cfg, const char *text, const char *path, Error *err) {
     Cfg c = {0};
     memset(cfg, 0, sizeof *cfg);
     if (!path) path = "<string>";
-    c.path = dup_n(path, strlen(path), err);
+    c.path = xstrndup(path, strlen(path), err);
     if (!c.path) return -1;
     const char *p = text ? text : "";
     // A UTF-8 byte order mark, as some Windows editors write, is not part of line 1.
@@ -336,7 +329,7 @@ int cfg_set(CfgSection *s, const char *key, const char *value, Error *err) {
     CfgEntry *e = cfg_entry(s, key);
     if (!e) return section_append(s, key, strlen(key), value, strlen(value), 0, err);
     // Copy before freeing so a failure leaves the old value in place.
-    char *v = dup_n(value, strlen(value), err);
+    char *v = xstrndup(value, strlen(value), err);
     if (!v) return -1;
     free(e->value);
     e->value = v;

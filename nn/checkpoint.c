@@ -285,11 +285,6 @@ static int read_state(const StFile *f, TrainState *st, Error *err) {
     return 0;
 }
 
-static char *dup_str(const char *s, size_t n, Error *err) {
-    char *d = xcalloc(n + 1, 1, err);
-    if (d && n) memcpy(d, s, n);
-    return d;
-}
 
 static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
     CheckpointInfo in = {0};
@@ -301,7 +296,7 @@ static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
     if (sscanf(input, "%d,%d,%d%c", &in.input.c, &in.input.h, &in.input.w, &end) != 3 ||
         in.input.c < 1 || in.input.h < 1 || in.input.w < 1)
         return err_set(err, "%s: metadata \"input\" = \"%s\" is not C,H,W", f->path, input);
-    in.cfg_text = dup_str(cfg, strlen(cfg), err);
+    in.cfg_text = xstrndup(cfg, strlen(cfg), err);
     if (!in.cfg_text) return -1;
     int n = *classes ? 1 : 0;
     for (const char *p = classes; *p; p++) n += *p == '\n';
@@ -311,7 +306,7 @@ static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
     for (int i = 0; i < n; i++) {
         const char *nl = strchr(p, '\n');
         size_t len = nl ? (size_t)(nl - p) : strlen(p);
-        in.class_names[i] = dup_str(p, len, err);
+        in.class_names[i] = xstrndup(p, len, err);
         if (!in.class_names[i]) goto fail;
         in.classes = i + 1;
         p += len + 1;

@@ -40,3 +40,9 @@ void *xcalloc_at(size_t n, size_t size, Error *err, const char *file, int line) 
     if (!p) err_set(err, "%s:%d: out of memory allocating %zu x %zu bytes", file, line, n, size);
     return p;
 }
+
+char *xstrndup_at(const char *s, size_t n, Error *err, const char *file, int line) {
+    char *d = xcalloc_at(n + 1, 1, err, file, line);
+    if (d && n) memcpy(d, s, n);
+    return d;
+}

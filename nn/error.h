@@ -7,6 +7,7 @@
 #define NN_ERROR_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef struct Error {
     char msg[1024];
@@ -24,5 +25,11 @@ int err_wrap(Error *err, const char *fmt, ...) __attribute__((format(printf, 2, 
 // sets err on failure. Memory is zeroed (calloc semantics).
 #define xcalloc(n, size, err) xcalloc_at((n), (size), (err), __FILE__, __LINE__)
 void *xcalloc_at(size_t n, size_t size, Error *err, const char *file, int line);
+
+// A malloc'd copy of s[0..n) with a terminating NUL, or of the string s; NULL with err
+// (naming the caller's file and line) when out of memory.
+#define xstrndup(s, n, err) xstrndup_at((s), (n), (err), __FILE__, __LINE__)
+#define xstrdup(s, err) xstrndup_at((s), strlen(s), (err), __FILE__, __LINE__)
+char *xstrndup_at(const char *s, size_t n, Error *err, const char *file, int line);
 
 #endif

@@ -1,0 +1,21 @@
+// file.h: file helpers shared by the data sets, the cache and the trainer.
+#ifndef NN_FILE_H
+#define NN_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+// Reads n bytes at off, retrying short reads and EINTR. Returns the bytes read (less
+// than n only at end of file), or -1 with errno set.
+int64_t file_pread_full(int fd, void *buf, size_t n, int64_t off);
+// Writes n bytes at off (pwrite) or at the file position (write), retrying short writes
+// and EINTR. Return 0, or -1 with errno set.
+int file_pwrite_full(int fd, const void *buf, size_t n, int64_t off);
+int file_write_full(int fd, const void *buf, size_t n);
+// Creates the folder path and its missing parents (mkdir -p). Errors name the folder
+// that could not be made, or a path that exists and is not a folder.
+int file_mkdirs(const char *path, Error *err);
+
+#endif
