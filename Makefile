@@ -72,11 +72,17 @@ $(BUILD)/libcnn.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-train: $(BUILD)/train.o $(BUILD)/libcnn.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+# ./train and ./ckpt live outside build/, so they record which build made them: a plain
+# `make` after `make SAN=1` (or the other way round) relinks them instead of keeping the
+# other kind.
+BIN_FLAGS := build/bin-flags
+$(shell mkdir -p build; [ "$$(cat $(BIN_FLAGS) 2>/dev/null)" = "$(BUILD)" ] || echo "$(BUILD)" > $(BIN_FLAGS))
 
-ckpt: $(BUILD)/ckpt.o $(BUILD)/libcnn.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+train: $(BUILD)/train.o $(BUILD)/libcnn.a $(BIN_FLAGS)
+	$(CC) $(CFLAGS) $(filter-out $(BIN_FLAGS),$^) -o $@ $(LDLIBS)
+
+ckpt: $(BUILD)/ckpt.o $(BUILD)/libcnn.a $(BIN_FLAGS)
+	$(CC) $(CFLAGS) $(filter-out $(BIN_FLAGS),$^) -o $@ $(LDLIBS)
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

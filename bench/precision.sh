@@ -26,13 +26,7 @@ CFG=${CFG:-models/fashion.cfg}
 OUT=bench/out/precision
 [ $# -gt 0 ] || set -- fp32:64:1 fp16:64:1 fp32:64:4 fp16:64:4 \
                       fp32:512:1 fp16:512:1 fp32:512:4 fp16:512:4
-[ -x ./train ] || { echo "precision.sh: ./train is missing: run make first" >&2; exit 1; }
-# `make SAN=1 test` writes an AddressSanitizer ./train that a later `make` leaves in place:
-# 3x slower, and ASan's quarantine inflates the peak RSS.
-if ldd ./train 2>/dev/null | grep -q libasan; then
-    echo "precision.sh: ./train is an AddressSanitizer build: rm train && make train" >&2
-    exit 1
-fi
+make -s train  # a plain build: the Makefile relinks it after `make SAN=1`
 mkdir -p "$OUT"
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores;" \
