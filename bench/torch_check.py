@@ -40,8 +40,6 @@ import sys
 
 try:
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 except ImportError:
     print("torch_check: skipped: PyTorch is not installed (Debian: apt-get install "
           "python3-torch, then run with /usr/bin/python3)")
@@ -54,6 +52,8 @@ MEAN, STD = 0.1307, 0.3081
 OPTIMIZER_PREFIX = "optimizer."
 MAX_HEADER = 100_000_000
 
+from pytorch_ref import Net  # the seed network, as the benchmark trains it
+
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -64,30 +64,6 @@ DTYPES = {
 def fail(msg):
     print(f"torch_check: {msg}", file=sys.stderr)
     sys.exit(2)
-
-
-class Net(nn.Module):
-    """examples/mnist/main.py's Net with fc1 9216 -> 64: cnn.c's seed network."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout(0.25)
-        self.dropout2 = nn.Dropout(0.5)
-        self.fc1 = nn.Linear(9216, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2)
-        x = self.dropout1(x)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = self.dropout2(x)
-        x = self.fc2(x)
-        return F.log_softmax(x, dim=1)
 
 
 def read_safetensors(path):
