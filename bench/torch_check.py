@@ -40,6 +40,7 @@ import sys
 
 try:
     import torch
+    import torch.nn.functional as F
 except ImportError:
     print("torch_check: skipped: PyTorch is not installed (Debian: apt-get install "
           "python3-torch, then run with /usr/bin/python3)")
