@@ -247,16 +247,16 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// Peak resident memory of this process in MB (VmHWM), or -1 if unknown.
-static double peak_rss_mb(void) {
+// A size field of /proc/self/status ("VmHWM:", "VmRSS:") in bytes, or 0 if unknown.
+static size_t proc_status_bytes(const char *field) {
     FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
+    if (!f) return 0;
     char line[256];
-    double mb = -1;
+    size_t kb = 0;
     while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) mb = atof(line + 6) / 1024.0;
+        if (strncmp(line, field, strlen(field)) == 0) kb = (size_t)atoll(line + strlen(field));
     fclose(f);
-    return mb;
+    return kb * 1024;
 }
 
 
@@ -430,18 +430,6 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     return 0;
 }
 
-// Resident memory of this process now, in bytes (VmRSS), or 0 if unknown.
-static size_t current_rss(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    size_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0) kb = (size_t)atoll(line + 6);
-    fclose(f);
-    return kb * 1024;
-}
-
 static void print_plan(const MemPlan *p, size_t baseline, bool json) {
     if (json) {
         printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"activations\": %zu, "
@@ -513,7 +501,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     cpu_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
 
     // The process's own memory (libraries, OpenBLAS) before anything of the plan exists.
-    const size_t baseline = current_rss();
+    const size_t baseline = proc_status_bytes("VmRSS:");
     if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
     r.loader = data.train_loader;
@@ -593,7 +581,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
             goto done;
         }
         if (test && evaluate(&net, data.test_loader, &te, err)) goto done;
-        const double img_s = tr.trained_now / seconds, rss = peak_rss_mb();
+        const double img_s = tr.trained_now / seconds, rss = proc_status_bytes("VmHWM:") / 1048576.0;
         const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
         const double val_acc = test ? 100.0 * te.correct / te.seen : -1;
         char val[96] = "";
