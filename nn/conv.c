@@ -59,7 +59,7 @@ static int conv_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape i
     c->base.out = (Shape){.c = c->filters, .h = OH, .w = OW};
     layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, in.c, c->size, c->size});
     layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters});
-    c->base.init_bound = 1.0 / sqrt((double)in.c * c->size * c->size);
+    c->base.fan_in = (int64_t)in.c * c->size * c->size;
     *out = &c->base;
     return 0;
 fail:

@@ -55,7 +55,7 @@ struct Layer {
     int nparams;                         // parameter tensors (0..LAYER_MAX_PARAMS)
     Tensor params[LAYER_MAX_PARAMS];     // "conv1.weight" (32,1,3,3), "conv1.bias" (32)
     float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block
-    double init_bound;  // parameters start U(-b, b), b = 1/sqrt(fan_in): PyTorch's default
+    int64_t fan_in;  // for PyTorch's default initialisation (net_init_params)
 };
 
 // The layer types, in the order of --help.

@@ -33,7 +33,7 @@ static int linear_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape
     f->base.out = (Shape){.c = f->outputs, .h = 1, .w = 1};
     layer_param(&f->base, 0, "weight", 2, (int64_t[]){f->outputs, in.c});
     layer_param(&f->base, 1, "bias", 1, (int64_t[]){f->outputs});
-    f->base.init_bound = 1.0 / sqrt((double)in.c);
+    f->base.fan_in = in.c;
     *out = &f->base;
     return 0;
 fail:

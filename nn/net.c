@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
+#include "mt19937.h"
 
 size_t mem_plan_total(const MemPlan *p) {
     return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->loader;
@@ -222,14 +222,22 @@ void net_free(Net *net) {
 int net_init_params(Net *net, uint64_t seed, Error *err) {
     float *host = xcalloc((size_t)net->nparams ? (size_t)net->nparams : 1, sizeof(float), err);
     if (!host) return -1;
+    // PyTorch's reset_parameters for Conv2d and Linear, with its arithmetic:
+    // kaiming_uniform_(weight, a = sqrt(5)) draws U(-b, b) with
+    // b = sqrt(3) * sqrt(2 / (1 + a^2)) / sqrt(fan_in) (= 1/sqrt(fan_in) up to rounding),
+    // then the bias draws U(-1/sqrt(fan_in), 1/sqrt(fan_in)); layer after layer, from one
+    // MT19937 stream seeded as torch.manual_seed(seed) seeds it.
+    Mt19937 mt;
+    mt19937_seed(&mt, (uint32_t)seed);
+    const double a = sqrt(5.0);
     int64_t off = 0;
     for (int i = 0; i < net->nlayers; i++) {
         const Layer *l = net->layers[i];
         for (int j = 0; j < l->nparams; j++) {
-            const uint64_t key = rng_key(seed, RNG_STREAM_INIT, (uint64_t)i, (uint64_t)j);
+            const double bound = j == 0 ? sqrt(3.0) * (sqrt(2.0 / (1 + a * a)) / sqrt((double)l->fan_in))
+                                        : 1 / sqrt((double)l->fan_in);
             const int64_t n = tensor_numel(&l->params[j]);
-            for (int64_t e = 0; e < n; e++)
-                host[off + e] = (float)((2.0 * rng_uniform(key, (uint64_t)e) - 1.0) * l->init_bound);
+            for (int64_t e = 0; e < n; e++) host[off + e] = mt19937_uniform(&mt, (float)-bound, (float)bound);
             off += n;
         }
     }

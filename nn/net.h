@@ -84,8 +84,9 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
                const Kernels *k, Error *err);
 void net_free(Net *net);
 
-// PyTorch's default initialisation: every parameter U(-b, b), b = 1/sqrt(fan_in), drawn
-// from the counter-based RNG keyed by (seed, layer, tensor): the same on every device.
+// PyTorch's default initialisation, bit for bit: every parameter U(-b, b), b = 1/sqrt(fan_in),
+// drawn on the host as torch.manual_seed(seed) followed by building the same modules draws
+// them (nn/mt19937.h), then uploaded: the same on every device.
 int net_init_params(Net *net, uint64_t seed, Error *err);
 
 // The Adadelta state halves of net->optimizer.

@@ -25,7 +25,7 @@ RNG_FN uint64_t rng_mix64(uint64_t x) {
 }
 
 // A key from a seed, a stream (below) and two indices, e.g. (seed, RNG_STREAM_DROPOUT,
-// step, layer) for a dropout mask or (seed, RNG_STREAM_INIT, layer, tensor) for weights.
+// step, layer) for a dropout mask.
 RNG_FN uint64_t rng_key(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
     uint64_t k = rng_mix64(seed ^ 0x5851f42d4c957f2dULL);
     k = rng_mix64(k ^ (stream * 0xd6e8feb86659fd93ULL));
@@ -43,8 +43,8 @@ RNG_FN float rng_uniform(uint64_t key, uint64_t counter) {
 }
 
 // Streams: the `stream` argument of rng_key, so that uses of one seed never collide.
+// (Initialisation uses PyTorch's MT19937 instead: nn/mt19937.h.)
 enum {
-    RNG_STREAM_INIT = 1,
     RNG_STREAM_DROPOUT = 2,
     RNG_STREAM_SHUFFLE = 3,
     RNG_STREAM_AUGMENT = 4,

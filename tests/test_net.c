@@ -30,6 +30,7 @@
 #include "../nn/kernels.h"
 #include "../nn/net.h"
 #include "../nn/optim.h"
+#include "../nn/mt19937.h"
 #include "../nn/rng.h"
 
 static char g_root[PATH_MAX] = ".";  // the repository, for models/mnist.cfg
@@ -148,8 +149,8 @@ static void test_mnist_network(void **state) {
     net_free(&net);
 }
 
-// PyTorch's default init: U(-b, b) with b = 1/sqrt(fan_in) for weights and biases alike,
-// a pure function of the seed.
+// PyTorch's default init: U(-b, b) with b = 1/sqrt(fan_in) for weights and biases alike
+// (up to the rounding of kaiming_uniform's arithmetic), a pure function of the seed.
 static void test_init_params(void **state) {
     Cfg cfg;
     load_mnist_cfg(&cfg);
@@ -166,7 +167,7 @@ static void test_init_params(void **state) {
     const int with_params[] = {0, 1, 5, 7};
     for (int k = 0; k < 4; k++) {
         const Layer *l = a.layers[with_params[k]];
-        const double bound = 1 / sqrt(fan_in[k]);
+        const double bound = (1 + 1e-6) / sqrt(fan_in[k]);
         for (int j = 0; j < l->nparams; j++) {
             const float *p = l->params[j].data;
             const int64_t n = tensor_numel(&l->params[j]);
@@ -187,6 +188,61 @@ static void test_init_params(void **state) {
     assert_memory_not_equal(a.params, b.params, (size_t)a.nparams * sizeof(float));
     net_free(&a);
     net_free(&b);
+}
+
+// MT19937's published check value: the 10,000th output for the default seed 5489.
+static void test_mt19937_reference(void **state) {
+    (void)state;
+    Mt19937 mt;
+    mt19937_seed(&mt, 5489);
+    uint32_t x = 0;
+    for (int i = 0; i < 10000; i++) x = mt19937_u32(&mt);
+    assert_int_equal(x, 4123659995u);
+}
+
+// The initial weights for seed 1 are PyTorch's for torch.manual_seed(1) and the same
+// modules, bit for bit: the first and last element of every tensor, printed by
+// tests/torch_init_reference.py from Debian's python3-torch 1.13.
+static void test_init_matches_pytorch(void **state) {
+    (void)state;
+    static const struct {
+        const char *name;
+        uint32_t first, last;
+    } torch_seed1[] = {
+        {"conv1.weight", 0x3e2fe063u, 0x3e8f9b60u},  // 0.171754405 .. 0.280482292
+        {"conv1.bias", 0xbd815310u, 0x3dfc124bu},  // -0.0631467104 .. 0.123081766
+        {"conv2.weight", 0xbc3f1a7bu, 0x3b5caf3du},  // -0.0116640283 .. 0.00336737861
+        {"conv2.bias", 0xbcd37b2du, 0xbcd6a69cu},  // -0.0258155707 .. -0.0262024924
+        {"fc1.weight", 0x3bb643a3u, 0x3b5083d6u},  // 0.00556226214 .. 0.00318168616
+        {"fc1.bias", 0x3c18a46cu, 0x3af8a9b6u},  // 0.00931654498 .. 0.00189714762
+        {"fc2.weight", 0xbc64bfc0u, 0x3db8059cu},  // -0.0139617324 .. 0.089854449
+        {"fc2.bias", 0x3c4917a0u, 0x3dbf9a40u},  // 0.012273699 .. 0.0935559273
+    };
+    Cfg cfg;
+    load_mnist_cfg(&cfg);
+    Net net;
+    Error err = {{0}};
+    assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10,
+                                &(NetOptions){.batch = 1, .precision = DT_F32}, &cpu_kernels, &err),
+                     0);
+    cfg_free(&cfg);
+    assert_int_equal(net_init_params(&net, 1, &err), 0);
+    size_t checked = 0;
+    for (int i = 0; i < net.nlayers; i++) {
+        const Layer *l = net.layers[i];
+        for (int j = 0; j < l->nparams; j++, checked++) {
+            assert_true(checked < sizeof torch_seed1 / sizeof torch_seed1[0]);
+            assert_string_equal(l->params[j].name, torch_seed1[checked].name);
+            const float *p = l->params[j].data;
+            uint32_t first, last;
+            memcpy(&first, &p[0], 4);
+            memcpy(&last, &p[tensor_numel(&l->params[j]) - 1], 4);
+            assert_int_equal(first, torch_seed1[checked].first);
+            assert_int_equal(last, torch_seed1[checked].last);
+        }
+    }
+    assert_int_equal(checked, sizeof torch_seed1 / sizeof torch_seed1[0]);
+    net_free(&net);
 }
 
 // ---- the memory plan --------------------------------------------------------------------
@@ -759,6 +815,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mnist_network),
         cmocka_unit_test(test_init_params),
+        cmocka_unit_test(test_mt19937_reference),
+        cmocka_unit_test(test_init_matches_pytorch),
         cmocka_unit_test(test_memory_plan),
         cmocka_unit_test(test_mnist_forward_backward),
         cmocka_unit_test(test_cfg_errors),
