@@ -21,6 +21,7 @@
 #include "nn/kernels.h"
 #include "nn/net.h"
 #include "nn/optim.h"
+#include "nn/profile.h"
 #include "nn/scaler.h"
 
 // ---- the [train] and [data] sections -------------------------------------------------------
@@ -45,13 +46,15 @@ static const CfgKey train_keys[] = {
     {"lr_gamma", "0.7", "StepLR: the learning rate is multiplied by this after each epoch"},
     {"device", "cpu", "cpu, or cuda in builds with the CUDA backend"},
     {"threads", "0", "CPU threads for OpenBLAS and the kernels; 0 = all cores"},
-    {"seed", "1", "seeds initialisation, shuffling and dropout"},
+    {"seed", "1", "seeds initialisation (the weights PyTorch draws after torch.manual_seed), shuffling and dropout"},
     {"save", "runs/<cfg name>", "folder for checkpoints (last, best) and metrics.jsonl"},
     {"save_every", "0", "also write the last checkpoint every N batches; 0 = each epoch only"},
     {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint, as on "
                         "Ctrl-C (for time-boxed sessions); 0 = never"},
     {"resume", "", "a checkpoint to continue training from exactly (same cfg and seed)"},
     {"init", "", "a checkpoint whose weights start this run (optimizer starts fresh)"},
+    {"profile", "0", "1: time every kernel and layer and print where the training time went "
+                     "(milliseconds per step) after each epoch"},
 };
 enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
 
@@ -61,6 +64,7 @@ typedef struct Options {
     int segments;        // NetOptions.segments
     size_t memory;       // budget in bytes; 0 = none
     int auto_fp16;
+    int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]
     const char *resume, *init;
     DType precision;
@@ -151,7 +155,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
     if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
     if (cfg_check_keys(cfg, t, train_keys, NTRAIN_KEYS, err) || data_cfg_read(&o->data, cfg, d, err))
         return -1;
-    int64_t epochs, batch, threads, seed, accumulate, growth_interval;
+    int64_t epochs, batch, threads, seed, accumulate, growth_interval, profile;
     double lr, rho, eps, wd, gamma, init_scale;
     int optimizer, precision;
     static const char *const optimizers[] = {"adadelta"}, *const precisions[] = {"fp32", "fp16"};
@@ -180,8 +184,10 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_int(cfg, t, "save_every", "0", 0, INT64_MAX, &o->save_every, err) ||
         cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
         cfg_str(cfg, t, "resume", "", &o->resume, err) ||
-        cfg_str(cfg, t, "init", "", &o->init, err))
+        cfg_str(cfg, t, "init", "", &o->init, err) ||
+        cfg_int(cfg, t, "profile", "0", 0, 1, &profile, err))
         return -1;
+    o->profile = (int)profile;
     o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
     o->seed = (uint64_t)seed;
     o->accumulate = (int)accumulate;
@@ -290,11 +296,14 @@ static void train_step(Net *net, const Batch *b, const Options *o, uint64_t step
     net->loss_scale = (float)scaler->scale;
     for (int m0 = 0; m0 < b->n; m0 += net->batch) {
         const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
+        profile_enter(PROF_STEP);
         put_batch(net, b, m0, n);
         net_forward(net, n, true, o->seed, step, m0);
+        profile_enter(PROF_LOSS);
         net_loss(net, n, b->n, true);
         net_backward(net, n, o->seed, step, m0);
     }
+    profile_enter(PROF_OPTIMIZER);
     if (net->precision == DT_F16) {
         float nonfinite;
         net->k->scale_check(net->grads, net->nparams, (float)(1.0 / scaler->scale),
@@ -358,6 +367,7 @@ typedef struct Run {
     LossScaler scaler;
     CheckpointInfo info;
     char last[1100], best[1100];
+    int64_t steps_now, images_now;  // trained by this process (for the profile)
 } Run;
 
 // Writes the run's state to path (the epoch totals so far come from the device).
@@ -389,9 +399,12 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     double last_print = t0;
     const Batch *b;
     while (1) {
+        profile_enter(PROF_LOADER);
         if (loader_next(r->loader, &b, err)) return -1;
         if (!b) break;
         train_step(net, b, o, r->st.step, lr, &r->scaler);
+        profile_enter(PROF_STEP);
+        r->steps_now++, r->images_now += b->n;
         r->st.step++;
         r->st.batch = b->index + 1;
         r->st.epoch_seen += b->n;
@@ -422,6 +435,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
         }
     }
     net->k->sync();
+    profile_enter(PROF_IDLE);
     *seconds = now() - t0;
     if (live) printf("\r\033[K");
     read_metrics(net, t);
@@ -521,6 +535,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     }
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     if (net_init_params(&net, o->seed, err)) goto done;
+    if (o->profile && profile_start(&net, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
     r.scaler = net.precision == DT_F16 ? o->scaler : scaler_make(false, 1.0, 1);
@@ -577,6 +592,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         const int stopped = train_epoch(&r, &tr, &seconds, err);
         if (stopped < 0) goto done;
         if (stopped) {
+            if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
             rc = 1;
             goto done;
         }
@@ -600,6 +616,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                "peak %.0f MB%s%s\n",
                epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
                img_s, seconds, rss, wait, scale);
+        if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
         fflush(stdout);
         char val_loss[32] = "null", val_acc_s[32] = "null";
         if (test) {
@@ -631,6 +648,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
 done:
     free(r.info.cfg_text);
     if (log) fclose(log);
+    profile_stop(&net);
     net_free(&net);
     data_close(&data);
     return rc;

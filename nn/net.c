@@ -266,6 +266,7 @@ static float *fp32_view(const Net *net, int i, int n0, int n, int slot) {
 static void forward_layer(Net *net, int i, LayerCtx ctx, int N) {
     Layer *l = net->layers[i];
     const int last = net->nlayers - 1;
+    if (net->on_layer) net->on_layer(i, false);
     if (net->precision == DT_F32) {
         l->ops->forward(l, &ctx, net->acts[i], i ? net->acts[i - 1] : net->input_buf, N);
         return;
@@ -285,6 +286,7 @@ static void forward_layer(Net *net, int i, LayerCtx ctx, int N) {
 static void backward_layer(Net *net, int i, LayerCtx ctx, int N, void *dout, void *din) {
     Layer *l = net->layers[i];
     const int last = net->nlayers - 1;
+    if (net->on_layer) net->on_layer(i, true);
     if (net->precision == DT_F32) {
         l->ops->backward(l, &ctx, din, dout, i ? net->acts[i - 1] : net->input_buf, net->acts[i], N);
         return;

@@ -75,6 +75,8 @@ typedef struct Net {
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to
                          // them), and the loss scaler's non-finite flag (scale_check sets it)
+    // Called as layer i's forward or backward begins (nn/profile.h); NULL: nothing.
+    void (*on_layer)(int layer, bool backward);
 } Net;
 
 // Builds the layers from the cfg's layer sections (all sections but [train] and [data]),

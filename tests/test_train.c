@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,39 @@ static void test_resume_fp32(void **state) { check_resume("", "fp32"); }
 static void test_resume_fp16(void **state) { check_resume("precision=fp16", "fp16"); }
 static void test_resume_accumulate(void **state) { check_resume("accumulate=4", "acc"); }
 
+// profile=1 times every kernel through a wrapping table: the same bits as without it, and a
+// table with each layer's forward and backward whose scopes add up to the total.
+static void test_profile(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[1024];
+    snprintf(args, sizeof args, "epochs=1 save=%s/plain", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "epochs=1 profile=1 save=%s/prof", dir);
+    assert_int_equal(train(args), 0);
+    expect_same_tensors("plain/last.safetensors", "prof/last.safetensors");
+    const char *out = read_output();
+    const char *table = strstr(out, "profile: 19 steps, 600 images");  // ceil(600 / 32) steps
+    assert_non_null(table);
+    const char *const rows[] = {"conv1 forward", "conv1 backward", "fc2 forward", "fc2 backward",
+                                "log_softmax1 backward", "optimizer", "loader wait"};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "| %-22s |", rows[i]);
+        if (!strstr(table, want)) fail_msg("no row '%s' in the profile:\n%s", rows[i], table);
+    }
+    // The second column: milliseconds per step of each scope, then of all of them.
+    double sum = 0, total = -1;
+    for (const char *line = strchr(table, '\n'); line; line = strchr(line + 1, '\n')) {
+        char name[64];
+        double ms;
+        if (sscanf(line + 1, "| %63[^|]| %lf |", name, &ms) != 2) continue;
+        if (strncmp(name, "total ", 6) == 0) total = ms;
+        else sum += ms;
+    }
+    assert_true(total > 0);
+    if (fabs(sum - total) > 0.01 * 20) fail_msg("scopes add up to %.2f ms, total %.2f", sum, total);
+}
+
 static void test_training_learns(void **state) {
     if (access("./train", X_OK) != 0) skip();
     char args[PATH_MAX + 64];
@@ -246,6 +280,7 @@ static void test_bad_input(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_learns),
+        cmocka_unit_test(test_profile),
         cmocka_unit_test(test_resume_fp32),
         cmocka_unit_test(test_resume_fp16),
         cmocka_unit_test(test_resume_accumulate),
