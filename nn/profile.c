@@ -55,8 +55,9 @@ void profile_enter(ProfScope scope) {
     if (P.wall) prof_switch(scope);
 }
 
+// Outside training (evaluation runs the same layers) everything stays idle.
 void profile_layer(int layer, bool backward) {
-    if (P.wall) prof_switch(PROF_FIXED_SCOPES + 2 * layer + backward);
+    if (P.wall && P.scope != PROF_IDLE) prof_switch(PROF_FIXED_SCOPES + 2 * layer + backward);
 }
 
 // Every wrapper runs the inner kernel and charges its time to (scope, kind). A device

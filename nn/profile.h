@@ -31,7 +31,7 @@ typedef enum ProfScope {
 int profile_start(Net *net, Error *err);
 // Switches the current scope; no-op while not profiling.
 void profile_enter(ProfScope scope);
-// The layer hook: layer i's forward or backward begins.
+// The layer hook: layer i's forward or backward begins (ignored while PROF_IDLE).
 void profile_layer(int layer, bool backward);
 // Prints the table (milliseconds per step) for `steps` steps of `images` images.
 void profile_print(FILE *f, int64_t steps, int64_t images);
