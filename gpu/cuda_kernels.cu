@@ -225,11 +225,11 @@ __host__ __device__ static inline int last_window(int x, int stride, int O) {
     return o < O - 1 ? o : O - 1;
 }
 
-// col element i = (row (n, oh, ow), column (c, kh, kw)); zero outside the image.
+// col element i = (row (n, oh, ow), column (kh, kw, c)); zero outside the image.
 __host__ __device__ static inline void im2col_at(int64_t i, float *col, const float *in, Window w) {
-    const int64_t kk = (int64_t)w.K * w.K, ckk = w.C * kk;
-    const int64_t r = i / ckk, j = i - r * ckk, c = j / kk;
-    const int kh = (int)((j - c * kk) / w.K), kw = (int)(j - c * kk - (int64_t)kh * w.K);
+    const int64_t kc = (int64_t)w.K * w.C, ckk = w.K * kc;
+    const int64_t r = i / ckk, j = i - r * ckk;
+    const int kh = (int)(j / kc), kw = (int)((j - kh * kc) / w.C), c = (int)(j % w.C);
     const int ow = (int)(r % w.OW), oh = (int)(r / w.OW % w.OH);
     const int64_t n = r / ((int64_t)w.OW * w.OH);
     const int ih = oh * w.stride - w.pad + kh, iw = ow * w.stride - w.pad + kw;
@@ -255,7 +255,7 @@ __host__ __device__ static inline void col2im_at(int64_t i, float *din, const fl
         const int kh = y - oh * w.stride;
         for (int ow = ow0; ow <= ow1; ow++) {
             const int kw = x - ow * w.stride;
-            acc += col[((n * w.OH + oh) * w.OW + ow) * ckk + ((int64_t)c * w.K + kh) * w.K + kw];
+            acc += col[((n * w.OH + oh) * w.OW + ow) * ckk + ((int64_t)kh * w.K + kw) * w.C + c];
         }
     }
     din[i] = acc;

@@ -1,15 +1,22 @@
 // conv.c: 2-D convolution as im2col + one GEMM over many images at once.
 //
 // Activations are channel-last, so the GEMM's output rows (n, oh, ow) x OC are already the
-// layer's output (N, OH, OW, OC): out = col @ W^T, with W in PyTorch's layout (OC, C*K*K).
+// layer's output (N, OH, OW, OC): out = col @ Wp^T. im2col's columns are (kh, kw, c), so
+// that a patch is copied in runs of K * C contiguous floats; Wp is the weight permuted
+// from PyTorch's (OC, C, K, K) to (OC, K, K, C) in the workspace for each call, and the
+// weight gradient is accumulated in that order and permuted back (both orders are the
+// same when C = 1 or K = 1, and nothing is permuted then).
 // The batch is lowered in chunks of images so the im2col workspace stays near
 // CONV_COL_BYTES whatever the batch: a large batch costs activations, not workspace.
+// 2 MB keeps a chunk in the caches between im2col writing it and the GEMM reading it:
+// on the seed network (3 images a chunk) a step took 37 ms against 45 ms with 16 MB
+// chunks, which went through memory (bench/PROFILE.md).
 #include <math.h>
 #include <stdlib.h>
 
 #include "layer.h"
 
-#define CONV_COL_BYTES ((size_t)16 << 20)
+#define CONV_COL_BYTES ((size_t)2 << 20)
 
 typedef struct Conv {
     Layer base;
@@ -67,27 +74,48 @@ fail:
     return -1;
 }
 
+// Whether PyTorch's weight order (c, kh, kw) differs from im2col's (kh, kw, c).
+static bool conv_permutes(const Conv *c) { return c->base.in.c > 1 && c->size > 1; }
+
+// Floats of one permuted weight (or its gradient) in the workspace, 64-byte aligned.
+static size_t conv_weight_floats(const Conv *c) {
+    const size_t n = (size_t)c->filters * c->base.in.c * c->size * c->size;
+    return conv_permutes(c) ? (n + 15) / 16 * 16 : 0;
+}
+
+// Workspace: [Wp][dWp][im2col chunk], the first two only when conv_permutes.
 static size_t conv_workspace_bytes(const Layer *l, int N) {
     const Conv *c = (const Conv *)l;
     if (conv_is_pointwise(c)) return 0;
-    return (size_t)conv_chunk(c, N) * l->out.h * l->out.w * l->in.c * c->size * c->size *
+    return (2 * conv_weight_floats(c) +
+            (size_t)conv_chunk(c, N) * l->out.h * l->out.w * l->in.c * c->size * c->size) *
            sizeof(float);
+}
+
+// W or dW (OC, C, K*K) -> (OC, K*K, C): an NCHW -> NHWC permute with N = OC, H = 1.
+static void conv_to_khkwc(const Conv *c, const Kernels *k, float *dst, const float *src) {
+    k->nchw_to_nhwc(dst, src, c->filters, 1, c->size * c->size, c->base.in.c);
 }
 
 static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
-    const float *w = l->params[0].data;  // (OC, C*K*K)
+    float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
+    const float *w = l->params[0].data;  // (OC, K*K*C) after the permute
+    if (conv_permutes(c)) {
+        conv_to_khkwc(c, k, ctx->workspace, w);
+        w = ctx->workspace;
+    }
     const int chunk = conv_chunk(c, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = N - n0 < chunk ? N - n0 : chunk;
         const float *x = in + (int64_t)n0 * shape_numel(l->in);
-        const float *col = x;  // (n*OH*OW, C*K*K)
+        const float *col = x;  // (n*OH*OW, K*K*C)
         if (!conv_is_pointwise(c)) {
-            k->im2col(ctx->workspace, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride,
-                      c->pad, l->out.h, l->out.w);
-            col = ctx->workspace;
+            k->im2col(cols, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
+                      l->out.h, l->out.w);
+            col = cols;
         }
         k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk,
                 false, true, 1.0f, 0.0f);
@@ -100,7 +128,15 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
+    float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
     const float *w = l->params[0].data;
+    float *dw = l->grads[0];
+    if (conv_permutes(c)) {
+        float *wp = ctx->workspace, *dwp = wp + conv_weight_floats(c);
+        if (din) conv_to_khkwc(c, k, wp, w);
+        conv_to_khkwc(c, k, dwp, dw);
+        w = wp, dw = dwp;
+    }
     k->act_backward(dout, out, (int64_t)N * pixels * c->filters, c->act);
     k->bias_backward(l->grads[1], dout, (int64_t)N * pixels, c->filters);
     const int chunk = conv_chunk(c, N);
@@ -110,20 +146,21 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         const float *dy = dout + (int64_t)n0 * shape_numel(l->out);  // (n*OH*OW, OC)
         float *dx = din ? din + (int64_t)n0 * shape_numel(l->in) : NULL;
         if (conv_is_pointwise(c)) {
-            k->gemm(l->grads[0], dy, x, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
+            k->gemm(dw, dy, x, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
             if (dx) k->gemm(dx, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
             continue;
         }
         // dW += dy^T @ col; then the same workspace takes dcol = dy @ W for col2im.
-        k->im2col(ctx->workspace, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
-                  l->out.h, l->out.w);
-        k->gemm(l->grads[0], dy, ctx->workspace, c->filters, ckk, n * pixels, true, false, 1.0f,
-                1.0f);
+        k->im2col(cols, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad, l->out.h,
+                  l->out.w);
+        k->gemm(dw, dy, cols, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
         if (!dx) continue;
-        k->gemm(ctx->workspace, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
-        k->col2im(dx, ctx->workspace, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
-                  l->out.h, l->out.w);
+        k->gemm(cols, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
+        k->col2im(dx, cols, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad, l->out.h,
+                  l->out.w);
     }
+    // (OC, K*K*C) back to PyTorch's (OC, C, K*K).
+    if (conv_permutes(c)) k->nhwc_to_nchw(l->grads[0], dw, c->filters, 1, c->size * c->size, l->in.c);
 }
 
 const LayerOps conv_ops = {

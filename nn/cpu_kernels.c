@@ -69,24 +69,31 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
 
 // ---- convolution lowering ---------------------------------------------------------------------
 
+// Columns are (kh, kw, c): with channel-last input, each (kh, kw) of a patch is C
+// contiguous floats of the input, and a patch row inside the image is K * C of them.
 static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, int K, int stride,
                        int pad, int OH, int OW) {
-    const int64_t rows = (int64_t)N * OH * OW, ckk = (int64_t)C * K * K;
+    const int64_t rows = (int64_t)N * OH * OW, kc = (int64_t)K * C, ckk = K * kc;
 #pragma omp parallel for schedule(static) if (rows * ckk > PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const int ow = (int)(r % OW), oh = (int)(r / OW % OH), n = (int)(r / ((int64_t)OW * OH));
+        const int iw0 = ow * stride - pad;
         float *dst = col + r * ckk;
-        for (int kh = 0; kh < K; kh++) {
+        for (int kh = 0; kh < K; kh++, dst += kc) {
             const int ih = oh * stride - pad + kh;
+            if (ih < 0 || ih >= H) {
+                memset(dst, 0, (size_t)kc * sizeof(float));
+                continue;
+            }
+            const float *src = in + ((int64_t)n * H + ih) * W * C;
+            if (iw0 >= 0 && iw0 + K <= W) {
+                memcpy(dst, src + (int64_t)iw0 * C, (size_t)kc * sizeof(float));
+                continue;
+            }
             for (int kw = 0; kw < K; kw++) {
-                const int iw = ow * stride - pad + kw;
-                float *d = dst + kh * K + kw;  // column (c, kh, kw), stride K*K over c
-                if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
-                    for (int c = 0; c < C; c++) d[(int64_t)c * K * K] = 0.0f;
-                } else {
-                    const float *s = in + (((int64_t)n * H + ih) * W + iw) * C;
-                    for (int c = 0; c < C; c++) d[(int64_t)c * K * K] = s[c];
-                }
+                const int iw = iw0 + kw;
+                if (iw < 0 || iw >= W) memset(dst + kw * C, 0, (size_t)C * sizeof(float));
+                else memcpy(dst + kw * C, src + (int64_t)iw * C, (size_t)C * sizeof(float));
             }
         }
     }
@@ -94,8 +101,9 @@ static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, 
 
 static void cpu_col2im(float *din, const float *col, int N, int H, int W, int C, int K,
                        int stride, int pad, int OH, int OW) {
-    const int64_t ckk = (int64_t)C * K * K, image = (int64_t)H * W * C;
-    // One image per iteration: images write disjoint parts of din.
+    const int64_t kc = (int64_t)K * C, ckk = K * kc, image = (int64_t)H * W * C;
+    // One image per iteration: images write disjoint parts of din. Each pixel sums its
+    // patches in the order (oh, ow) ascending, as the CUDA kernel does.
 #pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * ckk > PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *dimg = din + n * image;
@@ -110,8 +118,8 @@ static void cpu_col2im(float *din, const float *col, int N, int H, int W, int C,
                         const int iw = ow * stride - pad + kw;
                         if (iw < 0 || iw >= W) continue;
                         float *d = dimg + ((int64_t)ih * W + iw) * C;
-                        const float *s = src + kh * K + kw;
-                        for (int c = 0; c < C; c++) d[c] += s[(int64_t)c * K * K];
+                        const float *sp = src + kh * kc + kw * C;
+                        for (int c = 0; c < C; c++) d[c] += sp[c];
                     }
                 }
             }

@@ -39,8 +39,9 @@ typedef struct Kernels {
                  bool transA, bool transB, float alpha, float beta);
 
     // ---- convolution lowering --------------------------------------------------------
-    // col (N*OH*OW, C*K*K) <- in (N, H, W, C); a row is one output pixel's patch, its
-    // columns ordered (c, kh, kw) like PyTorch's weight (OC, C, K, K). Zero padding.
+    // col (N*OH*OW, K*K*C) <- in (N, H, W, C); a row is one output pixel's patch, its
+    // columns ordered (kh, kw, c): the weight in PyTorch's layout (OC, C, K, K) is
+    // permuted to (OC, K, K, C) to multiply it (nn/conv.c). Zero padding.
     void (*im2col)(float *col, const float *in, int N, int H, int W, int C, int K,
                    int stride, int pad, int OH, int OW);
     // din (N, H, W, C) = sum of col's patches back onto the pixels they came from.

@@ -881,8 +881,9 @@ static size_t mnist_activations(int B, size_t es) {
 
 // workspace: fp16's four fp32 scratch buffers of `chunk` samples of the largest activation,
 // chunk = min(B, 16 MB / (4 * 36,864 * 4)) = min(B, 28); then the largest conv im2col
-// chunk for a batch of `chunk`: images per im2col chunk = min(chunk, 16 MB / per image),
-// conv1's image 26*26*1*9*4 = 24,336 bytes, conv2's 24*24*32*9*4 = 663,552 (25 a chunk).
+// chunk for a batch of `chunk`: images per im2col chunk = min(chunk, 2 MB / per image),
+// conv1's image 26*26*1*9*4 = 24,336 bytes, conv2's 24*24*32*9*4 = 663,552 (3 a chunk)
+// after its weight and weight gradient permuted to (OC, K, K, C), 2 * 64*32*9*4 bytes.
 static size_t mnist_workspace(int B, bool fp16, int *chunk_out) {
     const size_t mb16 = (size_t)16 << 20, largest = 36864;
     size_t chunk = (size_t)B, scratch = 0;
@@ -890,11 +891,12 @@ static size_t mnist_workspace(int B, bool fp16, int *chunk_out) {
         chunk = mb16 / (4 * largest * 4) < chunk ? mb16 / (4 * largest * 4) : chunk;
         scratch = 4 * align64(chunk * largest * 4);
     }
-    const size_t img1 = 24336, img2 = 663552;
-    const size_t c1 = mb16 / img1 < chunk ? mb16 / img1 : chunk;
-    const size_t c2 = mb16 / img2 < chunk ? mb16 / img2 : chunk;
+    const size_t img1 = 24336, img2 = 663552, w2 = 147456;
+    const size_t mb2 = (size_t)2 << 20;
+    const size_t c1 = mb2 / img1 < chunk ? mb2 / img1 : chunk;
+    const size_t c2 = mb2 / img2 < chunk ? mb2 / img2 : chunk;
     if (chunk_out) *chunk_out = (int)chunk;
-    return scratch + (c1 * img1 > c2 * img2 ? c1 * img1 : c2 * img2);
+    return scratch + (c1 * img1 > w2 + c2 * img2 ? c1 * img1 : w2 + c2 * img2);
 }
 
 static void test_memory_plan_fp16(void **state) {

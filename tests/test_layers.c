@@ -39,7 +39,7 @@
 #define MAXP LAYER_MAX_PARAMS
 
 // Mirrors CONV_COL_BYTES in nn/conv.c: the im2col workspace of one chunk of images.
-#define CONV_COL_BYTES ((size_t)16 << 20)
+#define CONV_COL_BYTES ((size_t)2 << 20)
 
 // ---- random numbers for test data (independent of the library's RNG) ------------------
 
@@ -531,22 +531,24 @@ static void test_conv_unused_border(void **state) {
 }
 
 static void test_conv_chunked_batch(void **state) {
-    // 64 channels, 3x3, 24x24 padded: one image's im2col rows take 24*24*576*4 = 1.33 MB,
-    // so 16 MB hold 12 images and a batch of 25 runs as chunks of 12, 12 and 1.
-    const ConvSpec s = {.N = 25, .C = 64, .H = 24, .W = 24, .OC = 2, .K = 3, .stride = 1,
+    // 16 channels, 3x3, 12x12 padded: one image's im2col rows take 12*12*144*4 = 82,944
+    // bytes, so 2 MB hold 25 images and a batch of 30 runs as chunks of 25 and 5.
+    const ConvSpec s = {.N = 30, .C = 16, .H = 12, .W = 12, .OC = 2, .K = 3, .stride = 1,
                         .pad = 1, .relu = true};
     char text[256];
     conv_text(text, sizeof text, &s);
     Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
-    const size_t per_image = (size_t)24 * 24 * 64 * 9 * sizeof(float);
-    assert_int_equal(l->ops->workspace_bytes(l, s.N), (CONV_COL_BYTES / per_image) * per_image);
-    assert_true(l->ops->workspace_bytes(l, s.N) < s.N * per_image);  // it really is chunked
-    assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);          // with a partial chunk
+    const size_t per_image = (size_t)12 * 12 * 16 * 9 * sizeof(float);
+    // Before the im2col chunk: the weight and its gradient permuted to (OC, K, K, C).
+    const size_t weights = 2 * (size_t)2 * 16 * 9 * sizeof(float);
+    assert_int_equal(l->ops->workspace_bytes(l, s.N), weights + (CONV_COL_BYTES / per_image) * per_image);
+    assert_true(l->ops->workspace_bytes(l, s.N) < weights + s.N * per_image);  // it really is chunked
+    assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);  // with a partial chunk
     // A small batch is not chunked: its workspace is all of its im2col.
-    assert_int_equal(l->ops->workspace_bytes(l, 3), 3 * per_image);
+    assert_int_equal(l->ops->workspace_bytes(l, 3), weights + 3 * per_image);
     free(l);
     // Against the double reference, forward and backward (finite differences over
-    // 900,000 inputs would take minutes; the reference backward is checked against them
+    // 69,120 inputs would take too long; the reference backward is checked against them
     // in the small cases).
     check_conv(&s, false, 70);
 }
@@ -575,8 +577,8 @@ static void test_im2col_col2im(void **state) {
                                                 ? 0.0f
                                                 : x[(((int64_t)n * H + ih) * W + iw) * C + ch];
                             const int64_t r = ((int64_t)n * OH + oh) * OW + ow;
-                            // Row: one output pixel; column (c, kh, kw) like (OC, C, K, K).
-                            assert_true(col[r * ckk + (ch * K + kh) * K + kw] == v);
+                            // Row: one output pixel; columns (kh, kw, c).
+                            assert_true(col[r * ckk + (kh * K + kw) * C + ch] == v);
                         }
     fill_uniform(col, ncol, -1, 1);
     memset(want, 0, nx * sizeof(double));
@@ -590,7 +592,7 @@ static void test_im2col_col2im(void **state) {
                             if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                             const int64_t r = ((int64_t)n * OH + oh) * OW + ow;
                             want[(((int64_t)n * H + ih) * W + iw) * C + ch] +=
-                                col[r * ckk + (ch * K + kh) * K + kw];
+                                col[r * ckk + (kh * K + kw) * C + ch];
                         }
     for (int64_t i = 0; i < nx; i++) back[i] = 1e30f;
     cpu_kernels.col2im(back, col, N, H, W, C, K, S, P, OH, OW);
