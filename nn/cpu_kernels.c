@@ -12,7 +12,7 @@
 #include "kernels.h"
 #include "rng.h"
 
-#ifdef __F16C__
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -222,12 +222,65 @@ static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
 
 // ---- dropout --------------------------------------------------------------------------------
 
+#ifdef __AVX2__
+// x * c mod 2^64 in four lanes (AVX2 has no 64-bit multiply): lo(x) lo(c) plus the cross
+// terms shifted up; hi(x) hi(c) falls outside 64 bits.
+static inline __m256i mul64_const(__m256i x, uint64_t c) {
+    const __m256i clo = _mm256_set1_epi64x((int64_t)(uint32_t)c);
+    const __m256i chi = _mm256_set1_epi64x((int64_t)(c >> 32));
+    const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), clo),
+                                           _mm256_mul_epu32(x, chi));
+    return _mm256_add_epi64(_mm256_mul_epu32(x, clo), _mm256_slli_epi64(cross, 32));
+}
+
+// rng_mix64 (nn/rng.h) in four lanes.
+static inline __m256i mix64_x4(__m256i x) {
+    x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 30));
+    x = mul64_const(x, 0xbf58476d1ce4e5b9ULL);
+    x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 27));
+    x = mul64_const(x, 0x94d049bb133111ebULL);
+    return _mm256_xor_si256(x, _mm256_srli_epi64(x, 31));
+}
+#endif
+
+// Element i is kept iff rng_uniform(key, offset + i) >= p, i.e. iff its top 24 bits
+// (u >> 40) >= p * 2^24 (exact: the uniform is (u >> 40) * 2^-24). The AVX2 path computes
+// the same rng_u64 values eight at a time: the counters' states key + (c + 1) * gamma step
+// by gamma, so they are added rather than multiplied.
 static void cpu_dropout_forward(float *out, const float *in, int64_t n, float p, uint64_t key,
                                 uint64_t offset) {
     const float scale = 1.0f / (1.0f - p);
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++)
-        out[i] = rng_uniform(key, offset + (uint64_t)i) >= p ? in[i] * scale : 0.0f;
+    enum { BLOCK = 4096 };  // elements per parallel iteration (a multiple of 8)
+    const int64_t nblocks = (n + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t b = 0; b < nblocks; b++) {
+        const int64_t i0 = b * BLOCK, i1 = i0 + BLOCK < n ? i0 + BLOCK : n;
+        int64_t i = i0;
+#ifdef __AVX2__
+        const uint64_t gamma = 0x9e3779b97f4a7c15ULL;
+        const __m256i threshold = _mm256_set1_epi64x((int64_t)ceil((double)p * 16777216.0) - 1);
+        const __m256i step = _mm256_set1_epi64x((int64_t)(8 * gamma));
+        const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        const __m256 vscale = _mm256_set1_ps(scale);
+        const uint64_t s0 = key + (offset + (uint64_t)i + 1) * gamma;
+        __m256i sa = _mm256_setr_epi64x((int64_t)s0, (int64_t)(s0 + gamma), (int64_t)(s0 + 2 * gamma),
+                                        (int64_t)(s0 + 3 * gamma));
+        __m256i sb = _mm256_add_epi64(sa, _mm256_set1_epi64x((int64_t)(4 * gamma)));
+        for (; i + 8 <= i1; i += 8) {
+            // Lanes whose top 24 bits reach the threshold: all ones (64-bit), then their
+            // low halves gathered into eight 32-bit masks.
+            const __m256i ka = _mm256_cmpgt_epi64(_mm256_srli_epi64(mix64_x4(sa), 40), threshold);
+            const __m256i kb = _mm256_cmpgt_epi64(_mm256_srli_epi64(mix64_x4(sb), 40), threshold);
+            const __m256i keep = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(ka, pick),
+                                                           _mm256_permutevar8x32_epi32(kb, pick), 0x20);
+            const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(in + i), vscale);
+            _mm256_storeu_ps(out + i, _mm256_and_ps(_mm256_castsi256_ps(keep), y));
+            sa = _mm256_add_epi64(sa, step), sb = _mm256_add_epi64(sb, step);
+        }
+#endif
+        for (; i < i1; i++)
+            out[i] = rng_uniform(key, offset + (uint64_t)i) >= p ? in[i] * scale : 0.0f;
+    }
 }
 
 static void cpu_dropout_backward(float *din, const float *dout, int64_t n, float p,

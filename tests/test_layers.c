@@ -803,6 +803,29 @@ static void test_log_softmax(void **state) {
 
 // ---- dropout ----------------------------------------------------------------------------------
 
+// The CPU kernel (vectorised, in parallel blocks) against rng.h's definition element by
+// element, bit for bit: a length that ends mid-block and mid-vector, an odd offset, and
+// several p, with the in-kernel scaling of kept elements.
+static void test_dropout_kernel(void **state) {
+    const int64_t n = 100003;
+    float *in = xmalloc(n * sizeof(float)), *out = xmalloc(n * sizeof(float));
+    rng_seed(601);
+    fill_uniform(in, n, -2, 2);
+    const float ps[] = {0.0f, 0.1f, 0.25f, 0.5f, 0.9f};
+    for (size_t t = 0; t < sizeof ps / sizeof ps[0]; t++) {
+        const uint64_t key = rng_key(5, RNG_STREAM_DROPOUT, 11 + t, 2), offset = 12345;
+        fill_nan(out, n);
+        cpu_kernels.dropout_forward(out, in, n, ps[t], key, offset);
+        const float scale = 1.0f / (1.0f - ps[t]);
+        for (int64_t i = 0; i < n; i++) {
+            const float want = rng_uniform(key, offset + (uint64_t)i) >= ps[t] ? in[i] * scale : 0.0f;
+            if (memcmp(&out[i], &want, sizeof want) != 0)
+                fail_msg("p = %g, element %lld: %g, want %g", ps[t], (long long)i, out[i], want);
+        }
+    }
+    free(in), free(out);
+}
+
 static void test_dropout(void **state) {
     const int N = 4;
     const float p = 0.3f;
@@ -980,6 +1003,7 @@ int main(void) {
         cmocka_unit_test(test_flatten_permutation),
         cmocka_unit_test(test_log_softmax),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_dropout_kernel),
         cmocka_unit_test(test_nll_loss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
