@@ -146,18 +146,28 @@ static void cpu_act_backward(float *dout, const float *y, int64_t n, Activation 
     for (int64_t i = 0; i < n; i++) dout[i] = y[i] > 0.0f ? dout[i] : 0.0f;
 }
 
-// Column sums in blocks of rows; each block's partial sums are added to dbias in row
-// order, so the result is independent of threads.
+// Column sums over BIAS_ROW_BLOCKS blocks of rows whose bounds depend on `rows` only,
+// summed in parallel, then added to dbias in block order: the same bits whatever the
+// number of threads.
+#define BIAS_ROW_BLOCKS 16
 static void cpu_bias_backward(float *dbias, const float *dout, int64_t rows, int cols) {
     enum { COLS_BLOCK = 256 };
+    const int64_t per_block = (rows + BIAS_ROW_BLOCKS - 1) / BIAS_ROW_BLOCKS;
     for (int c0 = 0; c0 < cols; c0 += COLS_BLOCK) {
         const int nc = cols - c0 < COLS_BLOCK ? cols - c0 : COLS_BLOCK;
-        float acc[COLS_BLOCK] = {0};
-        for (int64_t r = 0; r < rows; r++) {
-            const float *d = dout + r * cols + c0;
-            for (int c = 0; c < nc; c++) acc[c] += d[c];
+        float part[BIAS_ROW_BLOCKS][COLS_BLOCK];
+#pragma omp parallel for schedule(static) if (rows * nc > PAR_MIN)
+        for (int b = 0; b < BIAS_ROW_BLOCKS; b++) {
+            float *acc = part[b];
+            for (int c = 0; c < nc; c++) acc[c] = 0.0f;
+            const int64_t r1 = (b + 1) * per_block < rows ? (b + 1) * per_block : rows;
+            for (int64_t r = b * per_block; r < r1; r++) {
+                const float *d = dout + r * cols + c0;
+                for (int c = 0; c < nc; c++) acc[c] += d[c];
+            }
         }
-        for (int c = 0; c < nc; c++) dbias[c0 + c] += acc[c];
+        for (int b = 0; b < BIAS_ROW_BLOCKS; b++)
+            for (int c = 0; c < nc; c++) dbias[c0 + c] += part[b][c];
     }
 }
 
@@ -191,32 +201,36 @@ static void cpu_maxpool_forward(float *out, const float *in, int N, int H, int W
             }
 }
 
+// Channels are innermost, so each window element is compared for a block of channels at
+// once; `taken` marks the channels whose first maximum was already found.
 static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
                                  const float *out, int N, int H, int W, int C, int K,
                                  int stride, int OH, int OW) {
+    enum { CBLOCK = 256 };
 #pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *dimg = din + (int64_t)n * H * W * C;
+        const float *img = in + (int64_t)n * H * W * C;
         memset(dimg, 0, sizeof(float) * (size_t)H * W * C);
         for (int oh = 0; oh < OH; oh++)
-            for (int ow = 0; ow < OW; ow++) {
-                const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C;
-                for (int c = 0; c < C; c++) {
-                    // The first window element equal to the maximum took it in forward.
-                    const float m = out[o + c];
-                    int found = 0;
-                    for (int kh = 0; kh < K && !found; kh++)
-                        for (int kw = 0; kw < K && !found; kw++) {
-                            const int64_t i = ((int64_t)(oh * stride + kh) * W +
-                                               ow * stride + kw) * C + c;
-                            const float v = in[(int64_t)n * H * W * C + i];
-                            if (v == m || (isnan(m) && isnan(v))) {
-                                dimg[i] += dout[o + c];
-                                found = 1;
+            for (int ow = 0; ow < OW; ow++)
+                for (int c0 = 0; c0 < C; c0 += CBLOCK) {
+                    const int nc = C - c0 < CBLOCK ? C - c0 : CBLOCK;
+                    const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C + c0;
+                    int taken[CBLOCK] = {0};
+                    for (int kh = 0; kh < K; kh++)
+                        for (int kw = 0; kw < K; kw++) {
+                            const int64_t i = ((int64_t)(oh * stride + kh) * W + ow * stride + kw) * C + c0;
+                            for (int c = 0; c < nc; c++) {
+                                // The first window element equal to the maximum took it in forward.
+                                // (Bitwise, not &&/||: no branches, so the loop vectorises.)
+                                const float m = out[o + c], v = img[i + c];
+                                const int hit = ((v == m) | ((m != m) & (v != v))) & !taken[c];
+                                dimg[i + c] += hit ? dout[o + c] : 0.0f;
+                                taken[c] |= hit;
                             }
                         }
                 }
-            }
     }
 }
 
