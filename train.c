@@ -562,7 +562,10 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     r.info.class_names = train->class_names;
     r.info.classes = train->classes;
 
-    printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", cfg->path, k->name,
+    char device[64];
+    snprintf(device, sizeof device, "%s%s%s%s", k->name, k->host_memory ? " (OpenBLAS " : "",
+             k->host_memory ? cpu_blas_core() : "", k->host_memory ? " kernels)" : "");
+    printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", cfg->path, device,
            (long long)train->count, test ? "" : " (no test set)", data.classes, o->batch);
     if (accumulate > 1) printf(" as %d micro-batches of %d", accumulate, net.batch);
     printf(", %s", net.precision == DT_F16 ? "fp16 activations" : "fp32");

@@ -59,7 +59,8 @@ int main(int argc, char **argv) {
         printf("sgemm %-32s %7.1f GFLOP/s\n", shapes[i].what, g);
         if (g > best) best = g;
     }
-    printf("{\"sgemm_ceiling_gflops\": %.1f, \"threads\": %d}\n", best, threads);
+    printf("{\"sgemm_ceiling_gflops\": %.1f, \"threads\": %d, \"openblas_core\": \"%s\"}\n", best,
+           threads, cpu_blas_core());
     free(A), free(B), free(C);
     return 0;
 }

@@ -430,6 +430,8 @@ static void cpu_adadelta_step(float *p, float *square_avg, float *acc_delta, con
     }
 }
 
+const char *cpu_blas_core(void) { return openblas_get_corename(); }
+
 void cpu_set_threads(int n) {
     openblas_set_num_threads(1);  // see cpu_gemm
     omp_set_num_threads(n);

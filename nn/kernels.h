@@ -127,5 +127,8 @@ const Kernels *kernels_for_device(const char *device, Error *err);
 
 // Threads for the CPU backend (OpenBLAS and the project's own loops).
 void cpu_set_threads(int n);
+// The OpenBLAS kernels in use ("Haswell", "Cooperlake", ...): OpenBLAS picks them for the
+// CPU when it loads, unless OPENBLAS_CORETYPE names them.
+const char *cpu_blas_core(void);
 
 #endif
