@@ -206,16 +206,19 @@ static void cpu_maxpool_forward(float *out, const float *in, int N, int H, int W
 }
 
 // Channels are innermost, so each window element is compared for a block of channels at
-// once; `taken` marks the channels whose first maximum was already found.
+// once; `taken` marks the channels whose first maximum was already found. When the windows
+// tile the input exactly (stride = K, no rows or columns left over, the usual case), every
+// element of din belongs to one window and is written once, without zeroing first.
 static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
                                  const float *out, int N, int H, int W, int C, int K,
                                  int stride, int OH, int OW) {
     enum { CBLOCK = 256 };
+    const bool tiles = stride == K && OH * K == H && OW * K == W;
 #pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *dimg = din + (int64_t)n * H * W * C;
         const float *img = in + (int64_t)n * H * W * C;
-        memset(dimg, 0, sizeof(float) * (size_t)H * W * C);
+        if (!tiles) memset(dimg, 0, sizeof(float) * (size_t)H * W * C);
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++)
                 for (int c0 = 0; c0 < C; c0 += CBLOCK) {
@@ -226,11 +229,13 @@ static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
                         for (int kw = 0; kw < K; kw++) {
                             const int64_t i = ((int64_t)(oh * stride + kh) * W + ow * stride + kw) * C + c0;
                             for (int c = 0; c < nc; c++) {
-                                // The first window element equal to the maximum took it in forward.
-                                // (Bitwise, not &&/||: no branches, so the loop vectorises.)
+                                // The first window element equal to the maximum took it in
+                                // forward. (Bitwise, not &&/||: no branches, so the loop
+                                // vectorises.)
                                 const float m = out[o + c], v = img[i + c];
                                 const int hit = ((v == m) | ((m != m) & (v != v))) & !taken[c];
-                                dimg[i + c] += hit ? dout[o + c] : 0.0f;
+                                const float g = hit ? dout[o + c] : 0.0f;
+                                dimg[i + c] = tiles ? g : dimg[i + c] + g;
                                 taken[c] |= hit;
                             }
                         }

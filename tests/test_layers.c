@@ -676,6 +676,7 @@ static void test_maxpool(void **state) {
     check_maxpool(2, 3, 7, 8, 2, 2, 300);  // the last row is left out (floor mode)
     check_maxpool(2, 2, 9, 7, 3, 2, 301);  // overlapping windows share elements
     check_maxpool(1, 4, 4, 4, 2, 1, 302);  // stride 1
+    check_maxpool(2, 3, 6, 8, 2, 2, 303);  // windows tile the input: din written without zeroing
     // The default stride is the size.
     Layer *l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\n", (Shape){.c = 2, .h = 9, .w = 7});
     assert_int_equal(l->out.h, 3);
