@@ -51,10 +51,36 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
     const int lda = transA ? M : K, ldb = transB ? K : N;
     const CBLAS_TRANSPOSE ta = transA ? CblasTrans : CblasNoTrans;
     const CBLAS_TRANSPOSE tb = transB ? CblasTrans : CblasNoTrans;
+    const int threads = omp_get_max_threads();
+    // A small C over a long K (the first conv layer's weight gradient: 32 x 9 over 43,264
+    // rows): slabs of C would each pack the long operand again; instead each thread sums
+    // its share of K into its own copy of C, and the copies are added in thread order.
+    enum { SPLIT_K_MAX_C = 4096, SPLIT_K_MAX_THREADS = 16 };
+    if (threads > 1 && (int64_t)M * N <= SPLIT_K_MAX_C && K >= 256 * threads) {
+        const int T = threads < SPLIT_K_MAX_THREADS ? threads : SPLIT_K_MAX_THREADS;
+        const int kslab = (K + T - 1) / T, mn = M * N;
+        float part[SPLIT_K_MAX_THREADS][SPLIT_K_MAX_C];
+#pragma omp parallel for schedule(static)
+        for (int t = 0; t < T; t++) {
+            const int k0 = t * kslab, kn = K - k0 < kslab ? K - k0 : kslab;
+            if (kn <= 0) {
+                memset(part[t], 0, (size_t)mn * sizeof(float));
+                continue;
+            }
+            cblas_sgemm(CblasRowMajor, ta, tb, M, N, kn, 1.0f,
+                        transA ? A + (int64_t)k0 * M : A + k0, lda,
+                        transB ? B + k0 : B + (int64_t)k0 * N, ldb, 0.0f, part[t], N);
+        }
+        for (int i = 0; i < mn; i++) {
+            float sum = part[0][i];
+            for (int t = 1; t < T; t++) sum += part[t][i];
+            C[i] = beta == 0.0f ? alpha * sum : alpha * sum + beta * C[i];
+        }
+        return;
+    }
     const bool by_rows = M >= N;
     const int len = by_rows ? M : N;
     // Small products run as one call; slabs are multiples of 16 rows or columns.
-    const int threads = omp_get_max_threads();
     int slab = (int64_t)M * N * K < (1 << 18) ? len : (len + threads - 1) / threads;
     slab = (slab + 15) / 16 * 16;
     const int nslabs = (len + slab - 1) / slab;

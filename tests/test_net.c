@@ -641,9 +641,9 @@ static void test_determinism(void **state) {
     free(a), free(b), free(c);
 }
 
-// GEMMs are cut into one slab of rows (or columns) per thread: with 1, 2 and 3 threads
-// (uneven slabs) every element equals a double-precision product within float rounding,
-// for the row and the column cut and both transposes; training with 1 and 2 threads
+// GEMMs are cut into one slab of rows (or columns, or of K for a small C) per thread: with
+// 1, 2 and 3 threads (uneven slabs) every element equals a double-precision product within
+// float rounding, for the row, column and K cuts and both transposes; training with 1 and 2 threads
 // agrees to rounding, and 2 threads twice give the same bits (DESIGN.md decision 10).
 static void check_gemm_slabs(int M, int N, int K, bool ta, bool tb) {
     float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
@@ -677,6 +677,8 @@ static void test_thread_counts(void **state) {
     check_gemm_slabs(1000, 24, 40, true, true);
     check_gemm_slabs(16, 1000, 40, true, false);   // cut by columns
     check_gemm_slabs(24, 1000, 40, false, true);
+    check_gemm_slabs(32, 9, 5000, true, false);    // small C, long K: K cut across threads
+    check_gemm_slabs(9, 32, 3000, false, true);
     size_t n1, n2, n3;
     double l1, l2, l3;
     cpu_set_threads(1);
