@@ -101,8 +101,8 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
 
 // dst[0, n) = src[0, n) for the runs of im2col (K * C floats): runs of 8 floats and more
 // inline, where a memcpy call per run of a few hundred bytes costs as much as the copy
-// (conv2 of the seed network: im2col 0.88 -> 0.64 ms per step); shorter ones by memcpy,
-// whose overlapping loads beat a scalar loop.
+// (conv2 of the seed network: im2col 0.88 -> 0.64 ms per step); shorter ones (conv1's 3)
+// by a plain loop.
 static inline void copy_floats(float *dst, const float *src, int64_t n) {
 #ifdef __AVX2__
     if (n >= 8) {
@@ -112,7 +112,7 @@ static inline void copy_floats(float *dst, const float *src, int64_t n) {
         return;
     }
 #endif
-    memcpy(dst, src, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
 }
 
 // Columns are (kh, kw, c): with channel-last input, each (kh, kw) of a patch is C
