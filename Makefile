@@ -87,7 +87,8 @@ ckpt: $(BUILD)/ckpt.o $(BUILD)/libcnn.a $(BIN_FLAGS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libcnn.a
+# Every suite links the shared helpers of tests/testutil.c.
+$(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/testutil.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
 # ---- set-up ----------------------------------------------------------------------------
@@ -125,7 +126,7 @@ REPLAY_CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 $(BUILD)/gpu/replay/host_replay.o: gpu/replay/host_replay.cu gpu/cuda_kernels.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -MMD -MP -I/usr/include/x86_64-linux-gnu/openblas-pthread -c $< -o $@
-$(BUILD)/tests/test_gpu_replay: $(BUILD)/tests/test_gpu.o $(BUILD)/gpu/replay/host_replay.o $(BUILD)/libcnn.a
+$(BUILD)/tests/test_gpu_replay: $(BUILD)/tests/test_gpu.o $(BUILD)/tests/testutil.o $(BUILD)/gpu/replay/host_replay.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -L$(REPLAY_CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -lcmocka
 test-gpu-replay: deps-test
 	@[ -n "$(NVCC)" ] || { echo "make test-gpu-replay: no nvcc found; install the CUDA toolkit" >&2; exit 1; }

@@ -52,6 +52,14 @@ static Spin g_spin = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
                       PTHREAD_COND_INITIALIZER, 0, 0, 0, 0};
 static volatile double g_sink;
 
+// Floating-point work until the clock reaches `until` (the simulated compute).
+static void spin_until(double until) {
+    double x = 1;
+    while (now() < until)
+        for (int i = 0; i < 1000; i++) x = x * 1.0000001 + 1e-9;
+    g_sink = x;
+}
+
 static void *spinner(void *arg) {
     int64_t seen = 0;
     for (;;) {
@@ -64,10 +72,7 @@ static void *spinner(void *arg) {
         seen = g_spin.round;
         double until = g_spin.until;
         pthread_mutex_unlock(&g_spin.mu);
-        double x = 1;
-        while (now() < until)
-            for (int i = 0; i < 1000; i++) x = x * 1.0000001 + 1e-9;
-        g_sink = x;
+        spin_until(until);
         pthread_mutex_lock(&g_spin.mu);
         g_spin.finished++;
         pthread_cond_broadcast(&g_spin.done);
@@ -85,10 +90,7 @@ static void compute(double ms, int nthreads) {
     g_spin.finished = 0;
     pthread_cond_broadcast(&g_spin.go);
     pthread_mutex_unlock(&g_spin.mu);
-    double x = 1;
-    while (now() < until)
-        for (int i = 0; i < 1000; i++) x = x * 1.0000001 + 1e-9;
-    g_sink = x;
+    spin_until(until);
     pthread_mutex_lock(&g_spin.mu);
     while (g_spin.finished < nthreads - 1) pthread_cond_wait(&g_spin.done, &g_spin.mu);
     pthread_mutex_unlock(&g_spin.mu);

@@ -33,6 +33,7 @@
 #include "../nn/kernels.h"
 #include "../nn/net.h"
 #include "../nn/safetensors.h"
+#include "testutil.h"
 
 static char g_root[PATH_MAX] = ".";  // the repository, for ./ckpt
 static char g_dir[64];               // a fresh temporary folder for the whole suite
@@ -960,35 +961,13 @@ static void test_ckpt_tool(void **state) {
 
 // ---- main ----------------------------------------------------------------------------------
 
-static int remove_entry(const char *p) {
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
-    return system(cmd);
-}
+static int suite_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_checkpoint"); }
 
-static int suite_setup(void **state) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/test_checkpoint_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int suite_teardown(void **state) { return remove_entry(g_dir) ? -1 : 0; }
-
-// ./ckpt is found from the working directory (make test runs in the repository) or,
-// failing that, from the binary's path build[/san]/tests/test_checkpoint.
-static void find_root(const char *argv0) {
-    if (access("nn/checkpoint.h", R_OK) == 0) return;
-    char real[PATH_MAX];
-    if (!realpath(argv0, real)) return;
-    char *b = NULL;
-    for (char *s = strstr(real, "/build/"); s; s = strstr(s + 1, "/build/")) b = s;
-    if (!b) return;
-    *b = '\0';
-    snprintf(g_root, sizeof g_root, "%s", real);
-}
+static int suite_teardown(void **state) { return test_remove_tree(g_dir); }
 
 int main(int argc, char **argv) {
     (void)argc;
-    find_root(argv[0]);
+    test_find_root(g_root, sizeof g_root, argv[0], "nn/checkpoint.h");  // for ./ckpt
     cpu_set_threads(1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),        cmocka_unit_test(test_load_weights_only),

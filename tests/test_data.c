@@ -10,7 +10,6 @@
 #include <cmocka.h>
 
 #include <dirent.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 #include <zlib.h>
 
 #include "../data/dataset.h"
+#include "testutil.h"
 
 static char g_dir[PATH_MAX];  // the test's temporary directory
 
@@ -29,13 +29,6 @@ static char g_dir[PATH_MAX];  // the test's temporary directory
 static void tpath(char *out, const char *name) {
     int n = snprintf(out, PATH_MAX, "%s/%s", g_dir, name);
     assert_true(n > 0 && n < PATH_MAX);
-}
-
-static void put_be32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
 }
 
 // The byte at position p of sample i: its first two bytes encode i, so a batch tells
@@ -149,19 +142,9 @@ static int count_entries(const char *dir) {
     return n;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    return remove(path);
-}
+static int group_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_data"); }
 
-static int group_setup(void **state) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_data_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int group_teardown(void **state) {
-    return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+static int group_teardown(void **state) { return test_remove_tree(g_dir); }
 
 // ---- IDX: valid files ------------------------------------------------------------------
 

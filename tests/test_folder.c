@@ -14,7 +14,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +26,7 @@
 
 #include "../data/data_cfg.h"
 #include "../data/dataset.h"
+#include "testutil.h"
 
 static char g_dir[512];  // the suite's temporary directory
 
@@ -126,16 +126,6 @@ static void put_text(const char *rel, const char *text) {
     assert_non_null(f);
     fputs(text, f);
     assert_int_equal(fclose(f), 0);
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    return remove(path);
-}
-
-static void rm_tree(const char *rel) {
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/%s", g_dir, rel);
-    nftw(p, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static FolderOptions opts(int w, int h, int c) {
@@ -823,18 +813,11 @@ static void test_data_cfg_folders(void **state) {
 
 // ---- main -------------------------------------------------------------------------------------
 
-static int group_setup(void **state) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_folder_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
+static int group_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_folder"); }
 
-static int group_teardown(void **state) {
-    return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+static int group_teardown(void **state) { return test_remove_tree(g_dir); }
 
 int main(void) {
-    (void)rm_tree;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_folder_index_order),
         cmocka_unit_test(test_folder_formats_and_channels),

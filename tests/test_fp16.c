@@ -20,7 +20,6 @@
 #include <cmocka.h>
 
 #include <float.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +35,7 @@
 #include "../nn/net.h"
 #include "../nn/optim.h"
 #include "../nn/rng.h"
+#include "testutil.h"
 #include "../nn/scaler.h"
 
 static char g_root[PATH_MAX] = ".";  // the repository, for models/mnist.cfg
@@ -43,16 +43,6 @@ static char g_dir[PATH_MAX];         // a temporary directory for the IDX files
 
 // ---- helpers ------------------------------------------------------------------------------
 
-static uint64_t g_rng = 1;
-
-static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ULL + 777; }
-
-static uint64_t urand64(void) {
-    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return rng_mix64(g_rng);
-}
-
-static double urand(void) { return (double)(urand64() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
 
 static uint32_t f2u(float f) {
     uint32_t u;
@@ -238,11 +228,11 @@ static void test_half_random_floats(void **state) {
     enum { N = 1 << 20 };
     float *in = malloc(N * sizeof *in);
     assert_non_null(in);
-    rng_seed(16);
-    for (int i = 0; i < N; i++) in[i] = u2f((uint32_t)urand64());
+    test_rng_seed(16);
+    for (int i = 0; i < N; i++) in[i] = u2f((uint32_t)test_urand64());
     expect_to_half(in, NULL, N, "random bits");
     for (int i = 0; i < N; i++) {  // exponents 2^-27 .. 2^17
-        const uint32_t e = 100 + (uint32_t)(urand() * 45), bits = (uint32_t)urand64();
+        const uint32_t e = 100 + (uint32_t)(test_urand() * 45), bits = (uint32_t)test_urand64();
         in[i] = u2f((bits & 0x807fffffu) | e << 23);
     }
     expect_to_half(in, NULL, N, "half range");
@@ -329,8 +319,8 @@ static void test_scale_check(void **state) {
     enum { N = 70001 };  // parallel, with an odd tail
     float *g = malloc(N * sizeof *g), *want = malloc(N * sizeof *want);
     assert_true(g && want);
-    rng_seed(5);
-    for (int i = 0; i < N; i++) g[i] = (float)((urand() * 2 - 1) * 1e4);
+    test_rng_seed(5);
+    for (int i = 0; i < N; i++) g[i] = (float)((test_urand() * 2 - 1) * 1e4);
     g[17] = 3.0e38f, g[N - 1] = -3.0e38f, g[100] = 0x1p-149f;  // large and tiny finite values
     const float scale = 0x1p-16f;
     for (int i = 0; i < N; i++) want[i] = g[i] * scale;
@@ -396,9 +386,9 @@ enum { ACC_B = 16, ACC_K = 4, ACC_PIX = 100 };
 static const Shape acc_shape = {.c = 1, .h = 10, .w = 10};
 
 static void acc_data(float *x, int32_t *y) {
-    rng_seed(77);
-    for (int i = 0; i < ACC_B * ACC_PIX; i++) x[i] = (float)(urand() * 3 - 1);
-    for (int i = 0; i < ACC_B; i++) y[i] = (int32_t)(urand() * 10);
+    test_rng_seed(77);
+    for (int i = 0; i < ACC_B * ACC_PIX; i++) x[i] = (float)(test_urand() * 3 - 1);
+    for (int i = 0; i < ACC_B; i++) y[i] = (int32_t)(test_urand() * 10);
 }
 
 // Gradients (malloc'd) of the batch of ACC_B on a net of micro-batch `micro`: ACC_B/micro
@@ -666,10 +656,10 @@ static void test_fp16_chunks_seed_network(void **state) {
     assert_non_null(x);
     // A pre-activation within fp16's rounding of ReLU's kink is on in one run and off in
     // the other, which moves every gradient below it by ~3% (one of 40 x 64 fc1 units).
-    // These data have none there; rng_seed(9) with PyTorch's seed-7 init had one (3.6e-5).
-    rng_seed(10);
-    for (int i = 0; i < N * 784; i++) x[i] = (float)(urand() * 3 - 0.4);
-    for (int i = 0; i < N; i++) y[i] = (int32_t)(urand() * 10);
+    // These data have none there; test_rng_seed(9) with PyTorch's seed-7 init had one (3.6e-5).
+    test_rng_seed(10);
+    for (int i = 0; i < N * 784; i++) x[i] = (float)(test_urand() * 3 - 0.4);
+    for (int i = 0; i < N; i++) y[i] = (int32_t)(test_urand() * 10);
     Net probe;
     make_net(&probe, text, in, 10, N, DT_F16);
     assert_int_equal(probe.chunk, 28);
@@ -684,41 +674,6 @@ static void test_fp16_chunks_seed_network(void **state) {
 
 // ---- 5. training ------------------------------------------------------------------------------
 
-static void put_be32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
-}
-
-// count 8x8 images of 4 classes: noise in [0, 80) and a bright 3x3 square in the class's
-// quadrant, jittered by a pixel (tests/test_net.c's data set). IDX files under g_dir.
-static void write_squares(const char *name, int count, uint64_t seed, char *images, char *labels) {
-    int n1 = snprintf(images, PATH_MAX, "%s/%s-images", g_dir, name);
-    int n2 = snprintf(labels, PATH_MAX, "%s/%s-labels", g_dir, name);
-    assert_true(n1 < PATH_MAX && n2 < PATH_MAX);
-    uint8_t *im = malloc(16 + (size_t)count * 64), *lb = malloc(8 + (size_t)count);
-    assert_true(im && lb);
-    put_be32(im, 0x803), put_be32(im + 4, (uint32_t)count), put_be32(im + 8, 8), put_be32(im + 12, 8);
-    put_be32(lb, 0x801), put_be32(lb + 4, (uint32_t)count);
-    rng_seed(seed);
-    for (int i = 0; i < count; i++) {
-        const int k = (int)(urand() * 4);
-        uint8_t *px = im + 16 + (size_t)i * 64;
-        for (int p = 0; p < 64; p++) px[p] = (uint8_t)(urand() * 80);
-        const int r0 = (k / 2) * 4 + (int)(urand() * 2), c0 = (k % 2) * 4 + (int)(urand() * 2);
-        for (int r = r0; r < r0 + 3; r++)
-            for (int c = c0; c < c0 + 3; c++) px[r * 8 + c] = (uint8_t)(180 + urand() * 75);
-        lb[8 + i] = (uint8_t)k;
-    }
-    FILE *f = fopen(images, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(im, 1, 16 + (size_t)count * 64, f), 16 + (size_t)count * 64);
-    assert_int_equal(fclose(f), 0);
-    f = fopen(labels, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(lb, 1, 8 + (size_t)count, f), 8 + (size_t)count);
-    assert_int_equal(fclose(f), 0);
-    free(im);
-    free(lb);
-}
 
 // A dropout keeps the masks in play; fp16 and accumulation must handle them.
 static const char *train_net =
@@ -826,8 +781,8 @@ static TrainResult train_run(DType precision, int micro, Loader *loader, Loader 
 // below the first epoch's loss, and fp16 ends within 10% (or 0.02) of fp32's final loss.
 static void test_fp16_training_loss_falls(void **state) {
     char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
-    write_squares("train", 512, 1, images, labels);
-    write_squares("test", 200, 2, timages, tlabels);
+    write_squares(g_dir, "train", 512, 1, images, labels);
+    write_squares(g_dir, "test", 200, 2, timages, tlabels);
     Dataset *ds, *tds;
     Loader *loader = open_loader(images, labels, &ds, 1);
     Loader *tloader = open_loader(timages, tlabels, &tds, 0);
@@ -969,34 +924,13 @@ static void test_memory_plan_fp16(void **state) {
 
 // ---- main -----------------------------------------------------------------------------------
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    return remove(path);
-}
+static int group_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_fp16"); }
 
-static int group_setup(void **state) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_fp16_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int group_teardown(void **state) { return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-// models/mnist.cfg is found from the working directory or from the binary's path
-// build[/san]/tests/test_fp16.
-static void find_root(const char *argv0) {
-    if (access("models/mnist.cfg", R_OK) == 0) return;
-    char real[PATH_MAX];
-    if (!realpath(argv0, real)) return;
-    char *b = NULL;
-    for (char *s = strstr(real, "/build/"); s; s = strstr(s + 1, "/build/")) b = s;
-    if (!b) return;
-    *b = '\0';
-    snprintf(g_root, sizeof g_root, "%s", real);
-}
+static int group_teardown(void **state) { return test_remove_tree(g_dir); }
 
 int main(int argc, char **argv) {
     (void)argc;
-    find_root(argv[0]);
+    test_find_root(g_root, sizeof g_root, argv[0], "models/mnist.cfg");
     cpu_set_threads(2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_half_to_float_all),

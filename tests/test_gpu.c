@@ -32,7 +32,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -47,6 +46,7 @@
 #include "../nn/net.h"
 #include "../nn/optim.h"
 #include "../nn/rng.h"
+#include "testutil.h"
 
 static const Kernels *const C = &cpu_kernels;
 static const Kernels *G;    // the CUDA table, or NULL
@@ -957,17 +957,9 @@ static void test_checkpoint_across_devices(void **state) {
 
 // ---- main ---------------------------------------------------------------------------------------
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    return remove(path);
-}
+static int group_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_gpu"); }
 
-static int group_setup(void **state) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_gpu_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int group_teardown(void **state) { return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static int group_teardown(void **state) { return test_remove_tree(g_dir); }
 
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {

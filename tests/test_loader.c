@@ -12,7 +12,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +24,7 @@
 #include <stb/stb_image_write.h>
 
 #include "../data/dataset.h"
+#include "testutil.h"
 
 static char g_dir[512];  // the suite's temporary directory
 
@@ -94,10 +94,6 @@ static Dataset *open_tree(const char *root, int w, int h, int c) {
     Error err = {{0}};
     if (folder_dataset_open(&ds, p, &o, &err)) fail_msg("%s", err.msg);
     return ds;
-}
-
-static void put_be32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
 }
 
 // An IDX set of count images rows x cols of pix, labels i % 10.
@@ -541,19 +537,9 @@ static void test_loader_bytes_ring(void **state) {
 
 // ---- main -------------------------------------------------------------------------------------
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    return remove(path);
-}
+static int group_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_loader"); }
 
-static int group_setup(void **state) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_loader_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int group_teardown(void **state) {
-    return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+static int group_teardown(void **state) { return test_remove_tree(g_dir); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {

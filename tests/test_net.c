@@ -16,7 +16,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,20 +31,13 @@
 #include "../nn/optim.h"
 #include "../nn/mt19937.h"
 #include "../nn/rng.h"
+#include "testutil.h"
 
 static char g_root[PATH_MAX] = ".";  // the repository, for models/mnist.cfg
 static char g_dir[PATH_MAX];         // a temporary directory for the IDX files
 
 // ---- helpers ------------------------------------------------------------------------------
 
-static uint64_t g_rng = 1;
-
-static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ULL + 777; }
-
-static double urand(void) {  // [0, 1)
-    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (double)(rng_mix64(g_rng) >> 11) * (1.0 / 9007199254740992.0);
-}
 
 static Cfg parse(const char *text) {
     Cfg cfg;
@@ -352,8 +344,8 @@ static void test_mnist_forward_backward(void **state) {
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&net, 1, &err), 0);
-    rng_seed(3);
-    for (int64_t i = 0; i < (int64_t)B * 784; i++) net.input_buf[i] = (float)urand() * 3 - 0.4f;
+    test_rng_seed(3);
+    for (int64_t i = 0; i < (int64_t)B * 784; i++) net.input_buf[i] = (float)test_urand() * 3 - 0.4f;
     for (int i = 0; i < B; i++) net.labels[i] = i % 10;
     net_zero_grads(&net);
     net_forward(&net, B, true, 1, 0, 0);
@@ -492,8 +484,8 @@ static void small_net_data(Net *net, double *p, double *x, int32_t *y, double ma
     for (int tries = 0;; tries++) {
         assert_true(tries < 200);
         assert_int_equal(net_init_params(net, 100 + (uint64_t)tries, &err), 0);
-        rng_seed(200 + (uint64_t)tries);
-        for (int i = 0; i < 72; i++) net->input_buf[i] = (float)(urand() * 2 - 0.5);
+        test_rng_seed(200 + (uint64_t)tries);
+        for (int i = 0; i < 72; i++) net->input_buf[i] = (float)(test_urand() * 2 - 0.5);
         // The init scale 1/3 makes small logits; larger fc weights make a real test of
         // the softmax.
         for (int i = 20; i < SMALL_NPARAMS; i++) net->params[i] *= 3;
@@ -608,9 +600,9 @@ static float *train_steps(uint64_t seed, int steps, size_t *bytes, double *last_
     assert_int_equal(net_init_params(&net, seed, &err), 0);
     const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0};
     for (int step = 0; step < steps; step++) {
-        rng_seed(seed * 1000 + (uint64_t)step);
-        for (int i = 0; i < B * 144; i++) net.input_buf[i] = (float)(urand() * 2 - 1);
-        for (int i = 0; i < B; i++) net.labels[i] = (int32_t)(urand() * 10);
+        test_rng_seed(seed * 1000 + (uint64_t)step);
+        for (int i = 0; i < B * 144; i++) net.input_buf[i] = (float)(test_urand() * 2 - 1);
+        for (int i = 0; i < B; i++) net.labels[i] = (int32_t)(test_urand() * 10);
         net_zero_grads(&net);
         net.metrics[0] = net.metrics[1] = 0;
         net_forward(&net, B, true, seed, (uint64_t)step, 0);
@@ -649,9 +641,9 @@ static void check_gemm_slabs(int M, int N, int K, bool ta, bool tb) {
     float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
     float *C = malloc(sizeof(float) * M * N);
     assert_true(A && B && C);
-    rng_seed((uint64_t)M * 31 + N);
-    for (int i = 0; i < M * K; i++) A[i] = (float)(urand() * 2 - 1);
-    for (int i = 0; i < K * N; i++) B[i] = (float)(urand() * 2 - 1);
+    test_rng_seed((uint64_t)M * 31 + N);
+    for (int i = 0; i < M * K; i++) A[i] = (float)(test_urand() * 2 - 1);
+    for (int i = 0; i < K * N; i++) B[i] = (float)(test_urand() * 2 - 1);
     for (int threads = 1; threads <= 3; threads++) {
         cpu_set_threads(threads);
         for (int i = 0; i < M * N; i++) C[i] = NAN;
@@ -694,42 +686,6 @@ static void test_thread_counts(void **state) {
 
 // ---- end-to-end training -----------------------------------------------------------------
 
-static void put_be32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
-}
-
-// count 8x8 images of 4 classes: noise in [0, 80) and a bright 3x3 square in the class's
-// quadrant (top left, top right, bottom left, bottom right), jittered by a pixel. Writes
-// IDX images and labels files under g_dir.
-static void write_squares(const char *name, int count, uint64_t seed, char *images, char *labels) {
-    int n1 = snprintf(images, PATH_MAX, "%s/%s-images", g_dir, name);
-    int n2 = snprintf(labels, PATH_MAX, "%s/%s-labels", g_dir, name);
-    assert_true(n1 < PATH_MAX && n2 < PATH_MAX);
-    uint8_t *im = malloc(16 + (size_t)count * 64), *lb = malloc(8 + (size_t)count);
-    assert_true(im && lb);
-    put_be32(im, 0x803), put_be32(im + 4, (uint32_t)count), put_be32(im + 8, 8), put_be32(im + 12, 8);
-    put_be32(lb, 0x801), put_be32(lb + 4, (uint32_t)count);
-    rng_seed(seed);
-    for (int i = 0; i < count; i++) {
-        const int k = (int)(urand() * 4);
-        uint8_t *px = im + 16 + (size_t)i * 64;
-        for (int p = 0; p < 64; p++) px[p] = (uint8_t)(urand() * 80);
-        const int r0 = (k / 2) * 4 + (int)(urand() * 2), c0 = (k % 2) * 4 + (int)(urand() * 2);
-        for (int r = r0; r < r0 + 3; r++)
-            for (int c = c0; c < c0 + 3; c++) px[r * 8 + c] = (uint8_t)(180 + urand() * 75);
-        lb[8 + i] = (uint8_t)k;
-    }
-    FILE *f = fopen(images, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(im, 1, 16 + (size_t)count * 64, f), 16 + (size_t)count * 64);
-    assert_int_equal(fclose(f), 0);
-    f = fopen(labels, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(lb, 1, 8 + (size_t)count, f), 8 + (size_t)count);
-    assert_int_equal(fclose(f), 0);
-    free(im);
-    free(lb);
-}
 
 static const char *train_net =
     "[conv]\nname = conv1\nfilters = 4\nsize = 3\nactivation = relu\n"
@@ -780,8 +736,8 @@ static Loader *open_loader(const char *images, const char *labels, Dataset **ds,
 
 static void test_training_loss_falls(void **state) {
     char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
-    write_squares("train", 512, 1, images, labels);
-    write_squares("test", 200, 2, timages, tlabels);
+    write_squares(g_dir, "train", 512, 1, images, labels);
+    write_squares(g_dir, "test", 200, 2, timages, tlabels);
     Dataset *ds, *tds;
     Loader *loader = open_loader(images, labels, &ds, 1);
     Loader *tloader = open_loader(timages, tlabels, &tds, 0);
@@ -813,34 +769,13 @@ static void test_training_loss_falls(void **state) {
 
 // ---- main -----------------------------------------------------------------------------------
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    return remove(path);
-}
+static int group_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_net"); }
 
-static int group_setup(void **state) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/test_net_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int group_teardown(void **state) { return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-// models/mnist.cfg is found from the working directory (make test runs in the repository)
-// or, failing that, from the binary's path build[/san]/tests/test_net.
-static void find_root(const char *argv0) {
-    if (access("models/mnist.cfg", R_OK) == 0) return;
-    char real[PATH_MAX];
-    if (!realpath(argv0, real)) return;
-    char *b = NULL;
-    for (char *s = strstr(real, "/build/"); s; s = strstr(s + 1, "/build/")) b = s;
-    if (!b) return;
-    *b = '\0';
-    snprintf(g_root, sizeof g_root, "%s", real);
-}
+static int group_teardown(void **state) { return test_remove_tree(g_dir); }
 
 int main(int argc, char **argv) {
     (void)argc;
-    find_root(argv[0]);
+    test_find_root(g_root, sizeof g_root, argv[0], "models/mnist.cfg");
     cpu_set_threads(2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mnist_network),

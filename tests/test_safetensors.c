@@ -22,13 +22,11 @@
 #include <unistd.h>
 
 #include "../nn/safetensors.h"
+#include "testutil.h"
 
 static char dir[256];  // a fresh temporary folder for the whole suite
 
-static int suite_setup(void **state) {
-    snprintf(dir, sizeof dir, "/tmp/test_safetensors_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
+static int suite_setup(void **state) { return test_tmpdir_make(dir, sizeof dir, "test_safetensors"); }
 
 static int count_files(void) {
     DIR *d = opendir(dir);
@@ -54,10 +52,7 @@ static void clear_dir(void) {
     closedir(d);
 }
 
-static int suite_teardown(void **state) {
-    clear_dir();
-    return rmdir(dir);
-}
+static int suite_teardown(void **state) { return test_remove_tree(dir); }
 
 static const char *path_in(const char *name) {
     static char p[512];

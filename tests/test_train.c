@@ -18,12 +18,9 @@
 #include <stb/stb_image_write.h>
 
 #include "../nn/safetensors.h"
+#include "testutil.h"
 
 static char dir[512];  // short enough that every path built from it fits
-
-static void put_be32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
-}
 
 // count 10x10 images of 3 classes: noise and a bright bar whose position is the class.
 static void write_set(const char *name, int count, unsigned seed) {
@@ -54,8 +51,7 @@ static void write_set(const char *name, int count, unsigned seed) {
 }
 
 static int group_setup(void **state) {
-    snprintf(dir, sizeof dir, "%s/cnnc-train-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(dir)) return -1;
+    if (test_tmpdir_make(dir, sizeof dir, "test_train")) return -1;
     write_set("train", 600, 1);
     write_set("test", 150, 2);
     char path[PATH_MAX + 64];
@@ -74,11 +70,7 @@ static int group_setup(void **state) {
     return fclose(f);
 }
 
-static int group_teardown(void **state) {
-    char cmd[PATH_MAX + 32];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int group_teardown(void **state) { return test_remove_tree(dir); }
 
 // Runs ./train on the test cfg with extra arguments; returns its exit status.
 static int train(const char *args) {

@@ -1,0 +1,87 @@
+// testutil.c: see testutil.h.
+#include "testutil.h"
+
+#include <stdarg.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../nn/rng.h"
+
+void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+int test_tmpdir_make(char *dir, size_t size, const char *name) {
+    const char *tmp = getenv("TMPDIR");
+    const int n = snprintf(dir, size, "%s/%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+    if (n < 0 || (size_t)n >= size) return -1;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+int test_remove_tree(const char *path) { return nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) ? -1 : 0; }
+
+void test_find_root(char *root, size_t size, const char *argv0, const char *probe) {
+    if (access(probe, R_OK) == 0) return;
+    char real[PATH_MAX];
+    if (!realpath(argv0, real)) return;
+    char *b = NULL;
+    for (char *s = strstr(real, "/build/"); s; s = strstr(s + 1, "/build/")) b = s;
+    if (!b) return;
+    *b = '\0';
+    snprintf(root, size, "%s", real);
+}
+
+static uint64_t g_rng = 1;
+
+void test_rng_seed(uint64_t seed) { g_rng = seed * 0x9e3779b97f4a7c15ULL + 777; }
+
+uint64_t test_urand64(void) {
+    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return rng_mix64(g_rng);
+}
+
+double test_urand(void) { return (double)(test_urand64() >> 11) * (1.0 / 9007199254740992.0); }
+
+static void write_file(const char *path, const uint8_t *bytes, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+void write_squares(const char *dir, const char *name, int count, uint64_t seed, char *images,
+                   char *labels) {
+    const int n1 = snprintf(images, PATH_MAX, "%s/%s-images", dir, name);
+    const int n2 = snprintf(labels, PATH_MAX, "%s/%s-labels", dir, name);
+    assert_true(n1 < PATH_MAX && n2 < PATH_MAX);
+    uint8_t *im = malloc(16 + (size_t)count * 64), *lb = malloc(8 + (size_t)count);
+    assert_true(im && lb);
+    put_be32(im, 0x803), put_be32(im + 4, (uint32_t)count), put_be32(im + 8, 8), put_be32(im + 12, 8);
+    put_be32(lb, 0x801), put_be32(lb + 4, (uint32_t)count);
+    test_rng_seed(seed);
+    for (int i = 0; i < count; i++) {
+        const int k = (int)(test_urand() * 4);
+        uint8_t *px = im + 16 + (size_t)i * 64;
+        for (int p = 0; p < 64; p++) px[p] = (uint8_t)(test_urand() * 80);
+        const int r0 = (k / 2) * 4 + (int)(test_urand() * 2), c0 = (k % 2) * 4 + (int)(test_urand() * 2);
+        for (int r = r0; r < r0 + 3; r++)
+            for (int c = c0; c < c0 + 3; c++) px[r * 8 + c] = (uint8_t)(180 + test_urand() * 75);
+        lb[8 + i] = (uint8_t)k;
+    }
+    write_file(images, im, 16 + (size_t)count * 64);
+    write_file(labels, lb, 8 + (size_t)count);
+    free(im);
+    free(lb);
+}

@@ -1,0 +1,35 @@
+// testutil.h: helpers shared by the test suites (linked into every tests/test_* binary).
+#ifndef TESTS_TESTUTIL_H
+#define TESTS_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Big-endian 32-bit, as IDX headers store their magic and dimensions.
+void put_be32(uint8_t *p, uint32_t v);
+
+// A fresh directory $TMPDIR/<name>_XXXXXX (or under /tmp) written into dir; -1 if it
+// cannot be made.
+int test_tmpdir_make(char *dir, size_t size, const char *name);
+// Removes path and everything under it; -1 on failure.
+int test_remove_tree(const char *path);
+
+// The repository root, for suites that read its files: left as it is when `probe` (a
+// path relative to the root) is readable from the working directory (make test runs
+// there), else the part of argv0's real path before its last "/build/"
+// (build[/san]/tests/test_x).
+void test_find_root(char *root, size_t size, const char *argv0, const char *probe);
+
+// A seeded generator for test data (independent of the library's RNG).
+void test_rng_seed(uint64_t seed);
+uint64_t test_urand64(void);
+double test_urand(void);  // [0, 1)
+
+// count 8x8 images of 4 classes, written as IDX files <dir>/<name>-images and -labels
+// (their paths into images and labels, PATH_MAX each): noise in [0, 80) and a bright 3x3
+// square in the class's quadrant (top left, top right, bottom left, bottom right),
+// jittered by a pixel. Draws from test_rng_seed(seed).
+void write_squares(const char *dir, const char *name, int count, uint64_t seed, char *images,
+                   char *labels);
+
+#endif
