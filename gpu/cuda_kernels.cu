@@ -14,6 +14,7 @@
 //     alloc fails softly (NULL), because the network reports out-of-memory itself.
 //   - Results match the CPU bit for bit wherever the CPU's arithmetic can be replayed in
 //     the same order: im2col, col2im (each pixel sums its patches in the CPU's order),
+//     the direct convolution (the CPU's sums in its order, block sums included),
 //     bias + activation, ReLU, maxpool (first maximum), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
 //     NaN payloads included), scale_check and Adadelta (explicit _rn intrinsics, so that
@@ -261,6 +262,90 @@ __host__ __device__ static inline void col2im_at(int64_t i, float *din, const fl
     din[i] = acc;
 }
 
+// ---- direct convolution: the CPU's sums, in the CPU's order ----
+
+// Element t, in (c, kh, kw) order, of the patch of output pixel r; zero outside the image.
+__host__ __device__ static inline float conv_direct_tap(const float *in, int64_t r, int t,
+                                                        ConvGeometry g) {
+    const int kw = t % g.K, kh = t / g.K % g.K, c = t / (g.K * g.K);
+    const int ow = (int)(r % g.OW), oh = (int)(r / g.OW % g.OH);
+    const int64_t n = r / ((int64_t)g.OW * g.OH);
+    const int ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
+    return ih >= 0 && ih < g.H && iw >= 0 && iw < g.W ? in[((n * g.H + ih) * g.W + iw) * g.C + c]
+                                                      : 0.0f;
+}
+
+// dout * act'(out) at element e of the output.
+__host__ __device__ static inline float conv_direct_dy(const float *dout, const float *out,
+                                                       int64_t e, bool relu) {
+    return relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+}
+
+// out element i = (pixel r, oc): act(bias + the sum over the patch of in * w).
+__host__ __device__ static inline void conv_direct_forward_at(int64_t i, float *out, const float *in,
+                                                              const float *w, const float *bias,
+                                                              ConvGeometry g, bool relu) {
+    const int taps = g.C * g.K * g.K, oc = (int)(i % g.OC);
+    const int64_t r = i / g.OC;
+    float a = bias ? bias[oc] : 0.0f;
+    for (int t = 0; t < taps; t++) a = add_rn(a, mul_rn(conv_direct_tap(in, r, t, g), w[oc * taps + t]));
+    out[i] = relu ? (a > 0.0f ? a : 0.0f) : a;
+}
+
+// partial element j = (block b, t, oc), t = taps standing for the bias: the sum over the
+// block's output pixels, in order, of dy (times the patch's element t).
+__host__ __device__ static inline void conv_direct_partial_at(int64_t j, float *partial,
+                                                              const float *dout, const float *in,
+                                                              const float *out, ConvGeometry g,
+                                                              bool relu) {
+    const int taps = g.C * g.K * g.K;
+    const int64_t part_floats = (int64_t)(taps + 1) * g.OC, e = j % part_floats;
+    const int b = (int)(j / part_floats), t = (int)(e / g.OC), oc = (int)(e % g.OC);
+    const int64_t rows = (int64_t)g.N * g.OH * g.OW, per = (rows + CONV_DIRECT_PARTS - 1) / CONV_DIRECT_PARTS;
+    const int64_t r0 = b * per < rows ? b * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
+    float a = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+        const float dy = conv_direct_dy(dout, out, r * g.OC + oc, relu);
+        a = add_rn(a, t < taps ? mul_rn(conv_direct_tap(in, r, t, g), dy) : dy);
+    }
+    partial[j] = a;
+}
+
+// (t, oc) element e of a block: the blocks' sums added in block order into dw or dbias.
+__host__ __device__ static inline void conv_direct_reduce_at(int64_t e, float *dw, float *dbias,
+                                                             const float *partial, ConvGeometry g) {
+    const int taps = g.C * g.K * g.K, t = (int)(e / g.OC), oc = (int)(e % g.OC);
+    const int64_t part_floats = (int64_t)(taps + 1) * g.OC;
+    float sum = 0.0f;
+    for (int b = 0; b < CONV_DIRECT_PARTS; b++) sum = add_rn(sum, partial[b * part_floats + e]);
+    if (t < taps) dw[oc * taps + t] = add_rn(dw[oc * taps + t], sum);
+    else dbias[oc] = add_rn(dbias[oc], sum);
+}
+
+// din element i = (n, ih, iw, c): what its windows send back, over (kh, kw) then oc.
+__host__ __device__ static inline void conv_direct_din_at(int64_t i, float *din, const float *dout,
+                                                          const float *out, const float *w,
+                                                          ConvGeometry g, bool relu) {
+    const int c = (int)(i % g.C);
+    const int64_t q = i / g.C;
+    const int iw = (int)(q % g.W), ih = (int)(q / g.W % g.H);
+    const int64_t n = q / ((int64_t)g.W * g.H);
+    float acc = 0.0f;
+    for (int kh = 0; kh < g.K; kh++) {
+        const int y = ih + g.pad - kh, oh = y / g.stride;
+        if (y < 0 || y % g.stride || oh >= g.OH) continue;
+        for (int kw = 0; kw < g.K; kw++) {
+            const int x = iw + g.pad - kw, ow = x / g.stride;
+            if (x < 0 || x % g.stride || ow >= g.OW) continue;
+            const int64_t o = ((n * g.OH + oh) * g.OW + ow) * g.OC;
+            for (int oc = 0; oc < g.OC; oc++)
+                acc = add_rn(acc, mul_rn(conv_direct_dy(dout, out, o + oc, relu),
+                                         w[((oc * g.C + c) * g.K + kh) * g.K + kw]));
+        }
+    }
+    din[i] = acc;
+}
+
 __host__ __device__ static inline void bias_act_at(int64_t i, float *out, const float *bias,
                                                    int cols, bool relu) {
     float v = out[i];
@@ -461,6 +546,55 @@ static void cuda_col2im(float *din, const float *col, int N, int H, int W, int C
     if (total <= 0) return;
     col2im_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
         din, col, Window{H, W, C, K, stride, pad, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+__global__ void conv_direct_forward_kernel(float *out, const float *in, const float *w,
+                                           const float *bias, ConvGeometry g, bool relu,
+                                           int64_t total) {
+    GRID_LOOP(i, total) conv_direct_forward_at(i, out, in, w, bias, g, relu);
+}
+__global__ void conv_direct_partial_kernel(float *partial, const float *dout, const float *in,
+                                           const float *out, ConvGeometry g, bool relu,
+                                           int64_t total) {
+    GRID_LOOP(j, total) conv_direct_partial_at(j, partial, dout, in, out, g, relu);
+}
+__global__ void conv_direct_reduce_kernel(float *dw, float *dbias, const float *partial,
+                                          ConvGeometry g, int64_t total) {
+    GRID_LOOP(e, total) conv_direct_reduce_at(e, dw, dbias, partial, g);
+}
+__global__ void conv_direct_din_kernel(float *din, const float *dout, const float *out,
+                                       const float *w, ConvGeometry g, bool relu, int64_t total) {
+    GRID_LOOP(i, total) conv_direct_din_at(i, din, dout, out, w, g, relu);
+}
+
+static void cuda_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
+                                     ConvGeometry cg, Activation act) {
+    const int64_t total = (int64_t)cg.N * cg.OH * cg.OW * cg.OC;
+    if (total <= 0) return;
+    conv_direct_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        out, in, w, bias, cg, act == ACT_RELU, total);
+    LAUNCH_CHECK();
+}
+
+// The block sums (one thread each: 64 blocks x 10 x 32 for the seed network's conv1), then
+// one thread per parameter adds them in block order: no atomics, the CPU's bits.
+static void cuda_conv_direct_backward(float *din, float *dw, float *dbias, float *partial,
+                                      const float *dout, const float *in, const float *out,
+                                      const float *w, ConvGeometry cg, Activation act) {
+    const bool relu = act == ACT_RELU;
+    const int64_t parts = conv_direct_partial_floats(cg), params = parts / CONV_DIRECT_PARTS;
+    if (parts <= 0) return;
+    conv_direct_partial_kernel<<<blocks_for(parts), THREADS, 0, g.stream>>>(partial, dout, in, out,
+                                                                             cg, relu, parts);
+    LAUNCH_CHECK();
+    conv_direct_reduce_kernel<<<blocks_for(params), THREADS, 0, g.stream>>>(dw, dbias, partial, cg,
+                                                                            params);
+    LAUNCH_CHECK();
+    const int64_t total = (int64_t)cg.N * cg.H * cg.W * cg.C;
+    if (!din || total <= 0) return;
+    conv_direct_din_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dout, out, w, cg, relu,
+                                                                        total);
     LAUNCH_CHECK();
 }
 
@@ -796,6 +930,8 @@ static void cuda_init(void) {
     k->gemm = cuda_gemm;
     k->im2col = cuda_im2col;
     k->col2im = cuda_col2im;
+    k->conv_direct_forward = cuda_conv_direct_forward;
+    k->conv_direct_backward = cuda_conv_direct_backward;
     k->bias_act_forward = cuda_bias_act_forward;
     k->act_backward = cuda_act_backward;
     k->bias_backward = cuda_bias_backward;

@@ -36,6 +36,20 @@ static const CfgKey conv_keys[] = {
 // 1x1, stride 1, unpadded: the input already is its own im2col.
 static bool conv_is_pointwise(const Conv *c) { return c->size == 1 && c->stride == 1 && c->pad == 0; }
 
+// Few inputs per output (an image's first layer: conv1 of the seed network has 9): the
+// direct kernels, because a GEMM over K = 9 runs far below its speed and im2col would
+// write 9 floats for every output pixel, twice a step.
+static bool conv_is_direct(const Conv *c) {
+    return !conv_is_pointwise(c) && c->base.in.c * c->size * c->size <= CONV_DIRECT_MAX_TAPS &&
+           c->filters <= CONV_DIRECT_MAX_FILTERS;
+}
+
+static ConvGeometry conv_geometry(const Conv *c, int N) {
+    const Layer *l = &c->base;
+    return (ConvGeometry){N, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
+                          l->out.h, l->out.w, c->filters};
+}
+
 // Images per im2col chunk for a batch of N.
 static int conv_chunk(const Conv *c, int N) {
     const Layer *l = &c->base;
@@ -83,10 +97,12 @@ static size_t conv_weight_floats(const Conv *c) {
     return conv_permutes(c) ? (n + 15) / 16 * 16 : 0;
 }
 
-// Workspace: [Wp][dWp][im2col chunk], the first two only when conv_permutes.
+// Workspace: [Wp][dWp][im2col chunk], the first two only when conv_permutes; the direct
+// kernels' partial sums instead.
 static size_t conv_workspace_bytes(const Layer *l, int N) {
     const Conv *c = (const Conv *)l;
     if (conv_is_pointwise(c)) return 0;
+    if (conv_is_direct(c)) return (size_t)conv_direct_partial_floats(conv_geometry(c, N)) * sizeof(float);
     return (2 * conv_weight_floats(c) +
             (size_t)conv_chunk(c, N) * l->out.h * l->out.w * l->in.c * c->size * c->size) *
            sizeof(float);
@@ -100,6 +116,11 @@ static void conv_to_khkwc(const Conv *c, const Kernels *k, float *dst, const flo
 static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
+    if (conv_is_direct(c)) {
+        k->conv_direct_forward(out, in, l->params[0].data, l->params[1].data, conv_geometry(c, N),
+                               c->act);
+        return;
+    }
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
     float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
     const float *w = l->params[0].data;  // (OC, K*K*C) after the permute
@@ -127,6 +148,11 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
                           const float *in, const float *out, int N) {
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
+    if (conv_is_direct(c)) {
+        k->conv_direct_backward(din, l->grads[0], l->grads[1], ctx->workspace, dout, in, out,
+                                l->params[0].data, conv_geometry(c, N), c->act);
+        return;
+    }
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
     float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
     const float *w = l->params[0].data;

@@ -172,6 +172,248 @@ static void cpu_col2im(float *din, const float *col, int N, int H, int W, int C,
     }
 }
 
+// ---- direct convolution ------------------------------------------------------------------------
+
+// An output pixel (n, oh, ow) of a ConvGeometry, stepped in row-major order.
+typedef struct Pixel {
+    int64_t n;
+    int oh, ow;
+} Pixel;
+
+static inline Pixel pixel_at(int64_t r, ConvGeometry g) {
+    return (Pixel){r / ((int64_t)g.OW * g.OH), (int)(r / g.OW % g.OH), (int)(r % g.OW)};
+}
+
+static inline void pixel_next(Pixel *p, ConvGeometry g) {
+    if (++p->ow < g.OW) return;
+    p->ow = 0;
+    if (++p->oh < g.OH) return;
+    p->oh = 0, p->n++;
+}
+
+// Where the patch of an output pixel lies: base[off[t]] is its element t, in PyTorch's
+// weight order (c, kh, kw). Inside the image base points into the input and off holds
+// the taps' offsets there; at the border the patch is copied, zeros outside the image,
+// and off counts 0, 1, ...
+typedef struct Patch {
+    const float *base;
+    const int *off;
+} Patch;
+
+typedef struct PatchOffsets {
+    int image[CONV_DIRECT_MAX_TAPS], copy[CONV_DIRECT_MAX_TAPS];
+} PatchOffsets;
+
+static void patch_offsets(PatchOffsets *po, ConvGeometry g) {
+    for (int c = 0, t = 0; c < g.C; c++)
+        for (int kh = 0; kh < g.K; kh++)
+            for (int kw = 0; kw < g.K; kw++, t++)
+                po->image[t] = (kh * g.W + kw) * g.C + c, po->copy[t] = t;
+}
+
+static inline Patch patch_of(Pixel p, const float *in, ConvGeometry g, const PatchOffsets *po,
+                             float *copy) {
+    const int ih0 = p.oh * g.stride - g.pad, iw0 = p.ow * g.stride - g.pad;
+    const float *img = in + p.n * g.H * g.W * g.C;
+    if (ih0 >= 0 && ih0 + g.K <= g.H && iw0 >= 0 && iw0 + g.K <= g.W)
+        return (Patch){img + ((int64_t)ih0 * g.W + iw0) * g.C, po->image};
+    for (int c = 0, t = 0; c < g.C; c++)
+        for (int kh = 0; kh < g.K; kh++)
+            for (int kw = 0; kw < g.K; kw++, t++) {
+                const int ih = ih0 + kh, iw = iw0 + kw;
+                copy[t] = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W
+                              ? img[((int64_t)ih * g.W + iw) * g.C + c]
+                              : 0.0f;
+            }
+    return (Patch){copy, po->copy};
+}
+
+#ifdef __AVX2__
+// o[i] (8 * NV channels) = act(bias + sum over t of patch_i[t] * wt[t, :]) for P output
+// pixels at once (P * NV accumulators in registers; the sum of each runs over t in order).
+static inline __attribute__((always_inline)) void direct_forward_block(
+    float *const *o, const Patch *pt, const float *wt, const float *bias, int taps, int OC,
+    const int P, const int NV, bool relu) {
+    __m256 a[2][4];
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < NV; j++) a[i][j] = bias ? _mm256_loadu_ps(bias + 8 * j) : _mm256_setzero_ps();
+    for (int t = 0; t < taps; t++) {
+        __m256 wv[4];
+        for (int j = 0; j < NV; j++) wv[j] = _mm256_loadu_ps(wt + (int64_t)t * OC + 8 * j);
+        for (int i = 0; i < P; i++) {
+            const __m256 x = _mm256_broadcast_ss(pt[i].base + pt[i].off[t]);
+            for (int j = 0; j < NV; j++) a[i][j] = _mm256_add_ps(a[i][j], _mm256_mul_ps(x, wv[j]));
+        }
+    }
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < NV; j++)  // max(a, 0) gives 0 for NaN, as the scalar rule does
+            _mm256_storeu_ps(o[i] + 8 * j, relu ? _mm256_max_ps(a[i][j], _mm256_setzero_ps()) : a[i][j]);
+}
+#endif
+
+// P (1 or 2) output pixels, all OC channels.
+static inline __attribute__((always_inline)) void direct_forward_pixels(
+    float *const *o, const Patch *pt, const float *wt, const float *bias, int taps, int OC,
+    const int P, bool relu) {
+    int oc0 = 0;
+#ifdef __AVX2__
+    for (; oc0 + 32 <= OC; oc0 += 32) {
+        float *const oo[2] = {o[0] + oc0, P > 1 ? o[1] + oc0 : NULL};
+        direct_forward_block(oo, pt, wt + oc0, bias ? bias + oc0 : NULL, taps, OC, P, 4, relu);
+    }
+    for (; oc0 + 8 <= OC; oc0 += 8) {
+        float *const oo[2] = {o[0] + oc0, P > 1 ? o[1] + oc0 : NULL};
+        direct_forward_block(oo, pt, wt + oc0, bias ? bias + oc0 : NULL, taps, OC, P, 1, relu);
+    }
+#endif
+    for (; oc0 < OC; oc0++)
+        for (int i = 0; i < P; i++) {
+            float a = bias ? bias[oc0] : 0.0f;
+            for (int t = 0; t < taps; t++) a += pt[i].base[pt[i].off[t]] * wt[t * OC + oc0];
+            o[i][oc0] = relu ? (a > 0.0f ? a : 0.0f) : a;
+        }
+}
+
+// Output pixels two at a time: their patches (9 floats each for conv1 of the seed network)
+// times the weight transposed to (taps, OC), channels in vector registers. Against im2col
+// and a GEMM over K = 9 this writes no columns and reads the input once (bench/PROFILE.md).
+static void cpu_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
+                                    ConvGeometry g, Activation act) {
+    const int taps = g.C * g.K * g.K, OC = g.OC;
+    assert(taps <= CONV_DIRECT_MAX_TAPS && OC <= CONV_DIRECT_MAX_FILTERS);
+    const bool relu = act == ACT_RELU;
+    float wt[CONV_DIRECT_MAX_TAPS * CONV_DIRECT_MAX_FILTERS];
+    for (int oc = 0; oc < OC; oc++)
+        for (int t = 0; t < taps; t++) wt[t * OC + oc] = w[oc * taps + t];
+    PatchOffsets po;
+    patch_offsets(&po, g);
+    const int64_t rows = (int64_t)g.N * g.OH;  // of output pixels
+#pragma omp parallel for schedule(static) if (rows * g.OW * taps * OC > PAR_MIN)
+    for (int64_t row = 0; row < rows; row++) {
+        float copy[2][CONV_DIRECT_MAX_TAPS];
+        Pixel p = {row / g.OH, (int)(row % g.OH), 0};
+        float *o = out + row * g.OW * OC;
+        for (; p.ow + 2 <= g.OW; p.ow += 2) {
+            const Pixel q = {p.n, p.oh, p.ow + 1};
+            const Patch pt[2] = {patch_of(p, in, g, &po, copy[0]), patch_of(q, in, g, &po, copy[1])};
+            float *const oo[2] = {o + (int64_t)p.ow * OC, o + (int64_t)q.ow * OC};
+            direct_forward_pixels(oo, pt, wt, bias, taps, OC, 2, relu);
+        }
+        if (p.ow < g.OW) {
+            const Patch pt[1] = {patch_of(p, in, g, &po, copy[0])};
+            float *const oo[1] = {o + (int64_t)p.ow * OC};
+            direct_forward_pixels(oo, pt, wt, bias, taps, OC, 1, relu);
+        }
+    }
+}
+
+// acc (taps, OC) += dy x patch and bacc (OC) += dy for P output pixels, pixel by pixel
+// in order (so the sums are those of one pixel at a time): each accumulator is loaded and
+// stored once for the P pixels.
+static inline __attribute__((always_inline)) void direct_backward_pixels(
+    float *acc, float *bacc, const Patch *pt, const float *const *d, const float *const *y,
+    int taps, int OC, const int P, bool relu) {
+    int oc0 = 0;
+#ifdef __AVX2__
+    for (; oc0 + 8 <= OC; oc0 += 8) {
+        __m256 dy[4];
+        for (int i = 0; i < P; i++) {
+            dy[i] = _mm256_loadu_ps(d[i] + oc0);
+            if (relu)  // NaN > 0 is false: 0, as the scalar rule
+                dy[i] = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y[i] + oc0), _mm256_setzero_ps(), _CMP_GT_OQ), dy[i]);
+        }
+        __m256 b = _mm256_loadu_ps(bacc + oc0);
+        for (int i = 0; i < P; i++) b = _mm256_add_ps(b, dy[i]);
+        _mm256_storeu_ps(bacc + oc0, b);
+        for (int t = 0; t < taps; t++) {
+            float *at = acc + (int64_t)t * OC + oc0;
+            __m256 a = _mm256_loadu_ps(at);
+            for (int i = 0; i < P; i++)
+                a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(pt[i].base + pt[i].off[t]), dy[i]));
+            _mm256_storeu_ps(at, a);
+        }
+    }
+#endif
+    for (; oc0 < OC; oc0++)
+        for (int i = 0; i < P; i++) {
+            const float dy = relu && !(y[i][oc0] > 0.0f) ? 0.0f : d[i][oc0];
+            bacc[oc0] += dy;
+            for (int t = 0; t < taps; t++) acc[t * OC + oc0] += pt[i].base[pt[i].off[t]] * dy;
+        }
+}
+
+// The parameter gradients over CONV_DIRECT_PARTS fixed blocks of output pixels, four pixels
+// at a time within a block; the input gradient (rare: the direct kernels serve first
+// layers) one input element at a time.
+static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float *partial,
+                                     const float *dout, const float *in, const float *out,
+                                     const float *w, ConvGeometry g, Activation act) {
+    const int taps = g.C * g.K * g.K, OC = g.OC;
+    assert(taps <= CONV_DIRECT_MAX_TAPS && OC <= CONV_DIRECT_MAX_FILTERS);
+    const bool relu = act == ACT_RELU;
+    const int64_t rows = (int64_t)g.N * g.OH * g.OW, per = (rows + CONV_DIRECT_PARTS - 1) / CONV_DIRECT_PARTS;
+    const int64_t part_floats = (int64_t)(taps + 1) * OC;  // (taps, OC) weight, then (OC) bias
+    PatchOffsets po;
+    patch_offsets(&po, g);
+#pragma omp parallel for schedule(static) if (rows * taps * OC > PAR_MIN)
+    for (int b = 0; b < CONV_DIRECT_PARTS; b++) {
+        float *acc = partial + b * part_floats, *bacc = acc + (int64_t)taps * OC;
+        memset(acc, 0, (size_t)part_floats * sizeof(float));
+        const int64_t r0 = b * per < rows ? b * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
+        Pixel p = pixel_at(r0, g);
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) {
+            float copy[4][CONV_DIRECT_MAX_TAPS];
+            Patch pt[4];
+            const float *d[4], *y[4];
+            for (int i = 0; i < 4; i++, pixel_next(&p, g)) {
+                pt[i] = patch_of(p, in, g, &po, copy[i]);
+                d[i] = dout + (r + i) * OC, y[i] = out + (r + i) * OC;
+            }
+            direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 4, relu);
+        }
+        for (; r < r1; r++, pixel_next(&p, g)) {
+            float copy[CONV_DIRECT_MAX_TAPS];
+            const Patch pt[1] = {patch_of(p, in, g, &po, copy)};
+            const float *d[1] = {dout + r * OC}, *y[1] = {out + r * OC};
+            direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 1, relu);
+        }
+    }
+    // The blocks' sums added in block order, then into (OC, taps) and (OC).
+    float sum[(CONV_DIRECT_MAX_TAPS + 1) * CONV_DIRECT_MAX_FILTERS] = {0};
+    for (int b = 0; b < CONV_DIRECT_PARTS; b++)
+        for (int64_t i = 0; i < part_floats; i++) sum[i] += partial[b * part_floats + i];
+    for (int oc = 0; oc < OC; oc++) {
+        for (int t = 0; t < taps; t++) dw[oc * taps + t] += sum[t * OC + oc];
+        dbias[oc] += sum[taps * OC + oc];
+    }
+    if (!din) return;
+    // Each input element sums what its windows send back, over (kh, kw) then oc.
+    const int64_t total = (int64_t)g.N * g.H * g.W * g.C;
+#pragma omp parallel for schedule(static) if (total * g.K * g.K * OC > PAR_MIN)
+    for (int64_t i = 0; i < total; i++) {
+        const int c = (int)(i % g.C);
+        const int64_t q = i / g.C;
+        const int iw = (int)(q % g.W), ih = (int)(q / g.W % g.H);
+        const int64_t n = q / ((int64_t)g.W * g.H);
+        float acc = 0.0f;
+        for (int kh = 0; kh < g.K; kh++) {
+            const int y = ih + g.pad - kh, oh = y / g.stride;
+            if (y < 0 || y % g.stride || oh >= g.OH) continue;
+            for (int kw = 0; kw < g.K; kw++) {
+                const int x = iw + g.pad - kw, ow = x / g.stride;
+                if (x < 0 || x % g.stride || ow >= g.OW) continue;
+                const int64_t o = ((n * g.OH + oh) * g.OW + ow) * OC;
+                for (int oc = 0; oc < OC; oc++) {
+                    const float d = relu && !(out[o + oc] > 0.0f) ? 0.0f : dout[o + oc];
+                    acc += d * w[((oc * g.C + c) * g.K + kh) * g.K + kw];
+                }
+            }
+        }
+        din[i] = acc;
+    }
+}
+
 // ---- elementwise and reductions -------------------------------------------------------------
 
 static void cpu_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
@@ -497,6 +739,8 @@ const Kernels cpu_kernels = {
     .gemm = cpu_gemm,
     .im2col = cpu_im2col,
     .col2im = cpu_col2im,
+    .conv_direct_forward = cpu_conv_direct_forward,
+    .conv_direct_backward = cpu_conv_direct_backward,
     .bias_act_forward = cpu_bias_act_forward,
     .act_backward = cpu_act_backward,
     .bias_backward = cpu_bias_backward,

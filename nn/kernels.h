@@ -19,6 +19,19 @@
 typedef enum Activation { ACT_NONE, ACT_RELU, ACT_COUNT } Activation;
 extern const char *const activation_names[ACT_COUNT];
 
+// A convolution over N images (H, W, C) -> (OH, OW, OC), K x K windows.
+typedef struct ConvGeometry {
+    int N, H, W, C, K, stride, pad, OH, OW, OC;
+} ConvGeometry;
+
+#define CONV_DIRECT_MAX_TAPS 32      // C * K * K
+#define CONV_DIRECT_MAX_FILTERS 256  // OC
+#define CONV_DIRECT_PARTS 64         // fixed blocks of pixels of the parameter gradients
+
+static inline int64_t conv_direct_partial_floats(ConvGeometry g) {
+    return (int64_t)CONV_DIRECT_PARTS * (g.C * g.K * g.K + 1) * g.OC;
+}
+
 typedef struct Kernels {
     const char *name;  // "cpu", "cuda"
     bool host_memory;  // the device's pointers are host memory (the CPU): no copies needed
@@ -47,6 +60,22 @@ typedef struct Kernels {
     // din (N, H, W, C) = sum of col's patches back onto the pixels they came from.
     void (*col2im)(float *din, const float *col, int N, int H, int W, int C, int K,
                    int stride, int pad, int OH, int OW);
+
+    // ---- direct convolution, for layers with few inputs per output -------------------
+    // The convolution of ConvGeometry g without im2col or GEMM, for g.C * g.K * g.K <=
+    // CONV_DIRECT_MAX_TAPS and g.OC <= CONV_DIRECT_MAX_FILTERS (nn/conv.c says when).
+    // w (OC, C, K, K) in PyTorch's layout; in (N, H, W, C), out (N, OH, OW, OC); zero padding.
+    // out = act(bias + the sum over the patch (c, kh, kw), in that order, of in * w).
+    void (*conv_direct_forward)(float *out, const float *in, const float *w, const float *bias,
+                                ConvGeometry g, Activation act);
+    // With dy = dout * act'(out) (not stored): dw (OC, C, K, K) += the sum over output
+    // pixels of dy x patch, dbias (OC) += the sum of dy, each summed over the pixels of
+    // CONV_DIRECT_PARTS fixed blocks into partial (device scratch of conv_direct_partial_floats
+    // floats) and the blocks added in order; din (may be NULL) = the sum, over (kh, kw) then
+    // oc, of dy * w.
+    void (*conv_direct_backward)(float *din, float *dw, float *dbias, float *partial,
+                                 const float *dout, const float *in, const float *out,
+                                 const float *w, ConvGeometry g, Activation act);
 
     // ---- elementwise and reductions ----------------------------------------------------
     // out (rows, cols) = act(out + bias), in place; bias (cols) may be NULL.

@@ -10,6 +10,7 @@ typedef enum ProfKind {
     K_GEMM,
     K_IM2COL,
     K_COL2IM,
+    K_DIRECT,    // direct convolution, forward or backward
     K_BIAS_ACT,  // bias, ReLU (fused or not), their backward
     K_POOL,
     K_DROPOUT,
@@ -21,7 +22,7 @@ typedef enum ProfKind {
     K_KINDS
 } ProfKind;
 
-static const char *const kind_names[K_KINDS] = {"gemm", "im2col", "col2im", "bias+act", "pool", "dropout",
+static const char *const kind_names[K_KINDS] = {"gemm", "im2col", "col2im", "direct", "bias+act", "pool", "dropout",
                                                 "layout", "loss", "fp16", "optimizer", "memory"};
 
 static const char *const fixed_names[PROF_FIXED_SCOPES] = {"step (upload, zero)", "loss", "optimizer",
@@ -87,6 +88,15 @@ static void w_im2col(float *col, const float *in, int N, int H, int W, int C, in
 static void w_col2im(float *din, const float *col, int N, int H, int W, int C, int K, int stride,
                      int pad, int OH, int OW) {
     TIMED(K_COL2IM, P.inner->col2im(din, col, N, H, W, C, K, stride, pad, OH, OW));
+}
+static void w_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
+                                  ConvGeometry g, Activation act) {
+    TIMED(K_DIRECT, P.inner->conv_direct_forward(out, in, w, bias, g, act));
+}
+static void w_conv_direct_backward(float *din, float *dw, float *dbias, float *partial, const float *dout,
+                                   const float *in, const float *out, const float *w, ConvGeometry g,
+                                   Activation act) {
+    TIMED(K_DIRECT, P.inner->conv_direct_backward(din, dw, dbias, partial, dout, in, out, w, g, act));
 }
 static void w_bias_act_forward(float *out, const float *bias, int64_t rows, int cols, Activation act) {
     TIMED(K_BIAS_ACT, P.inner->bias_act_forward(out, bias, rows, cols, act));
@@ -163,6 +173,8 @@ int profile_start(Net *net, Error *err) {
     P.table.upload = w_upload, P.table.download = w_download, P.table.zero = w_zero;
     P.table.copy = w_copy, P.table.gemm = w_gemm, P.table.im2col = w_im2col;
     P.table.col2im = w_col2im, P.table.bias_act_forward = w_bias_act_forward;
+    P.table.conv_direct_forward = w_conv_direct_forward;
+    P.table.conv_direct_backward = w_conv_direct_backward;
     P.table.act_backward = w_act_backward, P.table.bias_backward = w_bias_backward;
     P.table.relu_forward = w_relu_forward, P.table.relu_backward = w_relu_backward;
     P.table.maxpool_forward = w_maxpool_forward, P.table.maxpool_backward = w_maxpool_backward;

@@ -4,7 +4,7 @@
 // poisoned (all bits set: NaN) wherever the kernel must write all of them, so an element
 // the GPU forgets shows up. Tolerances:
 //   exact (bits)  memory ops, im2col, col2im (the GPU sums each pixel's patches in the
-//                 CPU's order), bias + activation, ReLU, maxpool (first maximum, NaNs),
+//                 CPU's order), the direct convolution (its sums in the CPU's order), bias + activation, ReLU, maxpool (first maximum, NaNs),
 //                 dropout masks and values, layout permutes, the NLL gradient and correct
 //                 count, fp16 conversions (all 65,536 halves; rounding ties, overflow,
 //                 subnormals, NaN payloads), scale_check and Adadelta (the GPU replays the
@@ -220,7 +220,8 @@ static void test_backend(void **state) {
     const void *fns[] = {
         (void *)k->alloc, (void *)k->release, (void *)k->upload, (void *)k->download,
         (void *)k->zero, (void *)k->copy, (void *)k->sync, (void *)k->gemm, (void *)k->im2col,
-        (void *)k->col2im, (void *)k->bias_act_forward, (void *)k->act_backward,
+        (void *)k->col2im, (void *)k->conv_direct_forward, (void *)k->conv_direct_backward,
+        (void *)k->bias_act_forward, (void *)k->act_backward,
         (void *)k->bias_backward, (void *)k->relu_forward, (void *)k->relu_backward,
         (void *)k->maxpool_forward, (void *)k->maxpool_backward, (void *)k->dropout_forward,
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
@@ -390,6 +391,67 @@ static void test_im2col_col2im(void **state) {
         buf_free(in), buf_free(col), buf_free(dc), buf_free(din);
         free(x), free(dcol), free(hc), free(hg);
     }
+}
+
+// The direct convolution: forward, and backward with and without the input gradient,
+// bit-exact (the GPU sums in the CPU's order). Channel counts cover the CPU's vector
+// blocks of 32 and 8 and its scalar remainder; pixel counts are not multiples of the
+// CPU's groups of 4 or of CONV_DIRECT_PARTS.
+static void test_conv_direct(void **state) {
+    NEED_GPU();
+    rng_seed(13);
+    static const ConvGeometry geoms[] = {
+        {3, 28, 28, 1, 3, 1, 0, 26, 26, 32},  // the seed network's conv1
+        {2, 7, 6, 2, 3, 2, 1, 4, 3, 13},
+        {2, 5, 9, 3, 3, 1, 1, 5, 9, 40},
+        {5, 11, 10, 1, 5, 2, 2, 6, 5, 8},
+        {1, 2, 3, 3, 1, 2, 1, 2, 3, 5},  // 1x1 strided and padded
+    };
+    for (size_t gi = 0; gi < sizeof geoms / sizeof geoms[0]; gi++)
+        for (int act = 0; act < ACT_COUNT; act++) {
+            const ConvGeometry g = geoms[gi];
+            const int taps = g.C * g.K * g.K;
+            const int64_t nin = (int64_t)g.N * g.H * g.W * g.C, nout = (int64_t)g.N * g.OH * g.OW * g.OC;
+            float *x = rand_floats_zeros(nin), *wt = rand_floats(g.OC * taps, -0.5f, 0.5f),
+                  *b = rand_floats(g.OC, -0.5f, 0.5f), *dy = rand_floats_zeros(nout),
+                  *dw0 = rand_floats(g.OC * taps, -1, 1), *db0 = rand_floats(g.OC, -1, 1);
+            Buf in = buf_from(x, nin * 4), w = buf_from(wt, g.OC * taps * 4), bias = buf_from(b, g.OC * 4),
+                out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4), din = buf_poison(nin * 4),
+                dw = buf_from(dw0, g.OC * taps * 4), db = buf_from(db0, g.OC * 4),
+                partial = buf_poison(conv_direct_partial_floats(g) * 4);
+            const int64_t most = nout > nin ? nout : nin;
+            float *hc = xmalloc(most * 4), *hg = xmalloc(most * 4);
+            char what[160];
+            snprintf(what, sizeof what, "N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d OC=%d act=%s", g.N,
+                     g.H, g.W, g.C, g.K, g.stride, g.pad, g.OC, activation_names[act]);
+            char msg[200];
+            // Without a bias first, then with: out is the layer's output for backward.
+            BOTH(k->conv_direct_forward(P(out), P(in), P(w), NULL, g, (Activation)act));
+            buf_fetch(out, hc, hg);
+            snprintf(msg, sizeof msg, "conv_direct_forward no bias %s", what);
+            expect_same_f32(hc, hg, nout, msg);
+            BOTH(k->conv_direct_forward(P(out), P(in), P(w), P(bias), g, (Activation)act));
+            buf_fetch(out, hc, hg);
+            snprintf(msg, sizeof msg, "conv_direct_forward %s", what);
+            expect_same_f32(hc, hg, nout, msg);
+            // The parameter gradients accumulate: twice, the second time with din.
+            BOTH(k->conv_direct_backward(NULL, P(dw), P(db), P(partial), P(dout), P(in), P(out), P(w), g,
+                                         (Activation)act));
+            BOTH(k->conv_direct_backward(P(din), P(dw), P(db), P(partial), P(dout), P(in), P(out), P(w),
+                                         g, (Activation)act));
+            buf_fetch(dw, hc, hg);
+            snprintf(msg, sizeof msg, "conv_direct_backward dw %s", what);
+            expect_same_f32(hc, hg, g.OC * taps, msg);
+            buf_fetch(db, hc, hg);
+            snprintf(msg, sizeof msg, "conv_direct_backward dbias %s", what);
+            expect_same_f32(hc, hg, g.OC, msg);
+            buf_fetch(din, hc, hg);
+            snprintf(msg, sizeof msg, "conv_direct_backward din %s", what);
+            expect_same_f32(hc, hg, nin, msg);
+            buf_free(in), buf_free(w), buf_free(bias), buf_free(out), buf_free(dout), buf_free(din);
+            buf_free(dw), buf_free(db), buf_free(partial);
+            free(x), free(wt), free(b), free(dy), free(dw0), free(db0), free(hc), free(hg);
+        }
 }
 
 // ---- elementwise and reductions ------------------------------------------------------------
@@ -985,6 +1047,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_64bit_sizes),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_im2col_col2im),
+        cmocka_unit_test(test_conv_direct),
         cmocka_unit_test(test_bias_act),
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_bias_backward),

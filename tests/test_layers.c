@@ -487,15 +487,28 @@ static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
     case_free(&c);
 }
 
+// A conv with C * K * K <= CONV_DIRECT_MAX_TAPS (32) runs the direct kernels, a larger
+// one im2col and GEMMs: the cases below take both paths (C = 2 and C = 4 at 3x3).
 static void test_conv_stride2_pad1_relu(void **state) {
     // Non-square input, stride 2 with an odd extent (floor), padding, C > 1.
     check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
                            .pad = 1, .relu = true}, true, 10);
+    check_conv(&(ConvSpec){.N = 2, .C = 4, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
+                           .pad = 1, .relu = true}, true, 11);
 }
 
 static void test_conv_c1_no_activation(void **state) {
     check_conv(&(ConvSpec){.N = 3, .C = 1, .H = 5, .W = 8, .OC = 4, .K = 3, .stride = 1,
                            .pad = 0, .relu = false}, true, 20);
+}
+
+static void test_conv_direct_vector_blocks(void **state) {
+    // The direct kernels' vector paths: 40 channels are a block of 32 and one of 8, 13 are
+    // one of 8 and 5 left over; 25 output pixels are not a multiple of 4.
+    check_conv(&(ConvSpec){.N = 1, .C = 1, .H = 8, .W = 6, .OC = 40, .K = 3, .stride = 1,
+                           .pad = 1, .relu = true}, true, 21);
+    check_conv(&(ConvSpec){.N = 1, .C = 3, .H = 7, .W = 7, .OC = 13, .K = 3, .stride = 1,
+                           .pad = 0, .relu = true}, false, 22);
 }
 
 static void test_conv_pointwise(void **state) {
@@ -525,6 +538,8 @@ static void test_conv_unused_border(void **state) {
     // (8 - 3) / 2 and (7 - 3) / 2 leave the last input row unread: its din must be 0.
     check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 8, .W = 7, .OC = 2, .K = 3, .stride = 2,
                            .pad = 0, .relu = true}, true, 60);
+    check_conv(&(ConvSpec){.N = 2, .C = 4, .H = 8, .W = 7, .OC = 2, .K = 3, .stride = 2,
+                           .pad = 0, .relu = true}, true, 62);
     // Kernel as large as the padded input: a 1x1 output.
     check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 3, .W = 2, .OC = 3, .K = 4, .stride = 1,
                            .pad = 1, .relu = false}, true, 61);
@@ -991,6 +1006,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_stride2_pad1_relu),
         cmocka_unit_test(test_conv_c1_no_activation),
+        cmocka_unit_test(test_conv_direct_vector_blocks),
         cmocka_unit_test(test_conv_pointwise),
         cmocka_unit_test(test_conv_1x1_strided_and_padded),
         cmocka_unit_test(test_conv_k5_pad2),

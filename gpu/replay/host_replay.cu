@@ -76,6 +76,21 @@ static void replay_col2im(float *din, const float *col, int N, int H, int W, int
     const Window w = {H, W, C, K, stride, pad, OH, OW};
     for (int64_t i = 0; i < (int64_t)N * H * W * C; i++) col2im_at(i, din, col, w);
 }
+static void replay_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
+                                       ConvGeometry g, Activation act) {
+    for (int64_t i = 0; i < (int64_t)g.N * g.OH * g.OW * g.OC; i++)
+        conv_direct_forward_at(i, out, in, w, bias, g, act == ACT_RELU);
+}
+static void replay_conv_direct_backward(float *din, float *dw, float *dbias, float *partial,
+                                        const float *dout, const float *in, const float *out,
+                                        const float *w, ConvGeometry g, Activation act) {
+    const int64_t parts = conv_direct_partial_floats(g);
+    for (int64_t j = 0; j < parts; j++) conv_direct_partial_at(j, partial, dout, in, out, g, act == ACT_RELU);
+    for (int64_t e = 0; e < parts / CONV_DIRECT_PARTS; e++) conv_direct_reduce_at(e, dw, dbias, partial, g);
+    if (din)
+        for (int64_t i = 0; i < (int64_t)g.N * g.H * g.W * g.C; i++)
+            conv_direct_din_at(i, din, dout, out, w, g, act == ACT_RELU);
+}
 static void replay_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
                                  Activation act) {
     if (!bias && act != ACT_RELU) return;
@@ -169,6 +184,8 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->alloc = replay_alloc, k->release = replay_release, k->upload = replay_copy, k->download = replay_copy;
     k->zero = replay_zero, k->copy = replay_copy, k->sync = replay_sync, k->gemm = replay_gemm;
     k->im2col = replay_im2col, k->col2im = replay_col2im, k->bias_act_forward = replay_bias_act_forward;
+    k->conv_direct_forward = replay_conv_direct_forward;
+    k->conv_direct_backward = replay_conv_direct_backward;
     k->act_backward = replay_act_backward, k->bias_backward = replay_bias_backward;
     k->relu_forward = replay_relu_forward, k->relu_backward = replay_relu_backward;
     k->maxpool_forward = replay_maxpool_forward, k->maxpool_backward = replay_maxpool_backward;
