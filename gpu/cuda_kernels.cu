@@ -19,7 +19,7 @@
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
 //     NaN payloads included), scale_check and Adadelta (explicit _rn intrinsics, so that
 //     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either). GEMM,
-//     bias_backward and the log-softmax/NLL sums differ by float rounding only.
+//     bias_act_backward's sums and the log-softmax/NLL sums differ by float rounding only.
 //   - Reductions are deterministic: a fixed launch shape and a fixed summation tree, no
 //     atomics, so the same inputs give the same bits run after run on one GPU.
 //   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH: no TF32). A tf32 switch needs a field in
@@ -674,6 +674,13 @@ static void cuda_bias_backward(float *dbias, const float *dout, int64_t rows, in
     LAUNCH_CHECK();
 }
 
+// The activation's gradient in place, then the column sums: two kernels on the stream.
+static void cuda_bias_act_backward(float *dbias, float *dout, const float *y, int64_t rows, int cols,
+                                   Activation act) {
+    cuda_act_backward(dout, y, rows * cols, act);
+    cuda_bias_backward(dbias, dout, rows, cols);
+}
+
 __global__ void maxpool_forward_kernel(float *out, const float *in, Window w, int64_t total) {
     GRID_LOOP(i, total) maxpool_forward_at(i, out, in, w);
 }
@@ -933,8 +940,7 @@ static void cuda_init(void) {
     k->conv_direct_forward = cuda_conv_direct_forward;
     k->conv_direct_backward = cuda_conv_direct_backward;
     k->bias_act_forward = cuda_bias_act_forward;
-    k->act_backward = cuda_act_backward;
-    k->bias_backward = cuda_bias_backward;
+    k->bias_act_backward = cuda_bias_act_backward;
     k->relu_forward = cuda_relu_forward;
     k->relu_backward = cuda_relu_backward;
     k->maxpool_forward = cuda_maxpool_forward;

@@ -163,8 +163,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         conv_to_khkwc(c, k, dwp, dw);
         w = wp, dw = dwp;
     }
-    k->act_backward(dout, out, (int64_t)N * pixels * c->filters, c->act);
-    k->bias_backward(l->grads[1], dout, (int64_t)N * pixels, c->filters);
+    k->bias_act_backward(l->grads[1], dout, out, (int64_t)N * pixels, c->filters, c->act);
     const int chunk = conv_chunk(c, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = N - n0 < chunk ? N - n0 : chunk;

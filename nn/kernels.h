@@ -81,10 +81,10 @@ typedef struct Kernels {
     // out (rows, cols) = act(out + bias), in place; bias (cols) may be NULL.
     void (*bias_act_forward)(float *out, const float *bias, int64_t rows, int cols,
                              Activation act);
-    // dout (n) *= act'(y), in place, where y is the activation's output.
-    void (*act_backward)(float *dout, const float *y, int64_t n, Activation act);
-    // dbias (cols) += column sums of dout (rows, cols).
-    void (*bias_backward)(float *dbias, const float *dout, int64_t rows, int cols);
+    // Its backward: dout (rows, cols) *= act'(y) in place, where y is the activation's
+    // output; then dbias (cols) += the column sums of the result.
+    void (*bias_act_backward)(float *dbias, float *dout, const float *y, int64_t rows, int cols,
+                              Activation act);
     // out = max(in, 0); din = dout * (out > 0).
     void (*relu_forward)(float *out, const float *in, int64_t n);
     void (*relu_backward)(float *din, const float *dout, const float *out, int64_t n);

@@ -101,11 +101,9 @@ static void w_conv_direct_backward(float *din, float *dw, float *dbias, float *p
 static void w_bias_act_forward(float *out, const float *bias, int64_t rows, int cols, Activation act) {
     TIMED(K_BIAS_ACT, P.inner->bias_act_forward(out, bias, rows, cols, act));
 }
-static void w_act_backward(float *dout, const float *y, int64_t n, Activation act) {
-    TIMED(K_BIAS_ACT, P.inner->act_backward(dout, y, n, act));
-}
-static void w_bias_backward(float *dbias, const float *dout, int64_t rows, int cols) {
-    TIMED(K_BIAS_ACT, P.inner->bias_backward(dbias, dout, rows, cols));
+static void w_bias_act_backward(float *dbias, float *dout, const float *y, int64_t rows, int cols,
+                                Activation act) {
+    TIMED(K_BIAS_ACT, P.inner->bias_act_backward(dbias, dout, y, rows, cols, act));
 }
 static void w_relu_forward(float *out, const float *in, int64_t n) {
     TIMED(K_BIAS_ACT, P.inner->relu_forward(out, in, n));
@@ -175,7 +173,7 @@ int profile_start(Net *net, Error *err) {
     P.table.col2im = w_col2im, P.table.bias_act_forward = w_bias_act_forward;
     P.table.conv_direct_forward = w_conv_direct_forward;
     P.table.conv_direct_backward = w_conv_direct_backward;
-    P.table.act_backward = w_act_backward, P.table.bias_backward = w_bias_backward;
+    P.table.bias_act_backward = w_bias_act_backward;
     P.table.relu_forward = w_relu_forward, P.table.relu_backward = w_relu_backward;
     P.table.maxpool_forward = w_maxpool_forward, P.table.maxpool_backward = w_maxpool_backward;
     P.table.dropout_forward = w_dropout_forward, P.table.dropout_backward = w_dropout_backward;

@@ -11,7 +11,8 @@
 //                 CPU's operations without FMA contraction);
 //   gemm          |gpu - cpu| <= 1e-5 * (|alpha| * sum_k |a_ik b_kj| + |beta c_ij|),
 //                 all four transpose combinations, beta 0 and 1;
-//   bias_backward |gpu - cpu| <= 1e-5 * (sum_r |dout_rc| + |dbias_c|);
+//   bias_act_backward  the activation's gradient exact; the bias gradient
+//                 |gpu - cpu| <= 1e-5 * (sum_r |dout_rc| + |dbias_c|);
 //   log_softmax   forward 1e-6 * (1 + |y|); backward 1e-6 * (|dy| + |exp(y) sum(dy)|);
 //   NLL loss      1e-6 * (|metric| + sum |terms|);
 //   a whole step  of a small network (conv, maxpool, relu, dropout, flatten, linear,
@@ -221,8 +222,7 @@ static void test_backend(void **state) {
         (void *)k->alloc, (void *)k->release, (void *)k->upload, (void *)k->download,
         (void *)k->zero, (void *)k->copy, (void *)k->sync, (void *)k->gemm, (void *)k->im2col,
         (void *)k->col2im, (void *)k->conv_direct_forward, (void *)k->conv_direct_backward,
-        (void *)k->bias_act_forward, (void *)k->act_backward,
-        (void *)k->bias_backward, (void *)k->relu_forward, (void *)k->relu_backward,
+        (void *)k->bias_act_forward, (void *)k->bias_act_backward, (void *)k->relu_forward, (void *)k->relu_backward,
         (void *)k->maxpool_forward, (void *)k->maxpool_backward, (void *)k->dropout_forward,
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
         (void *)k->log_softmax_forward, (void *)k->log_softmax_backward, (void *)k->nll_loss,
@@ -486,49 +486,47 @@ static void test_relu(void **state) {
     float *x = rand_floats_zeros(n), *dy = rand_floats(n, -1, 1);
     x[5] = NAN, x[6] = -NAN, x[7] = INFINITY, x[8] = -INFINITY;
     Buf in = buf_from(x, n * 4), out = buf_poison(n * 4), dout = buf_from(dy, n * 4),
-        din = buf_poison(n * 4), dact = buf_from(dy, n * 4);
+        din = buf_poison(n * 4);
     BOTH(k->relu_forward(P(out), P(in), n));
     BOTH(k->relu_backward(P(din), P(dout), P(out), n));
-    BOTH(k->act_backward(P(dact), P(in), n, ACT_RELU));
     float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
     buf_fetch(out, hc, hg);
     expect_same_f32(hc, hg, n, "relu_forward");
     buf_fetch(din, hc, hg);
     expect_same_f32(hc, hg, n, "relu_backward");
-    buf_fetch(dact, hc, hg);
-    expect_same_f32(hc, hg, n, "act_backward relu");
-    // ACT_NONE leaves dout alone.
-    G->act_backward(dact.gpu, in.gpu, n, ACT_NONE);
-    G->download(hg, dact.gpu, n * 4);
-    expect_same_f32(hc, hg, n, "act_backward none");
-    buf_free(in), buf_free(out), buf_free(dout), buf_free(din), buf_free(dact);
+    buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
     free(x), free(dy), free(hc), free(hg);
 }
 
-static void test_bias_backward(void **state) {
+static void test_bias_act_backward(void **state) {
     NEED_GPU();
     rng_seed(6);
     static const int shapes[][2] = {{1, 1}, {43264, 32}, {36864, 64}, {64, 64}, {7, 1000}, {1000, 33}};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int64_t rows = shapes[s][0];
-        const int cols = shapes[s][1];
-        float *dy = rand_floats(rows * cols, -1, 1), *db0 = rand_floats(cols, -1, 1);
-        Buf dout = buf_from(dy, rows * cols * 4), db = buf_from(db0, cols * 4);
-        BOTH(k->bias_backward(P(db), P(dout), rows, cols));  // accumulates
-        float *hc = xmalloc(cols * 4), *hg = xmalloc(cols * 4);
-        buf_fetch(db, hc, hg);
-        double *bound = xmalloc(cols * sizeof *bound);
-        for (int c = 0; c < cols; c++) {
-            double s = fabs(db0[c]);
-            for (int64_t r = 0; r < rows; r++) s += fabs(dy[r * cols + c]);
-            bound[c] = 1e-5 * s;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int act = 0; act < ACT_COUNT; act++) {
+            const int64_t rows = shapes[s][0], n = rows * shapes[s][1];
+            const int cols = shapes[s][1];
+            float *dy = rand_floats(n, -1, 1), *y = rand_floats_zeros(n), *db0 = rand_floats(cols, -1, 1);
+            y[0] = NAN;
+            Buf dout = buf_from(dy, n * 4), out = buf_from(y, n * 4), db = buf_from(db0, cols * 4);
+            BOTH(k->bias_act_backward(P(db), P(dout), P(out), rows, cols, (Activation)act));  // accumulates
+            float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+            char what[96];
+            snprintf(what, sizeof what, "bias_act_backward %lldx%d act=%s", (long long)rows, cols,
+                     activation_names[act]);
+            buf_fetch(dout, hc, hg);
+            expect_same_f32(hc, hg, n, what);  // the activation's gradient, exact
+            double *bound = xmalloc(cols * sizeof *bound);
+            for (int c = 0; c < cols; c++) {
+                double sum = fabs(db0[c]);
+                for (int64_t r = 0; r < rows; r++) sum += fabs(hc[r * cols + c]);
+                bound[c] = 1e-5 * sum;
+            }
+            buf_fetch(db, hc, hg);
+            expect_within(hc, hg, bound, cols, what);
+            buf_free(dout), buf_free(out), buf_free(db);
+            free(dy), free(y), free(db0), free(hc), free(hg), free(bound);
         }
-        char what[64];
-        snprintf(what, sizeof what, "bias_backward %lldx%d", (long long)rows, cols);
-        expect_within(hc, hg, bound, cols, what);
-        buf_free(dout), buf_free(db);
-        free(dy), free(db0), free(hc), free(hg), free(bound);
-    }
 }
 
 // ---- pooling ----------------------------------------------------------------------------------
@@ -1050,7 +1048,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_conv_direct),
         cmocka_unit_test(test_bias_act),
         cmocka_unit_test(test_relu),
-        cmocka_unit_test(test_bias_backward),
+        cmocka_unit_test(test_bias_act_backward),
         cmocka_unit_test(test_maxpool),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_layout),

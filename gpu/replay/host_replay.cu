@@ -2,7 +2,7 @@
 //
 // Includes the real source and builds a table whose entries run the same per-element
 // __host__ __device__ bodies on the host, over every index; the two block reductions
-// (bias_backward, the NLL metrics) are replayed with the same partial sums and tree; the
+// (bias_act_backward's sums, the NLL metrics) are replayed with the same partial sums and tree; the
 // GEMM goes through the same row-major -> column-major argument mapping into a column-major
 // reference with cuBLAS's semantics and argument checks (loops in double; OpenBLAS's
 // column-major sgemm for large products, to keep whole training runs fast enough). Linked with
@@ -96,12 +96,12 @@ static void replay_bias_act_forward(float *out, const float *bias, int64_t rows,
     if (!bias && act != ACT_RELU) return;
     for (int64_t i = 0; i < rows * cols; i++) bias_act_at(i, out, bias, cols, act == ACT_RELU);
 }
-static void replay_act_backward(float *dout, const float *y, int64_t n, Activation act) {
-    if (act != ACT_RELU) return;
-    for (int64_t i = 0; i < n; i++) relu_backward_at(i, dout, dout, y);
-}
-// The kernel's algorithm: the same lane sums, then the kernel's tree over them.
-static void replay_bias_backward(float *dbias, const float *dout, int64_t rows, int cols) {
+// The kernels' algorithm: ReLU's gradient in place, then the same lane sums and the
+// bias kernel's tree over them.
+static void replay_bias_act_backward(float *dbias, float *dout, const float *y, int64_t rows, int cols,
+                                     Activation act) {
+    if (act == ACT_RELU)
+        for (int64_t i = 0; i < rows * cols; i++) relu_backward_at(i, dout, dout, y);
     for (int c = 0; c < cols; c++) {
         float part[BB_ROWS];
         for (int ty = 0; ty < BB_ROWS; ty++) part[ty] = bias_lane_sum(dout, rows, cols, c, ty);
@@ -186,7 +186,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->im2col = replay_im2col, k->col2im = replay_col2im, k->bias_act_forward = replay_bias_act_forward;
     k->conv_direct_forward = replay_conv_direct_forward;
     k->conv_direct_backward = replay_conv_direct_backward;
-    k->act_backward = replay_act_backward, k->bias_backward = replay_bias_backward;
+    k->bias_act_backward = replay_bias_act_backward;
     k->relu_forward = replay_relu_forward, k->relu_backward = replay_relu_backward;
     k->maxpool_forward = replay_maxpool_forward, k->maxpool_backward = replay_maxpool_backward;
     k->dropout_forward = replay_dropout, k->dropout_backward = replay_dropout;
