@@ -125,7 +125,9 @@ static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, 
         const int ow = (int)(r % OW), oh = (int)(r / OW % OH), n = (int)(r / ((int64_t)OW * OH));
         const int iw0 = ow * stride - pad;
         float *dst = col + r * ckk;
-        if (ow == 0) {  // prefetch the input row that the next output row adds (conv2 forward: 0.72 -> 0.60 ms)
+        // At a row's start, prefetch the input row that the next output row adds (conv2
+        // forward: 0.72 -> 0.60 ms a step).
+        if (ow == 0) {
             const int ih = oh * stride - pad + K;
             if (ih >= 0 && ih < H)
                 for (int64_t i = 0; i < (int64_t)W * C; i += 16)
