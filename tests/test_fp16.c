@@ -684,19 +684,7 @@ static const char *train_net =
     "[linear]\nname = fc\noutputs = 4\n"
     "[log_softmax]\n";
 
-enum { TRAIN_BATCH = 30 };
-
-static Loader *open_loader(const char *images, const char *labels, Dataset **ds, int shuffle) {
-    Error err = {{0}};
-    if (idx_dataset_open(ds, images, labels, &err)) fail_msg("%s", err.msg);
-    assert_int_equal((*ds)->classes, 4);
-    // 30 does not divide 512: the last batch of each epoch is partial.
-    LoaderConfig lc = {.batch = TRAIN_BATCH, .shuffle = shuffle, .drop_last = 0, .seed = 4,
-                       .mean = {0.25f}, .std = {0.35f}};
-    Loader *l = NULL;
-    if (loader_create(&l, *ds, &lc, &err)) fail_msg("%s", err.msg);
-    return l;
-}
+enum { TRAIN_BATCH = SQUARES_BATCH };
 
 // train.c's train_step, replicated: micro-batches of net->batch with the loss averaged
 // over the batch; in fp16 unscale + check + scaler_update before Adadelta.
@@ -784,8 +772,8 @@ static void test_fp16_training_loss_falls(void **state) {
     write_squares(g_dir, "train", 512, 1, images, labels);
     write_squares(g_dir, "test", 200, 2, timages, tlabels);
     Dataset *ds, *tds;
-    Loader *loader = open_loader(images, labels, &ds, 1);
-    Loader *tloader = open_loader(timages, tlabels, &tds, 0);
+    Loader *loader = open_squares_loader(images, labels, &ds, 1);
+    Loader *tloader = open_squares_loader(timages, tlabels, &tds, 0);
     const TrainResult f = train_run(DT_F32, TRAIN_BATCH, loader, tloader);
     const TrainResult h = train_run(DT_F16, TRAIN_BATCH, loader, tloader);
     const TrainResult ha = train_run(DT_F16, TRAIN_BATCH / 3, loader, tloader);

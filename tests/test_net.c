@@ -722,25 +722,13 @@ static double run_epoch(Net *net, Loader *loader, int epoch, const Adadelta *opt
     return net->metrics[0] / (double)seen;
 }
 
-static Loader *open_loader(const char *images, const char *labels, Dataset **ds, int shuffle) {
-    Error err = {{0}};
-    if (idx_dataset_open(ds, images, labels, &err)) fail_msg("%s", err.msg);
-    assert_int_equal((*ds)->classes, 4);
-    // 30 does not divide 512: the last batch of each epoch is partial.
-    LoaderConfig lc = {.batch = 30, .shuffle = shuffle, .drop_last = 0, .seed = 4,
-                       .mean = {0.25f}, .std = {0.35f}};
-    Loader *l = NULL;
-    if (loader_create(&l, *ds, &lc, &err)) fail_msg("%s", err.msg);
-    return l;
-}
-
 static void test_training_loss_falls(void **state) {
     char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
     write_squares(g_dir, "train", 512, 1, images, labels);
     write_squares(g_dir, "test", 200, 2, timages, tlabels);
     Dataset *ds, *tds;
-    Loader *loader = open_loader(images, labels, &ds, 1);
-    Loader *tloader = open_loader(timages, tlabels, &tds, 0);
+    Loader *loader = open_squares_loader(images, labels, &ds, 1);
+    Loader *tloader = open_squares_loader(timages, tlabels, &tds, 0);
 
     Net net;
     make_net(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, 30);

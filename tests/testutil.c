@@ -85,3 +85,14 @@ void write_squares(const char *dir, const char *name, int count, uint64_t seed, 
     free(im);
     free(lb);
 }
+
+Loader *open_squares_loader(const char *images, const char *labels, Dataset **ds, int shuffle) {
+    Error err = {{0}};
+    if (idx_dataset_open(ds, images, labels, &err)) fail_msg("%s", err.msg);
+    assert_int_equal((*ds)->classes, 4);
+    LoaderConfig lc = {.batch = SQUARES_BATCH, .shuffle = shuffle, .drop_last = 0, .seed = 4,
+                       .mean = {0.25f}, .std = {0.35f}};
+    Loader *l = NULL;
+    if (loader_create(&l, *ds, &lc, &err)) fail_msg("%s", err.msg);
+    return l;
+}

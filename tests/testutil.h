@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../data/dataset.h"
+
 // Big-endian 32-bit, as IDX headers store their magic and dimensions.
 void put_be32(uint8_t *p, uint32_t v);
 
@@ -31,5 +33,11 @@ double test_urand(void);  // [0, 1)
 // jittered by a pixel. Draws from test_rng_seed(seed).
 void write_squares(const char *dir, const char *name, int count, uint64_t seed, char *images,
                    char *labels);
+
+// A squares set opened (into *ds, 4 classes checked) and its loader: batches of
+// SQUARES_BATCH (30, which does not divide 512: an epoch ends with a partial batch),
+// shuffled or not, normalised by mean 0.25 and std 0.35. Fails the test on error.
+enum { SQUARES_BATCH = 30 };
+Loader *open_squares_loader(const char *images, const char *labels, Dataset **ds, int shuffle);
 
 #endif
