@@ -52,7 +52,10 @@ static const CfgKey train_keys[] = {
     {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint, as on "
                         "Ctrl-C (for time-boxed sessions); 0 = never"},
     {"resume", "", "a checkpoint to continue training from exactly (same cfg and seed)"},
-    {"init", "", "a checkpoint whose weights start this run (optimizer starts fresh)"},
+    {"init", "", "weights that start this run (optimizer starts fresh): a checkpoint, or any "
+                 "safetensors state_dict with the network's names (PyTorch's)"},
+    {"init_skip", "", "layers that init leaves at their fresh initialisation, comma-separated "
+                      "(fc: a new classifier head; layer4: a whole stage)"},
     {"profile", "0", "1: time every kernel and layer and print where the training time went "
                      "(milliseconds per step) after each epoch"},
 };
@@ -67,6 +70,9 @@ typedef struct Options {
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]
     const char *resume, *init;
+    char init_skip_text[1024];  // init_skip, split: init_skip[0..ninit_skip) point into it
+    const char *init_skip[64];
+    int ninit_skip;
     DType precision;
     LossScaler scaler;  // its initial state
     Adadelta adadelta;
@@ -92,11 +98,12 @@ static void usage(FILE *f) {
             "  --plan --json      the same as one JSON object of byte counts\n"
             "  -h, --help         this text, with every cfg key\n"
             "\n"
-            "usage: ./train --eval CHECKPOINT [key=value ...]\n"
+            "usage: ./train --eval WEIGHTS [--cfg CFG] [key=value ...]\n"
             "  evaluates a checkpoint (SAVE/best.safetensors) on the test set of the cfg stored\n"
-            "  in it, or on another: test=PATH test_labels=PATH\n"
+            "  in it, or on another: test=PATH test_labels=PATH. Plain weights (any safetensors\n"
+            "  state_dict, PyTorch's) need the network's cfg: --cfg CFG\n"
             "\n"
-            "usage: ./train --predict CHECKPOINT IMAGE...\n"
+            "usage: ./train --predict WEIGHTS [--cfg CFG] IMAGE...\n"
             "  the five most likely classes of each image file (PNG, JPEG, BMP, GIF, TGA, PNM),\n"
             "  decoded, resized to the network's input and normalised as in training\n"
             "\n");
@@ -128,7 +135,7 @@ static int apply_override(Cfg *cfg, const char *arg, Error *err) {
     const char *value = eq + 1;
     CfgSection *s = NULL;
     const char *k = key;
-    char *dot = strchr(key, '.');
+    char *dot = strrchr(key, '.');  // layer names may hold dots (layer1.0), keys never do
     if (dot) {
         *dot = '\0';
         k = dot + 1;
@@ -147,6 +154,30 @@ static int apply_override(Cfg *cfg, const char *arg, Error *err) {
     if (!s) return err_set(err, "command line: '%s': %s has no [%s] section", arg, cfg->path,
                            has_key(train_keys, NTRAIN_KEYS, key) ? "train" : "data");
     return cfg_set(s, k, value, err);
+}
+
+// init_skip = a, b: the names, trimmed, into o->init_skip.
+static int read_init_skip(Options *o, const Cfg *cfg, const CfgSection *t, Error *err) {
+    const char *text;
+    if (cfg_str(cfg, t, "init_skip", "", &text, err)) return -1;
+    o->ninit_skip = 0;
+    if (strlen(text) >= sizeof o->init_skip_text)
+        return err_set(err, "%s: [train] init_skip is too long", cfg->path);
+    strcpy(o->init_skip_text, text);
+    for (char *p = o->init_skip_text; *p;) {
+        p += strspn(p, " \t,");
+        if (!*p) break;
+        char *end = p + strcspn(p, ",");
+        char *next = *end ? end + 1 : end;
+        while (end > p && (end[-1] == ' ' || end[-1] == '\t')) end--;
+        *end = '\0';
+        if (o->ninit_skip == (int)(sizeof o->init_skip / sizeof o->init_skip[0]))
+            return err_set(err, "%s: [train] init_skip names more than %d layers", cfg->path,
+                           (int)(sizeof o->init_skip / sizeof o->init_skip[0]));
+        o->init_skip[o->ninit_skip++] = p;
+        p = next;
+    }
+    return 0;
 }
 
 static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error *err) {
@@ -185,6 +216,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
         cfg_str(cfg, t, "resume", "", &o->resume, err) ||
         cfg_str(cfg, t, "init", "", &o->init, err) ||
+        read_init_skip(o, cfg, t, err) ||
         cfg_int(cfg, t, "profile", "0", 0, 1, &profile, err))
         return -1;
     o->profile = (int)profile;
@@ -446,21 +478,22 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
 
 static void print_plan(const MemPlan *p, size_t baseline, bool json) {
     if (json) {
-        printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"activations\": %zu, "
-               "\"activations_saved\": %zu, \"activations_scratch\": %zu, \"workspace\": %zu, "
-               "\"loader\": %zu, \"total\": %zu, \"baseline\": %zu}\n",
-               p->params, p->grads, p->optimizer, p->activations, p->act_saved, p->act_scratch,
-               p->workspace, p->loader, mem_plan_total(p), baseline);
+        printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"buffers\": %zu, "
+               "\"activations\": %zu, \"activations_saved\": %zu, \"activations_scratch\": %zu, "
+               "\"workspace\": %zu, \"loader\": %zu, \"total\": %zu, \"baseline\": %zu}\n",
+               p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_saved,
+               p->act_scratch, p->workspace, p->loader, mem_plan_total(p), baseline);
         return;
     }
     printf("memory plan (MB):\n");
     printf("  %-34s %10.1f\n", "parameters", p->params / 1e6);
     printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
     printf("  %-34s %10.1f\n", "optimizer state", p->optimizer / 1e6);
+    printf("  %-34s %10.1f\n", "buffers (batchnorm statistics)", p->buffers / 1e6);
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
     printf("  %-34s %10.1f\n", "  saved (input, segment outputs)", p->act_saved / 1e6);
     printf("  %-34s %10.1f\n", "  scratch (recomputed in backward)", p->act_scratch / 1e6);
-    printf("  %-34s %10.1f\n", "  gradients, loss, labels", (p->activations - p->act_saved - p->act_scratch) / 1e6);
+    printf("  %-34s %10.1f\n", "  gradients, block scratch, loss", (p->activations - p->act_saved - p->act_scratch) / 1e6);
     printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
     printf("  %-34s %10.1f\n", "loader buffers", p->loader / 1e6);
     printf("  %-34s %10.1f\n", "total", mem_plan_total(p) / 1e6);
@@ -503,6 +536,16 @@ static int apply_budget(const Options *o, const Cfg *cfg, const Dataset *train, 
     return 0;
 }
 
+// Whether the network has a layer called name, or layers below a module of that name.
+static bool has_module(const Net *net, const char *name) {
+    const size_t n = strlen(name);
+    for (int i = 0; i < net->nmodules; i++) {
+        const char *m = net->modules[i]->name;
+        if (!strncmp(m, name, n) && (!m[n] || m[n] == '.')) return true;
+    }
+    return false;
+}
+
 static int run(const Options *o, const Cfg *cfg, Error *err) {
     int rc = -1;
     Data data = {0};
@@ -540,8 +583,20 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
     r.scaler = net.precision == DT_F16 ? o->scaler : scaler_make(false, 1.0, 1);
     if (o->init[0]) {
-        if (checkpoint_load_weights(o->init, &net, err)) goto done;
-        printf("initial weights from %s\n", o->init);
+        for (int i = 0; i < o->ninit_skip; i++)
+            if (!has_module(&net, o->init_skip[i])) {
+                err_set(err, "%s: init_skip names '%s', but the network has no layer of that "
+                             "name (see the table of layers: ./train CFG --plan)", cfg->path,
+                        o->init_skip[i]);
+                goto done;
+            }
+        if (checkpoint_load_weights(o->init, &net, o->init_skip, o->ninit_skip, err)) goto done;
+        printf("initial weights from %s%s%s\n", o->init, o->ninit_skip ? "; fresh: " : "",
+               o->ninit_skip ? o->init_skip_text : "");
+    } else if (o->ninit_skip) {
+        err_set(err, "%s: init_skip is set but init is not: init_skip says which layers of the "
+                     "init weights to leave out", cfg->path);
+        goto done;
     }
     if (o->resume[0]) {
         if (checkpoint_load_all(o->resume, &net, &r.st, err)) goto done;
@@ -657,93 +712,147 @@ done:
     return rc;
 }
 
-// ./train --eval CKPT [key=value ...]: the checkpoint's network and weights, evaluated on
-// the test set of its stored cfg (or the one given by test=... test_labels=...).
-static int eval_checkpoint(const char *ckpt, int noverrides, char **overrides, Error *err) {
-    int rc = -1;
-    CheckpointInfo info = {0};
-    Cfg cfg = {0};
-    Options o = {0};
-    Data data = {0};
-    Net net = {0};
-    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
-    char name[1100];
-    snprintf(name, sizeof name, "%s (its stored cfg)", ckpt);
-    if (cfg_parse(&cfg, info.cfg_text, name, err)) goto done;
-    for (int i = 0; i < noverrides; i++)
-        if (apply_override(&cfg, overrides[i], err)) goto done;
-    if (read_options(&o, &cfg, name, err)) goto done;
-    const Kernels *k = kernels_for_device(o.device, err);
-    if (!k) goto done;
-    cpu_set_threads(o.threads > 0 ? o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
-    if (data_open_test(&data, &o.data, o.batch, err)) goto done;
-    if (data.test->classes > info.classes) {
-        err_set(err, "%s has labels up to %d but %s knows %d classes", o.data.test,
-                data.test->classes - 1, ckpt, info.classes);
-        goto done;
+// ---- evaluation and prediction --------------------------------------------------------------
+
+// A trained network for --eval and --predict: its cfg (the one stored in a cnn.c
+// checkpoint, or the one given with --cfg, which plain weights need) and its weights.
+typedef struct Model {
+    bool is_checkpoint;  // a cnn.c checkpoint (info is read), not a plain state_dict
+    CheckpointInfo info;
+    Cfg cfg;
+    Options o;
+    const Kernels *k;
+    Net net;
+    Data data;
+    char name[1100];  // the cfg's name in messages
+} Model;
+
+static void model_close(Model *m) {
+    net_free(&m->net);
+    data_close(&m->data);
+    cfg_free(&m->cfg);
+    checkpoint_info_free(&m->info);
+}
+
+// Reads the cfg of `weights` (or cfg_path) with the overrides and the options.
+static int model_open(Model *m, const char *weights, const char *cfg_path, int noverrides,
+                      char **overrides, Error *err) {
+    memset(m, 0, sizeof *m);
+    if (checkpoint_probe(weights, &m->is_checkpoint, err) ||
+        (m->is_checkpoint && checkpoint_read_info(weights, &m->info, NULL, err)))
+        return -1;
+    if (cfg_path) {
+        snprintf(m->name, sizeof m->name, "%s", cfg_path);
+        if (cfg_load(&m->cfg, cfg_path, err)) return -1;
+    } else if (m->is_checkpoint) {
+        snprintf(m->name, sizeof m->name, "%s (its stored cfg)", weights);
+        if (cfg_parse(&m->cfg, m->info.cfg_text, m->name, err)) return -1;
+    } else {
+        return err_set(err, "%s holds plain weights (a state_dict without cnn.c's metadata): give "
+                            "the network's cfg with --cfg CFG", weights);
     }
-    const NetOptions opt = {.batch = o.batch, .precision = o.precision, .segments = 0};
-    if (net_create(&net, &cfg, data.test->shape, info.classes, &opt, k, err) ||
-        checkpoint_load_weights(ckpt, &net, err))
-        goto done;
+    for (int i = 0; i < noverrides; i++)
+        if (apply_override(&m->cfg, overrides[i], err)) return -1;
+    if (read_options(&m->o, &m->cfg, m->name, err) || !(m->k = kernels_for_device(m->o.device, err)))
+        return -1;
+    cpu_set_threads(m->o.threads > 0 ? m->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    return 0;
+}
+
+// Builds the network for batches of `batch` inputs of `shape` and loads the weights.
+static int model_load(Model *m, const char *weights, Shape shape, int classes, int batch, Error *err) {
+    const NetOptions opt = {.batch = batch, .precision = m->o.precision};
+    return net_create(&m->net, &m->cfg, shape, classes, &opt, m->k, err) ||
+                   checkpoint_load_weights(weights, &m->net, NULL, 0, err)
+               ? -1
+               : 0;
+}
+
+// ./train --eval WEIGHTS [--cfg CFG] [key=value ...]: the network and weights, evaluated on
+// the test set of the cfg (or another: test=PATH test_labels=PATH). A checkpoint's class
+// names and count are its own; plain weights take them from the cfg's data.
+static int eval_weights(const char *weights, const char *cfg_path, int noverrides,
+                        char **overrides, Error *err) {
+    Model m;
+    int rc = -1;
+    if (model_open(&m, weights, cfg_path, noverrides, overrides, err)) goto done;
+    int classes;
+    if (m.is_checkpoint) {
+        if (data_open_test(&m.data, &m.o.data, m.o.batch, err)) goto done;
+        classes = m.info.classes;
+        if (m.data.test->classes > classes) {
+            err_set(err, "%s has labels up to %d but %s knows %d classes", m.o.data.test,
+                    m.data.test->classes - 1, weights, classes);
+            goto done;
+        }
+    } else {
+        if (data_open(&m.data, &m.o.data, m.o.batch, m.o.seed, err)) goto done;
+        if (!m.data.test) {
+            err_set(err, "%s: [data] has no test set (test, test_labels or val_split) to evaluate on",
+                    m.name);
+            goto done;
+        }
+        classes = m.data.classes;
+    }
+    if (model_load(&m, weights, m.data.test->shape, classes, m.o.batch, err)) goto done;
     Totals t = {0};
-    if (evaluate(&net, data.test_loader, &t, err)) goto done;
-    printf("%s on %s: test_loss %.4f  test_acc %.2f%% (%lld images)\n", ckpt, o.data.test,
-           t.loss / t.seen, 100.0 * t.correct / t.seen, (long long)t.seen);
+    if (evaluate(&m.net, m.data.test_loader, &t, err)) goto done;
+    printf("%s on %s: test_loss %.4f  test_acc %.2f%% (%lld images)\n", weights,
+           m.data.test->source, t.loss / t.seen, 100.0 * t.correct / t.seen, (long long)t.seen);
     rc = 0;
 done:
-    net_free(&net);
-    data_close(&data);
-    cfg_free(&cfg);
-    checkpoint_info_free(&info);
+    model_close(&m);
     return rc;
 }
 
-// ./train --predict CHECKPOINT IMAGE...: the top classes of each image file, decoded and
-// resized to the network's input and normalised with the stored cfg's mean and std.
-static int predict(const char *ckpt, int nfiles, char **files, Error *err) {
+// ./train --predict WEIGHTS [--cfg CFG] IMAGE...: the top classes of each image file,
+// decoded and resized to the network's input and normalised with the cfg's mean and std.
+// Plain weights take the input shape and the class names from the cfg's training data.
+static int predict(const char *weights, const char *cfg_path, int nfiles, char **files, Error *err) {
+    Model m;
     int rc = -1;
-    CheckpointInfo info = {0};
-    Cfg cfg = {0};
-    Options o = {0};
-    Net net = {0};
     uint8_t *pixels = NULL;
     float *probs = NULL;
-    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
-    char name[1100];
-    snprintf(name, sizeof name, "%s (its stored cfg)", ckpt);
-    if (cfg_parse(&cfg, info.cfg_text, name, err) || read_options(&o, &cfg, name, err)) goto done;
-    const Kernels *k = kernels_for_device(o.device, err);
-    if (!k) goto done;
-    const NetOptions opt = {.batch = 1, .precision = DT_F32};
-    if (net_create(&net, &cfg, info.input, info.classes, &opt, k, err) ||
-        checkpoint_load_weights(ckpt, &net, err))
-        goto done;
-    const int64_t numel = shape_numel(info.input);
-    const DataConfig *dc = &o.data;
-    if ((dc->nmean != 1 && dc->nmean != info.input.c) || (dc->nstd != 1 && dc->nstd != info.input.c)) {
-        err_set(err, "%s: mean and std do not match the %d input channels", name, info.input.c);
+    if (model_open(&m, weights, cfg_path, 0, NULL, err)) goto done;
+    Shape input = m.info.input;
+    int classes = m.info.classes;
+    char *const *names = m.info.class_names;
+    if (!m.is_checkpoint) {
+        if (data_open(&m.data, &m.o.data, 1, m.o.seed, err)) {
+            err_wrap(err, "%s: the input size and class names of plain weights come from the "
+                          "cfg's training data", m.name);
+            goto done;
+        }
+        input = m.data.train->shape;
+        classes = m.data.classes;
+        names = m.data.train->class_names;
+    }
+    if (model_load(&m, weights, input, classes, 1, err)) goto done;
+    const int64_t numel = shape_numel(input);
+    const DataConfig *dc = &m.o.data;
+    if ((dc->nmean != 1 && dc->nmean != input.c) || (dc->nstd != 1 && dc->nstd != input.c)) {
+        err_set(err, "%s: mean and std do not match the %d input channels", m.name, input.c);
         goto done;
     }
     if (!(pixels = xcalloc((size_t)numel, 1, err)) ||
-        !(probs = xcalloc((size_t)(numel > info.classes ? numel : info.classes), sizeof *probs, err)))
+        !(probs = xcalloc((size_t)(numel > classes ? numel : classes), sizeof *probs, err)))
         goto done;
     for (int f = 0; f < nfiles; f++) {
-        if (image_load(files[f], info.input, pixels, err)) goto done;
+        if (image_load(files[f], input, pixels, err)) goto done;
         for (int64_t i = 0; i < numel; i++) {  // (H, W, C): the channel is i % C
-            const int c = (int)(i % info.input.c);
+            const int c = (int)(i % input.c);
             probs[i] = ((float)pixels[i] / 255.0f - dc->mean[dc->nmean == 1 ? 0 : c]) /
                        dc->std[dc->nstd == 1 ? 0 : c];
         }
-        k->upload(net.input_buf, probs, (size_t)numel * sizeof(float));
-        net_forward(&net, 1, false, 0, 0, 0);
-        k->download(probs, net_output(&net), (size_t)info.classes * sizeof(float));
+        m.k->upload(m.net.input_buf, probs, (size_t)numel * sizeof(float));
+        net_forward(&m.net, 1, false, 0, 0, 0);
+        m.k->download(probs, net_output(&m.net), (size_t)classes * sizeof(float));
         printf("%s:", files[f]);
-        for (int top = 0; top < 5 && top < info.classes; top++) {
+        for (int top = 0; top < 5 && top < classes; top++) {
             int best = 0;
-            for (int c = 1; c < info.classes; c++)
+            for (int c = 1; c < classes; c++)
                 if (probs[c] > probs[best]) best = c;
-            printf("  %s %.1f%%", info.class_names[best], 100.0 * exp(probs[best]));
+            printf("  %s %.1f%%", names[best], 100.0 * exp(probs[best]));
             probs[best] = -INFINITY;
         }
         printf("\n");
@@ -752,9 +861,7 @@ static int predict(const char *ckpt, int nfiles, char **files, Error *err) {
 done:
     free(pixels);
     free(probs);
-    net_free(&net);
-    cfg_free(&cfg);
-    checkpoint_info_free(&info);
+    model_close(&m);
     return rc;
 }
 
@@ -772,20 +879,18 @@ int main(int argc, char **argv) {
     Cfg cfg = {0};
     Options o = {0};
     int rc = 1;
-    if (strcmp(argv[1], "--predict") == 0) {
-        if (argc < 4) {
+    if (strcmp(argv[1], "--predict") == 0 || strcmp(argv[1], "--eval") == 0) {
+        const bool eval = argv[1][2] == 'e';
+        const char *cfg_path = NULL;
+        int i = 3;  // after WEIGHTS [--cfg CFG]
+        if (argc > 3 && strcmp(argv[3], "--cfg") == 0) cfg_path = argv[4], i = 5;
+        if (argc < 3 || i > argc || (!eval && i == argc)) {
             usage(stderr);
             return 2;
         }
-        if (predict(argv[2], argc - 3, argv + 3, &err)) goto fail;
-        return 0;
-    }
-    if (strcmp(argv[1], "--eval") == 0) {
-        if (argc < 3) {
-            usage(stderr);
-            return 2;
-        }
-        if (eval_checkpoint(argv[2], argc - 3, argv + 3, &err)) goto fail;
+        if (eval ? eval_weights(argv[2], cfg_path, argc - i, argv + i, &err)
+                 : predict(argv[2], cfg_path, argc - i, argv + i, &err))
+            goto fail;
         return 0;
     }
     bool plan = false, json = false;

@@ -18,8 +18,10 @@
 //     bias + activation, ReLU, maxpool (first maximum), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
 //     NaN payloads included), scale_check and Adadelta (explicit _rn intrinsics, so that
-//     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either). GEMM,
-//     bias_act_backward's sums and the log-softmax/NLL sums differ by float rounding only.
+//     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either), the
+//     pooling layers, add_act and batchnorm's per-element arithmetic and statistics. GEMM,
+//     bias_act_backward's sums, batchnorm's sums (double) and the log-softmax/NLL sums
+//     differ by rounding only.
 //   - Reductions are deterministic: a fixed launch shape and a fixed summation tree, no
 //     atomics, so the same inputs give the same bits run after run on one GPU.
 //   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH: no TF32). A tf32 switch needs a field in
@@ -210,6 +212,22 @@ __host__ __device__ static inline float sqrt_rn(float a) {
 #endif
 }
 
+// The same for doubles (batchnorm's statistics).
+__host__ __device__ static inline double dmul_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+__host__ __device__ static inline double dadd_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
 // The geometry of a convolution or pooling window over (N, H, W, C) images.
 struct Window {
     int H, W, C, K, stride, pad, OH, OW;
@@ -319,7 +337,7 @@ __host__ __device__ static inline void conv_direct_reduce_at(int64_t e, float *d
     float sum = 0.0f;
     for (int b = 0; b < CONV_DIRECT_PARTS; b++) sum = add_rn(sum, partial[b * part_floats + e]);
     if (t < taps) dw[oc * taps + t] = add_rn(dw[oc * taps + t], sum);
-    else dbias[oc] = add_rn(dbias[oc], sum);
+    else if (dbias) dbias[oc] = add_rn(dbias[oc], sum);
 }
 
 // din element i = (n, ih, iw, c): what its windows send back, over (kh, kw) then oc.
@@ -364,17 +382,28 @@ __host__ __device__ static inline void relu_forward_at(int64_t i, float *out, co
     out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
-// out element i = (n, oh, ow, c); a NaN in the window wins, as on the CPU.
+// The rows [*a, *b) of window o inside the image (padding excluded), as the CPU has them.
+__host__ __device__ static inline void window_range(int o, int stride, int pad, int K, int H, int *a,
+                                                    int *b) {
+    const int lo = o * stride - pad;
+    *a = lo < 0 ? 0 : lo;
+    *b = lo + K < H ? lo + K : H;
+}
+
+// out element i = (n, oh, ow, c); a NaN in the window wins, as on the CPU; padding never.
 __host__ __device__ static inline void maxpool_forward_at(int64_t i, float *out, const float *in,
                                                           Window w) {
     const int c = (int)(i % w.C);
     const int64_t t = i / w.C;
     const int ow = (int)(t % w.OW), oh = (int)(t / w.OW % w.OH);
     const int64_t n = t / ((int64_t)w.OW * w.OH);
+    int h0, h1, w0, w1;
+    window_range(oh, w.stride, w.pad, w.K, w.H, &h0, &h1);
+    window_range(ow, w.stride, w.pad, w.K, w.W, &w0, &w1);
     float m = -INFINITY;
-    for (int kh = 0; kh < w.K; kh++)
-        for (int kw = 0; kw < w.K; kw++) {
-            const float v = in[((n * w.H + oh * w.stride + kh) * w.W + ow * w.stride + kw) * w.C + c];
+    for (int ih = h0; ih < h1; ih++)
+        for (int iw = w0; iw < w1; iw++) {
+            const float v = in[((n * w.H + ih) * w.W + iw) * w.C + c];
             if (v > m || isnan(v)) m = v;
         }
     out[i] = m;
@@ -382,7 +411,7 @@ __host__ __device__ static inline void maxpool_forward_at(int64_t i, float *out,
 
 // din element i = (n, ih, iw, c): the sum, in the CPU's order from 0, of the output
 // gradients of the windows that hold it and whose first maximum it is (found again from
-// in and out).
+// in and out, scanning the window's pixels inside the image in order).
 __host__ __device__ static inline void maxpool_backward_at(int64_t i, float *din, const float *dout,
                                                            const float *in, const float *out,
                                                            Window w) {
@@ -390,24 +419,147 @@ __host__ __device__ static inline void maxpool_backward_at(int64_t i, float *din
     const int64_t t = i / w.C;
     const int iw = (int)(t % w.W), ih = (int)(t / w.W % w.H);
     const int64_t n = t / ((int64_t)w.W * w.H);
-    const int oh0 = first_window(ih, w.K, w.stride), oh1 = last_window(ih, w.stride, w.OH);
-    const int ow0 = first_window(iw, w.K, w.stride), ow1 = last_window(iw, w.stride, w.OW);
+    const int y = ih + w.pad, x = iw + w.pad;  // in padded coordinates
+    const int oh0 = first_window(y, w.K, w.stride), oh1 = last_window(y, w.stride, w.OH);
+    const int ow0 = first_window(x, w.K, w.stride), ow1 = last_window(x, w.stride, w.OW);
     const float *img = in + n * w.H * w.W * w.C + c;
     float acc = 0.0f;
     for (int oh = oh0; oh <= oh1; oh++)
         for (int ow = ow0; ow <= ow1; ow++) {
             const int64_t o = ((n * w.OH + oh) * w.OW + ow) * w.C + c;
             const float m = out[o];
-            int first = -1;  // kh * K + kw of the window's first maximum
-            for (int kk = 0; kk < w.K * w.K && first < 0; kk++) {
-                const int kh = kk / w.K, kw = kk - kh * w.K;
-                const float v =
-                    img[((int64_t)(oh * w.stride + kh) * w.W + ow * w.stride + kw) * w.C];
-                if (v == m || (isnan(m) && isnan(v))) first = kk;
-            }
-            if (first == (ih - oh * w.stride) * w.K + (iw - ow * w.stride)) acc += dout[o];
+            int h0, h1, w0, w1;
+            window_range(oh, w.stride, w.pad, w.K, w.H, &h0, &h1);
+            window_range(ow, w.stride, w.pad, w.K, w.W, &w0, &w1);
+            int fh = -1, fw = -1;  // the window's first maximum
+            for (int h = h0; h < h1 && fh < 0; h++)
+                for (int x2 = w0; x2 < w1; x2++) {
+                    const float v = img[((int64_t)h * w.W + x2) * w.C];
+                    if (v == m || (isnan(m) && isnan(v))) {
+                        fh = h, fw = x2;
+                        break;
+                    }
+                }
+            if (fh == ih && fw == iw) acc += dout[o];
         }
     din[i] = acc;
+}
+
+// out element i = (n, oh, ow, c): the window's pixels inside the image summed in order,
+// divided by K * K (padding counts as zeros).
+__host__ __device__ static inline void avgpool_forward_at(int64_t i, float *out, const float *in,
+                                                          Window w) {
+    const int c = (int)(i % w.C);
+    const int64_t t = i / w.C;
+    const int ow = (int)(t % w.OW), oh = (int)(t / w.OW % w.OH);
+    const int64_t n = t / ((int64_t)w.OW * w.OH);
+    int h0, h1, w0, w1;
+    window_range(oh, w.stride, w.pad, w.K, w.H, &h0, &h1);
+    window_range(ow, w.stride, w.pad, w.K, w.W, &w0, &w1);
+    float acc = 0.0f;
+    for (int ih = h0; ih < h1; ih++)
+        for (int iw = w0; iw < w1; iw++) acc = add_rn(acc, in[((n * w.H + ih) * w.W + iw) * w.C + c]);
+    out[i] = div_rn(acc, (float)(w.K * w.K));
+}
+
+// din element i = (n, ih, iw, c): dout / (K * K) of each window that holds it, in (oh, ow)
+// order from 0, as the CPU sums them.
+__host__ __device__ static inline void avgpool_backward_at(int64_t i, float *din, const float *dout,
+                                                           Window w) {
+    const int c = (int)(i % w.C);
+    const int64_t t = i / w.C;
+    const int iw = (int)(t % w.W), ih = (int)(t / w.W % w.H);
+    const int64_t n = t / ((int64_t)w.W * w.H);
+    const int y = ih + w.pad, x = iw + w.pad;
+    const int oh0 = first_window(y, w.K, w.stride), oh1 = last_window(y, w.stride, w.OH);
+    const int ow0 = first_window(x, w.K, w.stride), ow1 = last_window(x, w.stride, w.OW);
+    const float div = (float)(w.K * w.K);
+    float acc = 0.0f;
+    for (int oh = oh0; oh <= oh1; oh++)
+        for (int ow = ow0; ow <= ow1; ow++)
+            acc = add_rn(acc, div_rn(dout[((n * w.OH + oh) * w.OW + ow) * w.C + c], div));
+    din[i] = acc;
+}
+
+// out element i = (n, c): the mean over the pixels, summed in order.
+__host__ __device__ static inline void global_avgpool_forward_at(int64_t i, float *out,
+                                                                 const float *in, int64_t HW, int C) {
+    const int c = (int)(i % C);
+    const int64_t n = i / C;
+    float acc = 0.0f;
+    for (int64_t p = 0; p < HW; p++) acc = add_rn(acc, in[(n * HW + p) * C + c]);
+    out[i] = div_rn(acc, (float)HW);
+}
+
+__host__ __device__ static inline void global_avgpool_backward_at(int64_t i, float *din,
+                                                                  const float *dout, int64_t HW,
+                                                                  int C) {
+    const int c = (int)(i % C);
+    const int64_t n = i / C / HW;
+    din[i] = div_rn(dout[n * C + c], (float)HW);
+}
+
+__host__ __device__ static inline void add_act_at(int64_t i, float *out, const float *a,
+                                                  const float *b, bool relu) {
+    const float v = add_rn(a[i], b[i]);
+    out[i] = relu && !(v > 0.0f) ? 0.0f : v;
+}
+
+// ---- batchnorm: the CPU's per-element arithmetic; its sums in another fixed order ----
+
+// dy = dout * act'(out) at element e.
+__host__ __device__ static inline float bn_dy(const float *dout, const float *out, int64_t e, bool relu) {
+    return relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+}
+
+// Channel c's statistics from the sums, in double as the CPU computes them.
+__host__ __device__ static inline void bn_batch_stats_at(int c, float *mean, float *invstd,
+                                                         float *running_mean, float *running_var,
+                                                         const double *acc, int C, int64_t count,
+                                                         double eps, double momentum) {
+    const double m = acc[c] / (double)count;
+    double var = acc[C + c] / (double)count - dmul_rn(m, m);
+    if (var < 0) var = 0;
+    mean[c] = (float)m;
+    invstd[c] = (float)(1.0 / sqrt(var + eps));
+    running_mean[c] = (float)dadd_rn(dmul_rn(momentum, m), dmul_rn(1.0 - momentum, (double)running_mean[c]));
+    if (count > 1)
+        running_var[c] = (float)dadd_rn(dmul_rn(momentum, var * (double)count / (double)(count - 1)),
+                                        dmul_rn(1.0 - momentum, (double)running_var[c]));
+}
+
+__host__ __device__ static inline void bn_eval_stats_at(int c, float *mean, float *invstd,
+                                                        const float *running_mean,
+                                                        const float *running_var, double eps) {
+    mean[c] = running_mean[c];
+    invstd[c] = (float)(1.0 / sqrt((double)running_var[c] + eps));
+}
+
+__host__ __device__ static inline void bn_forward_at(int64_t i, float *out, const float *x,
+                                                     const float *mean, const float *invstd,
+                                                     const float *gamma, const float *beta, int C,
+                                                     bool relu) {
+    const int c = (int)(i % C);
+    const float v = add_rn(mul_rn(sub_rn(x[i], mean[c]), mul_rn(invstd[c], gamma[c])), beta[c]);
+    out[i] = relu && !(v > 0.0f) ? 0.0f : v;
+}
+
+__host__ __device__ static inline void bn_backward_at(int64_t i, float *din, const float *dout,
+                                                      const float *out, const float *x,
+                                                      const float *mean, const float *invstd,
+                                                      const float *gamma, const double *acc, int C,
+                                                      int64_t count, bool relu) {
+    const int c = (int)(i % C);
+    const float a = (float)(acc[c] / (double)count), b = (float)(acc[C + c] / (double)count);
+    const float xhat = mul_rn(sub_rn(x[i], mean[c]), invstd[c]);
+    din[i] = mul_rn(sub_rn(sub_rn(bn_dy(dout, out, i, relu), a), mul_rn(xhat, b)),
+                    mul_rn(gamma[c], invstd[c]));
+}
+
+__host__ __device__ static inline void bn_param_grads_at(int c, float *dgamma, float *dbeta,
+                                                         const double *acc, int C) {
+    dgamma[c] = add_rn(dgamma[c], (float)acc[C + c]);
+    dbeta[c] = add_rn(dbeta[c], (float)acc[c]);
 }
 
 // scale is computed by the caller exactly as the CPU does: 1.0f / (1.0f - p).
@@ -678,7 +830,7 @@ static void cuda_bias_backward(float *dbias, const float *dout, int64_t rows, in
 static void cuda_bias_act_backward(float *dbias, float *dout, const float *y, int64_t rows, int cols,
                                    Activation act) {
     cuda_act_backward(dout, y, rows * cols, act);
-    cuda_bias_backward(dbias, dout, rows, cols);
+    if (dbias) cuda_bias_backward(dbias, dout, rows, cols);
 }
 
 __global__ void maxpool_forward_kernel(float *out, const float *in, Window w, int64_t total) {
@@ -690,21 +842,223 @@ __global__ void maxpool_backward_kernel(float *din, const float *dout, const flo
 }
 
 static void cuda_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
-                                 int stride, int OH, int OW) {
+                                 int stride, int pad, int OH, int OW) {
     const int64_t total = (int64_t)N * OH * OW * C;
     if (total <= 0) return;
     maxpool_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        out, in, Window{H, W, C, K, stride, 0, OH, OW}, total);
+        out, in, Window{H, W, C, K, stride, pad, OH, OW}, total);
     LAUNCH_CHECK();
 }
 
 static void cuda_maxpool_backward(float *din, const float *dout, const float *in,
                                   const float *out, int N, int H, int W, int C, int K,
-                                  int stride, int OH, int OW) {
+                                  int stride, int pad, int OH, int OW) {
     const int64_t total = (int64_t)N * H * W * C;
     if (total <= 0) return;
     maxpool_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        din, dout, in, out, Window{H, W, C, K, stride, 0, OH, OW}, total);
+        din, dout, in, out, Window{H, W, C, K, stride, pad, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+__global__ void avgpool_forward_kernel(float *out, const float *in, Window w, int64_t total) {
+    GRID_LOOP(i, total) avgpool_forward_at(i, out, in, w);
+}
+__global__ void avgpool_backward_kernel(float *din, const float *dout, Window w, int64_t total) {
+    GRID_LOOP(i, total) avgpool_backward_at(i, din, dout, w);
+}
+
+static void cuda_avgpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
+                                 int stride, int pad, int OH, int OW) {
+    const int64_t total = (int64_t)N * OH * OW * C;
+    if (total <= 0) return;
+    avgpool_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        out, in, Window{H, W, C, K, stride, pad, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_avgpool_backward(float *din, const float *dout, int N, int H, int W, int C, int K,
+                                  int stride, int pad, int OH, int OW) {
+    const int64_t total = (int64_t)N * H * W * C;
+    if (total <= 0) return;
+    avgpool_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        din, dout, Window{H, W, C, K, stride, pad, OH, OW}, total);
+    LAUNCH_CHECK();
+}
+
+__global__ void global_avgpool_forward_kernel(float *out, const float *in, int64_t HW, int C,
+                                              int64_t total) {
+    GRID_LOOP(i, total) global_avgpool_forward_at(i, out, in, HW, C);
+}
+__global__ void global_avgpool_backward_kernel(float *din, const float *dout, int64_t HW, int C,
+                                               int64_t total) {
+    GRID_LOOP(i, total) global_avgpool_backward_at(i, din, dout, HW, C);
+}
+
+static void cuda_global_avgpool_forward(float *out, const float *in, int N, int64_t HW, int C) {
+    const int64_t total = (int64_t)N * C;
+    if (total <= 0) return;
+    global_avgpool_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, in, HW, C, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_global_avgpool_backward(float *din, const float *dout, int N, int64_t HW, int C) {
+    const int64_t total = (int64_t)N * HW * C;
+    if (total <= 0) return;
+    global_avgpool_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dout, HW, C,
+                                                                                total);
+    LAUNCH_CHECK();
+}
+
+__global__ void add_act_kernel(float *out, const float *a, const float *b, bool relu, int64_t n) {
+    GRID_LOOP(i, n) add_act_at(i, out, a, b, relu);
+}
+
+static void cuda_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
+    if (n <= 0) return;
+    add_act_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, a, b, act == ACT_RELU, n);
+    LAUNCH_CHECK();
+}
+
+// ---- batchnorm ------------------------------------------------------------------------------
+
+// The per-channel sums of bn_sums (dout NULL: x and x^2) and bn_backward_sums (dy and
+// dy * xhat), with bias_backward's layout: a block takes 32 channels and 32 row lanes, lane
+// ty sums rows ty, ty + 32, ... in order in double, then a fixed tree adds the lanes.
+// (Deterministic; the CPU sums in other blocks, so the two differ by double rounding.)
+__host__ __device__ static inline void bn_lane_sums(const float *x, const float *dout,
+                                                    const float *out, const float *mean,
+                                                    const float *invstd, int64_t rows, int C, int c,
+                                                    int lane, bool relu, double *s1, double *s2) {
+    double a = 0.0, b = 0.0;
+    for (int64_t r = lane; r < rows; r += BB_ROWS) {
+        const int64_t e = r * C + c;
+        if (!dout) {
+            const double v = x[e];
+            a = dadd_rn(a, v);
+            b = dadd_rn(b, dmul_rn(v, v));
+        } else {
+            const float dy = bn_dy(dout, out, e, relu);
+            const float xhat = mul_rn(sub_rn(x[e], mean[c]), invstd[c]);
+            a = dadd_rn(a, (double)dy);
+            b = dadd_rn(b, dmul_rn((double)dy, (double)xhat));
+        }
+    }
+    *s1 = a, *s2 = b;
+}
+
+__global__ void bn_sums_kernel(double *acc, const float *x, const float *dout, const float *out,
+                               const float *mean, const float *invstd, int64_t rows, int C,
+                               bool relu) {
+    __shared__ double p1[BB_ROWS][BB_COLS + 1], p2[BB_ROWS][BB_COLS + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int c0 = blockIdx.x * BB_COLS; c0 < C; c0 += gridDim.x * BB_COLS) {
+        const int c = c0 + tx;
+        double a = 0.0, b = 0.0;
+        if (c < C) bn_lane_sums(x, dout, out, mean, invstd, rows, C, c, ty, relu, &a, &b);
+        p1[ty][tx] = a, p2[ty][tx] = b;
+        __syncthreads();
+        for (int half = BB_ROWS / 2; half > 0; half /= 2) {
+            if (ty < half) {
+                p1[ty][tx] = dadd_rn(p1[ty][tx], p1[ty + half][tx]);
+                p2[ty][tx] = dadd_rn(p2[ty][tx], p2[ty + half][tx]);
+            }
+            __syncthreads();
+        }
+        if (ty == 0 && c < C) {
+            acc[c] = dadd_rn(acc[c], p1[0][tx]);
+            acc[C + c] = dadd_rn(acc[C + c], p2[0][tx]);
+        }
+        __syncthreads();  // p1 and p2 are reused by the next channel block
+    }
+}
+
+static void bn_column_sums(double *acc, const float *x, const float *dout, const float *out,
+                           const float *mean, const float *invstd, int64_t rows, int C, bool relu) {
+    if (rows <= 0 || C <= 0) return;
+    const int col_blocks = (C + BB_COLS - 1) / BB_COLS;
+    const unsigned blocks = (unsigned)(col_blocks < g.sms * 8 ? col_blocks : g.sms * 8);
+    bn_sums_kernel<<<blocks, dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(acc, x, dout, out, mean, invstd,
+                                                                    rows, C, relu);
+    LAUNCH_CHECK();
+}
+
+static void cuda_bn_sums(double *acc, const float *x, int64_t rows, int C) {
+    bn_column_sums(acc, x, NULL, NULL, NULL, NULL, rows, C, false);
+}
+
+static void cuda_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
+                                  const float *mean, const float *invstd, int64_t rows, int C,
+                                  Activation act) {
+    bn_column_sums(acc, x, dout, out, mean, invstd, rows, C, act == ACT_RELU);
+}
+
+__global__ void bn_batch_stats_kernel(float *mean, float *invstd, float *running_mean,
+                                      float *running_var, const double *acc, int C, int64_t count,
+                                      double eps, double momentum) {
+    GRID_LOOP(c, (int64_t)C)
+    bn_batch_stats_at((int)c, mean, invstd, running_mean, running_var, acc, C, count, eps, momentum);
+}
+__global__ void bn_eval_stats_kernel(float *mean, float *invstd, const float *running_mean,
+                                     const float *running_var, int C, double eps) {
+    GRID_LOOP(c, (int64_t)C) bn_eval_stats_at((int)c, mean, invstd, running_mean, running_var, eps);
+}
+__global__ void bn_forward_kernel(float *out, const float *x, const float *mean, const float *invstd,
+                                  const float *gamma, const float *beta, int C, bool relu,
+                                  int64_t total) {
+    GRID_LOOP(i, total) bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, relu);
+}
+__global__ void bn_backward_kernel(float *din, const float *dout, const float *out, const float *x,
+                                   const float *mean, const float *invstd, const float *gamma,
+                                   const double *acc, int C, int64_t count, bool relu,
+                                   int64_t total) {
+    GRID_LOOP(i, total)
+    bn_backward_at(i, din, dout, out, x, mean, invstd, gamma, acc, C, count, relu);
+}
+__global__ void bn_param_grads_kernel(float *dgamma, float *dbeta, const double *acc, int C) {
+    GRID_LOOP(c, (int64_t)C) bn_param_grads_at((int)c, dgamma, dbeta, acc, C);
+}
+
+static void cuda_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
+                                const double *acc, int C, int64_t count, double eps,
+                                double momentum) {
+    if (C <= 0) return;
+    bn_batch_stats_kernel<<<blocks_for(C), THREADS, 0, g.stream>>>(mean, invstd, running_mean,
+                                                                   running_var, acc, C, count, eps,
+                                                                   momentum);
+    LAUNCH_CHECK();
+}
+
+static void cuda_bn_eval_stats(float *mean, float *invstd, const float *running_mean,
+                               const float *running_var, int C, double eps) {
+    if (C <= 0) return;
+    bn_eval_stats_kernel<<<blocks_for(C), THREADS, 0, g.stream>>>(mean, invstd, running_mean,
+                                                                  running_var, C, eps);
+    LAUNCH_CHECK();
+}
+
+static void cuda_bn_forward(float *out, const float *x, const float *mean, const float *invstd,
+                            const float *gamma, const float *beta, int64_t rows, int C,
+                            Activation act) {
+    const int64_t total = rows * C;
+    if (total <= 0) return;
+    bn_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, x, mean, invstd, gamma, beta,
+                                                                   C, act == ACT_RELU, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_bn_backward(float *din, const float *dout, const float *out, const float *x,
+                             const float *mean, const float *invstd, const float *gamma,
+                             const double *acc, int64_t rows, int C, int64_t count, Activation act) {
+    const int64_t total = rows * C;
+    if (total <= 0) return;
+    bn_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        din, dout, out, x, mean, invstd, gamma, acc, C, count, act == ACT_RELU, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
+    if (C <= 0) return;
+    bn_param_grads_kernel<<<blocks_for(C), THREADS, 0, g.stream>>>(dgamma, dbeta, acc, C);
     LAUNCH_CHECK();
 }
 
@@ -943,8 +1297,20 @@ static void cuda_init(void) {
     k->bias_act_backward = cuda_bias_act_backward;
     k->relu_forward = cuda_relu_forward;
     k->relu_backward = cuda_relu_backward;
+    k->add_act = cuda_add_act;
     k->maxpool_forward = cuda_maxpool_forward;
     k->maxpool_backward = cuda_maxpool_backward;
+    k->avgpool_forward = cuda_avgpool_forward;
+    k->avgpool_backward = cuda_avgpool_backward;
+    k->global_avgpool_forward = cuda_global_avgpool_forward;
+    k->global_avgpool_backward = cuda_global_avgpool_backward;
+    k->bn_sums = cuda_bn_sums;
+    k->bn_batch_stats = cuda_bn_batch_stats;
+    k->bn_eval_stats = cuda_bn_eval_stats;
+    k->bn_forward = cuda_bn_forward;
+    k->bn_backward_sums = cuda_bn_backward_sums;
+    k->bn_backward = cuda_bn_backward;
+    k->bn_param_grads = cuda_bn_param_grads;
     k->dropout_forward = cuda_dropout_forward;
     k->dropout_backward = cuda_dropout_backward;
     k->nhwc_to_nchw = cuda_nhwc_to_nchw;

@@ -54,23 +54,41 @@ void checkpoint_info_free(CheckpointInfo *info) {
 
 // ---- the network's tensors --------------------------------------------------------------
 
-// Number of parameter tensors of net (layers[i]->params[j], in layer order).
-static int count_params(const Net *net) {
-    int n = 0;
-    for (int i = 0; i < net->nlayers; i++) n += net->layers[i]->nparams;
-    return n;
+// One tensor of the model's state_dict: a parameter (trained, with optimizer state) or a
+// buffer (batchnorm's running statistics and counter).
+typedef struct ModelTensor {
+    const Tensor *t;
+    bool param;
+} ModelTensor;
+
+// The model's tensors in state_dict order (module after module: its parameters, then its
+// buffers): a malloc'd array of *n (caller frees), *nparam of them parameters; NULL with err.
+static ModelTensor *list_model(const Net *net, int *n, int *nparam, Error *err) {
+    *n = *nparam = 0;
+    for (int i = 0; i < net->nmodules; i++) {
+        *n += net->modules[i]->nparams + net->modules[i]->nbuffers;
+        *nparam += net->modules[i]->nparams;
+    }
+    ModelTensor *m = xcalloc((size_t)*n ? (size_t)*n : 1, sizeof *m, err);
+    if (!m) return NULL;
+    int k = 0;
+    for (int i = 0; i < net->nmodules; i++) {
+        const Layer *l = net->modules[i];
+        for (int j = 0; j < l->nparams; j++) m[k++] = (ModelTensor){&l->params[j], true};
+        for (int j = 0; j < l->nbuffers; j++) m[k++] = (ModelTensor){&l->buffers[j], false};
+    }
+    return m;
 }
 
-// The parameter tensors of net, in layer order: a malloc'd array of n pointers into the
-// layers (caller frees), or NULL with err.
-static const Tensor **list_params(const Net *net, int *n, Error *err) {
-    *n = count_params(net);
-    const Tensor **p = xcalloc((size_t)*n, sizeof *p, err);
-    if (!p) return NULL;
-    int k = 0;
-    for (int i = 0; i < net->nlayers; i++)
-        for (int j = 0; j < net->layers[i]->nparams; j++) p[k++] = &net->layers[i]->params[j];
-    return p;
+// Where a tensor's data lives: the counters (I64) on the host, the rest on the device.
+static bool on_host(const Net *net, const Tensor *t) { return net->k->host_memory || t->dtype != DT_F32; }
+
+// Floats of all the F32 buffers.
+static size_t buffer_floats(const ModelTensor *m, int n) {
+    size_t f = 0;
+    for (int i = 0; i < n; i++)
+        if (!m[i].param && m[i].t->dtype == DT_F32) f += (size_t)tensor_numel(m[i].t);
+    return f;
 }
 
 // Where parameter p's optimizer state `half` (0 square_avg, 1 acc_delta) lies on the
@@ -133,27 +151,40 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
                        "cannot write '%s': checkpoint_save needs the TrainState, the cfg text "
                        "and the class names",
                        path);
-    int np = 0, rc = -1;
+    int nm = 0, np = 0, rc = -1;
     Tensor *t = NULL;
     float *host = NULL;
     char *classes = NULL;
-    const Tensor **params = list_params(net, &np, err);
-    if (!params) goto done;
+    ModelTensor *model = list_model(net, &nm, &np, err);
+    if (!model) goto done;
     classes = join_classes(info, path, err);
     if (!classes) goto done;
-    t = xcalloc((size_t)np * 3, sizeof *t, err);
+    t = xcalloc((size_t)(nm + 2 * np), sizeof *t, err);
     if (!t) goto done;
     // Where the device's memory is the host's (the CPU), the tensors are written from it
     // directly: saving then costs no memory beyond the plan.
-    if (!net->k->host_memory && !(host = xcalloc((size_t)net->nparams * 3, sizeof *host, err)))
+    const size_t nbuf = buffer_floats(model, nm);
+    if (!net->k->host_memory &&
+        !(host = xcalloc((size_t)net->nparams * 3 + nbuf, sizeof *host, err)))
         goto done;
 
-    // Host layout: the parameters, then square_avg, then acc_delta, each in layer order.
+    // Tensors: the model's in state_dict order, then each parameter's square_avg and
+    // acc_delta. Host layout: the parameters, square_avg, acc_delta (each in parameter
+    // order), then the buffers.
     if (net->k->sync) net->k->sync();
-    size_t off = 0;
-    for (int i = 0; i < np; i++) {
-        const Tensor *p = params[i];
-        size_t n = (size_t)tensor_numel(p), bytes = n * sizeof(float);
+    size_t off = 0, boff = (size_t)net->nparams * 3;
+    for (int i = 0, pi = 0; i < nm; i++) {
+        const Tensor *p = model[i].t;
+        const size_t n = (size_t)tensor_numel(p), bytes = n * sizeof(float);
+        if (!model[i].param) {
+            t[i] = *p;
+            if (!on_host(net, p)) {
+                t[i].data = host + boff;
+                if (bytes) net->k->download(t[i].data, p->data, bytes);
+                boff += n;
+            }
+            continue;
+        }
         if (off + n > (size_t)net->nparams) {
             err_set(err,
                     "cannot write '%s': the network's tensors hold more than its %lld parameters",
@@ -161,7 +192,7 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
             goto done;
         }
         for (int h = 0; h < 3; h++) {
-            Tensor *o = &t[h * np + i];
+            Tensor *o = h ? &t[nm + 2 * pi + h - 1] : &t[i];
             *o = *p;
             float *src = h ? opt_state(net, p, h - 1) : p->data;
             o->data = host ? host + (size_t)h * (size_t)net->nparams + off : src;
@@ -173,6 +204,7 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
             if (host && bytes) net->k->download(o->data, src, bytes);
         }
         off += n;
+        pi++;
     }
 
     // Metadata: the format, the cfg, the classes, the input shape and the TrainState as
@@ -203,9 +235,9 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
         }
         keys[NINFO + i] = f->key, values[NINFO + i] = nums[i];
     }
-    rc = st_write(path, t, np * 3, keys, values, NINFO + NSTATE, err);
+    rc = st_write(path, t, nm + 2 * np, keys, values, NINFO + NSTATE, err);
 done:
-    free(params);
+    free(model);
     free(classes);
     free(t);
     free(host);
@@ -366,7 +398,8 @@ static int rename_layer(const char *name, size_t len, const RenameRule *rules, i
         const char *s = buf[cur], *from = rules[r].from, *to = rules[r].to;
         size_t nf = strlen(from), nt = strlen(to), n = 0;
         char *d = buf[!cur];
-        bool whole = mode == RENAME_WHOLE && !strcmp(s, from);
+        // Whole: the module called exactly OLD, and its submodules (OLD.*).
+        bool whole = mode == RENAME_WHOLE && !strncmp(s, from, nf) && (!s[nf] || s[nf] == '.');
         bool prefix = mode == RENAME_PREFIX && !strncmp(s, from, nf);
         if (mode != RENAME_SUBSTRING && !whole && !prefix) continue;
         while (*s) {
@@ -410,21 +443,15 @@ int checkpoint_rename_key(const char *key, const RenameRule *rules, int nrules, 
     return strcmp(out, key) != 0;
 }
 
-// Why `name` cannot be a layer name, or NULL if it can.
-static const char *layer_name_problem(const char *name) {
-    if (!*name) return "it is empty";
-    if (strchr(name, '.')) return "it holds a '.' (a layer name is one part of a key)";
-    if (strlen(name) >= LAYER_NAME_MAX) return "it is longer than a layer name may be";
-    return NULL;
-}
-
 // ---- strict loading -----------------------------------------------------------------------
 
 // One tensor the network needs from the file.
 typedef struct Want {
     char name[TENSOR_NAME_MAX];
-    const Tensor *param;  // its parameter (the shape; for optimizer state the same shape)
-    void *dev;            // where it goes on the device
+    const Tensor *param;  // its model tensor (the shape and dtype; optimizer state: the same)
+    void *dev;            // where it goes: the device, or the host (on_host)
+    bool host;
+    bool optional;        // num_batches_tracked: PyTorch fills it in when it is missing
     const StEntry *e;     // the file's entry, or NULL if missing
 } Want;
 
@@ -434,6 +461,12 @@ static int cmp_str_ptr(const void *a, const void *b) {
 
 static bool float_dtype(StDType d) {
     return d == ST_F32 || d == ST_F16 || d == ST_BF16 || d == ST_F64;
+}
+
+// Whether the file's dtype can fill tensor t: any float type for F32 (converted), I64 for
+// the I64 counters.
+static bool dtype_fits(StDType d, const Tensor *t) {
+    return t->dtype == DT_F32 ? float_dtype(d) : d == st_dtype_from(t->dtype);
 }
 
 static bool same_shape(const StEntry *e, const Tensor *t) {
@@ -505,15 +538,34 @@ static bool rule_fits(const char *from, const char *to, const char *const *file_
     return true;
 }
 
+// The layers whose tensors a load leaves alone (init_skip): names of layers or of modules
+// above them ("fc", "layer4").
+typedef struct Skip {
+    const char *const *names;
+    int n;
+} Skip;
+
+// Whether key (a model or optimizer key) belongs to a skipped layer: its name starts with
+// a skipped name followed by '.'.
+static bool skipped(const char *key, const Skip *skip) {
+    if (is_opt_key(key)) key += OPT_PREFIX_LEN;
+    for (int i = 0; i < skip->n; i++) {
+        const size_t n = strlen(skip->names[i]);
+        if (n && !strncmp(key, skip->names[i], n) && key[n] == '.') return true;
+    }
+    return false;
+}
+
 // Looks for one substring rule OLD=NEW that maps the file's model keys onto the network's
 // parameter names exactly (a pure renaming). Candidates come from pairing the first
 // unexpected key with each missing key: their layer names whole, then without their
 // common prefix and/or suffix ("conv1"/"embed1" -> "conv"/"embed", which also renames
 // conv2). On success from/to (TENSOR_NAME_MAX each) hold the rule.
-static bool find_rename(const StFile *f, const Want *want, int nwant, const char *unexpected0,
-                        char *from, char *to) {
+static bool find_rename(const StFile *f, const Want *want, int nwant, const Skip *skip,
+                        const char *unexpected0, char *from, char *to) {
     int nfile = 0;
-    for (int i = 0; i < f->count; i++) nfile += !is_opt_key(f->entries[i].name);
+    for (int i = 0; i < f->count; i++)
+        nfile += !is_opt_key(f->entries[i].name) && !skipped(f->entries[i].name, skip);
     if (nfile != nwant || !nwant) return false;
     const char **file_keys = calloc((size_t)nwant, sizeof *file_keys);
     const char **net_names = calloc((size_t)nwant, sizeof *net_names);
@@ -522,7 +574,8 @@ static bool find_rename(const StFile *f, const Want *want, int nwant, const char
     bool found = false;
     if (!file_keys || !net_names || !sorted || !names) goto done;  // no suggestion, no harm
     for (int i = 0, k = 0; i < f->count; i++)
-        if (!is_opt_key(f->entries[i].name)) file_keys[k++] = f->entries[i].name;
+        if (!is_opt_key(f->entries[i].name) && !skipped(f->entries[i].name, skip))
+            file_keys[k++] = f->entries[i].name;
     for (int i = 0; i < nwant; i++) net_names[i] = want[i].name;
     qsort(net_names, (size_t)nwant, sizeof *net_names, cmp_str_ptr);
 
@@ -594,7 +647,8 @@ static void suggest_out(char *out, size_t cap, const char *path) {
 
 // Checks the file against want[0..nwant) (sets want[i].e) and, if optimizer, against the
 // optimizer keys too; on a mismatch sets err with everything wrong at once.
-static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimizer, Error *err) {
+static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimizer,
+                 const Skip *skip, Error *err) {
     int rc = -1, nmissing = 0, nunexp = 0, nbad = 0, nopt = 0;
     const char **missing = calloc((size_t)nwant + 1, sizeof *missing);
     const char **unexp = calloc((size_t)f->count + 1, sizeof *unexp);
@@ -606,9 +660,10 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
     }
     for (int i = 0; i < nwant; i++) {
         want[i].e = st_find(f, want[i].name);
-        if (!want[i].e)
+        if (!want[i].e && !want[i].optional)
             missing[nmissing++] = want[i].name;
-        else if (!same_shape(want[i].e, want[i].param) || !float_dtype(want[i].e->dtype))
+        else if (want[i].e && (!same_shape(want[i].e, want[i].param) ||
+                               !dtype_fits(want[i].e->dtype, want[i].param)))
             bad[nbad++] = i;
         sorted[i] = want[i].name;
     }
@@ -617,7 +672,7 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
         const char *k = f->entries[i].name;
         bool opt = is_opt_key(k);
         nopt += opt;
-        if (opt && !optimizer) continue;
+        if ((opt && !optimizer) || skipped(k, skip)) continue;
         if (!bsearch(&k, sorted, (size_t)nwant, sizeof *sorted, cmp_str_ptr)) unexp[nunexp++] = k;
     }
     if (!nmissing && !nunexp && !nbad) {
@@ -659,7 +714,7 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
     for (int i = 0; i < nunexp && !first_unexp; i++)
         if (!is_opt_key(unexp[i])) first_unexp = unexp[i];
     bool rename = model_missing && model_missing == model_unexp &&
-                  find_rename(f, want, nmodel, first_unexp, from, to);
+                  find_rename(f, want, nmodel, skip, first_unexp, from, to);
     suggest_out(out, sizeof out, f->path);
     static const int limits[] = {8, 4, 2, 1};
     for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
@@ -680,9 +735,10 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
         for (int i = 0; i < nbad && i < (lim + 1) / 2; i++) {
             const Want *w = &want[bad[i]];
             char a[160], b[160];
-            if (!float_dtype(w->e->dtype))
-                msg_add(&m, "%s%s is %s in the file, not a float type", sep, w->name,
-                        st_dtype_names[w->e->dtype]);
+            if (!dtype_fits(w->e->dtype, w->param))
+                msg_add(&m, "%s%s is %s in the file, not %s", sep, w->name,
+                        st_dtype_names[w->e->dtype],
+                        w->param->dtype == DT_F32 ? "a float type" : dtype_names[w->param->dtype]);
             else
                 msg_add(&m, "%s%s is %s in the file but %s in the network", sep, w->name,
                         shape_str(a, sizeof a, w->e->shape, w->e->ndim),
@@ -715,72 +771,102 @@ done:
     return rc;
 }
 
-// The loader behind checkpoint_load_weights (st == NULL) and checkpoint_load_all.
-static int load(const char *path, Net *net, TrainState *st, Error *err) {
+// The loader behind checkpoint_load_weights (st == NULL: any state_dict, the layers in
+// skip left alone) and checkpoint_load_all (a cnn.c checkpoint, optimizer state and
+// TrainState included).
+static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Error *err) {
     StFile f;
     if (st_open(&f, path, err)) return -1;
-    int np = 0, rc = -1;
+    int nm = 0, np = 0, rc = -1;
     Want *want = NULL;
     float *host = NULL;
     TrainState s;
-    const Tensor **params = list_params(net, &np, err);
-    if (!params || check_format(&f, err) || (st && read_state(&f, &s, err))) goto done;
-    int halves = st ? 3 : 1;
-    want = xcalloc((size_t)np * (size_t)halves, sizeof *want, err);
-    host = xcalloc((size_t)net->nparams * (size_t)halves, sizeof *host, err);
+    ModelTensor *model = list_model(net, &nm, &np, err);
+    if (!model || (st && (check_format(&f, err) || read_state(&f, &s, err)))) goto done;
+    const int halves = st ? 2 : 0;  // optimizer states a parameter
+    // Host staging, in floats: every model tensor (an I64 counter takes two), then the
+    // optimizer state.
+    size_t units = (size_t)net->nparams * (size_t)halves;
+    for (int i = 0; i < nm; i++) units += (tensor_bytes(model[i].t) + sizeof(float) - 1) / sizeof(float);
+    want = xcalloc((size_t)(nm + halves * np), sizeof *want, err);
+    host = xcalloc(units + 1, sizeof *host, err);
     if (!want || !host) goto done;
-    // Model keys first (in layer order), then each parameter's optimizer state.
-    for (int i = 0; i < np; i++) {
-        Want *w = &want[i];
-        snprintf(w->name, sizeof w->name, "%s", params[i]->name);
-        w->param = params[i];
-        w->dev = params[i]->data;
-        for (int h = 0; h + 1 < halves; h++) {
-            w = &want[np + 2 * i + h];
-            if (opt_key(w->name, sizeof w->name, params[i]->name, h)) {
-                err_set(err, "%s: the optimizer key of '%s' is too long", path, params[i]->name);
+    // Model keys first (in state_dict order), then each parameter's optimizer state.
+    int nmodel = 0, nwant;
+    for (int i = 0; i < nm; i++) {
+        const Tensor *p = model[i].t;
+        if (skipped(p->name, skip)) continue;
+        Want *w = &want[nmodel++];
+        snprintf(w->name, sizeof w->name, "%s", p->name);
+        w->param = p;
+        w->dev = p->data;
+        w->host = on_host(net, p);
+        w->optional = p->dtype == DT_I64;  // num_batches_tracked
+    }
+    nwant = nmodel;
+    for (int i = 0; i < nm && halves; i++) {
+        if (!model[i].param) continue;
+        for (int h = 0; h < halves; h++) {
+            Want *w = &want[nwant++];
+            if (opt_key(w->name, sizeof w->name, model[i].t->name, h)) {
+                err_set(err, "%s: the optimizer key of '%s' is too long", path, model[i].t->name);
                 goto done;
             }
-            w->param = params[i];
-            w->dev = opt_state(net, params[i], h);
+            w->param = model[i].t;
+            w->dev = opt_state(net, model[i].t, h);
+            w->host = net->k->host_memory;
         }
     }
-    int nwant = np * halves;
-    if (match(&f, want, nwant, np, st != NULL, err)) goto done;
+    if (match(&f, want, nwant, nmodel, st != NULL, skip, err)) goto done;
 
     // Everything fits: read it all to the host, and only then touch the network.
     size_t off = 0;
     for (int i = 0; i < nwant; i++) {
+        if (!want[i].e) continue;  // an optional counter the file lacks: 0
         Tensor t = *want[i].param;
         snprintf(t.name, sizeof t.name, "%s", want[i].name);
         t.data = host + off;
         if (st_read_tensor(&f, &t, err)) goto done;
-        off += (size_t)tensor_numel(&t);
+        off += (tensor_bytes(&t) + sizeof(float) - 1) / sizeof(float);
     }
     off = 0;
     for (int i = 0; i < nwant; i++) {
-        size_t n = (size_t)tensor_numel(want[i].param);
-        if (n) net->k->upload(want[i].dev, host + off, n * sizeof(float));
-        off += n;
+        const size_t bytes = tensor_bytes(want[i].param);
+        const void *src = host + off;
+        if (!want[i].e) src = &(int64_t){0};
+        else off += (bytes + sizeof(float) - 1) / sizeof(float);
+        if (want[i].host) memcpy(want[i].dev, src, bytes);
+        else if (bytes) net->k->upload(want[i].dev, src, bytes);
     }
     if (net->k->sync) net->k->sync();
     if (st) *st = s;
     rc = 0;
 done:
-    free(params);
+    free(model);
     free(want);
     free(host);
     st_close(&f);
     return rc;
 }
 
-int checkpoint_load_weights(const char *path, Net *net, Error *err) {
-    return load(path, net, NULL, err);
+int checkpoint_load_weights(const char *path, Net *net, const char *const *skip, int nskip,
+                            Error *err) {
+    const Skip sk = {skip, nskip};
+    return load(path, net, NULL, &sk, err);
 }
 
 int checkpoint_load_all(const char *path, Net *net, TrainState *st, Error *err) {
     if (!st) return err_set(err, "%s: checkpoint_load_all needs a TrainState to fill", path);
-    return load(path, net, st, err);
+    const Skip none = {NULL, 0};
+    return load(path, net, st, &none, err);
+}
+
+int checkpoint_probe(const char *path, bool *is_checkpoint, Error *err) {
+    StFile f;
+    if (st_open(&f, path, err)) return -1;
+    *is_checkpoint = st_meta(&f, "format") != NULL;
+    st_close(&f);
+    return 0;
 }
 
 // ---- renaming -----------------------------------------------------------------------------

@@ -2,22 +2,25 @@
 //
 // One file resumes training exactly or serves prediction alone:
 //
-//   tensors      the model's parameters under PyTorch's state_dict names and layouts
-//                ("conv1.weight" F32 [32, 1, 3, 3], "fc1.weight" F32 [64, 9216], ...), and
-//                the optimizer state under CHECKPOINT_OPTIMIZER_PREFIX:
+//   tensors      the model's state_dict under PyTorch's names and layouts: parameters
+//                ("conv1.weight" F32 [32, 1, 3, 3], "fc1.weight" F32 [64, 9216], ...) and
+//                buffers ("bn1.running_mean" F32 [64], "bn1.num_batches_tracked" I64 []);
+//                and the optimizer state under CHECKPOINT_OPTIMIZER_PREFIX:
 //                "optimizer.conv1.weight.square_avg", "optimizer.conv1.weight.acc_delta".
 //   __metadata__ strings: "format" = CHECKPOINT_FORMAT; "cfg" = the cfg text the run used
 //                (command-line overrides applied); "classes" = class names, one per
 //                line; "input" = the input shape "C,H,W"; and the TrainState fields below
 //                under their own names.
 //
-// A PyTorch user drops the optimizer keys and calls load_state_dict (see README).
+// A PyTorch user drops the optimizer keys and calls load_state_dict (see README), and any
+// state_dict PyTorch saves as safetensors loads as weights (DESIGN.md decision 13).
 // Loading is strict by name: a mismatch lists the missing keys, the unexpected keys and
 // the keys whose shapes differ, and names the `./ckpt rename` command when the
 // difference is a pure renaming.
 #ifndef NN_CHECKPOINT_H
 #define NN_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,8 +58,8 @@ typedef struct CheckpointInfo {
 
 void checkpoint_info_free(CheckpointInfo *info);
 
-// Writes net's parameters, its optimizer state, st and info to path, atomically
-// (st_write). Parameters and state are read from the device (net->k->download).
+// Writes net's parameters, buffers, optimizer state, st and info to path, atomically
+// (st_write). Tensors are read from the device (net->k->download).
 int checkpoint_save(const char *path, const Net *net, const TrainState *st,
                     const CheckpointInfo *info, Error *err);
 
@@ -65,24 +68,36 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
 // checkpoints (no "format", another format) name the file.
 int checkpoint_read_info(const char *path, CheckpointInfo *info, TrainState *st, Error *err);
 
-// Loads the model's parameters into net (uploads to the device). Strict: every
-// parameter of net must be in the file with its exact shape, and the file may hold no
-// other model tensor (optimizer keys aside). On a mismatch nothing is loaded and err
-// lists the missing, unexpected and wrongly shaped keys (a few of each, with counts),
-// and, when the unexpected keys map one-to-one onto the missing ones by one substring
-// replacement, the command that fixes it: "./ckpt rename FILE NEW_FILE old=new".
-// F16/BF16/F64 parameters are converted to F32.
-int checkpoint_load_weights(const char *path, Net *net, Error *err);
+// Loads the model's parameters and buffers into net (uploads to the device) from a cnn.c
+// checkpoint or any safetensors file holding a plain state_dict (no metadata needed).
+// Strict: every tensor of net must be in the file with its exact shape, and the file may
+// hold no other model tensor (optimizer keys aside); only num_batches_tracked may be
+// missing (it is then 0, as PyTorch does). The layers named in skip[0..nskip) (or modules
+// above them: "fc", "layer4") are neither loaded nor expected: they keep what they have,
+// and the file's tensors under those names are ignored whatever their shape. On a
+// mismatch nothing is loaded and err lists the missing, unexpected and wrongly shaped
+// keys (a few of each, with counts), and, when the unexpected keys map one-to-one onto
+// the missing ones by one substring replacement, the command that fixes it:
+// "./ckpt rename FILE NEW_FILE old=new". F16/BF16/F64 tensors are converted to F32; the
+// counters must be I64.
+int checkpoint_load_weights(const char *path, Net *net, const char *const *skip, int nskip,
+                            Error *err);
 
-// Loads parameters (as checkpoint_load_weights), the optimizer state (which must be
-// there, strict in the same way) and the TrainState: everything a resume needs.
+// Loads parameters and buffers (as checkpoint_load_weights), the optimizer state (which
+// must be there, strict in the same way) and the TrainState from a cnn.c checkpoint:
+// everything a resume needs.
 int checkpoint_load_all(const char *path, Net *net, TrainState *st, Error *err);
+
+// Opens path as a safetensors file (errors name it) and says whether it is a cnn.c
+// checkpoint (its metadata has a "format") or a plain state_dict.
+int checkpoint_probe(const char *path, bool *is_checkpoint, Error *err);
 
 // The rename rules of `./ckpt rename`.
 typedef enum RenameMode {
     RENAME_SUBSTRING,  // OLD=NEW replaces every occurrence of OLD in a key (PyTorch recipe)
     RENAME_PREFIX,     // OLD=NEW replaces OLD at the start of a key only
-    RENAME_WHOLE,      // OLD=NEW renames the layer/key called exactly OLD
+    RENAME_WHOLE,      // OLD=NEW renames the module called exactly OLD (and its inner
+                       // modules, OLD.*)
 } RenameMode;
 
 typedef struct RenameRule {

@@ -21,6 +21,7 @@
 typedef struct Conv {
     Layer base;
     int filters, size, stride, pad;
+    bool bias;
     Activation act;
 } Conv;
 
@@ -30,6 +31,7 @@ static const CfgKey conv_keys[] = {
     {"size", NULL, "kernel size K (K x K)"},
     {"stride", "1", "stride"},
     {"pad", "0", "zero padding on each side"},
+    {"bias", "1", "1: a learned bias per filter; 0: none (before a batchnorm, as ResNets do)"},
     {"activation", "none", "none or relu, applied to the output"},
 };
 
@@ -59,17 +61,22 @@ static int conv_chunk(const Conv *c, int N) {
     return chunk < (size_t)N ? (int)chunk : N;
 }
 
-static int conv_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err) {
-    Conv *c = layer_alloc(sizeof *c, &conv_ops, cfg, s, in, err);
+static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
+    Conv *c = layer_alloc(sizeof *c, &conv_ops, a, err);
     if (!c) return -1;
-    int64_t filters, size, stride, pad;
+    const Cfg *cfg = a->cfg;
+    const CfgSection *s = a->s;
+    const Shape in = a->in;
+    int64_t filters, size, stride, pad, bias;
     if (cfg_int(cfg, s, "filters", NULL, 1, 1 << 20, &filters, err) ||
         cfg_int(cfg, s, "size", NULL, 1, 1024, &size, err) ||
         cfg_int(cfg, s, "stride", "1", 1, 1024, &stride, err) ||
         cfg_int(cfg, s, "pad", "0", 0, 1024, &pad, err) ||
-        layer_activation(cfg, s, &c->act, err))
+        cfg_int(cfg, s, "bias", "1", 0, 1, &bias, err) ||
+        layer_activation(a, &c->act, err))
         goto fail;
     c->filters = (int)filters, c->size = (int)size, c->stride = (int)stride, c->pad = (int)pad;
+    c->bias = bias != 0;
     const int OH = (in.h + 2 * c->pad - c->size) / c->stride + 1;
     const int OW = (in.w + 2 * c->pad - c->size) / c->stride + 1;
     if (in.h + 2 * c->pad < c->size || in.w + 2 * c->pad < c->size) {
@@ -78,8 +85,8 @@ static int conv_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape i
         goto fail;
     }
     c->base.out = (Shape){.c = c->filters, .h = OH, .w = OW};
-    layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, in.c, c->size, c->size});
-    layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters});
+    layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, in.c, c->size, c->size}, INIT_WEIGHT);
+    if (c->bias) layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters}, INIT_BIAS);
     c->base.fan_in = (int64_t)in.c * c->size * c->size;
     *out = &c->base;
     return 0;
@@ -87,6 +94,10 @@ fail:
     free(c);
     return -1;
 }
+
+// The bias and its gradient, or NULL without one.
+static float *conv_bias(const Conv *c) { return c->bias ? c->base.params[1].data : NULL; }
+static float *conv_dbias(const Conv *c) { return c->bias ? c->base.grads[1] : NULL; }
 
 // Whether PyTorch's weight order (c, kh, kw) differs from im2col's (kh, kw, c).
 static bool conv_permutes(const Conv *c) { return c->base.in.c > 1 && c->size > 1; }
@@ -117,7 +128,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
     if (conv_is_direct(c)) {
-        k->conv_direct_forward(out, in, l->params[0].data, l->params[1].data, conv_geometry(c, N),
+        k->conv_direct_forward(out, in, l->params[0].data, conv_bias(c), conv_geometry(c, N),
                                c->act);
         return;
     }
@@ -141,7 +152,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
         k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk,
                 false, true, 1.0f, 0.0f);
     }
-    k->bias_act_forward(out, l->params[1].data, (int64_t)N * pixels, c->filters, c->act);
+    k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
 }
 
 static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout,
@@ -149,7 +160,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
     if (conv_is_direct(c)) {
-        k->conv_direct_backward(din, l->grads[0], l->grads[1], ctx->workspace, dout, in, out,
+        k->conv_direct_backward(din, l->grads[0], conv_dbias(c), ctx->workspace, dout, in, out,
                                 l->params[0].data, conv_geometry(c, N), c->act);
         return;
     }
@@ -163,7 +174,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         conv_to_khkwc(c, k, dwp, dw);
         w = wp, dw = dwp;
     }
-    k->bias_act_backward(l->grads[1], dout, out, (int64_t)N * pixels, c->filters, c->act);
+    k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * pixels, c->filters, c->act);
     const int chunk = conv_chunk(c, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = N - n0 < chunk ? N - n0 : chunk;

@@ -393,7 +393,7 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
         for (int64_t i = 0; i < part_floats; i++) sum[i] += partial[b * part_floats + i];
     for (int oc = 0; oc < OC; oc++) {
         for (int t = 0; t < taps; t++) dw[oc * taps + t] += sum[t * OC + oc];
-        dbias[oc] += sum[taps * OC + oc];
+        if (dbias) dbias[oc] += sum[taps * OC + oc];
     }
     if (!din) return;
     // Each input element sums what its windows send back, over (kh, kw) then oc.
@@ -436,6 +436,29 @@ static void cpu_bias_act_forward(float *out, const float *bias, int64_t rows, in
     }
 }
 
+static void cpu_relu_forward(float *out, const float *in, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+static void cpu_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+static void cpu_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
+    if (act == ACT_RELU) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+        for (int64_t i = 0; i < n; i++) {
+            const float v = a[i] + b[i];
+            out[i] = v > 0.0f ? v : 0.0f;
+        }
+        return;
+    }
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
 // The activation's gradient and the column sums in one pass over dout (the conv2 of the
 // seed network: 0.42 -> 0.31 ms a step against two passes). Column sums over
 // BIAS_ROW_BLOCKS blocks of rows whose bounds depend on `rows` only, summed in parallel,
@@ -445,6 +468,10 @@ static void cpu_bias_act_backward(float *dbias, float *dout, const float *y, int
                                   Activation act) {
     enum { COLS_BLOCK = 256 };
     const bool relu = act == ACT_RELU;
+    if (!dbias) {
+        if (relu) cpu_relu_backward(dout, dout, y, rows * cols);
+        return;
+    }
     const int64_t per_block = (rows + BIAS_ROW_BLOCKS - 1) / BIAS_ROW_BLOCKS;
     for (int c0 = 0; c0 < cols; c0 += COLS_BLOCK) {
         const int nc = cols - c0 < COLS_BLOCK ? cols - c0 : COLS_BLOCK;
@@ -467,30 +494,29 @@ static void cpu_bias_act_backward(float *dbias, float *dout, const float *y, int
     }
 }
 
-static void cpu_relu_forward(float *out, const float *in, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
-}
-
-static void cpu_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
-}
-
 // ---- pooling --------------------------------------------------------------------------------
 
+// The window of output row (or column) o: input rows [*a, *b) inside the image.
+static inline void window_range(int o, int stride, int pad, int K, int H, int *a, int *b) {
+    const int lo = o * stride - pad;
+    *a = lo < 0 ? 0 : lo;
+    *b = lo + K < H ? lo + K : H;
+}
+
 static void cpu_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
-                                int stride, int OH, int OW) {
+                                int stride, int pad, int OH, int OW) {
 #pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++)
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
                 float *o = out + (((int64_t)n * OH + oh) * OW + ow) * C;
                 for (int c = 0; c < C; c++) o[c] = -INFINITY;
-                for (int kh = 0; kh < K; kh++)
-                    for (int kw = 0; kw < K; kw++) {
-                        const float *s = in + (((int64_t)n * H + oh * stride + kh) * W +
-                                               ow * stride + kw) * C;
+                int h0, h1, w0, w1;
+                window_range(oh, stride, pad, K, H, &h0, &h1);
+                window_range(ow, stride, pad, K, W, &w0, &w1);
+                for (int ih = h0; ih < h1; ih++)
+                    for (int iw = w0; iw < w1; iw++) {
+                        const float *s = in + (((int64_t)n * H + ih) * W + iw) * C;
                         for (int c = 0; c < C; c++)
                             if (s[c] > o[c] || isnan(s[c])) o[c] = s[c];
                     }
@@ -499,27 +525,31 @@ static void cpu_maxpool_forward(float *out, const float *in, int N, int H, int W
 
 // Channels are innermost, so each window element is compared for a block of channels at
 // once; `taken` marks the channels whose first maximum was already found. When the windows
-// tile the input exactly (stride = K, no rows or columns left over, the usual case), every
-// element of din belongs to one window and is written once, without zeroing first.
+// tile the input exactly (stride = K, no padding, no rows or columns left over, the usual
+// case), every element of din belongs to one window and is written once, without zeroing
+// first.
 static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
                                  const float *out, int N, int H, int W, int C, int K,
-                                 int stride, int OH, int OW) {
+                                 int stride, int pad, int OH, int OW) {
     enum { CBLOCK = 256 };
-    const bool tiles = stride == K && OH * K == H && OW * K == W;
+    const bool tiles = stride == K && pad == 0 && OH * K == H && OW * K == W;
 #pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *dimg = din + (int64_t)n * H * W * C;
         const float *img = in + (int64_t)n * H * W * C;
         if (!tiles) memset(dimg, 0, sizeof(float) * (size_t)H * W * C);
         for (int oh = 0; oh < OH; oh++)
-            for (int ow = 0; ow < OW; ow++)
+            for (int ow = 0; ow < OW; ow++) {
+                int h0, h1, w0, w1;
+                window_range(oh, stride, pad, K, H, &h0, &h1);
+                window_range(ow, stride, pad, K, W, &w0, &w1);
                 for (int c0 = 0; c0 < C; c0 += CBLOCK) {
                     const int nc = C - c0 < CBLOCK ? C - c0 : CBLOCK;
                     const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C + c0;
                     int taken[CBLOCK] = {0};
-                    for (int kh = 0; kh < K; kh++)
-                        for (int kw = 0; kw < K; kw++) {
-                            const int64_t i = ((int64_t)(oh * stride + kh) * W + ow * stride + kw) * C + c0;
+                    for (int ih = h0; ih < h1; ih++)
+                        for (int iw = w0; iw < w1; iw++) {
+                            const int64_t i = ((int64_t)ih * W + iw) * C + c0;
                             for (int c = 0; c < nc; c++) {
                                 // The first window element equal to the maximum took it in
                                 // forward. (Bitwise, not &&/||: no branches, so the loop
@@ -532,6 +562,206 @@ static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
                             }
                         }
                 }
+            }
+    }
+}
+
+// Each output sums its window's pixels in (kh, kw) order, then divides by K * K.
+static void cpu_avgpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
+                                int stride, int pad, int OH, int OW) {
+    const float div = (float)(K * K);
+#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow++) {
+                float *o = out + (((int64_t)n * OH + oh) * OW + ow) * C;
+                for (int c = 0; c < C; c++) o[c] = 0.0f;
+                int h0, h1, w0, w1;
+                window_range(oh, stride, pad, K, H, &h0, &h1);
+                window_range(ow, stride, pad, K, W, &w0, &w1);
+                for (int ih = h0; ih < h1; ih++)
+                    for (int iw = w0; iw < w1; iw++) {
+                        const float *s = in + (((int64_t)n * H + ih) * W + iw) * C;
+                        for (int c = 0; c < C; c++) o[c] += s[c];
+                    }
+                for (int c = 0; c < C; c++) o[c] /= div;
+            }
+}
+
+// Each input pixel gathers dout / (K * K) from the windows that hold it, in (oh, ow) order
+// (as the CUDA kernel does): images write disjoint parts of din.
+static void cpu_avgpool_backward(float *din, const float *dout, int N, int H, int W, int C, int K,
+                                 int stride, int pad, int OH, int OW) {
+    const float div = (float)(K * K);
+#pragma omp parallel for schedule(static) if ((int64_t)N * H * W * C * K * K > PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int ih = 0; ih < H; ih++) {
+            // Windows oh with oh * stride - pad <= ih < oh * stride - pad + K.
+            const int y = ih + pad, oh0 = y - K + 1 <= 0 ? 0 : (y - K + stride) / stride;
+            const int oh1 = y / stride < OH - 1 ? y / stride : OH - 1;
+            for (int iw = 0; iw < W; iw++) {
+                const int x = iw + pad, ow0 = x - K + 1 <= 0 ? 0 : (x - K + stride) / stride;
+                const int ow1 = x / stride < OW - 1 ? x / stride : OW - 1;
+                float *d = din + (((int64_t)n * H + ih) * W + iw) * C;
+                for (int c = 0; c < C; c++) d[c] = 0.0f;
+                for (int oh = oh0; oh <= oh1; oh++)
+                    for (int ow = ow0; ow <= ow1; ow++) {
+                        const float *g = dout + (((int64_t)n * OH + oh) * OW + ow) * C;
+                        for (int c = 0; c < C; c++) d[c] += g[c] / div;
+                    }
+            }
+        }
+}
+
+// Sums in pixel order, then divides by HW.
+static void cpu_global_avgpool_forward(float *out, const float *in, int N, int64_t HW, int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * HW * C > PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (int64_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = 0.0f;
+        for (int64_t p = 0; p < HW; p++) {
+            const float *s = in + ((int64_t)n * HW + p) * C;
+            for (int c = 0; c < C; c++) o[c] += s[c];
+        }
+        for (int c = 0; c < C; c++) o[c] /= (float)HW;
+    }
+}
+
+static void cpu_global_avgpool_backward(float *din, const float *dout, int N, int64_t HW, int C) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * HW * C > PAR_MIN)
+    for (int n = 0; n < N; n++)
+        for (int64_t p = 0; p < HW; p++) {
+            float *d = din + ((int64_t)n * HW + p) * C;
+            const float *g = dout + (int64_t)n * C;
+            for (int c = 0; c < C; c++) d[c] = g[c] / (float)HW;
+        }
+}
+
+// ---- batch normalisation ------------------------------------------------------------------
+// The sums run over BN_ROW_BLOCKS fixed blocks of rows in parallel, in double, a block of
+// channels at a time; the blocks' sums are added to acc in block order: the same bits for
+// any number of threads.
+
+#define BN_ROW_BLOCKS 16
+#define BN_COLS_BLOCK 128
+
+// Adds to acc[c] and acc[C + c] the column sums of two terms of each element: with dout
+// NULL, x and x^2; else dy = dout * act'(out) and dy * xhat, xhat = (x - mean) * invstd.
+// Products are taken in double.
+static void bn_column_sums(double *acc, int64_t rows, int C, const float *x, const float *dout,
+                           const float *out, const float *mean, const float *invstd, bool relu) {
+    const int64_t per = (rows + BN_ROW_BLOCKS - 1) / BN_ROW_BLOCKS;
+    for (int c0 = 0; c0 < C; c0 += BN_COLS_BLOCK) {
+        const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK;
+        double part[BN_ROW_BLOCKS][2][BN_COLS_BLOCK];
+#pragma omp parallel for schedule(static) if (rows * nc > PAR_MIN)
+        for (int b = 0; b < BN_ROW_BLOCKS; b++) {
+            double *s1 = part[b][0], *s2 = part[b][1];
+            for (int j = 0; j < nc; j++) s1[j] = s2[j] = 0.0;
+            const int64_t r1 = (b + 1) * per < rows ? (b + 1) * per : rows;
+            for (int64_t r = b * per; r < r1; r++) {
+                const float *xr = x + r * C + c0;
+                if (!dout) {
+                    for (int j = 0; j < nc; j++) {
+                        s1[j] += xr[j];
+                        s2[j] += (double)xr[j] * xr[j];
+                    }
+                    continue;
+                }
+                const float *d = dout + r * C + c0, *y = out + r * C + c0;
+                for (int j = 0; j < nc; j++) {
+                    const float dy = relu && !(y[j] > 0.0f) ? 0.0f : d[j];
+                    const float xhat = (xr[j] - mean[c0 + j]) * invstd[c0 + j];
+                    s1[j] += dy;
+                    s2[j] += (double)dy * xhat;
+                }
+            }
+        }
+        for (int b = 0; b < BN_ROW_BLOCKS; b++)
+            for (int j = 0; j < nc; j++) {
+                acc[c0 + j] += part[b][0][j];
+                acc[C + c0 + j] += part[b][1][j];
+            }
+    }
+}
+
+static void cpu_bn_sums(double *acc, const float *x, int64_t rows, int C) {
+    bn_column_sums(acc, rows, C, x, NULL, NULL, NULL, NULL, false);
+}
+
+static void cpu_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
+                               const double *acc, int C, int64_t count, double eps, double momentum) {
+    for (int c = 0; c < C; c++) {
+        const double m = acc[c] / (double)count;
+        double var = acc[C + c] / (double)count - m * m;
+        if (var < 0) var = 0;  // rounding: the sums of a constant channel
+        mean[c] = (float)m;
+        invstd[c] = (float)(1.0 / sqrt(var + eps));
+        running_mean[c] = (float)(momentum * m + (1.0 - momentum) * running_mean[c]);
+        if (count > 1)
+            running_var[c] = (float)(momentum * (var * (double)count / (double)(count - 1)) +
+                                     (1.0 - momentum) * running_var[c]);
+    }
+}
+
+static void cpu_bn_eval_stats(float *mean, float *invstd, const float *running_mean,
+                              const float *running_var, int C, double eps) {
+    for (int c = 0; c < C; c++) {
+        mean[c] = running_mean[c];
+        invstd[c] = (float)(1.0 / sqrt((double)running_var[c] + eps));
+    }
+}
+
+static void cpu_bn_forward(float *out, const float *x, const float *mean, const float *invstd,
+                           const float *gamma, const float *beta, int64_t rows, int C,
+                           Activation act) {
+    const bool relu = act == ACT_RELU;
+#pragma omp parallel for schedule(static) if (rows * C > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * C;
+        float *o = out + r * C;
+        for (int c = 0; c < C; c++) {
+            const float v = (xr[c] - mean[c]) * (invstd[c] * gamma[c]) + beta[c];
+            o[c] = relu && !(v > 0.0f) ? 0.0f : v;
+        }
+    }
+}
+
+static void cpu_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
+                                 const float *mean, const float *invstd, int64_t rows, int C,
+                                 Activation act) {
+    bn_column_sums(acc, rows, C, x, dout, out, mean, invstd, act == ACT_RELU);
+}
+
+static void cpu_bn_backward(float *din, const float *dout, const float *out, const float *x,
+                            const float *mean, const float *invstd, const float *gamma,
+                            const double *acc, int64_t rows, int C, int64_t count,
+                            Activation act) {
+    const bool relu = act == ACT_RELU;
+    enum { CB = 256 };
+    for (int c0 = 0; c0 < C; c0 += CB) {
+        const int nc = C - c0 < CB ? C - c0 : CB;
+        float a[CB], b[CB], k[CB];  // per channel: mean of dy, mean of dy * xhat, gamma * invstd
+        for (int j = 0; j < nc; j++) {
+            a[j] = (float)(acc[c0 + j] / (double)count);
+            b[j] = (float)(acc[C + c0 + j] / (double)count);
+            k[j] = gamma[c0 + j] * invstd[c0 + j];
+        }
+#pragma omp parallel for schedule(static) if (rows * nc > PAR_MIN)
+        for (int64_t r = 0; r < rows; r++)
+            for (int j = 0; j < nc; j++) {
+                const int64_t e = r * C + c0 + j;
+                const float dy = relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+                const float xhat = (x[e] - mean[c0 + j]) * invstd[c0 + j];
+                din[e] = (dy - a[j] - xhat * b[j]) * k[j];
+            }
+    }
+}
+
+static void cpu_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
+    for (int c = 0; c < C; c++) {
+        dgamma[c] += (float)acc[C + c];
+        dbeta[c] += (float)acc[c];
     }
 }
 
@@ -753,8 +983,20 @@ const Kernels cpu_kernels = {
     .bias_act_backward = cpu_bias_act_backward,
     .relu_forward = cpu_relu_forward,
     .relu_backward = cpu_relu_backward,
+    .add_act = cpu_add_act,
     .maxpool_forward = cpu_maxpool_forward,
     .maxpool_backward = cpu_maxpool_backward,
+    .avgpool_forward = cpu_avgpool_forward,
+    .avgpool_backward = cpu_avgpool_backward,
+    .global_avgpool_forward = cpu_global_avgpool_forward,
+    .global_avgpool_backward = cpu_global_avgpool_backward,
+    .bn_sums = cpu_bn_sums,
+    .bn_batch_stats = cpu_bn_batch_stats,
+    .bn_eval_stats = cpu_bn_eval_stats,
+    .bn_forward = cpu_bn_forward,
+    .bn_backward_sums = cpu_bn_backward_sums,
+    .bn_backward = cpu_bn_backward,
+    .bn_param_grads = cpu_bn_param_grads,
     .dropout_forward = cpu_dropout_forward,
     .dropout_backward = cpu_dropout_backward,
     .nhwc_to_nchw = cpu_nhwc_to_nchw,

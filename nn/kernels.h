@@ -65,14 +65,15 @@ typedef struct Kernels {
     // The convolution of ConvGeometry g without im2col or GEMM, for g.C * g.K * g.K <=
     // CONV_DIRECT_MAX_TAPS and g.OC <= CONV_DIRECT_MAX_FILTERS (nn/conv.c says when).
     // w (OC, C, K, K) in PyTorch's layout; in (N, H, W, C), out (N, OH, OW, OC); zero padding.
-    // out = act(bias + the sum over the patch (c, kh, kw), in that order, of in * w).
+    // out = act(bias + the sum over the patch (c, kh, kw), in that order, of in * w); bias
+    // may be NULL (0).
     void (*conv_direct_forward)(float *out, const float *in, const float *w, const float *bias,
                                 ConvGeometry g, Activation act);
     // With dy = dout * act'(out) (not stored): dw (OC, C, K, K) += the sum over output
     // pixels of dy x patch, dbias (OC) += the sum of dy, each summed over the pixels of
     // CONV_DIRECT_PARTS fixed blocks into partial (device scratch of conv_direct_partial_floats
-    // floats) and the blocks added in order; din (may be NULL) = the sum, over (kh, kw) then
-    // oc, of dy * w.
+    // floats) and the blocks added in order; dbias may be NULL (a layer without bias); din
+    // (may be NULL) = the sum, over (kh, kw) then oc, of dy * w.
     void (*conv_direct_backward)(float *din, float *dw, float *dbias, float *partial,
                                  const float *dout, const float *in, const float *out,
                                  const float *w, ConvGeometry g, Activation act);
@@ -82,22 +83,67 @@ typedef struct Kernels {
     void (*bias_act_forward)(float *out, const float *bias, int64_t rows, int cols,
                              Activation act);
     // Its backward: dout (rows, cols) *= act'(y) in place, where y is the activation's
-    // output; then dbias (cols) += the column sums of the result.
+    // output; then, if dbias is non-NULL, dbias (cols) += the column sums of the result.
     void (*bias_act_backward)(float *dbias, float *dout, const float *y, int64_t rows, int cols,
                               Activation act);
-    // out = max(in, 0); din = dout * (out > 0).
+    // out = max(in, 0); din = dout * (out > 0) (din may be dout).
     void (*relu_forward)(float *out, const float *in, int64_t n);
     void (*relu_backward)(float *din, const float *dout, const float *out, int64_t n);
+    // out = act(a + b) (out may be a or b): a residual block's sum.
+    void (*add_act)(float *out, const float *a, const float *b, int64_t n, Activation act);
 
     // ---- pooling ------------------------------------------------------------------------
-    // out (N, OH, OW, C) = max over K x K windows of in (N, H, W, C), no padding.
+    // out (N, OH, OW, C) = max over K x K windows of in (N, H, W, C) with `pad` rows and
+    // columns of padding on each side that never win (PyTorch's -inf padding).
     void (*maxpool_forward)(float *out, const float *in, int N, int H, int W, int C, int K,
-                            int stride, int OH, int OW);
+                            int stride, int pad, int OH, int OW);
     // din (N, H, W, C) = dout routed to the first maximum of each window (PyTorch's tie
     // rule), found again from in and out instead of a stored argmax.
     void (*maxpool_backward)(float *din, const float *dout, const float *in,
                              const float *out, int N, int H, int W, int C, int K,
-                             int stride, int OH, int OW);
+                             int stride, int pad, int OH, int OW);
+    // out = the mean of each K x K window, padding counted as zeros (PyTorch's AvgPool2d
+    // with count_include_pad: every window divides by K * K); din = each window's dout /
+    // (K * K) sent back to its pixels, summed per pixel.
+    void (*avgpool_forward)(float *out, const float *in, int N, int H, int W, int C, int K,
+                            int stride, int pad, int OH, int OW);
+    void (*avgpool_backward)(float *din, const float *dout, int N, int H, int W, int C, int K,
+                             int stride, int pad, int OH, int OW);
+    // out (N, C) = the mean over the HW pixels of in (N, HW, C) (AdaptiveAvgPool2d(1));
+    // din (N, HW, C) = dout / HW at every pixel.
+    void (*global_avgpool_forward)(float *out, const float *in, int N, int64_t HW, int C);
+    void (*global_avgpool_backward)(float *din, const float *dout, int N, int64_t HW, int C);
+
+    // ---- batch normalisation ------------------------------------------------------------
+    // Per channel of x (rows, C), rows = samples x pixels. acc (2C doubles, device) holds
+    // two sums per channel; reductions add in a fixed order (deterministic).
+    // acc[c] += sum of x, acc[C + c] += sum of x^2.
+    void (*bn_sums)(double *acc, const float *x, int64_t rows, int C);
+    // From acc over `count` values a channel: mean = acc[c] / count, var = acc[C + c] /
+    // count - mean^2 (biased), invstd = 1 / sqrt(var + eps), in double, stored as floats;
+    // and running_mean = momentum * mean + (1 - momentum) * running_mean, running_var
+    // likewise with the unbiased var * count / (count - 1) (left as it is when count < 2),
+    // as PyTorch's CPU code computes them.
+    void (*bn_batch_stats)(float *mean, float *invstd, float *running_mean, float *running_var,
+                           const double *acc, int C, int64_t count, double eps, double momentum);
+    // Evaluation: mean = running_mean, invstd = 1 / sqrt(running_var + eps) (in double).
+    void (*bn_eval_stats)(float *mean, float *invstd, const float *running_mean,
+                          const float *running_var, int C, double eps);
+    // out = act((x - mean) * (invstd * gamma) + beta) per channel.
+    void (*bn_forward)(float *out, const float *x, const float *mean, const float *invstd,
+                       const float *gamma, const float *beta, int64_t rows, int C, Activation act);
+    // With dy = dout * act'(out) and xhat = (x - mean) * invstd: acc[c] += sum of dy,
+    // acc[C + c] += sum of dy * xhat. dout is read only.
+    void (*bn_backward_sums)(double *acc, const float *dout, const float *out, const float *x,
+                             const float *mean, const float *invstd, int64_t rows, int C,
+                             Activation act);
+    // din = (dy - acc[c] / count - xhat * acc[C + c] / count) * (gamma * invstd): the
+    // gradient through the batch statistics of `count` values a channel.
+    void (*bn_backward)(float *din, const float *dout, const float *out, const float *x,
+                        const float *mean, const float *invstd, const float *gamma,
+                        const double *acc, int64_t rows, int C, int64_t count, Activation act);
+    // dgamma += acc[C + c], dbeta += acc[c] (the sums of bn_backward_sums).
+    void (*bn_param_grads)(float *dgamma, float *dbeta, const double *acc, int C);
 
     // ---- dropout (inverted), masks from the counter-based RNG of nn/rng.h --------------
     // Element i is kept iff rng_uniform(key, offset + i) >= p; kept elements are scaled by

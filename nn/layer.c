@@ -2,10 +2,12 @@
 #include "layer.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-const LayerOps *const layer_types[] = {&conv_ops,    &linear_ops,  &relu_ops,       &maxpool_ops,
-                                       &dropout_ops, &flatten_ops, &log_softmax_ops};
+const LayerOps *const layer_types[] = {
+    &conv_ops,           &linear_ops,  &batchnorm_ops, &relu_ops,     &maxpool_ops, &avgpool_ops,
+    &global_avgpool_ops, &dropout_ops, &flatten_ops,   &residual_ops, &log_softmax_ops};
 const int layer_ntypes = sizeof layer_types / sizeof layer_types[0];
 
 const LayerOps *layer_type(const char *section) {
@@ -14,22 +16,41 @@ const LayerOps *layer_type(const char *section) {
     return NULL;
 }
 
-void *layer_alloc(size_t size, const LayerOps *ops, const Cfg *cfg, const CfgSection *s,
-                  Shape in, Error *err) {
-    if (cfg_check_keys(cfg, s, ops->keys, ops->nkeys, err)) return NULL;
-    const char *name;
-    if (cfg_str(cfg, s, "name", "", &name, err)) return NULL;
-    if (strlen(name) >= LAYER_NAME_MAX || strchr(name, '.')) {
-        err_set(err, "%s:%d: [%s] name '%s': expected at most %d characters and no '.'",
-                cfg->path, s->line, s->name, name, LAYER_NAME_MAX - 1);
-        return NULL;
-    }
+void layer_free(Layer *l) {
+    if (!l) return;
+    for (int i = 0; i < l->nchildren; i++) layer_free(l->children[i]);
+    free(l->children);
+    free(l);
+}
+
+size_t layer_workspace_bytes(const Layer *l, int N) {
+    return l->ops->workspace_bytes ? l->ops->workspace_bytes(l, N) : 0;
+}
+
+const char *layer_name_problem(const char *name) {
+    if (!*name) return "it is empty";
+    if (strlen(name) >= LAYER_NAME_MAX) return "it is longer than a layer name may be";
+    if (name[0] == '.' || name[strlen(name) - 1] == '.' || strstr(name, ".."))
+        return "a part between its dots is empty (a name is a module path such as layer1.0)";
+    return NULL;
+}
+
+void *layer_alloc(size_t size, const LayerOps *ops, const LayerArgs *a, Error *err) {
+    if (cfg_check_keys(a->cfg, a->s, ops->keys, ops->nkeys, err)) return NULL;
     Layer *l = xcalloc(1, size, err);
     if (!l) return NULL;
     l->ops = ops;
-    l->in = in;
-    l->out = in;
-    layer_section_name(cfg, s, l->name, sizeof l->name);
+    l->in = a->in;
+    l->out = a->in;
+    layer_section_name(a->cfg, a->s, l->name, sizeof l->name);
+    const CfgEntry *e = cfg_entry(a->s, "name");
+    const char *why = e ? layer_name_problem(e->value) : NULL;
+    if (why) {
+        err_set(err, "%s:%d: [%s] name '%.100s': %s", a->cfg->path, e->line ? e->line : a->s->line,
+                a->s->name, e->value, why);
+        free(l);
+        return NULL;
+    }
     return l;
 }
 
@@ -55,18 +76,51 @@ CfgSection *layer_find_section(const Cfg *cfg, const char *name) {
     return NULL;
 }
 
-void layer_param(Layer *l, int i, const char *suffix, int ndim, const int64_t *shape) {
+void layer_param(Layer *l, int i, const char *suffix, int ndim, const int64_t *shape,
+                 ParamInit init) {
     Tensor *t = &l->params[i];
     snprintf(t->name, sizeof t->name, "%s.%s", l->name, suffix);
     t->dtype = DT_F32;
     t->ndim = ndim;
     for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    l->init[i] = init;
     if (i >= l->nparams) l->nparams = i + 1;
 }
 
-int layer_activation(const Cfg *cfg, const CfgSection *s, Activation *act, Error *err) {
-    int a;
-    if (cfg_choice(cfg, s, "activation", "none", activation_names, ACT_COUNT, &a, err)) return -1;
-    *act = (Activation)a;
+void layer_buffer(Layer *l, int i, const char *suffix, int64_t n, float fill, int64_t *counter) {
+    Tensor *t = &l->buffers[i];
+    snprintf(t->name, sizeof t->name, "%s.%s", l->name, suffix);
+    if (n < 0) {  // a host scalar: PyTorch saves num_batches_tracked as an I64 of shape []
+        t->dtype = DT_I64;
+        t->ndim = 0;
+        t->data = counter;
+    } else {
+        t->dtype = DT_F32;
+        t->ndim = 1;
+        t->shape[0] = n;
+    }
+    l->buffer_fill[i] = fill;
+    if (i >= l->nbuffers) l->nbuffers = i + 1;
+}
+
+int layer_activation(const LayerArgs *a, Activation *act, Error *err) {
+    int v;
+    if (cfg_choice(a->cfg, a->s, "activation", "none", activation_names, ACT_COUNT, &v, err)) return -1;
+    *act = (Activation)v;
     return 0;
+}
+
+int layer_create_child(Layer **out, const LayerOps *ops, const char *text, Shape in,
+                       const LayerArgs *parent, Error *err) {
+    Cfg cfg;
+    if (cfg_parse(&cfg, text, parent->cfg->path, err)) return -1;
+    // Messages about the child point at the parent's section.
+    for (int i = 0; i < cfg.nsections; i++) {
+        cfg.sections[i].line = parent->s->line;
+        for (int j = 0; j < cfg.sections[i].nentries; j++) cfg.sections[i].entries[j].line = parent->s->line;
+    }
+    const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = in, .classes = parent->classes};
+    const int rc = ops->create(out, &a, err);
+    cfg_free(&cfg);  // layers keep what they need
+    return rc;
 }

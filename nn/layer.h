@@ -3,7 +3,16 @@
 //
 // Each layer type has its own small struct that starts with a Layer (so a Layer * can be
 // cast to it) and an ops table. The network owns all memory: parameters, gradients,
-// activations and workspace are pointers into its planned blocks (decision 2).
+// buffers, activations and workspace are pointers into its planned blocks (decision 2).
+//
+// Two kinds of layers:
+//   leaves      (conv, batchnorm, relu, ...) compute in fp32: forward and backward get fp32
+//               views of their input and output. With fp16 storage the network converts
+//               chunks of samples through its scratch around each call (nn/exec.h).
+//   containers  (the residual block, decision 11) own inner layers (children) and run them
+//               with layer_run_* on stored activations, in the network's precision. To the
+//               network a container is one layer: checkpoint segments cut only between
+//               top-level layers, and its inner activations are planned as its own.
 #ifndef NN_LAYER_H
 #define NN_LAYER_H
 
@@ -15,18 +24,41 @@
 #include "tensor.h"
 
 #define LAYER_MAX_PARAMS 2
+#define LAYER_MAX_BUFFERS 3
 #define LAYER_NAME_MAX 64
+
+typedef struct Exec Exec;  // nn/exec.h
 
 typedef struct LayerCtx {
     const Kernels *k;
-    void *workspace;  // device scratch of at least ops->workspace_bytes(layer, N) bytes
-    uint64_t seed;    // run seed: dropout key = rng_key(seed, RNG_STREAM_DROPOUT, step, layer)
-    uint64_t step;    // optimizer step (micro-batches of one step share it)
-    int64_t sample0;  // index of this micro-batch's first sample within the step's batch
-    bool train;       // false: dropout is the identity
+    const Exec *exec;  // how stored activations are run (precision, fp16 scratch)
+    void *workspace;   // device scratch of at least ops->workspace_bytes(layer, N) bytes
+    uint64_t seed;     // run seed: dropout key = rng_key(seed, RNG_STREAM_DROPOUT, step, layer)
+    uint64_t step;     // optimizer step (micro-batches of one step share it)
+    int64_t sample0;   // index of this micro-batch's first sample within the step's batch
+    bool train;        // false: dropout is the identity, batchnorm uses running statistics
+    bool recompute;    // this forward recomputes a checkpointed segment during backward: it
+                       // must give the first forward's outputs, so batchnorm reuses the
+                       // batch statistics it saved and its running statistics do not move
 } LayerCtx;
 
 typedef struct Layer Layer;
+
+// What a layer is made from: its cfg section and the shape of its input.
+typedef struct LayerArgs {
+    const Cfg *cfg;
+    const CfgSection *s;
+    Shape in;
+    int classes;  // the data's class count (a [linear] with `outputs = classes` takes it)
+} LayerArgs;
+
+// How a parameter starts (net_init_params): PyTorch's defaults for its module.
+typedef enum ParamInit {
+    INIT_WEIGHT,  // kaiming_uniform_(a = sqrt(5)): U(-b, b), b = sqrt(6 / (1 + 5)) / sqrt(fan_in)
+    INIT_BIAS,    // U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    INIT_ONES,    // batchnorm's weight
+    INIT_ZEROS,   // batchnorm's bias
+} ParamInit;
 
 typedef struct LayerOps {
     const char *type;     // the cfg section that makes it: "conv", "linear", ...
@@ -34,10 +66,16 @@ typedef struct LayerOps {
     const CfgKey *keys;   // its cfg keys, for validation and --help
     int nkeys;
     // Reads the section's keys, checks them against the input shape and sets up the
-    // layer: out shape, parameter tensors (names, PyTorch shapes; data set later).
-    int (*create)(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err);
-    // Bytes of scratch that forward and backward need for a batch of N.
+    // layer: out shape, parameter and buffer tensors (names, PyTorch shapes; data set
+    // later), children.
+    int (*create)(Layer **out, const LayerArgs *a, Error *err);
+    // Bytes of scratch that forward and backward need for a batch of N (NULL: none).
     size_t (*workspace_bytes)(const Layer *l, int N);
+    // Bytes of device state kept from a forward to its backward, independent of the batch
+    // (batchnorm's batch statistics): l->state. NULL: none.
+    size_t (*state_bytes)(const Layer *l);
+
+    // ---- leaves -----------------------------------------------------------------------
     // out (N, out shape) from in (N, in shape).
     void (*forward)(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N);
     // din from dout; parameter gradients accumulate into l->grads. in and out are the
@@ -45,39 +83,106 @@ typedef struct LayerOps {
     // dout may be overwritten.
     void (*backward)(Layer *l, const LayerCtx *ctx, float *din, float *dout, const float *in,
                      const float *out, int N);
+    // Optional passes over the whole batch, for layers whose output depends on all of it
+    // (batchnorm's statistics): called on the chunks [n0, n0 + n) of the N samples in
+    // order before forward (backward) runs on any of them; in fp32 the batch is one chunk.
+    // forward_reduces says whether forward needs its pass this time (NULL: always).
+    bool (*forward_reduces)(const Layer *l, const LayerCtx *ctx);
+    void (*forward_reduce)(Layer *l, const LayerCtx *ctx, const float *in, int n0, int n, int N);
+    void (*backward_reduce)(Layer *l, const LayerCtx *ctx, const float *dout, const float *in,
+                            const float *out, int n0, int n, int N);
+
+    // ---- containers ---------------------------------------------------------------------
+    // In place of forward and backward: in, out, din and dout are stored activations in
+    // the network's precision (a container is never the first or the last layer).
+    void (*run_forward)(Layer *l, const LayerCtx *ctx, void *out, const void *in, int N);
+    void (*run_backward)(Layer *l, const LayerCtx *ctx, void *din, void *dout, const void *in,
+                         const void *out, int N);
+    // Stored values per sample kept from forward to backward (the inner activations):
+    // l->inner holds batch * inner_values of them.
+    int64_t (*inner_values)(const Layer *l);
+    // Stored values per sample of scratch used within one forward or backward: the
+    // network's block scratch (layer_block_scratch), shared by all containers.
+    int64_t (*scratch_values)(const Layer *l);
 } LayerOps;
 
 struct Layer {
     const LayerOps *ops;
-    char name[LAYER_NAME_MAX];  // PyTorch module name: "conv1", "fc1"
-    int index;                  // position in the network, for RNG keys
+    char name[LAYER_NAME_MAX];  // PyTorch module path: "conv1", "layer1.0.bn2"
+    int index;                  // position among all layers, inner ones included (RNG keys)
     Shape in, out;
     int nparams;                         // parameter tensors (0..LAYER_MAX_PARAMS)
     Tensor params[LAYER_MAX_PARAMS];     // "conv1.weight" (32,1,3,3), "conv1.bias" (32)
     float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block
-    int64_t fan_in;  // for PyTorch's default initialisation (net_init_params)
+    ParamInit init[LAYER_MAX_PARAMS];
+    int64_t fan_in;  // for INIT_WEIGHT and INIT_BIAS
+    // Saved and loaded, not trained ("bn1.running_mean"): F32 buffers point into the
+    // network's buffer block on the device and start at buffer_fill; an I64 buffer
+    // ("bn1.num_batches_tracked", a counter) points into the layer's own struct on the host.
+    int nbuffers;
+    Tensor buffers[LAYER_MAX_BUFFERS];
+    float buffer_fill[LAYER_MAX_BUFFERS];
+    void *state;  // ops->state_bytes of device memory (the buffer block)
+    void *inner;  // containers: their inner activations (the activation block)
+    Layer **children;  // containers: inner layers in state_dict order (owned)
+    int nchildren;
 };
 
 // The layer types, in the order of --help.
-extern const LayerOps conv_ops, linear_ops, relu_ops, maxpool_ops, dropout_ops, flatten_ops,
-    log_softmax_ops;
+extern const LayerOps conv_ops, linear_ops, batchnorm_ops, relu_ops, maxpool_ops, avgpool_ops,
+    global_avgpool_ops, dropout_ops, flatten_ops, residual_ops, log_softmax_ops;
 extern const LayerOps *const layer_types[];
 extern const int layer_ntypes;
 const LayerOps *layer_type(const char *section);
 
+// Frees a layer and its children.
+void layer_free(Layer *l);
+// ops->workspace_bytes(l, N), or 0 for a layer without one.
+size_t layer_workspace_bytes(const Layer *l, int N);
+
 // Helpers for layer implementations.
 // Allocates a layer struct of `size` bytes (zeroed), sets ops, in, and the name from the
 // section's `name` key (default: the type and its count so far, "conv2" for the second
-// [conv] section).
-void *layer_alloc(size_t size, const LayerOps *ops, const Cfg *cfg, const CfgSection *s,
-                  Shape in, Error *err);
+// [conv] section). Names are PyTorch module paths: parts of letters, digits and '_'
+// joined by '.'.
+void *layer_alloc(size_t size, const LayerOps *ops, const LayerArgs *a, Error *err);
 // The name of the layer that section s makes: its `name` key, or type + count ("conv2").
 void layer_section_name(const Cfg *cfg, const CfgSection *s, char *name, size_t size);
 // The layer section whose layer is called `name`, or NULL.
 CfgSection *layer_find_section(const Cfg *cfg, const char *name);
-// Declares parameter tensor i: "<layer>.<suffix>" with the given PyTorch shape.
-void layer_param(Layer *l, int i, const char *suffix, int ndim, const int64_t *shape);
-// The cfg `activation` key shared by conv and linear.
-int layer_activation(const Cfg *cfg, const CfgSection *s, Activation *act, Error *err);
+// Why `name` cannot name a layer ("it is empty", ...), or NULL if it can.
+const char *layer_name_problem(const char *name);
+// Declares parameter tensor i: "<layer>.<suffix>" with the given PyTorch shape, starting
+// as `init` says.
+void layer_param(Layer *l, int i, const char *suffix, int ndim, const int64_t *shape,
+                 ParamInit init);
+// Declares buffer i: "<layer>.<suffix>", F32 of `n` values starting at `fill`, or (n < 0)
+// the I64 scalar counter at *counter.
+void layer_buffer(Layer *l, int i, const char *suffix, int64_t n, float fill, int64_t *counter);
+// The cfg `activation` key shared by conv, linear and batchnorm.
+int layer_activation(const LayerArgs *a, Activation *act, Error *err);
+// Creates a layer of type ops from cfg text (one section) for input `in`: how containers
+// make their children. The text names the child; errors are reported as the parent's
+// section's (a->cfg, a->s).
+int layer_create_child(Layer **out, const LayerOps *ops, const char *text, Shape in,
+                       const LayerArgs *parent, Error *err);
+
+// ---- running layers on stored activations (nn/exec.c) --------------------------------------
+// For containers: their children's forward and backward over N samples of stored
+// activations (the network's precision), through the fp16 scratch where needed, with the
+// batch passes of layers that have them.
+void layer_run_forward(const LayerCtx *ctx, Layer *l, void *out, const void *in, int N);
+void layer_run_backward(const LayerCtx *ctx, Layer *l, void *din, void *dout, const void *in,
+                        const void *out, int N);
+// out = act(a + b) over N samples of `values` each (out may be a or b).
+void layer_run_add_act(const LayerCtx *ctx, void *out, const void *a, const void *b,
+                       int64_t values, int N, Activation act);
+// dout *= act'(out), in place (ReLU: where out > 0).
+void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, int64_t values,
+                            int N, Activation act);
+// The block scratch of the network (stored values, see scratch_values).
+void *layer_block_scratch(const LayerCtx *ctx);
+// Bytes of n stored values.
+size_t layer_stored_bytes(const LayerCtx *ctx, int64_t n);
 
 #endif

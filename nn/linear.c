@@ -1,6 +1,7 @@
 // linear.c: fully connected layer (PyTorch Linear): out = in @ W^T + b, W (OUT, IN).
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "layer.h"
 
@@ -12,36 +13,44 @@ typedef struct Linear {
 
 static const CfgKey linear_keys[] = {
     {"name", "linear<k>", "module name, as in PyTorch's state_dict (fc1, ...)"},
-    {"outputs", NULL, "output features"},
+    {"outputs", NULL, "output features; `classes`: the data's class count"},
     {"activation", "none", "none or relu, applied to the output"},
 };
 
-static int linear_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err) {
-    Linear *f = layer_alloc(sizeof *f, &linear_ops, cfg, s, in, err);
+static int linear_create(Layer **out, const LayerArgs *a, Error *err) {
+    Linear *f = layer_alloc(sizeof *f, &linear_ops, a, err);
     if (!f) return -1;
+    const CfgEntry *e = cfg_entry(a->s, "outputs");
     int64_t outputs;
-    if (cfg_int(cfg, s, "outputs", NULL, 1, 1 << 24, &outputs, err) ||
-        layer_activation(cfg, s, &f->act, err))
+    if (e && strcmp(e->value, "classes") == 0) {
+        outputs = a->classes;
+        if (outputs < 1) {
+            err_set(err, "%s:%d: [linear] %s: outputs = classes, but the class count is not "
+                    "known here: give a number", a->cfg->path, e->line ? e->line : a->s->line,
+                    f->base.name);
+            goto fail;
+        }
+    } else if (cfg_int(a->cfg, a->s, "outputs", NULL, 1, 1 << 24, &outputs, err)) {
         goto fail;
-    if (in.h != 1 || in.w != 1) {
+    }
+    if (layer_activation(a, &f->act, err)) goto fail;
+    if (a->in.h != 1 || a->in.w != 1) {
         err_set(err, "%s:%d: [linear] %s: its input is %dx%dx%d (C x H x W), not flat: put a "
                 "[flatten] section before it",
-                cfg->path, s->line, f->base.name, in.c, in.h, in.w);
+                a->cfg->path, a->s->line, f->base.name, a->in.c, a->in.h, a->in.w);
         goto fail;
     }
     f->outputs = (int)outputs;
     f->base.out = (Shape){.c = f->outputs, .h = 1, .w = 1};
-    layer_param(&f->base, 0, "weight", 2, (int64_t[]){f->outputs, in.c});
-    layer_param(&f->base, 1, "bias", 1, (int64_t[]){f->outputs});
-    f->base.fan_in = in.c;
+    layer_param(&f->base, 0, "weight", 2, (int64_t[]){f->outputs, a->in.c}, INIT_WEIGHT);
+    layer_param(&f->base, 1, "bias", 1, (int64_t[]){f->outputs}, INIT_BIAS);
+    f->base.fan_in = a->in.c;
     *out = &f->base;
     return 0;
 fail:
     free(f);
     return -1;
 }
-
-static size_t linear_workspace_bytes(const Layer *l, int N) { return 0; }
 
 static void linear_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Linear *f = (const Linear *)l;
@@ -64,7 +73,6 @@ const LayerOps linear_ops = {
     .keys = linear_keys,
     .nkeys = sizeof linear_keys / sizeof linear_keys[0],
     .create = linear_create,
-    .workspace_bytes = linear_workspace_bytes,
     .forward = linear_forward,
     .backward = linear_backward,
 };

@@ -8,7 +8,8 @@
 #include "mt19937.h"
 
 size_t mem_plan_total(const MemPlan *p) {
-    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->loader;
+    return p->params + p->grads + p->optimizer + p->buffers + p->activations + p->workspace +
+           p->loader;
 }
 
 // Blocks are carved in 64-byte aligned pieces.
@@ -16,6 +17,19 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static bool is_layer_section(const CfgSection *s) {
     return strcmp(s->name, "train") != 0 && strcmp(s->name, "data") != 0;
+}
+
+static int count_modules(const Layer *l) {
+    int n = 1;
+    for (int i = 0; i < l->nchildren; i++) n += count_modules(l->children[i]);
+    return n;
+}
+
+// Appends l and its children (pre-order) to net->modules, numbering them.
+static void add_modules(Net *net, Layer *l) {
+    l->index = net->nmodules;
+    net->modules[net->nmodules++] = l;
+    for (int i = 0; i < l->nchildren; i++) add_modules(net, l->children[i]);
 }
 
 static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, Error *err) {
@@ -26,6 +40,10 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
                             "[linear] and [log_softmax]", cfg->path);
     net->layers = xcalloc((size_t)n, sizeof *net->layers, err);
     if (!net->layers) return -1;
+    // The section of each top-level layer, for messages about it.
+    const CfgSection **from = xcalloc((size_t)n, sizeof *from, err);
+    if (!from) return -1;
+    int rc = -1;
     Shape shape = input;
     const CfgSection *last = NULL;
     for (int i = 0; i < cfg->nsections; i++) {
@@ -33,31 +51,53 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
         if (!is_layer_section(s)) continue;
         const LayerOps *ops = layer_type(s->name);
         if (!ops) {
-            char known[256] = "";
+            char known[512] = "";
             for (int t = 0; t < layer_ntypes; t++)
                 snprintf(known + strlen(known), sizeof known - strlen(known), "%s[%s]",
                          t ? ", " : "", layer_types[t]->type);
-            return err_set(err, "%s:%d: unknown section [%s]; known: [train], [data], %s",
-                           cfg->path, s->line, s->name, known);
+            err_set(err, "%s:%d: unknown section [%s]; known: [train], [data], %s", cfg->path,
+                    s->line, s->name, known);
+            goto done;
+        }
+        if (ops->run_forward && net->nlayers == 0) {
+            err_set(err, "%s:%d: [%s] is the first layer: a block needs a layer before it (a "
+                         "stem such as [conv] + [batchnorm])", cfg->path, s->line, s->name);
+            goto done;
         }
         Layer *l = NULL;
-        if (ops->create(&l, cfg, s, shape, err)) return -1;
-        l->index = net->nlayers;
+        const LayerArgs args = {.cfg = cfg, .s = s, .in = shape, .classes = classes};
+        if (ops->create(&l, &args, err)) goto done;
+        from[net->nlayers] = s;
         net->layers[net->nlayers++] = l;
-        for (int j = 0; j < net->nlayers - 1; j++)
-            if (strcmp(net->layers[j]->name, l->name) == 0)
-                return err_set(err, "%s:%d: [%s] name '%s' is already used by an earlier layer",
-                               cfg->path, s->line, s->name, l->name);
+        net->nmodules += count_modules(l);
         shape = l->out;
         last = s;
     }
+    if (!(net->modules = xcalloc((size_t)net->nmodules, sizeof *net->modules, err))) goto done;
+    net->nmodules = 0;
+    for (int t = 0; t < net->nlayers; t++) {
+        const int first = net->nmodules;
+        add_modules(net, net->layers[t]);
+        for (int i = first; i < net->nmodules; i++)
+            for (int j = 0; j < i; j++)
+                if (strcmp(net->modules[j]->name, net->modules[i]->name) == 0) {
+                    err_set(err, "%s:%d: [%s] the name '%s' is already used by an earlier layer: "
+                                 "names must be unique (they key the checkpoint)",
+                            cfg->path, from[t]->line, from[t]->name, net->modules[i]->name);
+                    goto done;
+                }
+    }
+    rc = 0;
+done:
+    free(from);
+    if (rc) return -1;
     const Layer *out = net->layers[net->nlayers - 1];
     if (out->ops != &log_softmax_ops)
         return err_set(err, "%s:%d: the last layer is [%s]: it must be [log_softmax], whose "
                             "log-probabilities the NLL loss takes", cfg->path, last->line, last->name);
     if (out->out.c != classes)
         return err_set(err, "%s:%d: the network ends with %d outputs but the data has %d classes: "
-                            "set `outputs = %d` in the last [linear]",
+                            "set `outputs = %d` (or `outputs = classes`) in the last [linear]",
                        cfg->path, last->line, out->out.c, classes, classes);
     return 0;
 }
@@ -65,6 +105,19 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
 // fp16 runs each layer over chunks of samples through four fp32 scratch buffers; the
 // chunk is as many samples as fit in this many bytes of scratch (at least one).
 #define FP16_SCRATCH_BYTES ((size_t)16 << 20)
+
+static int64_t inner_values(const Layer *l) { return l->ops->inner_values ? l->ops->inner_values(l) : 0; }
+
+// Values of the largest input or output of l and its children.
+static size_t largest_of(const Layer *l) {
+    size_t m = (size_t)shape_numel(l->in);
+    if ((size_t)shape_numel(l->out) > m) m = (size_t)shape_numel(l->out);
+    for (int i = 0; i < l->nchildren; i++) {
+        const size_t c = largest_of(l->children[i]);
+        if (c > m) m = c;
+    }
+    return m;
+}
 
 // Computes net->plan and the offsets of everything; with `act_base` non-NULL also sets
 // the pointers. The same function plans and carves, so the plan is the allocation.
@@ -81,13 +134,22 @@ static void net_layout(Net *net, char *act_base) {
         off += align64((size_t)B * shape_numel(net->layers[i]->out) * (i == last ? sizeof(float) : es));
     }
     net->plan.act_saved = off;
-    // The scratch region: the other outputs of one segment at a time, laid out in order.
+    // The scratch region: the other outputs of one segment at a time, laid out in order,
+    // and the inner activations of its containers (the last one's too: backward recomputes
+    // it when it has them).
     size_t scratch = 0;
     for (int g = 0; g < net->nsegments; g++) {
         size_t o = 0;
-        for (int i = net->seg_first[g]; i < net->seg_first[g + 1] - 1; i++) {
-            if (act_base) net->acts[i] = act_base + off + o;
-            o += align64((size_t)B * shape_numel(net->layers[i]->out) * es);
+        for (int i = net->seg_first[g]; i < net->seg_first[g + 1]; i++) {
+            Layer *l = net->layers[i];
+            if (i < net->seg_first[g + 1] - 1) {
+                if (act_base) net->acts[i] = act_base + off + o;
+                o += align64((size_t)B * shape_numel(l->out) * es);
+            }
+            if (inner_values(l)) {
+                if (act_base) l->inner = act_base + off + o;
+                o += align64((size_t)B * (size_t)inner_values(l) * es);
+            }
         }
         if (o > scratch) scratch = o;
     }
@@ -97,12 +159,19 @@ static void net_layout(Net *net, char *act_base) {
         net->plan.act_saved += scratch;
         net->plan.act_scratch = 0;
     }
-    for (int i = 0; i <= last; i++)
-        if ((size_t)shape_numel(net->layers[i]->out) > largest) largest = (size_t)shape_numel(net->layers[i]->out);
+    size_t block_scratch = 0;
+    for (int i = 0; i <= last; i++) {
+        const Layer *l = net->layers[i];
+        if ((size_t)shape_numel(l->out) > largest) largest = (size_t)shape_numel(l->out);
+        if (l->ops->scratch_values && (size_t)l->ops->scratch_values(l) > block_scratch)
+            block_scratch = (size_t)l->ops->scratch_values(l);
+    }
     for (int i = 0; i < 2; i++) {
         if (act_base) net->grad_buf[i] = act_base + off;
         off += align64((size_t)B * largest * es);
     }
+    if (act_base) net->exec.block_scratch = block_scratch ? act_base + off : NULL;
+    off += align64((size_t)B * block_scratch * es);
     if (act_base) net->dlogp = (float *)(act_base + off);
     off += align64((size_t)B * shape_numel(net->layers[last]->out) * sizeof(float));
     if (act_base) net->labels = (int32_t *)(act_base + off);
@@ -113,25 +182,52 @@ static void net_layout(Net *net, char *act_base) {
 
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16. The
     // workspace block holds the scratch (fp16 only) and then the layers' workspace.
-    net->chunk = B;
-    net->largest = largest;
+    size_t largest_any = 0;
+    for (int i = 0; i <= last; i++)
+        if (largest_of(net->layers[i]) > largest_any) largest_any = largest_of(net->layers[i]);
+    net->exec.precision = net->precision;
+    net->exec.chunk = B;
     size_t ws = 0;
     if (net->precision == DT_F16) {
-        const size_t per_sample = 4 * largest * sizeof(float);
-        net->chunk = FP16_SCRATCH_BYTES / per_sample < (size_t)B ? (int)(FP16_SCRATCH_BYTES / per_sample) : B;
-        if (net->chunk < 1) net->chunk = 1;
-        ws = 4 * align64((size_t)net->chunk * largest * sizeof(float));
+        const size_t per_sample = 4 * largest_any * sizeof(float);
+        const size_t fit = FP16_SCRATCH_BYTES / per_sample;
+        net->exec.chunk = fit < (size_t)B ? (int)fit : B;
+        if (net->exec.chunk < 1) net->exec.chunk = 1;
+        ws = 4 * align64((size_t)net->exec.chunk * largest_any * sizeof(float));
     }
     net->scratch_bytes = ws;
     size_t layer_ws = 0;
-    for (int i = 0; i <= last; i++) {
-        size_t w = net->layers[i]->ops->workspace_bytes(net->layers[i], net->chunk);
+    for (int i = 0; i < net->nmodules; i++) {
+        const Layer *l = net->modules[i];
+        const size_t w = layer_workspace_bytes(l, net->exec.chunk);
         if (w > layer_ws) layer_ws = w;
     }
     net->plan.workspace = ws + layer_ws;
     net->plan.params = (size_t)net->nparams * sizeof(float);
     net->plan.grads = net->plan.params;
     net->plan.optimizer = 2 * net->plan.params;
+}
+
+// The buffer block: every module's F32 buffers, then every module's state. Computes
+// net->plan.buffers; with `base` non-NULL sets the pointers.
+static void net_layout_buffers(Net *net, char *base) {
+    size_t off = 0;
+    for (int i = 0; i < net->nmodules; i++) {
+        Layer *l = net->modules[i];
+        for (int j = 0; j < l->nbuffers; j++) {
+            Tensor *t = &l->buffers[j];
+            if (t->dtype != DT_F32) continue;  // the I64 counters live on the host
+            if (base) t->data = base + off;
+            off += align64(tensor_bytes(t));
+        }
+    }
+    for (int i = 0; i < net->nmodules; i++) {
+        Layer *l = net->modules[i];
+        if (!l->ops->state_bytes) continue;
+        if (base) l->state = base + off;
+        off += align64(l->ops->state_bytes(l));
+    }
+    net->plan.buffers = off;
 }
 
 // Splits the layers into `segments` contiguous segments of as equal counts as possible
@@ -172,11 +268,12 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         goto fail;
     }
     if (net_build_layers(net, cfg, input, classes, err)) goto fail;
-    for (int i = 0; i < net->nlayers; i++)
-        for (int j = 0; j < net->layers[i]->nparams; j++)
-            net->nparams += tensor_numel(&net->layers[i]->params[j]);
+    for (int i = 0; i < net->nmodules; i++)
+        for (int j = 0; j < net->modules[i]->nparams; j++)
+            net->nparams += tensor_numel(&net->modules[i]->params[j]);
     if (net_segments(net, opt->segments, err)) goto fail;
     net_layout(net, NULL);
+    net_layout_buffers(net, NULL);
     if (opt->plan_only) return 0;
 
     net->acts = xcalloc((size_t)net->nlayers, sizeof *net->acts, err);
@@ -184,22 +281,25 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     if (!(net->params = device_block(k, net->plan.params, "parameter", err)) ||
         !(net->grads = device_block(k, net->plan.grads, "gradient", err)) ||
         !(net->optimizer = device_block(k, net->plan.optimizer, "optimizer state", err)) ||
+        !(net->buffers = device_block(k, net->plan.buffers, "buffer", err)) ||
         !(net->activations = device_block(k, net->plan.activations, "activation", err)) ||
         !(net->workspace = device_block(k, net->plan.workspace, "workspace", err)))
         goto fail;
     net_layout(net, net->activations);
+    net_layout_buffers(net, net->buffers);
     for (int i = 0; i < 4 && net->scratch_bytes; i++)
-        net->scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
+        net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
     int64_t off = 0;
-    for (int i = 0; i < net->nlayers; i++) {
-        Layer *l = net->layers[i];
+    for (int i = 0; i < net->nmodules; i++) {
+        Layer *l = net->modules[i];
         for (int j = 0; j < l->nparams; j++) {
             l->params[j].data = net->params + off;
             l->grads[j] = net->grads + off;
             off += tensor_numel(&l->params[j]);
         }
     }
+    if (net_reset_buffers(net, err)) goto fail;
     return 0;
 fail:
     net_free(net);
@@ -208,15 +308,41 @@ fail:
 
 void net_free(Net *net) {
     if (net->k) {
-        void *blocks[] = {net->params, net->grads, net->optimizer, net->activations, net->workspace};
+        void *blocks[] = {net->params,  net->grads,       net->optimizer,
+                          net->buffers, net->activations, net->workspace};
         for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
             if (blocks[i]) net->k->release(blocks[i]);
     }
-    for (int i = 0; i < net->nlayers; i++) free(net->layers[i]);
+    for (int i = 0; i < net->nlayers; i++) layer_free(net->layers[i]);
     free(net->layers);
+    free(net->modules);
     free(net->acts);
     free(net->seg_first);
     memset(net, 0, sizeof *net);
+}
+
+int net_reset_buffers(Net *net, Error *err) {
+    int64_t most = 1;
+    for (int i = 0; i < net->nmodules; i++)
+        for (int j = 0; j < net->modules[i]->nbuffers; j++)
+            if (tensor_numel(&net->modules[i]->buffers[j]) > most) most = tensor_numel(&net->modules[i]->buffers[j]);
+    float *host = xcalloc((size_t)most, sizeof(float), err);
+    if (!host) return -1;
+    for (int i = 0; i < net->nmodules; i++) {
+        Layer *l = net->modules[i];
+        for (int j = 0; j < l->nbuffers; j++) {
+            Tensor *t = &l->buffers[j];
+            if (t->dtype != DT_F32) {
+                *(int64_t *)t->data = 0;
+                continue;
+            }
+            const int64_t n = tensor_numel(t);
+            for (int64_t e = 0; e < n; e++) host[e] = l->buffer_fill[j];
+            net->k->upload(t->data, host, (size_t)n * sizeof(float));
+        }
+    }
+    free(host);
+    return 0;
 }
 
 int net_init_params(Net *net, uint64_t seed, Error *err) {
@@ -225,89 +351,56 @@ int net_init_params(Net *net, uint64_t seed, Error *err) {
     // PyTorch's reset_parameters for Conv2d and Linear, with its arithmetic:
     // kaiming_uniform_(weight, a = sqrt(5)) draws U(-b, b) with
     // b = sqrt(3) * sqrt(2 / (1 + a^2)) / sqrt(fan_in) (= 1/sqrt(fan_in) up to rounding),
-    // then the bias draws U(-1/sqrt(fan_in), 1/sqrt(fan_in)); layer after layer, from one
-    // MT19937 stream seeded as torch.manual_seed(seed) seeds it.
+    // then the bias draws U(-1/sqrt(fan_in), 1/sqrt(fan_in)); BatchNorm's ones and zeros
+    // draw nothing. Module after module, from one MT19937 stream seeded as
+    // torch.manual_seed(seed) seeds it.
     Mt19937 mt;
     mt19937_seed(&mt, (uint32_t)seed);
     const double a = sqrt(5.0);
     int64_t off = 0;
-    for (int i = 0; i < net->nlayers; i++) {
-        const Layer *l = net->layers[i];
+    for (int i = 0; i < net->nmodules; i++) {
+        const Layer *l = net->modules[i];
         for (int j = 0; j < l->nparams; j++) {
-            const double bound = j == 0 ? sqrt(3.0) * (sqrt(2.0 / (1 + a * a)) / sqrt((double)l->fan_in))
-                                        : 1 / sqrt((double)l->fan_in);
             const int64_t n = tensor_numel(&l->params[j]);
-            for (int64_t e = 0; e < n; e++) host[off + e] = mt19937_uniform(&mt, (float)-bound, (float)bound);
+            const ParamInit init = l->init[j];
+            if (init == INIT_ONES || init == INIT_ZEROS) {
+                for (int64_t e = 0; e < n; e++) host[off + e] = init == INIT_ONES ? 1.0f : 0.0f;
+            } else {
+                const double fan = (double)l->fan_in;
+                const double bound = init == INIT_WEIGHT ? sqrt(3.0) * (sqrt(2.0 / (1 + a * a)) / sqrt(fan))
+                                                         : 1 / sqrt(fan);
+                for (int64_t e = 0; e < n; e++) host[off + e] = mt19937_uniform(&mt, (float)-bound, (float)bound);
+            }
             off += n;
         }
     }
     net->k->upload(net->params, host, (size_t)net->nparams * sizeof(float));
     free(host);
-    return 0;
+    return net_reset_buffers(net, err);
 }
 
 static LayerCtx net_ctx(const Net *net, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
-    return (LayerCtx){.k = net->k, .workspace = net->layer_workspace, .seed = seed, .step = step,
-                      .sample0 = sample0, .train = train};
+    return (LayerCtx){.k = net->k, .exec = &net->exec, .workspace = net->layer_workspace,
+                      .seed = seed, .step = step, .sample0 = sample0, .train = train};
 }
 
-// fp16: view of samples [n0, n0 + n) of an activation stored as halves, in scratch slot
-// `slot` as floats. The input and the output (always F32) are used in place.
-static float *fp32_view(const Net *net, int i, int n0, int n, int slot) {
-    if (i < 0) return net->input_buf + (int64_t)n0 * shape_numel(net->input);
-    const int64_t numel = shape_numel(net->layers[i]->out);
-    if (i == net->nlayers - 1) return (float *)net->acts[i] + n0 * numel;
-    net->k->f16_to_f32(net->scratch[slot], (const uint16_t *)net->acts[i] + n0 * numel, n * numel);
-    return net->scratch[slot];
+// Layer i's input and output as stored: the network's input and output are F32.
+static Stored net_in(const Net *net, int i) {
+    if (i == 0) return (Stored){net->input_buf, true};
+    return (Stored){net->acts[i - 1], net->precision == DT_F32};
+}
+static Stored net_out(const Net *net, int i) {
+    return (Stored){net->acts[i], i == net->nlayers - 1 || net->precision == DT_F32};
 }
 
-// Runs layer i forward on N samples: on the whole batch in fp32, through the scratch in
-// chunks in fp16.
-static void forward_layer(Net *net, int i, LayerCtx ctx, int N) {
-    Layer *l = net->layers[i];
-    const int last = net->nlayers - 1;
+static void forward_layer(Net *net, int i, const LayerCtx *ctx, int N) {
     if (net->on_layer) net->on_layer(i, false);
-    if (net->precision == DT_F32) {
-        l->ops->forward(l, &ctx, net->acts[i], i ? net->acts[i - 1] : net->input_buf, N);
-        return;
-    }
-    const int64_t nout = shape_numel(l->out), sample0 = ctx.sample0;
-    for (int n0 = 0; n0 < N; n0 += net->chunk) {
-        const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
-        ctx.sample0 = sample0 + n0;
-        const float *x = fp32_view(net, i - 1, n0, n, 0);
-        float *y = i == last ? (float *)net->acts[i] + n0 * nout : net->scratch[1];
-        l->ops->forward(l, &ctx, y, x, n);
-        if (i != last) net->k->f32_to_f16((uint16_t *)net->acts[i] + n0 * nout, y, n * nout);
-    }
-}
-
-// Runs layer i backward: din (NULL for the first layer) from dout.
-static void backward_layer(Net *net, int i, LayerCtx ctx, int N, void *dout, void *din) {
-    Layer *l = net->layers[i];
-    const int last = net->nlayers - 1;
-    if (net->on_layer) net->on_layer(i, true);
-    if (net->precision == DT_F32) {
-        l->ops->backward(l, &ctx, din, dout, i ? net->acts[i - 1] : net->input_buf, net->acts[i], N);
-        return;
-    }
-    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out), sample0 = ctx.sample0;
-    for (int n0 = 0; n0 < N; n0 += net->chunk) {
-        const int n = N - n0 < net->chunk ? N - n0 : net->chunk;
-        ctx.sample0 = sample0 + n0;
-        const float *x = fp32_view(net, i - 1, n0, n, 0);
-        const float *y = fp32_view(net, i, n0, n, 1);
-        float *dy = net->scratch[2];
-        if (i == last) dy = (float *)dout + n0 * nout;
-        else net->k->f16_to_f32(dy, (const uint16_t *)dout + n0 * nout, n * nout);
-        l->ops->backward(l, &ctx, din ? net->scratch[3] : NULL, dy, x, y, n);
-        if (din) net->k->f32_to_f16((uint16_t *)din + n0 * nin, net->scratch[3], n * nin);
-    }
+    exec_forward(ctx, net->layers[i], net_out(net, i), net_in(net, i), N);
 }
 
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
-    for (int i = 0; i < net->nlayers; i++) forward_layer(net, i, ctx, N);
+    for (int i = 0; i < net->nlayers; i++) forward_layer(net, i, &ctx, N);
 }
 
 void net_loss(Net *net, int N, int denominator, bool grad) {
@@ -318,17 +411,24 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
-    void *dout = net->dlogp;  // the gradient of layer i's output
-    int next = 0;             // grad_buf[next] takes the gradient of its input
+    LayerCtx redo = ctx;
+    redo.recompute = true;
+    Stored dout = {net->dlogp, true};  // the gradient of layer i's output
+    int next = 0;                      // grad_buf[next] takes the gradient of its input
     for (int g = net->nsegments - 1; g >= 0; g--) {
         const int first = net->seg_first[g], end = net->seg_first[g + 1];
-        // Later segments overwrote this one's outputs in the shared scratch: recompute them
-        // from its saved input, with the same dropout masks (same step and samples).
-        if (g < net->nsegments - 1)
-            for (int i = first; i < end - 1; i++) forward_layer(net, i, ctx, N);
+        // Later segments overwrote this one's outputs and inner activations in the shared
+        // scratch: recompute them from its saved input, with the same dropout masks and
+        // batch statistics (same step and samples). The last layer's output is saved; the
+        // layer runs again only when it has inner activations, and then writes the same bits.
+        if (g < net->nsegments - 1) {
+            for (int i = first; i < end - 1; i++) forward_layer(net, i, &redo, N);
+            if (inner_values(net->layers[end - 1])) forward_layer(net, end - 1, &redo, N);
+        }
         for (int i = end - 1; i >= first; i--) {
-            void *din = i > 0 ? net->grad_buf[next] : NULL;
-            backward_layer(net, i, ctx, N, dout, din);
+            const Stored din = {i > 0 ? net->grad_buf[next] : NULL, net->precision == DT_F32};
+            if (net->on_layer) net->on_layer(i, true);
+            exec_backward(&ctx, net->layers[i], din, dout, net_in(net, i), net_out(net, i), N);
             dout = din;
             next = 1 - next;
         }
@@ -345,7 +445,11 @@ void net_print(const Net *net, FILE *f) {
     for (int i = 0; i < net->nlayers; i++) {
         const Layer *l = net->layers[i];
         int64_t p = 0;
-        for (int j = 0; j < l->nparams; j++) p += tensor_numel(&l->params[j]);
+        for (int m = 0; m < net->nmodules; m++) {  // the layer and its children
+            const Layer *c = net->modules[m];
+            if (c->index < l->index || c->index >= l->index + count_modules(l)) continue;
+            for (int j = 0; j < c->nparams; j++) p += tensor_numel(&c->params[j]);
+        }
         char shape[48];
         snprintf(shape, sizeof shape, "%dx%dx%d", l->out.c, l->out.h, l->out.w);
         fprintf(f, "  %-3d %-14s %-12s %-16s %12lld\n", i, l->name, l->ops->type, shape, (long long)p);

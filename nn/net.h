@@ -2,9 +2,13 @@
 // once (DESIGN.md decision 2).
 //
 // net_create infers every shape, computes the plan, and allocates one block per category
-// on the device: parameters, gradients, optimizer state, activations (+ labels and
-// metrics), workspace. Nothing is allocated after that; forward and backward only use
-// these blocks.
+// on the device: parameters, gradients, optimizer state, buffers (batchnorm statistics),
+// activations (+ labels and metrics), workspace. Nothing is allocated after that; forward
+// and backward only use these blocks.
+//
+// The network is a sequence of top-level layers; a container (a residual block) is one of
+// them and owns inner layers (DESIGN.md decision 11). `modules` lists every layer, inner
+// ones included, in state_dict order: parameters, buffers and checkpoints follow it.
 #ifndef NN_NET_H
 #define NN_NET_H
 
@@ -13,14 +17,16 @@
 #include <stdio.h>
 
 #include "cfg.h"
+#include "exec.h"
 #include "kernels.h"
 #include "layer.h"
 
 // Bytes per category. `loader` is filled in by the trainer (the data side plans it).
 typedef struct MemPlan {
-    size_t params, grads, optimizer, activations, workspace, loader;
+    size_t params, grads, optimizer, buffers, activations, workspace, loader;
     // Parts of `activations`: outputs kept through forward (segment outputs, the input)
-    // and the region that the layers inside a segment share and recompute in backward.
+    // and the region that the layers inside a segment share and recompute in backward
+    // (their outputs and the inner activations of its containers).
     size_t act_saved, act_scratch;
 } MemPlan;
 
@@ -42,15 +48,16 @@ enum { NET_LOSS, NET_CORRECT, NET_NONFINITE, NET_METRICS };
 
 typedef struct Net {
     const Kernels *k;
-    Layer **layers;  // host structs; their tensors point into the device blocks
+    Layer **layers;  // the top-level layers: host structs whose tensors point into the blocks
     int nlayers;
+    Layer **modules;  // every layer, containers' children after their container (pre-order)
+    int nmodules;
     Shape input;
     int batch;        // the largest N that forward/backward accept
     DType precision;  // of activations and activation gradients (the output is always F32)
     int nsegments;    // checkpoint segments (1: none)
     int *seg_first;   // (nsegments + 1): segment s is layers seg_first[s] .. seg_first[s+1]-1
-    int chunk;        // fp16: samples per layer call through the fp32 scratch
-    size_t largest;   // values of the largest activation of one sample
+    Exec exec;        // precision, the fp16 chunk and scratch, the block scratch
     size_t scratch_bytes;  // the fp16 scratch at the start of the workspace block
     int64_t nparams;  // scalars in all parameter tensors
     float loss_scale; // multiplies the loss gradient (dynamic loss scaling); 1 by default
@@ -60,6 +67,7 @@ typedef struct Net {
     float *params;     // (nparams): every layer's tensors, in layer order
     float *grads;      // (nparams): same layout
     float *optimizer;  // (2 * nparams): Adadelta's square_avg then acc_delta
+    void *buffers;     // every layer's F32 buffers, then every layer's state
     void *activations;
     void *workspace;        // the fp16 scratch, then layer_workspace
     void *layer_workspace;  // what layers get as LayerCtx.workspace
@@ -69,9 +77,8 @@ typedef struct Net {
                        // only each segment's last output has its own buffer; the others
                        // share the scratch region and are recomputed in backward
     void *grad_buf[2];   // ping-pong activation gradients in precision, each as large as
-                         // the largest activation
+                         // the largest top-level activation
     float *dlogp;        // (batch, classes) F32: the loss gradient
-    float *scratch[4];   // fp16: (chunk, largest activation) F32 in, out, dout, din
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to
                          // them), and the loss scaler's non-finite flag (scale_check sets it)
@@ -82,14 +89,20 @@ typedef struct Net {
 // Builds the layers from the cfg's layer sections (all sections but [train] and [data]),
 // plans and allocates for batches of up to opt->batch samples of shape `input`. The last
 // layer must be [log_softmax] with `classes` outputs. Errors name the cfg line.
+// Batchnorm buffers start as PyTorch's (running_mean 0, running_var 1, no batches).
 int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOptions *opt,
                const Kernels *k, Error *err);
 void net_free(Net *net);
 
-// PyTorch's default initialisation, bit for bit: every parameter U(-b, b), b = 1/sqrt(fan_in),
-// drawn on the host as torch.manual_seed(seed) followed by building the same modules draws
-// them (nn/mt19937.h), then uploaded: the same on every device.
+// PyTorch's default initialisation, bit for bit: weights and biases U(-b, b) as their
+// modules' reset_parameters draw them (LayerOps ParamInit), batchnorm weights 1 and biases
+// 0; drawn on the host as torch.manual_seed(seed) followed by building the same modules in
+// state_dict order draws them (nn/mt19937.h), then uploaded: the same on every device.
 int net_init_params(Net *net, uint64_t seed, Error *err);
+
+// Sets every buffer to its start (running_mean 0, running_var 1, num_batches_tracked 0):
+// net_create and net_init_params do it.
+int net_reset_buffers(Net *net, Error *err);
 
 // The Adadelta state halves of net->optimizer.
 static inline float *net_square_avg(const Net *net) { return net->optimizer; }

@@ -8,11 +8,8 @@
 
 static const CfgKey name_only_keys[] = {{"name", "<type><k>", "module name"}};
 
-static size_t no_workspace(const Layer *l, int N) { return 0; }
-
-static int plain_create(Layer **out, const LayerOps *ops, const Cfg *cfg, const CfgSection *s,
-                        Shape in, Error *err) {
-    Layer *l = layer_alloc(sizeof *l, ops, cfg, s, in, err);
+static int plain_create(Layer **out, const LayerOps *ops, const LayerArgs *a, Error *err) {
+    Layer *l = layer_alloc(sizeof *l, ops, a, err);
     if (!l) return -1;
     *out = l;
     return 0;
@@ -20,8 +17,8 @@ static int plain_create(Layer **out, const LayerOps *ops, const Cfg *cfg, const 
 
 // ---- relu -------------------------------------------------------------------------------------
 
-static int relu_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err) {
-    return plain_create(out, &relu_ops, cfg, s, in, err);
+static int relu_create(Layer **out, const LayerArgs *a, Error *err) {
+    return plain_create(out, &relu_ops, a, err);
 }
 static void relu_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     ctx->k->relu_forward(out, in, N * shape_numel(l->in));
@@ -36,7 +33,6 @@ const LayerOps relu_ops = {
     .keys = name_only_keys,
     .nkeys = 1,
     .create = relu_create,
-    .workspace_bytes = no_workspace,
     .forward = relu_forward,
     .backward = relu_backward,
 };
@@ -53,11 +49,11 @@ static const CfgKey dropout_keys[] = {
     {"p", "0.5", "probability of zeroing an element while training, in [0, 1)"},
 };
 
-static int dropout_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err) {
-    Dropout *d = layer_alloc(sizeof *d, &dropout_ops, cfg, s, in, err);
+static int dropout_create(Layer **out, const LayerArgs *a, Error *err) {
+    Dropout *d = layer_alloc(sizeof *d, &dropout_ops, a, err);
     if (!d) return -1;
     double p;
-    if (cfg_float(cfg, s, "p", "0.5", 0.0, 0.999999, &p, err)) {
+    if (cfg_float(a->cfg, a->s, "p", "0.5", 0.0, 0.999999, &p, err)) {
         free(d);
         return -1;
     }
@@ -98,7 +94,6 @@ const LayerOps dropout_ops = {
     .keys = dropout_keys,
     .nkeys = 2,
     .create = dropout_create,
-    .workspace_bytes = no_workspace,
     .forward = dropout_forward,
     .backward = dropout_backward,
 };
@@ -107,9 +102,9 @@ const LayerOps dropout_ops = {
 // (N, H, W, C) -> (N, C*H*W) in PyTorch's (C, H, W) order, so the next linear layer's weight
 // has PyTorch's layout.
 
-static int flatten_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in, Error *err) {
-    if (plain_create(out, &flatten_ops, cfg, s, in, err)) return -1;
-    (*out)->out = (Shape){.c = (int)shape_numel(in), .h = 1, .w = 1};
+static int flatten_create(Layer **out, const LayerArgs *a, Error *err) {
+    if (plain_create(out, &flatten_ops, a, err)) return -1;
+    (*out)->out = (Shape){.c = (int)shape_numel(a->in), .h = 1, .w = 1};
     return 0;
 }
 static void flatten_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
@@ -125,19 +120,17 @@ const LayerOps flatten_ops = {
     .keys = name_only_keys,
     .nkeys = 1,
     .create = flatten_create,
-    .workspace_bytes = no_workspace,
     .forward = flatten_forward,
     .backward = flatten_backward,
 };
 
 // ---- log_softmax ------------------------------------------------------------------------------
 
-static int log_softmax_create(Layer **out, const Cfg *cfg, const CfgSection *s, Shape in,
-                              Error *err) {
-    if (plain_create(out, &log_softmax_ops, cfg, s, in, err)) return -1;
-    if (in.h != 1 || in.w != 1) {
+static int log_softmax_create(Layer **out, const LayerArgs *a, Error *err) {
+    if (plain_create(out, &log_softmax_ops, a, err)) return -1;
+    if (a->in.h != 1 || a->in.w != 1) {
         err_set(err, "%s:%d: [log_softmax] its input is %dx%dx%d (C x H x W), not flat: put a "
-                "[flatten] section before it", cfg->path, s->line, in.c, in.h, in.w);
+                "[flatten] section before it", a->cfg->path, a->s->line, a->in.c, a->in.h, a->in.w);
         free(*out);
         *out = NULL;
         return -1;
@@ -157,7 +150,6 @@ const LayerOps log_softmax_ops = {
     .keys = name_only_keys,
     .nkeys = 1,
     .create = log_softmax_create,
-    .workspace_bytes = no_workspace,
     .forward = log_softmax_forward,
     .backward = log_softmax_backward,
 };

@@ -13,6 +13,7 @@ typedef enum ProfKind {
     K_DIRECT,    // direct convolution, forward or backward
     K_BIAS_ACT,  // bias, ReLU (fused or not), their backward
     K_POOL,
+    K_NORM,  // batchnorm
     K_DROPOUT,
     K_LAYOUT,  // NHWC <-> NCHW (flatten)
     K_LOSS,    // log_softmax, NLL
@@ -22,7 +23,7 @@ typedef enum ProfKind {
     K_KINDS
 } ProfKind;
 
-static const char *const kind_names[K_KINDS] = {"gemm", "im2col", "col2im", "direct", "bias+act", "pool", "dropout",
+static const char *const kind_names[K_KINDS] = {"gemm", "im2col", "col2im", "direct", "bias+act", "pool", "norm", "dropout",
                                                 "layout", "loss", "fp16", "optimizer", "memory"};
 
 static const char *const fixed_names[PROF_FIXED_SCOPES] = {"step (upload, zero)", "loss", "optimizer",
@@ -111,13 +112,58 @@ static void w_relu_forward(float *out, const float *in, int64_t n) {
 static void w_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
     TIMED(K_BIAS_ACT, P.inner->relu_backward(din, dout, out, n));
 }
+static void w_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
+    TIMED(K_BIAS_ACT, P.inner->add_act(out, a, b, n, act));
+}
 static void w_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K, int stride,
-                              int OH, int OW) {
-    TIMED(K_POOL, P.inner->maxpool_forward(out, in, N, H, W, C, K, stride, OH, OW));
+                              int pad, int OH, int OW) {
+    TIMED(K_POOL, P.inner->maxpool_forward(out, in, N, H, W, C, K, stride, pad, OH, OW));
 }
 static void w_maxpool_backward(float *din, const float *dout, const float *in, const float *out, int N,
-                               int H, int W, int C, int K, int stride, int OH, int OW) {
-    TIMED(K_POOL, P.inner->maxpool_backward(din, dout, in, out, N, H, W, C, K, stride, OH, OW));
+                               int H, int W, int C, int K, int stride, int pad, int OH, int OW) {
+    TIMED(K_POOL, P.inner->maxpool_backward(din, dout, in, out, N, H, W, C, K, stride, pad, OH, OW));
+}
+static void w_avgpool_forward(float *out, const float *in, int N, int H, int W, int C, int K, int stride,
+                              int pad, int OH, int OW) {
+    TIMED(K_POOL, P.inner->avgpool_forward(out, in, N, H, W, C, K, stride, pad, OH, OW));
+}
+static void w_avgpool_backward(float *din, const float *dout, int N, int H, int W, int C, int K,
+                               int stride, int pad, int OH, int OW) {
+    TIMED(K_POOL, P.inner->avgpool_backward(din, dout, N, H, W, C, K, stride, pad, OH, OW));
+}
+static void w_global_avgpool_forward(float *out, const float *in, int N, int64_t HW, int C) {
+    TIMED(K_POOL, P.inner->global_avgpool_forward(out, in, N, HW, C));
+}
+static void w_global_avgpool_backward(float *din, const float *dout, int N, int64_t HW, int C) {
+    TIMED(K_POOL, P.inner->global_avgpool_backward(din, dout, N, HW, C));
+}
+static void w_bn_sums(double *acc, const float *x, int64_t rows, int C) {
+    TIMED(K_NORM, P.inner->bn_sums(acc, x, rows, C));
+}
+static void w_bn_batch_stats(float *mean, float *invstd, float *rm, float *rv, const double *acc, int C,
+                             int64_t count, double eps, double momentum) {
+    TIMED(K_NORM, P.inner->bn_batch_stats(mean, invstd, rm, rv, acc, C, count, eps, momentum));
+}
+static void w_bn_eval_stats(float *mean, float *invstd, const float *rm, const float *rv, int C,
+                            double eps) {
+    TIMED(K_NORM, P.inner->bn_eval_stats(mean, invstd, rm, rv, C, eps));
+}
+static void w_bn_forward(float *out, const float *x, const float *mean, const float *invstd,
+                         const float *gamma, const float *beta, int64_t rows, int C, Activation act) {
+    TIMED(K_NORM, P.inner->bn_forward(out, x, mean, invstd, gamma, beta, rows, C, act));
+}
+static void w_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
+                               const float *mean, const float *invstd, int64_t rows, int C,
+                               Activation act) {
+    TIMED(K_NORM, P.inner->bn_backward_sums(acc, dout, out, x, mean, invstd, rows, C, act));
+}
+static void w_bn_backward(float *din, const float *dout, const float *out, const float *x,
+                          const float *mean, const float *invstd, const float *gamma, const double *acc,
+                          int64_t rows, int C, int64_t count, Activation act) {
+    TIMED(K_NORM, P.inner->bn_backward(din, dout, out, x, mean, invstd, gamma, acc, rows, C, count, act));
+}
+static void w_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
+    TIMED(K_NORM, P.inner->bn_param_grads(dgamma, dbeta, acc, C));
 }
 static void w_dropout_forward(float *out, const float *in, int64_t n, float p, uint64_t key, uint64_t off) {
     TIMED(K_DROPOUT, P.inner->dropout_forward(out, in, n, p, key, off));
@@ -175,7 +221,15 @@ int profile_start(Net *net, Error *err) {
     P.table.conv_direct_backward = w_conv_direct_backward;
     P.table.bias_act_backward = w_bias_act_backward;
     P.table.relu_forward = w_relu_forward, P.table.relu_backward = w_relu_backward;
+    P.table.add_act = w_add_act;
     P.table.maxpool_forward = w_maxpool_forward, P.table.maxpool_backward = w_maxpool_backward;
+    P.table.avgpool_forward = w_avgpool_forward, P.table.avgpool_backward = w_avgpool_backward;
+    P.table.global_avgpool_forward = w_global_avgpool_forward;
+    P.table.global_avgpool_backward = w_global_avgpool_backward;
+    P.table.bn_sums = w_bn_sums, P.table.bn_batch_stats = w_bn_batch_stats;
+    P.table.bn_eval_stats = w_bn_eval_stats, P.table.bn_forward = w_bn_forward;
+    P.table.bn_backward_sums = w_bn_backward_sums, P.table.bn_backward = w_bn_backward;
+    P.table.bn_param_grads = w_bn_param_grads;
     P.table.dropout_forward = w_dropout_forward, P.table.dropout_backward = w_dropout_backward;
     P.table.nhwc_to_nchw = w_nhwc_to_nchw, P.table.nchw_to_nhwc = w_nchw_to_nhwc;
     P.table.log_softmax_forward = w_log_softmax_forward;

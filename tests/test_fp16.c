@@ -662,7 +662,7 @@ static void test_fp16_chunks_seed_network(void **state) {
     for (int i = 0; i < N; i++) y[i] = (int32_t)(test_urand() * 10);
     Net probe;
     make_net(&probe, text, in, 10, N, DT_F16);
-    assert_int_equal(probe.chunk, 28);
+    assert_int_equal(probe.exec.chunk, 28);
     net_free(&probe);
     RunOut f = run_once(text, in, 10, DT_F32, N, x, y, 1.0f, false);
     RunOut h = run_once(text, in, 10, DT_F16, N, x, y, 256.0f, true);
@@ -865,13 +865,13 @@ static void test_memory_plan_fp16(void **state) {
         const double ratio = (double)h.plan.activations / f.plan.activations;
         print_message("batch %d: activations fp16 %zu bytes, fp32 %zu bytes (ratio %.4f); "
                       "workspace fp16 %zu (chunk %d), fp32 %zu\n", B, h.plan.activations,
-                      f.plan.activations, ratio, h.plan.workspace, h.chunk, f.plan.workspace);
+                      f.plan.activations, ratio, h.plan.workspace, h.exec.chunk, f.plan.workspace);
         // About half: only the input, the output, dlogp, labels and metrics stay 4 bytes.
         assert_true(ratio > 0.5 && ratio < (B >= 64 ? 0.52 : 0.55));
         int chunk;
         assert_int_equal(h.plan.workspace, mnist_workspace(B, true, &chunk));
-        assert_int_equal(h.chunk, chunk);
-        assert_int_equal(h.chunk, B < 28 ? B : 28);
+        assert_int_equal(h.exec.chunk, chunk);
+        assert_int_equal(h.exec.chunk, B < 28 ? B : 28);
         assert_int_equal(h.scratch_bytes, 4 * align64((size_t)chunk * 36864 * 4));
         assert_int_equal(f.plan.workspace, mnist_workspace(B, false, NULL));
         // Parameters, gradients and optimizer state stay fp32.
@@ -899,7 +899,7 @@ static void test_memory_plan_fp16(void **state) {
         }
         // The scratch buffers at the start of the workspace, the layers' after them.
         for (int i = 0; i < 4; i++)
-            assert_ptr_equal(h.scratch[i], (char *)h.workspace + i * h.scratch_bytes / 4);
+            assert_ptr_equal(h.exec.scratch[i], (char *)h.workspace + i * h.scratch_bytes / 4);
         assert_ptr_equal(h.layer_workspace, (char *)h.workspace + h.scratch_bytes);
         // The blocks are as large as the plan (ASan reports a short one).
         memset(h.activations, 0x44, h.plan.activations);

@@ -534,16 +534,17 @@ static void test_bias_act_backward(void **state) {
 static void test_maxpool(void **state) {
     NEED_GPU();
     rng_seed(7);
-    // Non-overlapping, overlapping (stride < K), leftover rows and columns, K = 1; inputs
-    // drawn from a few values so that windows have ties (the first maximum takes the
-    // gradient), and one case with NaNs.
-    static const int geoms[][6] = {  // N, H, W, C, K, stride
-        {2, 24, 24, 64, 2, 2}, {3, 7, 9, 5, 3, 2}, {2, 6, 6, 3, 3, 1},
-        {1, 5, 7, 2, 2, 3},    {2, 4, 4, 3, 1, 1}, {2, 8, 8, 4, 2, 2}};
+    // Non-overlapping, overlapping (stride < K), leftover rows and columns, K = 1, padded
+    // (the ResNet stem's 3x3 stride 2 pad 1); inputs drawn from a few values so that windows
+    // have ties (the first maximum takes the gradient), and one case with NaNs.
+    static const int geoms[][7] = {  // N, H, W, C, K, stride, pad
+        {2, 24, 24, 64, 2, 2, 0}, {3, 7, 9, 5, 3, 2, 0}, {2, 6, 6, 3, 3, 1, 0},
+        {1, 5, 7, 2, 2, 3, 0},    {2, 4, 4, 3, 1, 1, 0}, {2, 12, 11, 6, 3, 2, 1},
+        {2, 5, 5, 3, 2, 1, 1},    {2, 8, 8, 4, 2, 2, 0}};
     for (size_t t = 0; t < sizeof geoms / sizeof geoms[0]; t++) {
         const int N = geoms[t][0], H = geoms[t][1], W = geoms[t][2], Cc = geoms[t][3],
-                  K = geoms[t][4], S = geoms[t][5];
-        const int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
+                  K = geoms[t][4], S = geoms[t][5], pad = geoms[t][6];
+        const int OH = (H + 2 * pad - K) / S + 1, OW = (W + 2 * pad - K) / S + 1;
         const int64_t nin = (int64_t)N * H * W * Cc, nout = (int64_t)N * OH * OW * Cc;
         float *x = xmalloc(nin * 4), *dy = rand_floats(nout, -1, 1);
         for (int64_t i = 0; i < nin; i++) x[i] = (float)(urand64() % 4) - 1.5f;
@@ -551,15 +552,17 @@ static void test_maxpool(void **state) {
             for (int64_t i = 0; i < nin; i += 7) x[i] = NAN;
         Buf in = buf_from(x, nin * 4), out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4),
             din = buf_poison(nin * 4);
-        BOTH(k->maxpool_forward(P(out), P(in), N, H, W, Cc, K, S, OH, OW));
-        BOTH(k->maxpool_backward(P(din), P(dout), P(in), P(out), N, H, W, Cc, K, S, OH, OW));
-        float *hc = xmalloc(nin * 4), *hg = xmalloc(nin * 4);
-        char what[96];
-        snprintf(what, sizeof what, "maxpool_forward N=%d H=%d W=%d C=%d K=%d stride=%d", N, H, W,
-                 Cc, K, S);
+        BOTH(k->maxpool_forward(P(out), P(in), N, H, W, Cc, K, S, pad, OH, OW));
+        BOTH(k->maxpool_backward(P(din), P(dout), P(in), P(out), N, H, W, Cc, K, S, pad, OH, OW));
+        const int64_t most = nin > nout ? nin : nout;  // padding: the output may be the larger
+        float *hc = xmalloc(most * 4), *hg = xmalloc(most * 4);
+        char what[112];
+        snprintf(what, sizeof what, "maxpool_forward N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d", N,
+                 H, W, Cc, K, S, pad);
         buf_fetch(out, hc, hg);
         expect_same_f32(hc, hg, nout, what);
-        memcpy(what + 8, "backward", 8);
+        snprintf(what, sizeof what, "maxpool_backward N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d", N,
+                 H, W, Cc, K, S, pad);
         buf_fetch(din, hc, hg);
         expect_same_f32(hc, hg, nin, what);
         buf_free(in), buf_free(out), buf_free(dout), buf_free(din);

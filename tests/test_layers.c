@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "../nn/cfg.h"
+#include "../nn/exec.h"
 #include "../nn/kernels.h"
 #include "../nn/layer.h"
 #include "../nn/rng.h"
@@ -36,7 +37,7 @@
 #define FD_H 1e-6
 #define FWD_TOL 1e-5   // forward: max abs error / max |reference|
 #define GRAD_TOL 1e-4  // backward: max abs error / max(1, max |gradient|)
-#define MAXP LAYER_MAX_PARAMS
+#define MAXP 16  // parameter tensors of a layer and its children
 
 // Mirrors CONV_COL_BYTES in nn/conv.c: the im2col workspace of one chunk of images.
 #define CONV_COL_BYTES ((size_t)2 << 20)
@@ -91,15 +92,21 @@ typedef void (*RefBwd)(const Case *c, const double *R, double *dx, double **dw);
 struct Case {
     Layer *l;
     int N;
+    int nt;  // parameter tensors of l and its children, in state_dict order
+    const Tensor *t[MAXP];
     int64_t nin, nout, np[MAXP];
-    int K, stride, pad;  // conv and maxpool
-    bool relu;           // conv and linear with activation = relu
+    int K, stride, pad;  // conv and pooling
+    bool relu;           // conv, linear and batchnorm with activation = relu
+    bool nobias;         // conv with bias = 0
     RefFwd ref;
     RefBwd refb;  // analytic double backward, or NULL
     bool fd;      // check against finite differences (small cases only)
     // What the layer sees (plain malloc: the CPU backend's pointers are host pointers).
     float *in, *out, *dout, *din, *p[MAXP], *g[MAXP], *rf;  // rf: R in float
     void *ws;
+    Exec exec;     // fp32: the layer runs as the network runs it (batch passes, children)
+    void *mem[3 * MAXP];  // buffers, state, inner activations, block scratch
+    int nmem;
     // What the reference sees; finite differences perturb these.
     double *x, *w[MAXP], *R;
 };
@@ -109,9 +116,49 @@ static Layer *layer_from_text(const LayerOps *ops, const char *text, Shape in) {
     Error err = {{0}};
     if (cfg_parse(&cfg, text, "<test>", &err)) fail_msg("cfg_parse: %s", err.msg);
     Layer *l = NULL;
-    if (ops->create(&l, &cfg, &cfg.sections[0], in, &err)) fail_msg("create: %s", err.msg);
+    const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = in};
+    if (ops->create(&l, &a, &err)) fail_msg("create: %s", err.msg);
     cfg_free(&cfg);  // the layer keeps what it needs
     return l;
+}
+
+static void *case_mem(Case *c, size_t bytes) {
+    assert_true(c->nmem < (int)(sizeof c->mem / sizeof c->mem[0]));
+    return c->mem[c->nmem++] = xmalloc(bytes);
+}
+
+// Gives l and its children what the network would: parameters and gradients (into the
+// case's arrays, in state_dict order), buffers at their start values, state.
+static void case_attach(Case *c, Layer *l) {
+    for (int i = 0; i < l->nparams; i++) {
+        assert_true(c->nt < MAXP);
+        const int j = c->nt++;
+        c->t[j] = &l->params[i];
+        c->np[j] = tensor_numel(&l->params[i]);
+        c->p[j] = xmalloc((size_t)c->np[j] * sizeof(float));
+        c->g[j] = xmalloc((size_t)c->np[j] * sizeof(float));
+        c->w[j] = xmalloc((size_t)c->np[j] * sizeof(double));
+        l->params[i].data = c->p[j];
+        l->grads[i] = c->g[j];
+    }
+    for (int i = 0; i < l->nbuffers; i++) {
+        if (l->buffers[i].dtype != DT_F32) continue;  // host counters live in the layer
+        const int64_t n = tensor_numel(&l->buffers[i]);
+        float *b = case_mem(c, (size_t)n * sizeof(float));
+        for (int64_t e = 0; e < n; e++) b[e] = l->buffer_fill[i];
+        l->buffers[i].data = b;
+    }
+    if (l->ops->state_bytes) l->state = case_mem(c, l->ops->state_bytes(l));
+    for (int i = 0; i < l->nchildren; i++) case_attach(c, l->children[i]);
+}
+
+static size_t case_workspace(const Layer *l, int N) {
+    size_t w = layer_workspace_bytes(l, N);
+    for (int i = 0; i < l->nchildren; i++) {
+        const size_t cw = case_workspace(l->children[i], N);
+        if (cw > w) w = cw;
+    }
+    return w;
 }
 
 static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, int N) {
@@ -127,33 +174,34 @@ static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, 
     c->dout = xmalloc((size_t)c->nout * sizeof(float));
     c->rf = xmalloc((size_t)c->nout * sizeof(float));
     c->R = xmalloc((size_t)c->nout * sizeof(double));
-    for (int i = 0; i < c->l->nparams; i++) {
-        c->np[i] = tensor_numel(&c->l->params[i]);
-        c->p[i] = xmalloc((size_t)c->np[i] * sizeof(float));
-        c->g[i] = xmalloc((size_t)c->np[i] * sizeof(float));
-        c->w[i] = xmalloc((size_t)c->np[i] * sizeof(double));
-        c->l->params[i].data = c->p[i];
-        c->l->grads[i] = c->g[i];
-    }
+    case_attach(c, c->l);
     // Exactly the bytes the layer asks for, so that ASan sees any overrun.
-    c->ws = xmalloc(c->l->ops->workspace_bytes(c->l, N));
+    c->ws = xmalloc(case_workspace(c->l, N));
+    c->exec.precision = DT_F32;
+    c->exec.chunk = N;
+    if (c->l->ops->inner_values)
+        c->l->inner = case_mem(c, (size_t)N * c->l->ops->inner_values(c->l) * sizeof(float));
+    if (c->l->ops->scratch_values)
+        c->exec.block_scratch = case_mem(c, (size_t)N * c->l->ops->scratch_values(c->l) * sizeof(float));
 }
 
 static void case_free(Case *c) {
-    void *bufs[] = {c->in, c->din, c->x, c->out, c->dout, c->rf, c->R, c->ws, c->l};
+    void *bufs[] = {c->in, c->din, c->x, c->out, c->dout, c->rf, c->R, c->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (int i = 0; i < c->nmem; i++) free(c->mem[i]);
     for (int i = 0; i < MAXP; i++) {
         free(c->p[i]);
         free(c->g[i]);
         free(c->w[i]);
     }
+    layer_free(c->l);
 }
 
 // Copies the float data into the reference's doubles (the reference starts from exactly
 // the numbers the layer sees).
 static void case_sync(Case *c) {
     for (int64_t i = 0; i < c->nin; i++) c->x[i] = c->in[i];
-    for (int j = 0; j < c->l->nparams; j++)
+    for (int j = 0; j < c->nt; j++)
         for (int64_t i = 0; i < c->np[j]; i++) c->w[j][i] = c->p[j][i];
     for (int64_t i = 0; i < c->nout; i++) c->R[i] = c->rf[i];
 }
@@ -162,7 +210,7 @@ static void case_sync(Case *c) {
 static void case_fill(Case *c, uint64_t seed) {
     rng_seed(seed);
     fill_uniform(c->in, c->nin, -1, 1);
-    for (int j = 0; j < c->l->nparams; j++) fill_uniform(c->p[j], c->np[j], -1, 1);
+    for (int j = 0; j < c->nt; j++) fill_uniform(c->p[j], c->np[j], -1, 1);
     fill_uniform(c->rf, c->nout, -1, 1);
     case_sync(c);
 }
@@ -186,8 +234,18 @@ static void case_fill_away_from_kinks(Case *c, uint64_t seed, double margin) {
 }
 
 static LayerCtx case_ctx(const Case *c) {
-    return (LayerCtx){.k = &cpu_kernels, .workspace = c->ws, .seed = 1, .step = 0,
-                      .sample0 = 0, .train = true};
+    return (LayerCtx){.k = &cpu_kernels, .exec = &c->exec, .workspace = c->ws, .seed = 1,
+                      .step = 0, .sample0 = 0, .train = true};
+}
+
+// The layer's forward and backward as the network runs them (exec.h): with its batch
+// passes (batchnorm), or as a container running its children.
+static void case_forward(const Case *c, const LayerCtx *ctx, float *out, const float *in) {
+    exec_forward(ctx, c->l, (Stored){out, true}, (Stored){(void *)in, true}, c->N);
+}
+static void case_backward(const Case *c, const LayerCtx *ctx, float *din, float *dout) {
+    exec_backward(ctx, c->l, (Stored){din, true}, (Stored){dout, true}, (Stored){c->in, true},
+                  (Stored){c->out, true}, c->N);
 }
 
 // Fails if max |got - want| > tol * max(floor, max |want|).
@@ -241,7 +299,7 @@ static void fd_grad(Case *c, double *v, int64_t n, double *grad) {
 static void check_forward(Case *c) {
     LayerCtx ctx = case_ctx(c);
     fill_nan(c->out, c->nout);  // every output element must be written
-    c->l->ops->forward(c->l, &ctx, c->out, c->in, c->N);
+    case_forward(c, &ctx, c->out, c->in);
     double *ref = xmalloc((size_t)c->nout * sizeof(double));
     c->ref(c, ref);
     double big = 0;
@@ -254,12 +312,12 @@ static void check_forward(Case *c) {
 static void run_backward(Case *c, float *din) {
     LayerCtx ctx = case_ctx(c);
     memcpy(c->dout, c->rf, (size_t)c->nout * sizeof(float));  // backward may overwrite dout
-    c->l->ops->backward(c->l, &ctx, din, c->dout, c->in, c->out, c->N);
+    case_backward(c, &ctx, din, c->dout);
 }
 
 // Runs check_forward first (backward needs the forward's out).
 static void check_backward(Case *c) {
-    const int np = c->l->nparams;
+    const int np = c->nt;
     for (int j = 0; j < np; j++) memset(c->g[j], 0, (size_t)c->np[j] * sizeof(float));
     fill_nan(c->din, c->nin);
     run_backward(c, c->din);
@@ -267,13 +325,13 @@ static void check_backward(Case *c) {
     double *dx = xmalloc((size_t)c->nin * sizeof(double));
     double *dw[MAXP] = {0};
     for (int j = 0; j < np; j++) dw[j] = xmalloc((size_t)c->np[j] * sizeof(double));
-    char what[64];
+    char what[192];
     if (c->fd) {
         fd_grad(c, c->x, c->nin, dx);
         expect_close("din vs finite differences", c->din, dx, c->nin, GRAD_TOL, 1.0);
         for (int j = 0; j < np; j++) {
             fd_grad(c, c->w[j], c->np[j], dw[j]);
-            snprintf(what, sizeof what, "%s vs finite differences", c->l->params[j].name);
+            snprintf(what, sizeof what, "%s vs finite differences", c->t[j]->name);
             expect_close(what, c->g[j], dw[j], c->np[j], GRAD_TOL, 1.0);
         }
     }
@@ -291,7 +349,7 @@ static void check_backward(Case *c) {
         }
         expect_close("din vs reference backward", c->din, rx, c->nin, GRAD_TOL, 1.0);
         for (int j = 0; j < np; j++) {
-            snprintf(what, sizeof what, "%s vs reference backward", c->l->params[j].name);
+            snprintf(what, sizeof what, "%s vs reference backward", c->t[j]->name);
             expect_close(what, c->g[j], rw[j], c->np[j], GRAD_TOL, 1.0);
             free(rw[j]);
         }
@@ -315,19 +373,18 @@ static void check_backward(Case *c) {
     for (int j = 0; j < np; j++) {
         double *twice = xmalloc((size_t)c->np[j] * sizeof(double));
         for (int64_t i = 0; i < c->np[j]; i++) twice[i] = 2.0 * g1[j][i];
-        snprintf(what, sizeof what, "%s after two backwards (must accumulate)",
-                 c->l->params[j].name);
+        snprintf(what, sizeof what, "%s after two backwards (must accumulate)", c->t[j]->name);
         expect_close(what, c->g[j], twice, c->np[j], 1e-6, 0.0);
         free(twice);
     }
     // The first layer of a network gets din = NULL: parameter gradients are still made.
-    if (np > 0) {
+    // (A container is never the first layer.)
+    if (np > 0 && !c->l->ops->run_backward) {
         for (int j = 0; j < np; j++) memset(c->g[j], 0, (size_t)c->np[j] * sizeof(float));
         run_backward(c, NULL);
         for (int j = 0; j < np; j++)
             if (memcmp(g1[j], c->g[j], (size_t)c->np[j] * sizeof(float)) != 0)
-                fail_msg("%s with din = NULL differs from the one with din",
-                         c->l->params[j].name);
+                fail_msg("%s with din = NULL differs from the one with din", c->t[j]->name);
     }
     free(din1);
     for (int j = 0; j < np; j++) free(g1[j]);
@@ -335,27 +392,31 @@ static void check_backward(Case *c) {
 
 // ---- double references ---------------------------------------------------------------------
 
-// Direct convolution, no im2col: out[n,oh,ow,oc] = act(b[oc] + sum_{c,kh,kw}
-// x[n, oh*S-P+kh, ow*S-P+kw, c] * w[oc,c,kh,kw]), zero outside the image.
-static void conv_ref(const Case *c, double *out) {
-    const Shape in = c->l->in, o = c->l->out;
-    const int K = c->K, S = c->stride, P = c->pad;
-    for (int n = 0; n < c->N; n++)
+// Direct convolution, no im2col: out[n,oh,ow,oc] = b[oc] + sum_{c,kh,kw}
+// x[n, oh*S-P+kh, ow*S-P+kw, c] * w[oc,c,kh,kw], zero outside the image; b may be NULL.
+static void conv_d(double *out, const double *x, const double *w, const double *b, int N, Shape in,
+                   Shape o, int K, int S, int P) {
+    for (int n = 0; n < N; n++)
         for (int oh = 0; oh < o.h; oh++)
             for (int ow = 0; ow < o.w; ow++)
                 for (int oc = 0; oc < o.c; oc++) {
-                    double s = c->w[1][oc];
+                    double s = b ? b[oc] : 0.0;
                     for (int ch = 0; ch < in.c; ch++)
                         for (int kh = 0; kh < K; kh++)
                             for (int kw = 0; kw < K; kw++) {
                                 const int ih = oh * S - P + kh, iw = ow * S - P + kw;
                                 if (ih < 0 || ih >= in.h || iw < 0 || iw >= in.w) continue;
-                                s += c->x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch] *
-                                     c->w[0][((oc * in.c + ch) * K + kh) * K + kw];
+                                s += x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch] *
+                                     w[((oc * in.c + ch) * K + kh) * K + kw];
                             }
-                    if (c->relu && s < 0) s = 0;
                     out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc] = s;
                 }
+}
+
+static void conv_ref(const Case *c, double *out) {
+    conv_d(out, c->x, c->w[0], c->nobias ? NULL : c->w[1], c->N, c->l->in, c->l->out, c->K,
+           c->stride, c->pad);
+    for (int64_t i = 0; i < c->nout && c->relu; i++) out[i] = out[i] < 0 ? 0 : out[i];
 }
 
 // The adjoint of conv_ref's loops, written out: dz = R masked by relu; db = sum dz;
@@ -367,14 +428,14 @@ static void conv_ref_backward(const Case *c, const double *R, double *dx, double
     conv_ref(c, y);
     memset(dx, 0, (size_t)c->nin * sizeof(double));
     memset(dw[0], 0, (size_t)c->np[0] * sizeof(double));
-    memset(dw[1], 0, (size_t)c->np[1] * sizeof(double));
+    if (!c->nobias) memset(dw[1], 0, (size_t)c->np[1] * sizeof(double));
     for (int n = 0; n < c->N; n++)
         for (int oh = 0; oh < o.h; oh++)
             for (int ow = 0; ow < o.w; ow++)
                 for (int oc = 0; oc < o.c; oc++) {
                     const int64_t oi = (((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc;
                     const double dz = c->relu && y[oi] <= 0 ? 0 : R[oi];
-                    dw[1][oc] += dz;
+                    if (!c->nobias) dw[1][oc] += dz;
                     for (int ch = 0; ch < in.c; ch++)
                         for (int kh = 0; kh < K; kh++)
                             for (int kw = 0; kw < K; kw++) {
@@ -404,21 +465,93 @@ static void relu_ref(const Case *c, double *out) {
     for (int64_t i = 0; i < c->nout; i++) out[i] = c->x[i] > 0 ? c->x[i] : 0;
 }
 
-// Max over K x K windows at stride S, no padding, floor mode.
-static void maxpool_ref(const Case *c, double *out) {
+// Max (or mean, padding counted as zeros) over K x K windows at stride S with P of padding,
+// floor mode; padding never wins the max.
+static void pool_ref(const Case *c, double *out, bool mean) {
     const Shape in = c->l->in, o = c->l->out;
     for (int n = 0; n < c->N; n++)
         for (int oh = 0; oh < o.h; oh++)
             for (int ow = 0; ow < o.w; ow++)
                 for (int ch = 0; ch < o.c; ch++) {
-                    double m = -INFINITY;
+                    double m = mean ? 0 : -INFINITY;
                     for (int kh = 0; kh < c->K; kh++)
                         for (int kw = 0; kw < c->K; kw++) {
-                            const int ih = oh * c->stride + kh, iw = ow * c->stride + kw;
-                            m = fmax(m, c->x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch]);
+                            const int ih = oh * c->stride - c->pad + kh, iw = ow * c->stride - c->pad + kw;
+                            if (ih < 0 || ih >= in.h || iw < 0 || iw >= in.w) continue;
+                            const double v = c->x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch];
+                            m = mean ? m + v : fmax(m, v);
                         }
-                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + ch] = m;
+                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + ch] = mean ? m / (c->K * c->K) : m;
                 }
+}
+static void maxpool_ref(const Case *c, double *out) { pool_ref(c, out, false); }
+static void avgpool_ref(const Case *c, double *out) { pool_ref(c, out, true); }
+
+static void global_avgpool_ref(const Case *c, double *out) {
+    const Shape in = c->l->in;
+    const int64_t hw = (int64_t)in.h * in.w;
+    for (int n = 0; n < c->N; n++)
+        for (int ch = 0; ch < in.c; ch++) {
+            double s = 0;
+            for (int64_t p = 0; p < hw; p++) s += c->x[((int64_t)n * hw + p) * in.c + ch];
+            out[(int64_t)n * in.c + ch] = s / (double)hw;
+        }
+}
+
+// The smallest |x| that went into a ReLU in the double references below: finite
+// differences are only valid when no step crosses a kink.
+static double g_kink_margin;
+
+static void relu_d(double *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        g_kink_margin = fmin(g_kink_margin, fabs(v[i]));
+        if (v[i] < 0) v[i] = 0;
+    }
+}
+
+// Batch normalisation in training mode: per channel of x (rows, C), the mean and biased
+// variance over the rows; out = (x - mean) / sqrt(var + 1e-5) * g + b; the statistics
+// into mean and var (unbiased) if non-NULL.
+static void bn_d(double *out, const double *x, const double *g, const double *b, int64_t rows,
+                 int C, bool relu, double *mean, double *var_unbiased) {
+    for (int ch = 0; ch < C; ch++) {
+        double m = 0, v = 0;
+        for (int64_t r = 0; r < rows; r++) m += x[r * C + ch];
+        m /= (double)rows;
+        for (int64_t r = 0; r < rows; r++) v += (x[r * C + ch] - m) * (x[r * C + ch] - m);
+        if (mean) mean[ch] = m;
+        if (var_unbiased) var_unbiased[ch] = v / (double)(rows - 1);
+        v /= (double)rows;
+        for (int64_t r = 0; r < rows; r++)
+            out[r * C + ch] = (x[r * C + ch] - m) / sqrt(v + 1e-5) * g[ch] + b[ch];
+    }
+    if (relu) relu_d(out, rows * C);
+}
+
+static void bn_ref(const Case *c, double *out) {
+    bn_d(out, c->x, c->w[0], c->w[1], c->nin / c->l->in.c, c->l->in.c, c->relu, NULL, NULL);
+}
+
+// torchvision's BasicBlock (nn/residual.c) from the double parameters in state_dict order:
+// conv1, bn1 (weight, bias), conv2, bn2, and with a downsample its conv and batchnorm.
+static void residual_ref(const Case *c, double *out) {
+    const Shape in = c->l->in, o = c->l->out;
+    const int64_t no = c->nout, rows = no / o.c;
+    double *a = xmalloc((size_t)no * sizeof(double)), *b = xmalloc((size_t)no * sizeof(double));
+    double *s = xmalloc((size_t)no * sizeof(double));
+    conv_d(a, c->x, c->w[0], NULL, c->N, in, o, 3, c->stride, 1);
+    bn_d(b, a, c->w[1], c->w[2], rows, o.c, true, NULL, NULL);
+    conv_d(a, b, c->w[3], NULL, c->N, o, o, 3, 1, 1);
+    bn_d(out, a, c->w[4], c->w[5], rows, o.c, false, NULL, NULL);
+    if (c->nt == 9) {
+        conv_d(a, c->x, c->w[6], NULL, c->N, in, o, 1, c->stride, 0);
+        bn_d(s, a, c->w[7], c->w[8], rows, o.c, false, NULL, NULL);
+    } else {
+        memcpy(s, c->x, (size_t)no * sizeof(double));
+    }
+    for (int64_t i = 0; i < no; i++) out[i] += s[i];
+    relu_d(out, no);
+    free(a), free(b), free(s);
 }
 
 // PyTorch's flatten of (N, C, H, W): out[n, (c*H + h)*W + w] = x[n, h, w, c].
@@ -451,12 +584,13 @@ static void log_softmax_ref(const Case *c, double *out) {
 
 typedef struct ConvSpec {
     int N, C, H, W, OC, K, stride, pad;
-    bool relu;
+    bool relu, nobias;
 } ConvSpec;
 
 static void conv_text(char *text, size_t n, const ConvSpec *s) {
     snprintf(text, n, "[conv]\nname = c\nfilters = %d\nsize = %d\nstride = %d\npad = %d\n"
-             "activation = %s\n", s->OC, s->K, s->stride, s->pad, s->relu ? "relu" : "none");
+             "activation = %s\nbias = %d\n", s->OC, s->K, s->stride, s->pad,
+             s->relu ? "relu" : "none", !s->nobias);
 }
 
 static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
@@ -468,16 +602,18 @@ static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
     assert_int_equal(c.l->out.c, s->OC);
     assert_int_equal(c.l->out.h, (s->H + 2 * s->pad - s->K) / s->stride + 1);
     assert_int_equal(c.l->out.w, (s->W + 2 * s->pad - s->K) / s->stride + 1);
-    assert_int_equal(c.l->nparams, 2);
+    assert_int_equal(c.l->nparams, s->nobias ? 1 : 2);
     assert_string_equal(c.l->params[0].name, "c.weight");
     assert_int_equal(c.l->params[0].ndim, 4);
     assert_int_equal(c.l->params[0].shape[0], s->OC);
     assert_int_equal(c.l->params[0].shape[1], s->C);
     assert_int_equal(c.l->params[0].shape[2], s->K);
     assert_int_equal(c.l->params[0].shape[3], s->K);
-    assert_string_equal(c.l->params[1].name, "c.bias");
-    assert_int_equal(c.l->params[1].shape[0], s->OC);
-    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu;
+    if (!s->nobias) {
+        assert_string_equal(c.l->params[1].name, "c.bias");
+        assert_int_equal(c.l->params[1].shape[0], s->OC);
+    }
+    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu, c.nobias = s->nobias;
     c.ref = conv_ref;
     c.refb = conv_ref_backward;
     c.fd = fd;
@@ -534,6 +670,17 @@ static void test_conv_k5_pad2(void **state) {
                            .pad = 1, .relu = true}, true, 51);
 }
 
+static void test_conv_without_bias(void **state) {
+    // bias = 0, as ResNets put convolutions before a batchnorm: no bias tensor; on both
+    // paths (direct kernels and im2col + GEMM), with and without an activation.
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 6, .W = 5, .OC = 3, .K = 3, .stride = 1,
+                           .pad = 1, .relu = true, .nobias = true}, true, 55);
+    check_conv(&(ConvSpec){.N = 2, .C = 4, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
+                           .pad = 1, .relu = false, .nobias = true}, true, 56);
+    check_conv(&(ConvSpec){.N = 2, .C = 3, .H = 4, .W = 4, .OC = 2, .K = 1, .stride = 2,
+                           .pad = 0, .relu = false, .nobias = true}, true, 57);
+}
+
 static void test_conv_unused_border(void **state) {
     // (8 - 3) / 2 and (7 - 3) / 2 leave the last input row unread: its din must be 0.
     check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 8, .W = 7, .OC = 2, .K = 3, .stride = 2,
@@ -561,7 +708,7 @@ static void test_conv_chunked_batch(void **state) {
     assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);  // with a partial chunk
     // A small batch is not chunked: its workspace is all of its im2col.
     assert_int_equal(l->ops->workspace_bytes(l, 3), weights + 3 * per_image);
-    free(l);
+    layer_free(l);
     // Against the double reference, forward and backward (finite differences over
     // 69,120 inputs would take too long; the reference backward is checked against them
     // in the small cases).
@@ -667,20 +814,21 @@ static void test_relu(void **state) {
     case_free(&c);
 }
 
-static void check_maxpool(int N, int C, int H, int W, int K, int S, uint64_t seed) {
+static void check_pool(const LayerOps *ops, int N, int C, int H, int W, int K, int S, int P,
+                       uint64_t seed) {
     char text[96];
-    snprintf(text, sizeof text, "[maxpool]\nsize = %d\nstride = %d\n", K, S);
+    snprintf(text, sizeof text, "[%s]\nsize = %d\nstride = %d\npad = %d\n", ops->type, K, S, P);
     Case c;
-    case_init(&c, &maxpool_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
+    case_init(&c, ops, text, (Shape){.c = C, .h = H, .w = W}, N);
     assert_int_equal(c.l->out.c, C);
-    assert_int_equal(c.l->out.h, (H - K) / S + 1);
-    assert_int_equal(c.l->out.w, (W - K) / S + 1);
+    assert_int_equal(c.l->out.h, (H + 2 * P - K) / S + 1);
+    assert_int_equal(c.l->out.w, (W + 2 * P - K) / S + 1);
     rng_seed(seed);
     fill_distinct(c.in, c.nin);  // no ties: finite differences see one maximum
     fill_uniform(c.rf, c.nout, -1, 1);
     case_sync(&c);
-    c.K = K, c.stride = S;
-    c.ref = maxpool_ref;
+    c.K = K, c.stride = S, c.pad = P;
+    c.ref = ops == &maxpool_ops ? maxpool_ref : avgpool_ref;
     c.fd = true;
     check_forward(&c);
     check_backward(&c);
@@ -688,15 +836,218 @@ static void check_maxpool(int N, int C, int H, int W, int K, int S, uint64_t see
 }
 
 static void test_maxpool(void **state) {
-    check_maxpool(2, 3, 7, 8, 2, 2, 300);  // the last row is left out (floor mode)
-    check_maxpool(2, 2, 9, 7, 3, 2, 301);  // overlapping windows share elements
-    check_maxpool(1, 4, 4, 4, 2, 1, 302);  // stride 1
-    check_maxpool(2, 3, 6, 8, 2, 2, 303);  // windows tile the input: din written without zeroing
+    check_pool(&maxpool_ops, 2, 3, 7, 8, 2, 2, 0, 300);  // the last row is left out (floor mode)
+    check_pool(&maxpool_ops, 2, 2, 9, 7, 3, 2, 0, 301);  // overlapping windows share elements
+    check_pool(&maxpool_ops, 1, 4, 4, 4, 2, 1, 0, 302);  // stride 1
+    check_pool(&maxpool_ops, 2, 3, 6, 8, 2, 2, 0, 303);  // windows tile the input: din written without zeroing
+    check_pool(&maxpool_ops, 2, 3, 7, 8, 3, 2, 1, 304);  // the ResNet stem's 3x3, stride 2, pad 1
+    check_pool(&maxpool_ops, 2, 2, 5, 5, 2, 1, 1, 305);  // padding larger than the overhang
     // The default stride is the size.
     Layer *l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\n", (Shape){.c = 2, .h = 9, .w = 7});
     assert_int_equal(l->out.h, 3);
     assert_int_equal(l->out.w, 2);
-    free(l);
+    layer_free(l);
+    // Padding never wins: an all-negative input pools to its own maxima, not to 0.
+    l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\nstride = 2\npad = 1\n",
+                        (Shape){.c = 1, .h = 3, .w = 3});
+    const float in[9] = {-9, -8, -7, -6, -5, -4, -3, -2, -1};
+    float out[4];
+    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    l->ops->forward(l, &ctx, out, in, 1);
+    const float want[4] = {-5, -4, -2, -1};
+    for (int i = 0; i < 4; i++)
+        if (out[i] != want[i]) fail_msg("padded maxpool out[%d] = %g, want %g", i, out[i], want[i]);
+    layer_free(l);
+}
+
+// Average pooling counts the padding as zeros (PyTorch's count_include_pad): every window
+// divides by K * K.
+static void test_avgpool(void **state) {
+    check_pool(&avgpool_ops, 2, 3, 7, 6, 3, 2, 1, 310);
+    check_pool(&avgpool_ops, 2, 2, 5, 5, 2, 2, 0, 311);  // the last row and column left out
+    check_pool(&avgpool_ops, 1, 4, 4, 5, 3, 1, 1, 312);  // overlapping, stride 1
+    Layer *l = layer_from_text(&avgpool_ops, "[avgpool]\nsize = 2\npad = 1\n", (Shape){.c = 1, .h = 2, .w = 2});
+    const float in[4] = {4, 8, 12, 16};
+    float out[4];
+    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    l->ops->forward(l, &ctx, out, in, 1);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == in[i] / 4);  // one pixel of four
+    layer_free(l);
+    // A padding over half the window is PyTorch's error too.
+    Cfg cfg;
+    Error err = {{0}};
+    assert_int_equal(cfg_parse(&cfg, "[avgpool]\nsize = 3\npad = 2\n", "t.cfg", &err), 0);
+    const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = {.c = 1, .h = 8, .w = 8}};
+    assert_int_equal(avgpool_ops.create(&l, &a, &err), -1);
+    assert_non_null(strstr(err.msg, "pad"));
+    cfg_free(&cfg);
+}
+
+static void test_global_avgpool(void **state) {
+    Case c;
+    case_init(&c, &global_avgpool_ops, "[global_avgpool]\nname = avgpool\n",
+              (Shape){.c = 4, .h = 5, .w = 3}, 3);
+    assert_int_equal(c.l->out.c, 4);
+    assert_int_equal(c.l->out.h, 1);
+    assert_int_equal(c.l->out.w, 1);
+    rng_seed(320);
+    fill_uniform(c.in, c.nin, -1, 1);
+    fill_uniform(c.rf, c.nout, -1, 1);
+    case_sync(&c);
+    c.ref = global_avgpool_ref;
+    c.fd = true;
+    check_forward(&c);
+    check_backward(&c);
+    case_free(&c);
+}
+
+// ---- batchnorm ----------------------------------------------------------------------------------
+
+static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed) {
+    char text[96];
+    snprintf(text, sizeof text, "[batchnorm]\nname = bn\nactivation = %s\n", relu ? "relu" : "none");
+    Case c;
+    case_init(&c, &batchnorm_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
+    Layer *l = c.l;
+    // PyTorch's state_dict: weight, bias, then the buffers.
+    assert_int_equal(l->nparams, 2);
+    assert_string_equal(l->params[0].name, "bn.weight");
+    assert_string_equal(l->params[1].name, "bn.bias");
+    assert_int_equal(l->nbuffers, 3);
+    assert_string_equal(l->buffers[0].name, "bn.running_mean");
+    assert_string_equal(l->buffers[1].name, "bn.running_var");
+    assert_string_equal(l->buffers[2].name, "bn.num_batches_tracked");
+    assert_int_equal(l->buffers[1].shape[0], C);
+    assert_int_equal(l->buffers[2].dtype, DT_I64);
+    assert_int_equal(l->buffers[2].ndim, 0);
+    float *rm = l->buffers[0].data, *rv = l->buffers[1].data;
+    int64_t *tracked = l->buffers[2].data;
+    for (int ch = 0; ch < C; ch++) assert_true(rm[ch] == 0.0f && rv[ch] == 1.0f);
+    c.relu = relu;
+    c.ref = bn_ref;
+    c.fd = true;
+    case_fill_away_from_kinks(&c, seed, 1e-4);
+    // Training mode: the batch's statistics, and their gradient.
+    check_forward(&c);
+    check_backward(&c);
+
+    // The running statistics moved once, by momentum 0.1 with the unbiased variance.
+    const int64_t rows = c.nin / C;
+    assert_true(C <= 128);
+    double *y = xmalloc((size_t)c.nin * sizeof(double)), mean[128], var[128];
+    bn_d(y, c.x, c.w[0], c.w[1], rows, C, false, mean, var);
+    assert_int_equal(*tracked, 1);
+    for (int ch = 0; ch < C; ch++) {
+        const double want_m = 0.1 * mean[ch], want_v = 0.9 + 0.1 * var[ch];
+        if (!(fabs(rm[ch] - want_m) <= 1e-6 && fabs(rv[ch] - want_v) <= 1e-6))
+            fail_msg("channel %d: running_mean %.9g (want %.9g), running_var %.9g (want %.9g)",
+                     ch, rm[ch], want_m, rv[ch], want_v);
+    }
+
+    // A recomputed forward (checkpointing) of another input reuses the first forward's
+    // statistics and moves nothing.
+    LayerCtx ctx = case_ctx(&c);
+    ctx.recompute = true;
+    float *in2 = xmalloc((size_t)c.nin * sizeof(float)), *out2 = xmalloc((size_t)c.nout * sizeof(float));
+    for (int64_t i = 0; i < c.nin; i++) in2[i] = c.in[i] * 2 + 1;
+    const float rm0 = rm[0], rv0 = rv[0];
+    case_forward(&c, &ctx, out2, in2);
+    assert_true(rm[0] == rm0 && rv[0] == rv0 && *tracked == 1);
+    for (int64_t i = 0; i < c.nin; i++) {
+        const int ch = (int)(i % C);
+        double want = (2 * c.x[i] + 1 - mean[ch]) / sqrt(var[ch] * (rows - 1) / rows + 1e-5) * c.w[0][ch] + c.w[1][ch];
+        if (relu && want < 0) want = 0;
+        if (!(fabs(out2[i] - want) <= 1e-4 * fmax(1, fabs(want))))
+            fail_msg("recomputed output %lld: %g, want %g", (long long)i, out2[i], want);
+    }
+
+    // Evaluation: the running statistics, nothing moves.
+    ctx.recompute = false;
+    ctx.train = false;
+    case_forward(&c, &ctx, out2, c.in);
+    assert_true(rm[0] == rm0 && rv[0] == rv0 && *tracked == 1);
+    for (int64_t i = 0; i < c.nin; i++) {
+        const int ch = (int)(i % C);
+        double want = (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch];
+        if (relu && want < 0) want = 0;
+        if (!(fabs(out2[i] - want) <= 1e-5 * fmax(1, fabs(want))))
+            fail_msg("evaluation output %lld: %g, want %g", (long long)i, out2[i], want);
+    }
+    // A second training forward: running = 0.9 * running + 0.1 * batch, counted.
+    ctx.train = true;
+    case_forward(&c, &ctx, out2, c.in);
+    assert_int_equal(*tracked, 2);
+    for (int ch = 0; ch < C; ch++) {
+        const double want_m = 0.9 * 0.1 * mean[ch] + 0.1 * mean[ch];
+        const double want_v = 0.9 * (0.9 + 0.1 * var[ch]) + 0.1 * var[ch];
+        if (!(fabs(rm[ch] - want_m) <= 1e-6 && fabs(rv[ch] - want_v) <= 1e-6))
+            fail_msg("second step, channel %d: running_mean %.9g (want %.9g), running_var %.9g "
+                     "(want %.9g)", ch, rm[ch], want_m, rv[ch], want_v);
+    }
+    free(y), free(in2), free(out2);
+    case_free(&c);
+}
+
+static void test_batchnorm(void **state) {
+    check_batchnorm(4, 3, 3, 2, false, 330);  // BatchNorm2d: statistics over samples and pixels
+    check_batchnorm(3, 5, 2, 2, true, 331);   // with a ReLU after it
+    check_batchnorm(6, 4, 1, 1, false, 332);  // BatchNorm1d, after a linear layer
+    check_batchnorm(2, 70, 2, 3, true, 333);  // more channels than the kernels' blocks of 64
+}
+
+// ---- residual blocks -----------------------------------------------------------------------
+
+static void check_residual(int N, int C, int H, int W, int filters, int stride, const char *ds,
+                           int nt, uint64_t seed) {
+    char text[160];
+    snprintf(text, sizeof text, "[residual]\nname = layer2.0\nfilters = %d\nstride = %d\n"
+             "downsample = %s\n", filters, stride, ds);
+    Case c;
+    case_init(&c, &residual_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
+    // torchvision's names, in its state_dict order.
+    static const char *const names[] = {
+        "layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias",
+        "layer2.0.conv2.weight", "layer2.0.bn2.weight", "layer2.0.bn2.bias",
+        "layer2.0.downsample.0.weight", "layer2.0.downsample.1.weight",
+        "layer2.0.downsample.1.bias"};
+    assert_int_equal(c.nt, nt);
+    for (int j = 0; j < nt; j++) assert_string_equal(c.t[j]->name, names[j]);
+    assert_string_equal(c.l->children[3]->buffers[0].name, "layer2.0.bn2.running_mean");
+    assert_int_equal(c.l->out.c, filters);
+    assert_int_equal(c.l->out.h, (H + 2 - 3) / stride + 1);
+    c.stride = stride;
+    c.ref = residual_ref;
+    c.fd = true;
+    double *z = xmalloc((size_t)c.nout * sizeof(double));
+    for (int tries = 0;; tries++) {  // no ReLU input within reach of a finite-difference step
+        assert_true(tries < 100);
+        case_fill(&c, seed + (uint64_t)tries);
+        g_kink_margin = INFINITY;
+        c.ref(&c, z);
+        if (g_kink_margin > 1e-4) break;
+    }
+    free(z);
+    check_forward(&c);
+    check_backward(&c);
+    case_free(&c);
+}
+
+static void test_residual(void **state) {
+    check_residual(2, 3, 4, 4, 3, 1, "auto", 6, 340);  // identity shortcut
+    check_residual(2, 3, 5, 4, 4, 2, "auto", 9, 341);  // stride 2 and more channels: downsample
+    check_residual(2, 2, 3, 3, 4, 1, "auto", 9, 342);  // more channels only
+    check_residual(2, 3, 4, 3, 3, 1, "1", 9, 343);     // a downsample asked for
+    // An identity shortcut cannot add different shapes.
+    Cfg cfg;
+    Error err = {{0}};
+    assert_int_equal(cfg_parse(&cfg, "[residual]\nfilters = 8\nstride = 2\ndownsample = 0\n",
+                               "t.cfg", &err), 0);
+    Layer *l = NULL;
+    const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = {.c = 4, .h = 8, .w = 8}};
+    assert_int_equal(residual_ops.create(&l, &a, &err), -1);
+    assert_non_null(strstr(err.msg, "t.cfg:1:"));
+    assert_non_null(strstr(err.msg, "downsample"));
+    cfg_free(&cfg);
 }
 
 // PyTorch's tie rule: the gradient goes to the first maximum of the window in (kh, kw)
@@ -713,7 +1064,7 @@ static void test_maxpool_ties(void **state) {
     const float want[8] = {1.5f, 0, 0, -2.0f, 0, 0, 0, 0};
     for (int i = 0; i < 8; i++)
         if (din[i] != want[i]) fail_msg("din[%d] = %g, want %g", i, din[i], want[i]);
-    free(l);
+    layer_free(l);
 
     // Size 3, stride 2 on one row of 5: the shared centre column is both windows' max.
     l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\nstride = 2\n", (Shape){.c = 1, .h = 3, .w = 5});
@@ -723,7 +1074,7 @@ static void test_maxpool_ties(void **state) {
     assert_true(out2[0] == 9.0f && out2[1] == 9.0f);
     l->ops->backward(l, &ctx, din2, dout2, in2, out2, 1);
     for (int i = 0; i < 15; i++) assert_true(din2[i] == (i == 7 ? 0.75f : 0.0f));
-    free(l);
+    layer_free(l);
 }
 
 static void test_flatten_permutation(void **state) {
@@ -803,15 +1154,15 @@ static void test_log_softmax(void **state) {
             if (!(fabs(out[r * 3 + i] - (-i - lse)) < 1e-4))
                 fail_msg("log_softmax of large logits: out[%d] = %g, want %g", r * 3 + i,
                          out[r * 3 + i], -i - lse);
-    free(l);
+    layer_free(l);
 
     // A flat input is required: the message says to add [flatten].
     Cfg cfg;
     Error err = {{0}};
     assert_int_equal(cfg_parse(&cfg, "\n[log_softmax]\n", "t.cfg", &err), 0);
     l = (Layer *)1;
-    assert_int_equal(log_softmax_ops.create(&l, &cfg, &cfg.sections[0],
-                                            (Shape){.c = 2, .h = 3, .w = 3}, &err), -1);
+    const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = {.c = 2, .h = 3, .w = 3}};
+    assert_int_equal(log_softmax_ops.create(&l, &a, &err), -1);
     assert_non_null(strstr(err.msg, "t.cfg:2:"));
     assert_non_null(strstr(err.msg, "[flatten]"));
     cfg_free(&cfg);
@@ -1010,6 +1361,7 @@ int main(void) {
         cmocka_unit_test(test_conv_pointwise),
         cmocka_unit_test(test_conv_1x1_strided_and_padded),
         cmocka_unit_test(test_conv_k5_pad2),
+        cmocka_unit_test(test_conv_without_bias),
         cmocka_unit_test(test_conv_unused_border),
         cmocka_unit_test(test_conv_chunked_batch),
         cmocka_unit_test(test_im2col_col2im),
@@ -1017,6 +1369,10 @@ int main(void) {
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_maxpool),
         cmocka_unit_test(test_maxpool_ties),
+        cmocka_unit_test(test_avgpool),
+        cmocka_unit_test(test_global_avgpool),
+        cmocka_unit_test(test_batchnorm),
+        cmocka_unit_test(test_residual),
         cmocka_unit_test(test_flatten_permutation),
         cmocka_unit_test(test_log_softmax),
         cmocka_unit_test(test_dropout),

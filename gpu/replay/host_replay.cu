@@ -1,7 +1,7 @@
 // host_replay.cu: gpu/cuda_kernels.cu replayed on the host, to test it where no GPU is.
 //
 // Includes the real source and builds a table whose entries run the same per-element
-// __host__ __device__ bodies on the host, over every index; the two block reductions
+// __host__ __device__ bodies on the host, over every index; the block reductions
 // (bias_act_backward's sums, the NLL metrics) are replayed with the same partial sums and tree; the
 // GEMM goes through the same row-major -> column-major argument mapping into a column-major
 // reference with cuBLAS's semantics and argument checks (loops in double; OpenBLAS's
@@ -102,7 +102,7 @@ static void replay_bias_act_backward(float *dbias, float *dout, const float *y, 
                                      Activation act) {
     if (act == ACT_RELU)
         for (int64_t i = 0; i < rows * cols; i++) relu_backward_at(i, dout, dout, y);
-    for (int c = 0; c < cols; c++) {
+    for (int c = 0; c < cols && dbias; c++) {
         float part[BB_ROWS];
         for (int ty = 0; ty < BB_ROWS; ty++) part[ty] = bias_lane_sum(dout, rows, cols, c, ty);
         for (int half = BB_ROWS / 2; half > 0; half /= 2)
@@ -117,14 +117,82 @@ static void replay_relu_backward(float *din, const float *dout, const float *out
     for (int64_t i = 0; i < n; i++) relu_backward_at(i, din, dout, out);
 }
 static void replay_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
-                                int stride, int OH, int OW) {
-    const Window w = {H, W, C, K, stride, 0, OH, OW};
+                                   int stride, int pad, int OH, int OW) {
+    const Window w = {H, W, C, K, stride, pad, OH, OW};
     for (int64_t i = 0; i < (int64_t)N * OH * OW * C; i++) maxpool_forward_at(i, out, in, w);
 }
 static void replay_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
-                                 int N, int H, int W, int C, int K, int stride, int OH, int OW) {
-    const Window w = {H, W, C, K, stride, 0, OH, OW};
+                                    int N, int H, int W, int C, int K, int stride, int pad, int OH,
+                                    int OW) {
+    const Window w = {H, W, C, K, stride, pad, OH, OW};
     for (int64_t i = 0; i < (int64_t)N * H * W * C; i++) maxpool_backward_at(i, din, dout, in, out, w);
+}
+static void replay_avgpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
+                                   int stride, int pad, int OH, int OW) {
+    const Window w = {H, W, C, K, stride, pad, OH, OW};
+    for (int64_t i = 0; i < (int64_t)N * OH * OW * C; i++) avgpool_forward_at(i, out, in, w);
+}
+static void replay_avgpool_backward(float *din, const float *dout, int N, int H, int W, int C, int K,
+                                    int stride, int pad, int OH, int OW) {
+    const Window w = {H, W, C, K, stride, pad, OH, OW};
+    for (int64_t i = 0; i < (int64_t)N * H * W * C; i++) avgpool_backward_at(i, din, dout, w);
+}
+static void replay_global_avgpool_forward(float *out, const float *in, int N, int64_t HW, int C) {
+    for (int64_t i = 0; i < (int64_t)N * C; i++) global_avgpool_forward_at(i, out, in, HW, C);
+}
+static void replay_global_avgpool_backward(float *din, const float *dout, int N, int64_t HW, int C) {
+    for (int64_t i = 0; i < (int64_t)N * HW * C; i++) global_avgpool_backward_at(i, din, dout, HW, C);
+}
+static void replay_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
+    for (int64_t i = 0; i < n; i++) add_act_at(i, out, a, b, act == ACT_RELU);
+}
+// The kernel's algorithm: the same lane sums and the same tree per channel.
+static void replay_bn_column_sums(double *acc, const float *x, const float *dout, const float *out,
+                                  const float *mean, const float *invstd, int64_t rows, int C,
+                                  bool relu) {
+    for (int c = 0; c < C; c++) {
+        double p1[BB_ROWS], p2[BB_ROWS];
+        for (int ty = 0; ty < BB_ROWS; ty++)
+            bn_lane_sums(x, dout, out, mean, invstd, rows, C, c, ty, relu, &p1[ty], &p2[ty]);
+        for (int half = BB_ROWS / 2; half > 0; half /= 2)
+            for (int ty = 0; ty < half; ty++) p1[ty] += p1[ty + half], p2[ty] += p2[ty + half];
+        acc[c] += p1[0];
+        acc[C + c] += p2[0];
+    }
+}
+static void replay_bn_sums(double *acc, const float *x, int64_t rows, int C) {
+    replay_bn_column_sums(acc, x, NULL, NULL, NULL, NULL, rows, C, false);
+}
+static void replay_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
+                                    const float *mean, const float *invstd, int64_t rows, int C,
+                                    Activation act) {
+    replay_bn_column_sums(acc, x, dout, out, mean, invstd, rows, C, act == ACT_RELU);
+}
+static void replay_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
+                                  const double *acc, int C, int64_t count, double eps,
+                                  double momentum) {
+    for (int c = 0; c < C; c++)
+        bn_batch_stats_at(c, mean, invstd, running_mean, running_var, acc, C, count, eps, momentum);
+}
+static void replay_bn_eval_stats(float *mean, float *invstd, const float *running_mean,
+                                 const float *running_var, int C, double eps) {
+    for (int c = 0; c < C; c++) bn_eval_stats_at(c, mean, invstd, running_mean, running_var, eps);
+}
+static void replay_bn_forward(float *out, const float *x, const float *mean, const float *invstd,
+                              const float *gamma, const float *beta, int64_t rows, int C,
+                              Activation act) {
+    for (int64_t i = 0; i < rows * C; i++)
+        bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, act == ACT_RELU);
+}
+static void replay_bn_backward(float *din, const float *dout, const float *out, const float *x,
+                               const float *mean, const float *invstd, const float *gamma,
+                               const double *acc, int64_t rows, int C, int64_t count,
+                               Activation act) {
+    for (int64_t i = 0; i < rows * C; i++)
+        bn_backward_at(i, din, dout, out, x, mean, invstd, gamma, acc, C, count, act == ACT_RELU);
+}
+static void replay_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
+    for (int c = 0; c < C; c++) bn_param_grads_at(c, dgamma, dbeta, acc, C);
 }
 static void replay_dropout(float *out, const float *in, int64_t n, float p, uint64_t key,
                         uint64_t offset) {
@@ -188,7 +256,15 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->conv_direct_backward = replay_conv_direct_backward;
     k->bias_act_backward = replay_bias_act_backward;
     k->relu_forward = replay_relu_forward, k->relu_backward = replay_relu_backward;
+    k->add_act = replay_add_act;
     k->maxpool_forward = replay_maxpool_forward, k->maxpool_backward = replay_maxpool_backward;
+    k->avgpool_forward = replay_avgpool_forward, k->avgpool_backward = replay_avgpool_backward;
+    k->global_avgpool_forward = replay_global_avgpool_forward;
+    k->global_avgpool_backward = replay_global_avgpool_backward;
+    k->bn_sums = replay_bn_sums, k->bn_batch_stats = replay_bn_batch_stats;
+    k->bn_eval_stats = replay_bn_eval_stats, k->bn_forward = replay_bn_forward;
+    k->bn_backward_sums = replay_bn_backward_sums, k->bn_backward = replay_bn_backward;
+    k->bn_param_grads = replay_bn_param_grads;
     k->dropout_forward = replay_dropout, k->dropout_backward = replay_dropout;
     k->nhwc_to_nchw = replay_nhwc_to_nchw, k->nchw_to_nhwc = replay_nchw_to_nhwc;
     k->log_softmax_forward = replay_log_softmax_forward;
