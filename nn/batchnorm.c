@@ -101,7 +101,8 @@ static void batchnorm_backward_reduce(Layer *l, const LayerCtx *ctx, const float
     ctx->k->bn_param_grads(l->grads[0], l->grads[1], bn_acc(l), C);
 }
 
-// dout is only read: a residual block passes the same gradient on to its shortcut.
+// Elementwise after the pass: din may be dout (the network's gradient buffers); when it is
+// not, dout is only read (a residual block passes the same gradient on to its shortcut).
 static void batchnorm_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout,
                                const float *in, const float *out, int N) {
     const BatchNorm *b = (const BatchNorm *)l;
@@ -119,6 +120,7 @@ const LayerOps batchnorm_ops = {
     .state_bytes = batchnorm_state_bytes,
     .forward = batchnorm_forward,
     .backward = batchnorm_backward,
+    .backward_in_place = true,
     .forward_reduces = batchnorm_forward_reduces,
     .forward_reduce = batchnorm_forward_reduce,
     .backward_reduce = batchnorm_backward_reduce,

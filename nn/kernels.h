@@ -138,7 +138,7 @@ typedef struct Kernels {
                              const float *mean, const float *invstd, int64_t rows, int C,
                              Activation act);
     // din = (dy - acc[c] / count - xhat * acc[C + c] / count) * (gamma * invstd): the
-    // gradient through the batch statistics of `count` values a channel.
+    // gradient through the batch statistics of `count` values a channel (din may be dout).
     void (*bn_backward)(float *din, const float *dout, const float *out, const float *x,
                         const float *mean, const float *invstd, const float *gamma,
                         const double *acc, int64_t rows, int C, int64_t count, Activation act);
@@ -147,7 +147,7 @@ typedef struct Kernels {
 
     // ---- dropout (inverted), masks from the counter-based RNG of nn/rng.h --------------
     // Element i is kept iff rng_uniform(key, offset + i) >= p; kept elements are scaled by
-    // 1/(1-p). key = rng_key(seed, RNG_STREAM_DROPOUT, step, layer) and offset = the
+    // 1/(1-p); din may be dout. key = rng_key(seed, RNG_STREAM_DROPOUT, step, layer) and offset = the
     // element's position within the whole batch, so backward, recomputation and any split
     // into micro-batches see the same mask.
     void (*dropout_forward)(float *out, const float *in, int64_t n, float p, uint64_t key,

@@ -83,6 +83,9 @@ typedef struct LayerOps {
     // dout may be overwritten.
     void (*backward)(Layer *l, const LayerCtx *ctx, float *din, float *dout, const float *in,
                      const float *out, int N);
+    // din may be the same buffer as dout (an elementwise backward): the network then saves
+    // a gradient buffer by passing the same one.
+    bool backward_in_place;
     // Optional passes over the whole batch, for layers whose output depends on all of it
     // (batchnorm's statistics): called on the chunks [n0, n0 + n) of the N samples in
     // order before forward (backward) runs on any of them; in fp32 the batch is one chunk.

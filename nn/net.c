@@ -124,7 +124,7 @@ static size_t largest_of(const Layer *l) {
 static void net_layout(Net *net, char *act_base) {
     const int B = net->batch, last = net->nlayers - 1;
     const size_t es = dtype_sizes[net->precision];
-    size_t off = 0, largest = (size_t)shape_numel(net->input);
+    size_t off = 0;
     if (act_base) net->input_buf = (float *)(act_base + off);
     off += align64((size_t)B * shape_numel(net->input) * sizeof(float));
     // Saved outputs: the last layer of each segment (the network's output is one, in F32).
@@ -162,13 +162,19 @@ static void net_layout(Net *net, char *act_base) {
     size_t block_scratch = 0;
     for (int i = 0; i <= last; i++) {
         const Layer *l = net->layers[i];
-        if ((size_t)shape_numel(l->out) > largest) largest = (size_t)shape_numel(l->out);
         if (l->ops->scratch_values && (size_t)l->ops->scratch_values(l) > block_scratch)
             block_scratch = (size_t)l->ops->scratch_values(l);
     }
+    // The gradient buffers, each as large as the largest input gradient written into it.
+    net->grad_bytes[0] = net->grad_bytes[1] = 0;
+    for (int i = last, cur = -1; i > 0; i--) {
+        cur = net_din_slot(net, i, cur);
+        const size_t b = align64((size_t)B * (size_t)shape_numel(net->layers[i]->in) * es);
+        if (b > net->grad_bytes[cur]) net->grad_bytes[cur] = b;
+    }
     for (int i = 0; i < 2; i++) {
-        if (act_base) net->grad_buf[i] = act_base + off;
-        off += align64((size_t)B * largest * es);
+        if (act_base) net->grad_buf[i] = net->grad_bytes[i] ? act_base + off : NULL;
+        off += net->grad_bytes[i];
     }
     if (act_base) net->exec.block_scratch = block_scratch ? act_base + off : NULL;
     off += align64((size_t)B * block_scratch * es);
@@ -230,18 +236,94 @@ static void net_layout_buffers(Net *net, char *base) {
     net->plan.buffers = off;
 }
 
-// Splits the layers into `segments` contiguous segments of as equal counts as possible
-// (NET_SEGMENTS_SQRT: round(sqrt(layers)); at most one segment per layer).
+// Checkpoint segments (DESIGN.md decision 6). Segment [s, e) keeps its last output
+// (saved) and lays the others, with the inner activations of all its layers, in the
+// scratch region that the segments share; the activation bytes a segmentation costs are
+// the saved outputs plus the largest segment's scratch (net_layout). S segments are cut
+// where that sum is smallest: the big early activations of an image network (ResNet's
+// 112x112 stem) then get segments of their own instead of an equal share of layers.
+typedef struct SegCost {
+    int n;
+    const size_t *out;    // (n) bytes of each layer's output
+    const size_t *above;  // (n + 1) above[i]: the bytes of outputs and inner activations of
+                          // layers 0 .. i-1 (prefix sums)
+} SegCost;
+
+static size_t seg_scratch(const SegCost *c, int s, int e) {
+    return c->above[e] - c->above[s] - c->out[e - 1];
+}
+
+// The fewest saved bytes over exactly S segments whose scratch is at most limit
+// (SIZE_MAX if none); first[] gets the cut. dp is (S + 1) * (n + 1) sums and from the
+// same of arg-mins.
+static size_t seg_fit(const SegCost *c, int S, size_t limit, size_t *dp, int *from, int *first) {
+    const int n = c->n;
+    for (int k = 0; k <= S; k++)
+        for (int j = 0; j <= n; j++) dp[k * (n + 1) + j] = SIZE_MAX;
+    dp[0] = 0;
+    for (int k = 1; k <= S; k++)
+        for (int j = k; j <= n; j++)
+            for (int i = k - 1; i < j; i++) {
+                const size_t before = dp[(k - 1) * (n + 1) + i];
+                if (before == SIZE_MAX || seg_scratch(c, i, j) > limit) continue;
+                const size_t v = before + c->out[j - 1];
+                if (v < dp[k * (n + 1) + j]) dp[k * (n + 1) + j] = v, from[k * (n + 1) + j] = i;
+            }
+    const size_t best = dp[S * (n + 1) + n];
+    if (best == SIZE_MAX) return best;
+    first[S] = n;
+    for (int k = S; k > 0; k--) first[k - 1] = from[k * (n + 1) + first[k]];
+    return best;
+}
+
+static int cmp_size(const void *a, const void *b) {
+    const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+// Splits the layers into `segments` segments (NET_SEGMENTS_SQRT: round(sqrt(layers)); at
+// most one segment per layer) at the cut of the fewest activation bytes: for each limit
+// on the scratch, the cut with the fewest saved bytes (seg_fit); the best sum wins.
 static int net_segments(Net *net, int segments, Error *err) {
-    const int n = net->nlayers;
+    const int n = net->nlayers, last = n - 1;
     int S = segments == NET_SEGMENTS_SQRT ? (int)lround(sqrt((double)n)) : segments;
     if (S < 1) S = 1;
     if (S > n) S = n;
     net->nsegments = S;
     net->seg_first = xcalloc((size_t)S + 1, sizeof *net->seg_first, err);
     if (!net->seg_first) return -1;
-    for (int g = 0; g <= S; g++) net->seg_first[g] = (int)((int64_t)g * n / S);
-    return 0;
+    net->seg_first[S] = n;
+    if (S == 1) return 0;
+    const size_t es = dtype_sizes[net->precision], B = (size_t)net->batch;
+    const size_t npairs = (size_t)n * (n + 1) / 2, cells = (size_t)(S + 1) * (n + 1);
+    size_t *out = xcalloc((size_t)n, sizeof *out, err), *above = xcalloc((size_t)n + 1, sizeof *above, err);
+    size_t *limits = xcalloc(npairs, sizeof *limits, err), *dp = xcalloc(cells, sizeof *dp, err);
+    int *from = xcalloc(cells, sizeof *from, err), *cut = xcalloc((size_t)S + 1, sizeof *cut, err);
+    int rc = -1;
+    if (!out || !above || !limits || !dp || !from || !cut) goto done;
+    for (int i = 0; i < n; i++) {
+        const Layer *l = net->layers[i];
+        out[i] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
+        above[i + 1] = above[i] + out[i] + align64(B * (size_t)inner_values(l) * es);
+    }
+    const SegCost c = {n, out, above};
+    size_t m = 0;
+    for (int s = 0; s < n; s++)
+        for (int e = s + 1; e <= n; e++) limits[m++] = seg_scratch(&c, s, e);
+    qsort(limits, m, sizeof *limits, cmp_size);
+    size_t best = SIZE_MAX;
+    for (size_t t = 0; t < m && limits[t] < best; t++) {
+        if (t && limits[t] == limits[t - 1]) continue;
+        const size_t saved = seg_fit(&c, S, limits[t], dp, from, cut);
+        if (saved != SIZE_MAX && saved + limits[t] < best) {
+            best = saved + limits[t];
+            memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
+        }
+    }
+    rc = 0;
+done:
+    free(out), free(above), free(limits), free(dp), free(from), free(cut);
+    return rc;
 }
 
 static void *device_block(const Kernels *k, size_t bytes, const char *what, Error *err) {
@@ -414,7 +496,7 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
     LayerCtx redo = ctx;
     redo.recompute = true;
     Stored dout = {net->dlogp, true};  // the gradient of layer i's output
-    int next = 0;                      // grad_buf[next] takes the gradient of its input
+    int cur = -1;                      // its grad_buf (-1: dlogp)
     for (int g = net->nsegments - 1; g >= 0; g--) {
         const int first = net->seg_first[g], end = net->seg_first[g + 1];
         // Later segments overwrote this one's outputs and inner activations in the shared
@@ -426,13 +508,17 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
             if (inner_values(net->layers[end - 1])) forward_layer(net, end - 1, &redo, N);
         }
         for (int i = end - 1; i >= first; i--) {
-            const Stored din = {i > 0 ? net->grad_buf[next] : NULL, net->precision == DT_F32};
+            if (i > 0) cur = net_din_slot(net, i, cur);
+            const Stored din = {i > 0 ? net->grad_buf[cur] : NULL, net->precision == DT_F32};
             if (net->on_layer) net->on_layer(i, true);
             exec_backward(&ctx, net->layers[i], din, dout, net_in(net, i), net_out(net, i), N);
             dout = din;
-            next = 1 - next;
         }
     }
+}
+
+int net_din_slot(const Net *net, int i, int cur) {
+    return net->layers[i]->ops->backward_in_place && cur >= 0 ? cur : (cur == 0 ? 1 : 0);
 }
 
 void net_zero_grads(Net *net) { net->k->zero(net->grads, (size_t)net->nparams * sizeof(float)); }

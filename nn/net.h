@@ -76,8 +76,9 @@ typedef struct Net {
                        // the last layer's (the log-probabilities) is F32. With segments,
                        // only each segment's last output has its own buffer; the others
                        // share the scratch region and are recomputed in backward
-    void *grad_buf[2];   // ping-pong activation gradients in precision, each as large as
-                         // the largest top-level activation
+    void *grad_buf[2];   // ping-pong activation gradients in precision (net_din_slot says
+                         // which layer writes where)
+    size_t grad_bytes[2];
     float *dlogp;        // (batch, classes) F32: the loss gradient
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to
@@ -123,6 +124,11 @@ void net_loss(Net *net, int N, int denominator, bool grad);
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0);
 
 void net_zero_grads(Net *net);
+
+// Which of grad_buf layer i's backward writes its input gradient into, when its output
+// gradient is in grad_buf[cur] (cur = -1: dlogp): the same one for a layer that works in
+// place, else the other. Layer 0 writes none.
+int net_din_slot(const Net *net, int i, int cur);
 
 // Prints the layer table (name, type, output shape, parameters) and the total.
 void net_print(const Net *net, FILE *f);

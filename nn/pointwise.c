@@ -35,6 +35,7 @@ const LayerOps relu_ops = {
     .create = relu_create,
     .forward = relu_forward,
     .backward = relu_backward,
+    .backward_in_place = true,
 };
 
 // ---- dropout ----------------------------------------------------------------------------------
@@ -96,6 +97,7 @@ const LayerOps dropout_ops = {
     .create = dropout_create,
     .forward = dropout_forward,
     .backward = dropout_backward,
+    .backward_in_place = true,
 };
 
 // ---- flatten ----------------------------------------------------------------------------------
