@@ -382,6 +382,16 @@ static const char *acc_dropout_net =
     "[linear]\nname = fc2\noutputs = 10\n"
     "[log_softmax]\n";
 
+// A small ResNet on the same images: batchnorm normalises each micro-batch by its own
+// statistics, as PyTorch's does.
+static const char *acc_resnet =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nfilters = 6\nstride = 2\n"
+    "[global_avgpool]\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 10\n"
+    "[log_softmax]\n";
+
 enum { ACC_B = 16, ACC_K = 4, ACC_PIX = 100 };
 static const Shape acc_shape = {.c = 1, .h = 10, .w = 10};
 
@@ -470,6 +480,58 @@ static void test_accumulate_fp32_dropout(void **state) {
 static void test_accumulate_fp16(void **state) {
     expect_accumulation(acc_net, DT_F16, 1e-4, "fp16, no dropout");
     expect_accumulation(acc_dropout_net, DT_F16, 1e-4, "fp16, dropout");
+}
+
+// Batchnorm under accumulation: each micro-batch is normalised by its own statistics (as in
+// PyTorch, and unlike one big batch), so accumulate = 4 is the sum of 4 batches of 4 run
+// separately, with the loss averaged over all 16; the running statistics move once per
+// micro-batch (num_batches_tracked 4).
+static void test_accumulate_batchnorm(void **state) {
+    int64_t n1, n4;
+    double l1, l4;
+    float *g16 = acc_grads(acc_resnet, DT_F32, ACC_B, false, &n1, &l1);
+    float *g4 = acc_grads(acc_resnet, DT_F32, ACC_B / ACC_K, false, &n4, &l4);
+    float *sum = calloc((size_t)n1, sizeof *sum);
+    assert_non_null(sum);
+    float x[ACC_B * ACC_PIX];
+    int32_t y[ACC_B];
+    acc_data(x, y);
+    enum { M = ACC_B / ACC_K };
+    int64_t tracked = -1;
+    for (int m0 = 0; m0 < ACC_B; m0 += M) {  // each micro-batch on a fresh network
+        Net net;
+        make_net(&net, acc_resnet, acc_shape, 10, M, DT_F32);
+        Error err = {{0}};
+        assert_int_equal(net_init_params(&net, 3, &err), 0);
+        memcpy(net.input_buf, x + m0 * ACC_PIX, (size_t)M * ACC_PIX * sizeof(float));
+        memcpy(net.labels, y + m0, (size_t)M * sizeof(int32_t));
+        net_zero_grads(&net);
+        net_forward(&net, M, true, 11, 5, m0);
+        net_loss(&net, M, ACC_B, true);
+        net_backward(&net, M, 11, 5, m0);
+        for (int64_t i = 0; i < n1; i++) sum[i] += net.grads[i];
+        net_free(&net);
+    }
+    const double rel_sum = rel_norm_diff(g4, sum, n1, NULL, NULL);
+    const double rel_big = rel_norm_diff(g4, g16, n1, NULL, NULL);
+    print_message("batchnorm, accumulate 4 vs 4 separate micro-batches: relative %.3g; vs one "
+                  "batch of 16: %.3g (different statistics)\n", rel_sum, rel_big);
+    assert_true(rel_sum <= 1e-5);
+    assert_true(rel_big > 1e-3);
+
+    // The running statistics of accumulate = 4: 4 updates.
+    Net net;
+    make_net(&net, acc_resnet, acc_shape, 10, M, DT_F32);
+    Error err = {{0}};
+    assert_int_equal(net_init_params(&net, 3, &err), 0);
+    for (int m0 = 0; m0 < ACC_B; m0 += M) {
+        memcpy(net.input_buf, x + m0 * ACC_PIX, (size_t)M * ACC_PIX * sizeof(float));
+        net_forward(&net, M, true, 11, 5, m0);
+    }
+    tracked = *(int64_t *)net.layers[1]->buffers[2].data;
+    assert_int_equal(tracked, ACC_K);
+    net_free(&net);
+    free(g16), free(g4), free(sum);
 }
 
 // ---- 4. fp16 against fp32 ---------------------------------------------------------------------
@@ -621,6 +683,31 @@ static void test_fp16_overflow_flagged(void **state) {
     assert_true(s.scale == ldexp(1, 30 - (int)s.skipped));
     assert_true(s.scale >= 1024);  // it stopped where fp16 overflowed, not far below
     net_free(&net);
+}
+
+// The small ResNet in fp16 against fp32, on inputs large enough that the stem's
+// activations run in chunks (batchnorm's statistics gathered over them): 3x180x180 gives
+// chunks of 8, so a batch of 9 is 8 + 1.
+static void test_fp16_resnet_against_fp32(void **state) {
+    enum { N = 9 };
+    const Shape in = {.c = 1, .h = 180, .w = 180};
+    const int64_t pix = shape_numel(in);
+    float *x = malloc((size_t)N * pix * sizeof *x);
+    int32_t y[N];
+    assert_non_null(x);
+    test_rng_seed(12);
+    for (int64_t i = 0; i < N * pix; i++) x[i] = (float)(test_urand() * 2 - 1);
+    for (int i = 0; i < N; i++) y[i] = (int32_t)(test_urand() * 10);
+    Net probe;
+    make_net(&probe, acc_resnet, in, 10, N, DT_F16);
+    assert_int_equal(probe.exec.chunk, 8);
+    net_free(&probe);
+    RunOut f = run_once(acc_resnet, in, 10, DT_F32, N, x, y, 1.0f, false);
+    RunOut h = run_once(acc_resnet, in, 10, DT_F16, N, x, y, 1024.0f, true);
+    assert_false(h.flag);
+    expect_close_to_fp32(&h, &f, "ResNet, fp16 (loss_scale 1024, unscaled) vs fp32");
+    run_free(&f), run_free(&h);
+    free(x);
 }
 
 static void load_mnist_cfg(Cfg *cfg) {
@@ -933,7 +1020,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_accumulate_fp32),
         cmocka_unit_test(test_accumulate_fp32_dropout),
         cmocka_unit_test(test_accumulate_fp16),
+        cmocka_unit_test(test_accumulate_batchnorm),
         cmocka_unit_test(test_fp16_against_fp32),
+        cmocka_unit_test(test_fp16_resnet_against_fp32),
         cmocka_unit_test(test_fp16_overflow_flagged),
         cmocka_unit_test(test_fp16_chunks_seed_network),
         cmocka_unit_test(test_fp16_training_loss_falls),

@@ -23,6 +23,19 @@ static const char *seed_net =
     "[linear]\nname = fc1\noutputs = 32\nactivation = relu\n[dropout]\np = 0.5\n"
     "[linear]\nname = fc2\noutputs = 10\n[log_softmax]\n";
 
+// A small ResNet: a stem (conv without bias, batchnorm + ReLU, padded max pooling), an
+// identity block, a downsampling block, dropout, global average pooling and a classifier.
+static const char *resnet =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[maxpool]\nname = maxpool\nsize = 3\nstride = 2\npad = 1\n"
+    "[residual]\nname = layer1.0\nfilters = 4\n"
+    "[residual]\nname = layer2.0\nfilters = 6\nstride = 2\n"
+    "[dropout]\np = 0.2\n"
+    "[batchnorm]\nname = bn2\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
+
 // A deep plain net with dropout between convolutions (so that masks are recomputed inside
 // segments) and a standalone relu.
 static char deep_net[8192];
@@ -48,9 +61,18 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
 }
 
-// Parameter gradients after one forward/backward of a fixed random batch in train mode.
-static float *gradients(const char *text, Shape in, int batch, int segments, DType precision,
-                        int *nsegments) {
+// What one training forward/backward of a fixed random batch leaves: the parameter
+// gradients, the buffer block (running statistics, batch statistics) and every
+// batchnorm's num_batches_tracked.
+typedef struct StepResult {
+    float *grads;
+    char *buffers;
+    int64_t counters[64];
+    int ncounters, nsegments;
+    size_t grad_bytes, buffer_bytes;
+} StepResult;
+
+static StepResult train_step(const char *text, Shape in, int batch, int segments, DType precision) {
     Net net;
     Cfg cfg;
     build(&net, &cfg, text, in, batch, segments, precision);
@@ -61,34 +83,55 @@ static float *gradients(const char *text, Shape in, int batch, int segments, DTy
     net_forward(&net, batch, true, 5, 3, 0);
     net_loss(&net, batch, batch, true);
     net_backward(&net, batch, 5, 3, 0);
-    float *g = malloc((size_t)net.nparams * sizeof(float));
-    assert_non_null(g);
-    memcpy(g, net.grads, (size_t)net.nparams * sizeof(float));
-    *nsegments = net.nsegments;
+    StepResult r = {.nsegments = net.nsegments, .grad_bytes = (size_t)net.nparams * sizeof(float),
+                    .buffer_bytes = net.plan.buffers};
+    r.grads = malloc(r.grad_bytes);
+    r.buffers = malloc(r.buffer_bytes ? r.buffer_bytes : 1);
+    assert_non_null(r.grads);
+    assert_non_null(r.buffers);
+    memcpy(r.grads, net.grads, r.grad_bytes);
+    memcpy(r.buffers, net.buffers, r.buffer_bytes);
+    for (int m = 0; m < net.nmodules; m++)
+        for (int j = 0; j < net.modules[m]->nbuffers; j++)
+            if (net.modules[m]->buffers[j].dtype == DT_I64) {
+                assert_true(r.ncounters < 64);
+                r.counters[r.ncounters++] = *(int64_t *)net.modules[m]->buffers[j].data;
+            }
     net_free(&net);
     cfg_free(&cfg);
-    return g;
+    return r;
 }
 
+static void step_result_free(StepResult *r) {
+    free(r->grads);
+    free(r->buffers);
+}
+
+// Checkpointed backward gives the plain run's bits: gradients, running statistics (moved
+// once: batchnorm does not update them again in the recomputation) and counters.
 static void expect_equal_gradients(const char *text, Shape in, int batch, DType precision) {
     Net probe;
     Cfg cfg;
     build(&probe, &cfg, text, in, 1, 0, precision);
-    const size_t bytes = (size_t)probe.nparams * sizeof(float);
     const int nlayers = probe.nlayers;
     net_free(&probe);
     cfg_free(&cfg);
-    int s0, s;
-    float *plain = gradients(text, in, batch, 0, precision, &s0);
-    assert_int_equal(s0, 1);
+    StepResult plain = train_step(text, in, batch, 0, precision);
+    assert_int_equal(plain.nsegments, 1);
+    for (int c = 0; c < plain.ncounters; c++) assert_int_equal(plain.counters[c], 1);
     const int counts[] = {NET_SEGMENTS_SQRT, 2, 3, nlayers};
     for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
-        float *ckpt = gradients(text, in, batch, counts[c], precision, &s);
-        assert_true(s > 1);
-        if (memcmp(plain, ckpt, bytes) != 0) fail_msg("gradients differ with %d segments", s);
-        free(ckpt);
+        StepResult ckpt = train_step(text, in, batch, counts[c], precision);
+        assert_true(ckpt.nsegments > 1);
+        if (memcmp(plain.grads, ckpt.grads, plain.grad_bytes) != 0)
+            fail_msg("gradients differ with %d segments", ckpt.nsegments);
+        if (memcmp(plain.buffers, ckpt.buffers, plain.buffer_bytes) != 0)
+            fail_msg("running or batch statistics differ with %d segments", ckpt.nsegments);
+        assert_int_equal(ckpt.ncounters, plain.ncounters);
+        for (int k = 0; k < ckpt.ncounters; k++) assert_int_equal(ckpt.counters[k], 1);
+        step_result_free(&ckpt);
     }
-    free(plain);
+    step_result_free(&plain);
 }
 
 static void test_seed_network_bitwise(void **state) {
@@ -101,6 +144,24 @@ static void test_deep_network_bitwise(void **state) {
 
 static void test_fp16_bitwise(void **state) {
     expect_equal_gradients(deep_net, (Shape){.c = 2, .h = 8, .w = 8}, 5, DT_F16);
+}
+
+static void test_resnet_bitwise(void **state) {
+    expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_F32);
+}
+
+// fp16 runs every layer over chunks of samples through the fp32 scratch, batchnorm's
+// statistics over all the chunks: at 3x180x180 the stem's 4x180x180 outputs make chunks of
+// 8 samples, so a batch of 9 runs as 8 + 1.
+static void test_resnet_fp16_bitwise(void **state) {
+    const Shape in = {.c = 3, .h = 180, .w = 180};
+    Net probe;
+    Cfg cfg;
+    build(&probe, &cfg, resnet, in, 9, 0, DT_F16);
+    assert_int_equal(probe.exec.chunk, 8);
+    net_free(&probe);
+    cfg_free(&cfg);
+    expect_equal_gradients(resnet, in, 9, DT_F16);
 }
 
 // models/deep.cfg's layers: sqrt checkpointing cuts the activation bytes by 4x or more.
@@ -121,37 +182,83 @@ static void test_deep_cfg_saving(void **state) {
     cfg_free(&cfg);
 }
 
+// models/resnet18.cfg at batch 32 on 224x224: the segments are cut by bytes, so the stem's
+// 112x112 activations get a segment of their own, and the stored activations (saved and
+// recomputed) shrink more than 2x.
+static void test_resnet18_cfg_saving(void **state) {
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_load(&cfg, "models/resnet18.cfg", &err)) skip();  // run from the repository root
+    Net a, b;
+    const Shape in = {.c = 3, .h = 224, .w = 224};
+    assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .plan_only = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(a.nparams, 11181642);  // torchvision.models.resnet18(num_classes=10)
+    assert_int_equal(b.nsegments, 4);
+    assert_int_equal(b.seg_first[1], 3);  // conv1, bn1, maxpool
+    const size_t stored_a = a.plan.act_saved + a.plan.act_scratch;
+    const size_t stored_b = b.plan.act_saved + b.plan.act_scratch;
+    print_message("resnet18.cfg at batch 32: cut after layers %d, %d, %d; stored activations "
+                  "%.1f MB -> %.1f MB, the activation block %.1f MB -> %.1f MB\n",
+                  b.seg_first[1], b.seg_first[2], b.seg_first[3], stored_a / 1e6, stored_b / 1e6,
+                  a.plan.activations / 1e6, b.plan.activations / 1e6);
+    assert_true(stored_a >= 2 * stored_b);
+    net_free(&a);
+    net_free(&b);
+    cfg_free(&cfg);
+}
+
 // The plan is the allocation: plan-only and allocated nets agree, every activation buffer
-// lies inside the block (ASan checks the writes), and segment scratch is shared.
+// (and every container's inner activations) lies inside the block (ASan checks the
+// writes), and segment scratch is shared.
 static void test_plan_is_allocation(void **state) {
-    for (int segments = 0; segments <= 4; segments++) {
-        Net p, n;
-        Cfg cfg;
-        Error err = {{0}};
-        const Shape in = {.c = 2, .h = 8, .w = 8};
-        if (cfg_parse(&cfg, deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
-        const NetOptions plan = {.batch = 3, .precision = DT_F32, .segments = segments, .plan_only = true};
-        NetOptions real = plan;
-        real.plan_only = false;
-        assert_int_equal(net_create(&p, &cfg, in, 10, &plan, &cpu_kernels, &err), 0);
-        assert_int_equal(net_create(&n, &cfg, in, 10, &real, &cpu_kernels, &err), 0);
-        assert_memory_equal(&p.plan, &n.plan, sizeof p.plan);
-        const char *lo = n.activations, *hi = lo + n.plan.activations;
-        size_t distinct = 0;
-        for (int i = 0; i < n.nlayers; i++) {
-            const size_t bytes = (size_t)3 * shape_numel(n.layers[i]->out) *
-                                 (i == n.nlayers - 1 ? 4 : dtype_sizes[n.precision]);
-            assert_true((const char *)n.acts[i] >= lo && (const char *)n.acts[i] + bytes <= hi);
-            memset(n.acts[i], 0xff, bytes);
-            distinct += bytes;
+    for (int net_i = 0; net_i < 2; net_i++)
+        for (int segments = 0; segments <= 4; segments++) {
+            Net p, n;
+            Cfg cfg;
+            Error err = {{0}};
+            const Shape in = {.c = 2, .h = 8, .w = 8};
+            if (cfg_parse(&cfg, net_i ? resnet : deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
+            const NetOptions plan = {.batch = 3, .precision = DT_F32, .segments = segments, .plan_only = true};
+            NetOptions real = plan;
+            real.plan_only = false;
+            assert_int_equal(net_create(&p, &cfg, in, 10, &plan, &cpu_kernels, &err), 0);
+            assert_int_equal(net_create(&n, &cfg, in, 10, &real, &cpu_kernels, &err), 0);
+            assert_memory_equal(&p.plan, &n.plan, sizeof p.plan);
+            const char *lo = n.activations, *hi = lo + n.plan.activations;
+            size_t distinct = 0;
+            for (int i = 0; i < n.nlayers; i++) {
+                const Layer *l = n.layers[i];
+                const size_t bytes = (size_t)3 * shape_numel(l->out) *
+                                     (i == n.nlayers - 1 ? 4 : dtype_sizes[n.precision]);
+                assert_true((const char *)n.acts[i] >= lo && (const char *)n.acts[i] + bytes <= hi);
+                memset(n.acts[i], 0xff, bytes);
+                distinct += bytes;
+                if (!l->ops->inner_values) continue;
+                const size_t ib = (size_t)3 * l->ops->inner_values(l) * dtype_sizes[n.precision];
+                assert_true((const char *)l->inner >= lo && (const char *)l->inner + ib <= hi);
+                memset(l->inner, 0xff, ib);
+                distinct += ib;
+            }
+            // Without segments every output has its own buffer; with them they share.
+            if (segments <= 1) assert_true(n.plan.act_scratch == 0);
+            else assert_true(n.plan.act_saved + n.plan.act_scratch < distinct);
+            // The buffer block holds every F32 buffer and state.
+            const char *blo = n.buffers, *bhi = blo + n.plan.buffers;
+            for (int m = 0; m < n.nmodules; m++) {
+                const Layer *l = n.modules[m];
+                for (int j = 0; j < l->nbuffers; j++)
+                    if (l->buffers[j].dtype == DT_F32)
+                        assert_true((const char *)l->buffers[j].data >= blo &&
+                                    (const char *)l->buffers[j].data + tensor_bytes(&l->buffers[j]) <= bhi);
+                if (l->ops->state_bytes)
+                    assert_true((const char *)l->state >= blo &&
+                                (const char *)l->state + l->ops->state_bytes(l) <= bhi);
+            }
+            net_free(&p);
+            net_free(&n);
+            cfg_free(&cfg);
         }
-        // Without segments every output has its own buffer; with them they share.
-        if (segments <= 1) assert_true(n.plan.act_scratch == 0);
-        else assert_true(n.plan.act_saved + n.plan.act_scratch < distinct);
-        net_free(&p);
-        net_free(&n);
-        cfg_free(&cfg);
-    }
 }
 
 // The chooser on a table of budgets for the seed network at batch 64: the ladder is
@@ -221,7 +328,10 @@ int main(void) {
         cmocka_unit_test(test_seed_network_bitwise),
         cmocka_unit_test(test_deep_network_bitwise),
         cmocka_unit_test(test_fp16_bitwise),
+        cmocka_unit_test(test_resnet_bitwise),
+        cmocka_unit_test(test_resnet_fp16_bitwise),
         cmocka_unit_test(test_deep_cfg_saving),
+        cmocka_unit_test(test_resnet18_cfg_saving),
         cmocka_unit_test(test_plan_is_allocation),
         cmocka_unit_test(test_budget_chooser),
     };
