@@ -830,10 +830,11 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         off += (tensor_bytes(&t) + sizeof(float) - 1) / sizeof(float);
     }
     off = 0;
+    static const int64_t zero = 0;
     for (int i = 0; i < nwant; i++) {
         const size_t bytes = tensor_bytes(want[i].param);
         const void *src = host + off;
-        if (!want[i].e) src = &(int64_t){0};
+        if (!want[i].e) src = &zero;
         else off += (bytes + sizeof(float) - 1) / sizeof(float);
         if (want[i].host) memcpy(want[i].dev, src, bytes);
         else if (bytes) net->k->upload(want[i].dev, src, bytes);

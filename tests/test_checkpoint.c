@@ -974,6 +974,218 @@ static int suite_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_d
 
 static int suite_teardown(void **state) { return test_remove_tree(g_dir); }
 
+// ---- batchnorm buffers and plain state_dicts -------------------------------------------------
+
+// A small ResNet with torchvision's names: a stem conv without bias and batchnorm, a
+// downsampling block, pooling and the classifier fc.
+static const char *resnet_text =
+    "[train]\nbatch = 4\nseed = 7\n"
+    "[conv]\nname = conv1\nfilters = 3\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nfilters = 4\nstride = 2\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 5\n[log_softmax]\n";
+
+// Random values in the buffers too: running statistics (positive variances) and counters.
+static void fill_random_buffers(Net *net, uint64_t seed) {
+    g_rng = seed;
+    for (int m = 0; m < net->nmodules; m++) {
+        Layer *l = net->modules[m];
+        for (int j = 0; j < l->nbuffers; j++) {
+            Tensor *t = &l->buffers[j];
+            if (t->dtype == DT_I64) {
+                *(int64_t *)t->data = (int64_t)(1000 * (frand() + 1));
+                continue;
+            }
+            float v[64];
+            const int64_t n = tensor_numel(t);
+            assert_true(n <= 64);
+            for (int64_t i = 0; i < n; i++) v[i] = j == 1 ? 1.5f + frand() : frand();
+            net->k->upload(t->data, v, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+// The buffers' bytes (F32 values, then the counters) of every module, concatenated.
+static size_t buffer_snapshot(const Net *net, char *out, size_t cap) {
+    size_t n = 0;
+    for (int m = 0; m < net->nmodules; m++)
+        for (int j = 0; j < net->modules[m]->nbuffers; j++) {
+            const Tensor *t = &net->modules[m]->buffers[j];
+            const size_t b = tensor_bytes(t);
+            assert_true(n + b <= cap);
+            if (t->dtype == DT_I64) memcpy(out + n, t->data, b);
+            else net->k->download(out + n, t->data, b);
+            n += b;
+        }
+    return n;
+}
+
+// Copies checkpoint `in` to `out` as a plain state_dict, as PyTorch's save_file writes it:
+// the model's tensors only (no optimizer, no metadata), except `drop` (a name, or NULL);
+// `as_f32` (a name, or NULL) is stored as F32 instead of its dtype; `extra` adds a tensor.
+static void write_plain(const char *in, const char *out, const char *drop, const char *as_f32,
+                        const Tensor *extra) {
+    StFile f;
+    Error err = {{0}};
+    if (st_open(&f, in, &err)) fail_msg("%s", err.msg);
+    Tensor *t = calloc((size_t)f.count + 1, sizeof *t);
+    assert_non_null(t);
+    float one = 1.0f;
+    int n = 0;
+    for (int i = 0; i < f.count; i++) {
+        const StEntry *e = &f.entries[i];
+        if (!strncmp(e->name, "optimizer.", 10) || (drop && !strcmp(e->name, drop))) continue;
+        if (st_as_tensor(&f, e, &t[n], &err)) fail_msg("%s", err.msg);
+        if (as_f32 && !strcmp(e->name, as_f32)) t[n].dtype = DT_F32, t[n].data = &one;
+        n++;
+    }
+    if (extra) t[n++] = *extra;
+    if (st_write(out, t, n, NULL, NULL, 0, &err)) fail_msg("%s", err.msg);
+    free(t);
+    st_close(&f);
+}
+
+// Parameters, batchnorm buffers (I64 counters included) and optimizer state round-trip;
+// the file holds PyTorch's state_dict keys, and no optimizer state for buffers.
+static void test_batchnorm_round_trip(void **state) {
+    Net a, b;
+    make_net_text(&a, resnet_text);
+    make_net_text(&b, resnet_text);
+    fill_random(&a, 11);
+    fill_random_buffers(&a, 12);
+    fill_random(&b, 13);
+    fill_random_buffers(&b, 14);
+    save("bn.safetensors", &a, resnet_text);
+    StFile f;
+    Error err = {{0}};
+    if (st_open(&f, path("bn.safetensors"), &err)) fail_msg("%s", err.msg);
+    const StEntry *e = st_find(&f, "bn1.num_batches_tracked");
+    assert_non_null(e);
+    assert_int_equal(e->dtype, ST_I64);
+    assert_int_equal(e->ndim, 0);
+    e = st_find(&f, "layer1.0.downsample.1.running_var");
+    assert_non_null(e);
+    assert_int_equal(e->dtype, ST_F32);
+    assert_int_equal(e->shape[0], 4);
+    assert_non_null(st_find(&f, "layer1.0.conv2.weight"));
+    assert_null(st_find(&f, "conv1.bias"));  // bias = 0
+    assert_null(st_find(&f, "optimizer.bn1.running_mean.square_avg"));
+    assert_non_null(st_find(&f, "optimizer.bn1.weight.square_avg"));
+    // 14 parameters (with 2 optimizer tensors each) and 4 batchnorms' 3 buffers.
+    assert_int_equal(f.count, 14 * 3 + 4 * 3);
+    st_close(&f);
+
+    TrainState st;
+    if (checkpoint_load_all(path("bn.safetensors"), &b, &st, &err)) fail_msg("%s", err.msg);
+    float *ha = snapshot(&a), *hb = snapshot(&b);
+    assert_memory_equal(ha, hb, 3 * (size_t)a.nparams * sizeof(float));
+    char ba[4096], bb[4096];
+    const size_t na = buffer_snapshot(&a, ba, sizeof ba), nb = buffer_snapshot(&b, bb, sizeof bb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ba, bb, na);
+    free(ha), free(hb);
+    net_free(&a);
+    net_free(&b);
+}
+
+// A plain state_dict (PyTorch's safetensors.torch.save_file: no metadata) loads as
+// weights; num_batches_tracked may be missing (0, as PyTorch does); a counter must be I64;
+// it cannot resume.
+static void test_plain_state_dict(void **state) {
+    Net a, b;
+    make_net_text(&a, resnet_text);
+    make_net_text(&b, resnet_text);
+    fill_random(&a, 21);
+    fill_random_buffers(&a, 22);
+    fill_random_buffers(&b, 23);
+    save("bnsrc.safetensors", &a, resnet_text);
+    write_plain(path("bnsrc.safetensors"), path("plain_sd.safetensors"), NULL, NULL, NULL);
+    Error err = {{0}};
+    if (checkpoint_load_weights(path("plain_sd.safetensors"), &b, NULL, 0, &err)) fail_msg("%s", err.msg);
+    float *ha = snapshot(&a), *hb = snapshot(&b);
+    assert_memory_equal(ha, hb, (size_t)a.nparams * sizeof(float));
+    char ba[4096], bb[4096];
+    const size_t na = buffer_snapshot(&a, ba, sizeof ba);
+    assert_int_equal(buffer_snapshot(&b, bb, sizeof bb), na);
+    assert_memory_equal(ba, bb, na);
+    TrainState st;
+    assert_int_equal(checkpoint_load_all(path("plain_sd.safetensors"), &b, &st, &err), -1);
+    assert_contains(err.msg, "not a cnn.c checkpoint");
+
+    // Without num_batches_tracked: the counter is 0.
+    write_plain(path("bnsrc.safetensors"), path("nocount.safetensors"), "bn1.num_batches_tracked",
+                NULL, NULL);
+    if (checkpoint_load_weights(path("nocount.safetensors"), &b, NULL, 0, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(*(int64_t *)b.layers[1]->buffers[2].data, 0);
+    // A counter stored as F32 is refused; a running_var missing too.
+    write_plain(path("bnsrc.safetensors"), path("f32count.safetensors"), NULL,
+                "bn1.num_batches_tracked", NULL);
+    assert_int_equal(checkpoint_load_weights(path("f32count.safetensors"), &b, NULL, 0, &err), -1);
+    assert_contains(err.msg, "bn1.num_batches_tracked is F32 in the file, not I64");
+    write_plain(path("bnsrc.safetensors"), path("novar.safetensors"), "layer1.0.bn2.running_var",
+                NULL, NULL);
+    assert_int_equal(checkpoint_load_weights(path("novar.safetensors"), &b, NULL, 0, &err), -1);
+    assert_contains(err.msg, "missing keys (1): layer1.0.bn2.running_var");
+    free(ha), free(hb);
+    net_free(&a);
+    net_free(&b);
+}
+
+// init_skip: the named layers keep their values and the file's tensors under those names
+// are neither needed nor checked (a 7-class head loads into a 5-class network).
+static void test_init_skip(void **state) {
+    char text7[2048];
+    snprintf(text7, sizeof text7, "%s", resnet_text);
+    char *o = strstr(text7, "outputs = 5");
+    assert_non_null(o);
+    o[10] = '7';
+    Net big, b;
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, text7, "t.cfg", &err)) fail_msg("%s", err.msg);
+    if (net_create(&big, &cfg, INPUT, 7, &NET_OPTIONS, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    cfg_free(&cfg);
+    fill_random(&big, 31);
+    fill_random_buffers(&big, 32);
+    TrainState st = sample_state();
+    const char *names7[7] = {"a", "b", "c", "d", "e", "f", "g"};
+    CheckpointInfo info = {.cfg_text = text7, .class_names = (char **)names7, .classes = 7};
+    if (checkpoint_save(path("big.safetensors"), &big, &st, &info, &err)) fail_msg("%s", err.msg);
+    const float extra_v = 3.0f;
+    const Tensor extra = {.name = "fc.extra", .dtype = DT_F32, .ndim = 1, .shape = {1},
+                          .data = (void *)&extra_v};
+    write_plain(path("big.safetensors"), path("big_plain.safetensors"), NULL, NULL, &extra);
+
+    make_net_text(&b, resnet_text);
+    fill_random(&b, 33);
+    float *before = snapshot(&b);
+    // Without the skip: fc's shapes differ and fc.extra is unexpected.
+    assert_int_equal(checkpoint_load_weights(path("big_plain.safetensors"), &b, NULL, 0, &err), -1);
+    assert_contains(err.msg, "fc.weight is [7, 4] in the file but [5, 4] in the network");
+    assert_contains(err.msg, "unexpected keys (1): fc.extra");
+    const char *skip[] = {"fc"};
+    if (checkpoint_load_weights(path("big_plain.safetensors"), &b, skip, 1, &err)) fail_msg("%s", err.msg);
+    float *after = snapshot(&b), *src = snapshot(&big);
+    // Every parameter but fc's (the last 4 * 5 + 5) came from the file; fc kept its own.
+    const size_t nfc = 4 * 5 + 5, nrest = (size_t)b.nparams - nfc;
+    assert_memory_equal(after, src, nrest * sizeof(float));
+    assert_memory_equal(after + nrest, before + nrest, nfc * sizeof(float));
+    // A whole stage can be skipped by its module name.
+    const char *skip2[] = {"layer1", "fc"};
+    fill_random(&b, 34);
+    free(before);
+    before = snapshot(&b);
+    if (checkpoint_load_weights(path("big_plain.safetensors"), &b, skip2, 2, &err)) fail_msg("%s", err.msg);
+    free(after);
+    after = snapshot(&b);
+    assert_memory_equal(after, src, 27 * sizeof(float) + 6 * sizeof(float));  // conv1, bn1
+    assert_memory_equal(after + 33, before + 33, ((size_t)b.nparams - 33) * sizeof(float));
+    free(before), free(after), free(src);
+    net_free(&b);
+    net_free(&big);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     test_find_root(g_root, sizeof g_root, argv[0], "nn/checkpoint.h");  // for ./ckpt
@@ -987,7 +1199,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_f16_weights),       cmocka_unit_test(test_rename),
         cmocka_unit_test(test_rename_two_layers), cmocka_unit_test(test_rename_refusals),
         cmocka_unit_test(test_rename_modes),      cmocka_unit_test(test_rename_key),
-        cmocka_unit_test(test_ckpt_tool),
+        cmocka_unit_test(test_ckpt_tool),         cmocka_unit_test(test_batchnorm_round_trip),
+        cmocka_unit_test(test_plain_state_dict),  cmocka_unit_test(test_init_skip),
     };
     return cmocka_run_group_tests(tests, suite_setup, suite_teardown);
 }
