@@ -93,13 +93,15 @@ $(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/testutil.o $(B
 
 # ---- set-up ----------------------------------------------------------------------------
 DEPS_BUILD := gcc make libopenblas-dev libcmocka-dev libstb-dev zlib1g-dev
+# tests/test_torchvision.c checks models/resnet18.cfg against torchvision's ResNet-18.
+DEPS_TEST  := $(DEPS_BUILD) python3-torch python3-torchvision
 deps-test:
-	@sh data/install_packages.sh $(DEPS_BUILD)
+	@sh data/install_packages.sh $(DEPS_TEST)
 deps:
 	@sh data/install_packages.sh $(DEPS_BUILD) dataset-fashion-mnist \
 	   $(if $(shell command -v npm 2>/dev/null),,nodejs npm)
 deps-bench: deps
-	@sh data/install_packages.sh python3-torch
+	@sh data/install_packages.sh python3-torch python3-torchvision
 
 data: data/mnist/train-images-idx3-ubyte
 data/mnist/train-images-idx3-ubyte:

@@ -9,7 +9,7 @@ load_state_dict(strict=True), and the network is evaluated on a test set of IDX 
 (raw or gzip). The loss and accuracy it prints should match cnn.c's own evaluation of
 the same checkpoint (to 0.1 points of accuracy; the loss to about 1e-5).
 
-The file is read with struct + json + torch.frombuffer: Debian's python3-torch comes
+The file is read by bench/st_torch.py (torch alone): Debian's python3-torch comes
 without the `safetensors` package. Run it with /usr/bin/python3 (other interpreters on
 PATH may lack torch). Without torch it prints "skipped" and exits 0.
 
@@ -35,7 +35,6 @@ import argparse
 import gzip
 import json
 import os
-import struct
 import sys
 
 try:
@@ -46,20 +45,15 @@ except ImportError:
           "python3-torch, then run with /usr/bin/python3)")
     sys.exit(0)
 
+import st_torch  # noqa: E402
+
 FASHION = "/usr/share/datasets/fashion-mnist"
 DEFAULT_IMAGES = os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")
 DEFAULT_LABELS = os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")
 MEAN, STD = 0.1307, 0.3081
 OPTIMIZER_PREFIX = "optimizer."
-MAX_HEADER = 100_000_000
 
 from pytorch_ref import Net  # the seed network, as the benchmark trains it
-
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
 
 
 def fail(msg):
@@ -68,44 +62,13 @@ def fail(msg):
 
 
 def read_safetensors(path):
-    """Returns ({name: tensor}, {metadata}) of a safetensors file (little-endian host)."""
+    """Returns ({name: tensor}, {metadata}) of a safetensors file, or exits with a message."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        return st_torch.read(path)
     except OSError as e:
         fail(f"{path}: {e.strerror}")
-    if len(data) < 8:
-        fail(f"{path}: {len(data)} bytes: too short for a safetensors file")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > MAX_HEADER or 8 + n > len(data):
-        fail(f"{path}: header length {n} does not fit the file ({len(data)} bytes)")
-    try:
-        header = json.loads(data[8:8 + n])
-    except ValueError as e:
-        fail(f"{path}: the header is not valid JSON: {e}")
-    meta = header.pop("__metadata__", None) or {}
-    base = 8 + n
-    tensors = {}
-    for name, info in header.items():
-        dtype = DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            fail(f"{path}: tensor '{name}' has dtype {info.get('dtype')}, which this script "
-                 "does not read")
-        shape = info["shape"]
-        begin, end = info["data_offsets"]
-        numel = 1
-        for d in shape:
-            numel *= d
-        if not 0 <= begin <= end <= len(data) - base or \
-                end - begin != numel * torch.empty(0, dtype=dtype).element_size():
-            fail(f"{path}: tensor '{name}': data_offsets [{begin}, {end}] do not hold "
-                 f"{info['dtype']} {shape}")
-        if numel == 0:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-        else:
-            buf = bytearray(data[base + begin:base + end])  # writable: frombuffer shares it
-            tensors[name] = torch.frombuffer(buf, dtype=dtype).reshape(shape)
-    return tensors, meta
+    except st_torch.FormatError as e:
+        fail(str(e))
 
 
 def cfg_data(cfg_text):
