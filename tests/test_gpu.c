@@ -227,7 +227,11 @@ static void test_backend(void **state) {
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
         (void *)k->log_softmax_forward, (void *)k->log_softmax_backward, (void *)k->nll_loss,
         (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->scale_check,
-        (void *)k->adadelta_step,
+        (void *)k->adadelta_step, (void *)k->add_act, (void *)k->avgpool_forward,
+        (void *)k->avgpool_backward, (void *)k->global_avgpool_forward,
+        (void *)k->global_avgpool_backward, (void *)k->bn_sums, (void *)k->bn_batch_stats,
+        (void *)k->bn_eval_stats, (void *)k->bn_forward, (void *)k->bn_backward_sums,
+        (void *)k->bn_backward, (void *)k->bn_param_grads,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (!fns[i]) fail_msg("the CUDA table's entry %zu is NULL", i);
@@ -448,6 +452,12 @@ static void test_conv_direct(void **state) {
             buf_fetch(din, hc, hg);
             snprintf(msg, sizeof msg, "conv_direct_backward din %s", what);
             expect_same_f32(hc, hg, nin, msg);
+            // A layer without bias: dbias NULL, the weight gradient as before.
+            BOTH(k->conv_direct_backward(NULL, P(dw), NULL, P(partial), P(dout), P(in), P(out), P(w), g,
+                                         (Activation)act));
+            buf_fetch(dw, hc, hg);
+            snprintf(msg, sizeof msg, "conv_direct_backward without bias, dw %s", what);
+            expect_same_f32(hc, hg, g.OC * taps, msg);
             buf_free(in), buf_free(w), buf_free(bias), buf_free(out), buf_free(dout), buf_free(din);
             buf_free(dw), buf_free(db), buf_free(partial);
             free(x), free(wt), free(b), free(dy), free(dw0), free(db0), free(hc), free(hg);
@@ -524,6 +534,12 @@ static void test_bias_act_backward(void **state) {
             }
             buf_fetch(db, hc, hg);
             expect_within(hc, hg, bound, cols, what);
+            // Without a bias (dbias NULL): the activation's gradient alone.
+            Buf d2 = buf_from(dy, n * 4);
+            BOTH(k->bias_act_backward(NULL, P(d2), P(out), rows, cols, (Activation)act));
+            buf_fetch(d2, hc, hg);
+            expect_same_f32(hc, hg, n, what);
+            buf_free(d2);
             buf_free(dout), buf_free(out), buf_free(db);
             free(dy), free(y), free(db0), free(hc), free(hg), free(bound);
         }
@@ -568,6 +584,161 @@ static void test_maxpool(void **state) {
         buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
         free(x), free(dy), free(hc), free(hg);
     }
+}
+
+static void test_add_act(void **state) {
+    NEED_GPU();
+    rng_seed(8);
+    const int64_t n = 100003;
+    float *a = rand_floats_zeros(n), *b = rand_floats_zeros(n);
+    a[3] = NAN, b[4] = INFINITY;
+    for (int act = 0; act < ACT_COUNT; act++) {
+        Buf ba = buf_from(a, n * 4), bb = buf_from(b, n * 4), out = buf_poison(n * 4);
+        BOTH(k->add_act(P(out), P(ba), P(bb), n, (Activation)act));
+        BOTH(k->add_act(P(ba), P(ba), P(bb), n, (Activation)act));  // in place
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        buf_fetch(out, hc, hg);
+        expect_same_f32(hc, hg, n, act ? "add_act relu" : "add_act");
+        buf_fetch(ba, hc, hg);
+        expect_same_f32(hc, hg, n, act ? "add_act relu in place" : "add_act in place");
+        buf_free(ba), buf_free(bb), buf_free(out);
+        free(hc), free(hg);
+    }
+    free(a), free(b);
+}
+
+static void test_avgpool(void **state) {
+    NEED_GPU();
+    rng_seed(9);
+    static const int geoms[][7] = {  // N, H, W, C, K, stride, pad
+        {2, 7, 6, 5, 3, 2, 1}, {2, 8, 8, 64, 2, 2, 0}, {1, 5, 7, 3, 3, 1, 1}, {3, 4, 5, 2, 2, 3, 1}};
+    for (size_t t = 0; t < sizeof geoms / sizeof geoms[0]; t++) {
+        const int N = geoms[t][0], H = geoms[t][1], W = geoms[t][2], Cc = geoms[t][3],
+                  K = geoms[t][4], S = geoms[t][5], pad = geoms[t][6];
+        const int OH = (H + 2 * pad - K) / S + 1, OW = (W + 2 * pad - K) / S + 1;
+        const int64_t nin = (int64_t)N * H * W * Cc, nout = (int64_t)N * OH * OW * Cc;
+        float *x = rand_floats(nin, -1, 1), *dy = rand_floats(nout, -1, 1);
+        Buf in = buf_from(x, nin * 4), out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4),
+            din = buf_poison(nin * 4);
+        BOTH(k->avgpool_forward(P(out), P(in), N, H, W, Cc, K, S, pad, OH, OW));
+        BOTH(k->avgpool_backward(P(din), P(dout), N, H, W, Cc, K, S, pad, OH, OW));
+        const int64_t most = nin > nout ? nin : nout;
+        float *hc = xmalloc(most * 4), *hg = xmalloc(most * 4);
+        char what[112];
+        snprintf(what, sizeof what, "avgpool_forward N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d", N,
+                 H, W, Cc, K, S, pad);
+        buf_fetch(out, hc, hg);
+        expect_same_f32(hc, hg, nout, what);
+        snprintf(what, sizeof what, "avgpool_backward N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d", N,
+                 H, W, Cc, K, S, pad);
+        buf_fetch(din, hc, hg);
+        expect_same_f32(hc, hg, nin, what);
+        buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
+        free(x), free(dy), free(hc), free(hg);
+    }
+    // Global: the mean over each image's pixels, and its gradient spread back.
+    const int N = 3, Cc = 70;
+    const int64_t HW = 49, nin = N * HW * Cc, nout = N * Cc;
+    float *x = rand_floats(nin, -1, 1), *dy = rand_floats(nout, -1, 1);
+    Buf in = buf_from(x, nin * 4), out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4),
+        din = buf_poison(nin * 4);
+    BOTH(k->global_avgpool_forward(P(out), P(in), N, HW, Cc));
+    BOTH(k->global_avgpool_backward(P(din), P(dout), N, HW, Cc));
+    float *hc = xmalloc(nin * 4), *hg = xmalloc(nin * 4);
+    buf_fetch(out, hc, hg);
+    expect_same_f32(hc, hg, nout, "global_avgpool_forward");
+    buf_fetch(din, hc, hg);
+    expect_same_f32(hc, hg, nin, "global_avgpool_backward");
+    buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
+    free(x), free(dy), free(hc), free(hg);
+}
+
+// Batch normalisation's kernels: the sums (double, in another order: within 1e-12 of the
+// CPU's, relative to the sum of magnitudes); given the same sums, the statistics, the
+// normalisation, its gradient and the parameter gradients bit for bit.
+static void test_batchnorm(void **state) {
+    NEED_GPU();
+    rng_seed(10);
+    static const int shapes[][2] = {{1568, 128}, {3, 5}, {401, 70}, {2, 1}};  // rows, C
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
+        for (int act = 0; act < ACT_COUNT; act++) {
+            const int64_t rows = shapes[t][0], n = rows * shapes[t][1];
+            const int Cc = shapes[t][1];
+            float *x = rand_floats(n, -2, 3), *dy = rand_floats_zeros(n);
+            float *gamma = rand_floats(Cc, 0.5f, 1.5f), *beta = rand_floats(Cc, -0.5f, 0.5f);
+            float *rm = rand_floats(Cc, -0.1f, 0.1f), *rv = rand_floats(Cc, 0.5f, 1.5f);
+            float *dg0 = rand_floats(Cc, -1, 1), *db0 = rand_floats(Cc, -1, 1);
+            char what[112];
+            snprintf(what, sizeof what, "batchnorm rows=%lld C=%d act=%s", (long long)rows, Cc,
+                     activation_names[act]);
+            double *acc0 = calloc(2 * (size_t)Cc, sizeof *acc0), *ac = xmalloc(16 * (size_t)Cc),
+                   *ag = xmalloc(16 * (size_t)Cc);
+            Buf bx = buf_from(x, n * 4), acc = buf_from(acc0, 16 * (size_t)Cc);
+            // The sums of x and x^2.
+            BOTH(k->bn_sums(P(acc), P(bx), rows, Cc));
+            buf_fetch(acc, ac, ag);
+            for (int c = 0; c < 2 * Cc; c++) {
+                double mag = 0;
+                for (int64_t r = 0; r < rows; r++) {
+                    const double v = x[r * Cc + c % Cc];
+                    mag += c < Cc ? fabs(v) : v * v;
+                }
+                if (!(fabs(ac[c] - ag[c]) <= 1e-12 * mag))
+                    fail_msg("%s: bn_sums[%d] cpu %.17g gpu %.17g", what, c, ac[c], ag[c]);
+            }
+            // The statistics from the CPU's sums, on both.
+            Buf csum = buf_from(ac, 16 * (size_t)Cc), mean = buf_poison(Cc * 4), invstd = buf_poison(Cc * 4),
+                brm = buf_from(rm, Cc * 4), brv = buf_from(rv, Cc * 4), g = buf_from(gamma, Cc * 4),
+                b = buf_from(beta, Cc * 4), out = buf_poison(n * 4), dout = buf_from(dy, n * 4),
+                din = buf_poison(n * 4), dg = buf_from(dg0, Cc * 4), db = buf_from(db0, Cc * 4);
+            BOTH(k->bn_batch_stats(P(mean), P(invstd), P(brm), P(brv), P(csum), Cc, rows, 1e-5, 0.1));
+            float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+            const char *names[] = {"mean", "invstd", "running_mean", "running_var"};
+            const Buf stats[] = {mean, invstd, brm, brv};
+            for (int i = 0; i < 4; i++) {
+                char m[160];
+                snprintf(m, sizeof m, "%s: bn_batch_stats %s", what, names[i]);
+                buf_fetch(stats[i], hc, hg);
+                expect_same_f32(hc, hg, Cc, m);
+            }
+            BOTH(k->bn_forward(P(out), P(bx), P(mean), P(invstd), P(g), P(b), rows, Cc, (Activation)act));
+            buf_fetch(out, hc, hg);
+            expect_same_f32(hc, hg, n, what);
+            // The backward sums, then the gradients from the CPU's sums.
+            BOTH(k->zero(P(acc), 16 * (size_t)Cc));
+            BOTH(k->bn_backward_sums(P(acc), P(dout), P(out), P(bx), P(mean), P(invstd), rows, Cc,
+                                     (Activation)act));
+            buf_fetch(acc, ac, ag);
+            for (int c = 0; c < 2 * Cc; c++) {
+                double mag = 0;
+                for (int64_t r = 0; r < rows; r++) mag += fabs(dy[r * Cc + c % Cc]) * (c < Cc ? 1 : 10);
+                if (!(fabs(ac[c] - ag[c]) <= 1e-12 * mag + 1e-300))
+                    fail_msg("%s: bn_backward_sums[%d] cpu %.17g gpu %.17g", what, c, ac[c], ag[c]);
+            }
+            C->upload(csum.cpu, ac, 16 * (size_t)Cc);
+            G->upload(csum.gpu, ac, 16 * (size_t)Cc);
+            BOTH(k->bn_backward(P(din), P(dout), P(out), P(bx), P(mean), P(invstd), P(g), P(csum), rows,
+                                Cc, rows, (Activation)act));
+            buf_fetch(din, hc, hg);
+            expect_same_f32(hc, hg, n, what);
+            BOTH(k->bn_backward(P(dout), P(dout), P(out), P(bx), P(mean), P(invstd), P(g), P(csum), rows,
+                                Cc, rows, (Activation)act));  // in place
+            buf_fetch(dout, hc, hg);
+            expect_same_f32(hc, hg, n, what);
+            BOTH(k->bn_param_grads(P(dg), P(db), P(csum), Cc));
+            buf_fetch(dg, hc, hg);
+            expect_same_f32(hc, hg, Cc, what);
+            buf_fetch(db, hc, hg);
+            expect_same_f32(hc, hg, Cc, what);
+            // Evaluation statistics.
+            BOTH(k->bn_eval_stats(P(mean), P(invstd), P(brm), P(brv), Cc, 1e-5));
+            buf_fetch(invstd, hc, hg);
+            expect_same_f32(hc, hg, Cc, what);
+            const Buf all[] = {bx, acc, csum, mean, invstd, brm, brv, g, b, out, dout, din, dg, db};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) buf_free(all[i]);
+            free(x), free(dy), free(gamma), free(beta), free(rm), free(rv), free(dg0), free(db0);
+            free(acc0), free(ac), free(ag), free(hc), free(hg);
+        }
 }
 
 // ---- dropout ----------------------------------------------------------------------------------
@@ -840,13 +1011,24 @@ static const char *step_cfg =
     "[dropout]\np = 0.5\n"
     "[linear]\nname = fc2\noutputs = 5\n"
     "[log_softmax]\n";
+// A small ResNet: stem, an identity and a downsampling block, pooling.
+static const char *step_resnet_cfg =
+    "[conv]\nname = conv1\nfilters = 6\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[maxpool]\nname = maxpool\nsize = 3\nstride = 2\npad = 1\n"
+    "[residual]\nname = layer1.0\nfilters = 6\n"
+    "[residual]\nname = layer2.0\nfilters = 8\nstride = 2\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 5\n"
+    "[log_softmax]\n";
 enum { STEP_B = 16, STEP_CLASSES = 5 };
 static const Shape step_input = {.c = 3, .h = 13, .w = 13};
+static const char *g_step_cfg;  // the network check_step trains: step_cfg or step_resnet_cfg
 
 static void make_net(Net *net, const Kernels *k, DType precision, int batch, int segments) {
     Cfg cfg;
     Error err = {{0}};
-    if (cfg_parse(&cfg, step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
+    if (cfg_parse(&cfg, g_step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
     if (net_create(net, &cfg, step_input, STEP_CLASSES,
                    &(NetOptions){.batch = batch, .precision = precision, .segments = segments},
                    k, &err))
@@ -920,10 +1102,10 @@ static void check_step(DType precision, int micro, int segments, double tol_logp
     Net shape;
     make_net(&shape, C, DT_F32, 1, 0);
     int64_t off = 0;
-    for (int i = 0; i < shape.nlayers; i++)
-        for (int j = 0; j < shape.layers[i]->nparams; j++) {
-            const char *name = shape.layers[i]->params[j].name;
-            const int64_t n = tensor_numel(&shape.layers[i]->params[j]);
+    for (int i = 0; i < shape.nmodules; i++)
+        for (int j = 0; j < shape.modules[i]->nparams; j++) {
+            const char *name = shape.modules[i]->params[j].name;
+            const int64_t n = tensor_numel(&shape.modules[i]->params[j]);
             const double eg = norm_diff(c.grads + off, g.grads + off, n), ng = norm(c.grads + off, n);
             if (!(eg <= tol_grad * ng))
                 fail_msg("%s, %d micro-batch(es): %s gradient: |gpu - cpu| = %.3g, |cpu| = %.3g",
@@ -946,15 +1128,21 @@ static void check_step(DType precision, int micro, int segments, double tol_logp
 
 static void test_net_step_fp32(void **state) {
     NEED_GPU();
-    check_step(DT_F32, 1, 0, 1e-5, 1e-4, 1e-3);
-    check_step(DT_F32, 2, 0, 1e-5, 1e-4, 1e-3);
-    check_step(DT_F32, 1, 3, 1e-5, 1e-4, 1e-3);  // activation checkpointing: recomputation
+    for (int r = 0; r < 2; r++) {
+        g_step_cfg = r ? step_resnet_cfg : step_cfg;
+        check_step(DT_F32, 1, 0, 1e-5, 1e-4, 1e-3);
+        check_step(DT_F32, 2, 0, 1e-5, 1e-4, 1e-3);
+        check_step(DT_F32, 1, 3, 1e-5, 1e-4, 1e-3);  // activation checkpointing: recomputation
+    }
 }
 
 static void test_net_step_fp16(void **state) {
     NEED_GPU();
-    check_step(DT_F16, 1, 0, 1e-2, 1e-2, 1e-2);
-    check_step(DT_F16, 2, NET_SEGMENTS_SQRT, 1e-2, 1e-2, 1e-2);
+    for (int r = 0; r < 2; r++) {
+        g_step_cfg = r ? step_resnet_cfg : step_cfg;
+        check_step(DT_F16, 1, 0, 1e-2, 1e-2, 1e-2);
+        check_step(DT_F16, 2, NET_SEGMENTS_SQRT, 1e-2, 1e-2, 1e-2);
+    }
 }
 
 // ---- checkpoints across devices ----------------------------------------------------------------
@@ -990,7 +1178,7 @@ static void save_and_load(Net *from, Net *to, const char *file) {
     snprintf(path, sizeof path, "%s/%s", g_dir, file);
     const TrainState st = {.epoch = 2, .batch = 5, .step = 123, .seed = 7, .best_val_acc = -1,
                            .loss_scale = 65536};
-    CheckpointInfo info = {.cfg_text = (char *)step_cfg, .class_names = NULL, .classes = 0};
+    CheckpointInfo info = {.cfg_text = (char *)g_step_cfg, .class_names = NULL, .classes = 0};
     Error err = {{0}};
     if (checkpoint_save(path, from, &st, &info, &err))
         fail_msg("checkpoint_save on %s: %s", from->k->name, err.msg);
@@ -1005,17 +1193,42 @@ static void save_and_load(Net *from, Net *to, const char *file) {
     free(a), free(b);
 }
 
+// The batchnorm buffers of every module (F32 values, then the counters), on the host.
+static size_t buffers_snapshot(const Net *net, char *out, size_t cap) {
+    size_t n = 0;
+    for (int m = 0; m < net->nmodules; m++)
+        for (int j = 0; j < net->modules[m]->nbuffers; j++) {
+            const Tensor *t = &net->modules[m]->buffers[j];
+            const size_t b = tensor_bytes(t);
+            assert_true(n + b <= cap);
+            if (t->dtype == DT_I64) memcpy(out + n, t->data, b);
+            else net->k->download(out + n, t->data, b);
+            n += b;
+        }
+    return n;
+}
+
 static void test_checkpoint_across_devices(void **state) {
     NEED_GPU();
-    Net gpu, cpu;
-    make_net(&gpu, G, DT_F32, 8, 0);
-    make_net(&cpu, C, DT_F32, 8, 0);
-    train_once(&gpu, 21);
-    save_and_load(&gpu, &cpu, "from_gpu.safetensors");
-    train_once(&cpu, 22);
-    save_and_load(&cpu, &gpu, "from_cpu.safetensors");
-    net_free(&gpu);
-    net_free(&cpu);
+    for (int r = 0; r < 2; r++) {
+        g_step_cfg = r ? step_resnet_cfg : step_cfg;
+        Net gpu, cpu;
+        make_net(&gpu, G, DT_F32, 8, 0);
+        make_net(&cpu, C, DT_F32, 8, 0);
+        train_once(&gpu, 21);
+        save_and_load(&gpu, &cpu, "from_gpu.safetensors");
+        char a[8192], b[8192];
+        size_t na = buffers_snapshot(&gpu, a, sizeof a);
+        assert_int_equal(buffers_snapshot(&cpu, b, sizeof b), na);
+        assert_memory_equal(a, b, na);  // running statistics and counters too
+        train_once(&cpu, 22);
+        save_and_load(&cpu, &gpu, "from_cpu.safetensors");
+        na = buffers_snapshot(&cpu, a, sizeof a);
+        assert_int_equal(buffers_snapshot(&gpu, b, sizeof b), na);
+        assert_memory_equal(a, b, na);
+        net_free(&gpu);
+        net_free(&cpu);
+    }
 }
 
 // ---- main ---------------------------------------------------------------------------------------
@@ -1034,6 +1247,7 @@ int main(int argc, char **argv) {
         }
     }
     cpu_set_threads(2);
+    g_step_cfg = step_cfg;
     Error err = {{0}};
     G = cuda_kernels(&err);
     if (!G) {
@@ -1053,6 +1267,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_bias_act_backward),
         cmocka_unit_test(test_maxpool),
+        cmocka_unit_test(test_add_act),
+        cmocka_unit_test(test_avgpool),
+        cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_log_softmax),
