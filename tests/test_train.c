@@ -67,16 +67,46 @@ static int group_setup(void **state) {
             "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
             "[linear]\nname = fc2\noutputs = 3\n[log_softmax]\n",
             dir, dir, dir, dir);
+    if (fclose(f)) return -1;
+    // A small ResNet on the same data: stem, an identity block, a downsampling block.
+    snprintf(path, sizeof path, "%s/resnet.cfg", dir);
+    if (!(f = fopen(path, "w"))) return -1;
+    fprintf(f,
+            "[train]\nepochs = 2\nbatch = 32\nseed = 3\nthreads = 2\n"
+            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
+            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.2\nstd = 0.3\n"
+            "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+            "[batchnorm]\nname = bn1\nactivation = relu\n"
+            "[residual]\nname = layer1.0\nfilters = 4\n"
+            "[residual]\nname = layer2.0\nfilters = 8\nstride = 2\n"
+            "[global_avgpool]\nname = avgpool\n[flatten]\n"
+            "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n",
+            dir, dir, dir, dir);
     return fclose(f);
 }
 
 static int group_teardown(void **state) { return test_remove_tree(dir); }
 
+static const char *g_cfg = "net.cfg";  // the cfg train() runs: net.cfg or resnet.cfg
+
 // Runs ./train on the test cfg with extra arguments; returns its exit status.
 static int train(const char *args) {
     char cmd[2 * PATH_MAX];
-    snprintf(cmd, sizeof cmd, "./train %s/net.cfg %s > %s/out.txt 2>&1", dir, args, dir);
+    snprintf(cmd, sizeof cmd, "./train %s/%s %s > %s/out.txt 2>&1", dir, g_cfg, args, dir);
     const int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// Runs a shell command with its output in out.txt; returns its exit status.
+static int run(const char *fmt, ...) {
+    char cmd[4 * PATH_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[5 * PATH_MAX];
+    snprintf(full, sizeof full, "%s > %s/out.txt 2>&1", cmd, dir);
+    const int rc = system(full);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
@@ -145,6 +175,83 @@ static void check_resume(const char *extra, const char *tag) {
 static void test_resume_fp32(void **state) { check_resume("", "fp32"); }
 static void test_resume_fp16(void **state) { check_resume("precision=fp16", "fp16"); }
 static void test_resume_accumulate(void **state) { check_resume("accumulate=4", "acc"); }
+
+// The ResNet resumes exactly too (batchnorm's running statistics and counters are part of
+// the checkpoint), also checkpointed and in fp16; and it learns.
+static void test_resnet_resume(void **state) {
+    g_cfg = "resnet.cfg";
+    check_resume("", "res32");
+    check_resume("checkpoint=sqrt precision=fp16", "res16");
+    const char *acc = strstr(strstr(read_output(), "epoch 2/2"), "val_acc ");
+    assert_non_null(acc);
+    print_message("resnet.cfg, epoch 2: %.14s\n", acc);
+    assert_true(atof(acc + 8) > 80.0);
+    g_cfg = "net.cfg";
+}
+
+// Copies checkpoint `in` to the plain state_dict `out` (the model's tensors, no metadata),
+// as PyTorch's safetensors.torch.save_file writes one.
+static void write_plain(const char *in, const char *out) {
+    StFile f;
+    Error err = {{0}};
+    if (st_open(&f, in, &err)) fail_msg("%s", err.msg);
+    Tensor *t = calloc((size_t)f.count, sizeof *t);
+    assert_non_null(t);
+    int n = 0;
+    for (int i = 0; i < f.count; i++)
+        if (strncmp(f.entries[i].name, "optimizer.", 10) && st_as_tensor(&f, &f.entries[i], &t[n++], &err))
+            fail_msg("%s", err.msg);
+    if (st_write(out, t, n, NULL, NULL, 0, &err)) fail_msg("%s", err.msg);
+    free(t);
+    st_close(&f);
+}
+
+// Plain weights (a PyTorch state_dict) with a cfg: --eval and --predict take them with
+// --cfg, init= starts a run from them, init_skip leaves layers fresh.
+static void test_plain_weights(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    g_cfg = "resnet.cfg";
+    char args[2 * PATH_MAX], ckpt[PATH_MAX], plain[PATH_MAX];
+    snprintf(args, sizeof args, "epochs=1 save=%s/res1", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(ckpt, sizeof ckpt, "%s/res1/last.safetensors", dir);
+    snprintf(plain, sizeof plain, "%s/plain.safetensors", dir);
+    write_plain(ckpt, plain);
+    // The checkpoint's evaluation and the plain weights' with the cfg agree.
+    assert_int_equal(run("./train --eval %s", ckpt), 0);
+    char want[160];
+    const char *acc = strstr(read_output(), "test_acc ");
+    assert_non_null(acc);
+    snprintf(want, sizeof want, "%.16s", acc);
+    assert_int_not_equal(run("./train --eval %s", plain), 0);
+    assert_non_null(strstr(read_output(), "give the network's cfg with --cfg CFG"));
+    assert_int_equal(run("./train --eval %s --cfg %s/resnet.cfg", plain, dir), 0);
+    if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
+    // --predict with the cfg: class names and input size from its data.
+    snprintf(args, sizeof args, "%s/sample.png", dir);
+    uint8_t px[100] = {0};
+    for (int r = 0; r < 10; r++) px[r * 10 + 5] = 255;  // class 1's bar
+    assert_true(stbi_write_png(args, 10, 10, 1, px, 10));
+    assert_int_equal(run("./train --predict %s --cfg %s/resnet.cfg %s", plain, dir, args), 0);
+    assert_non_null(strstr(read_output(), "sample.png:  "));
+    // init= from plain weights, with and without a fresh classifier.
+    snprintf(args, sizeof args, "epochs=1 init=%s save=%s/res2", plain, dir);
+    assert_int_equal(train(args), 0);
+    assert_non_null(strstr(read_output(), "initial weights from"));
+    snprintf(args, sizeof args, "epochs=1 init=%s init_skip=fc save=%s/res3", plain, dir);
+    assert_int_equal(train(args), 0);
+    assert_non_null(strstr(read_output(), "; fresh: fc"));
+    snprintf(args, sizeof args, "epochs=1 init=%s init_skip=fc,layer9 save=%s/res4", plain, dir);
+    assert_int_equal(train(args), 1);
+    assert_non_null(strstr(read_output(), "init_skip names 'layer9'"));
+    assert_int_equal(train("epochs=1 init_skip=fc"), 1);
+    assert_non_null(strstr(read_output(), "init is not"));
+    // A layer inside a dotted name takes overrides: LAYER.key with LAYER = layer2.0.
+    assert_int_equal(train("--plan layer2.0.filters=x"), 1);
+    assert_non_null(strstr(read_output(), "[residual] key 'filters'"));
+    assert_int_equal(train("--plan layer2.0.stride=1"), 0);
+    g_cfg = "net.cfg";
+}
 
 // profile=1 times every kernel through a wrapping table: the same bits as without it, and a
 // table with each layer's forward and backward whose scopes add up to the total.
@@ -276,6 +383,8 @@ int main(void) {
         cmocka_unit_test(test_resume_fp32),
         cmocka_unit_test(test_resume_fp16),
         cmocka_unit_test(test_resume_accumulate),
+        cmocka_unit_test(test_resnet_resume),
+        cmocka_unit_test(test_plain_weights),
         cmocka_unit_test(test_eval_and_predict),
         cmocka_unit_test(test_bad_input),
     };
