@@ -91,7 +91,7 @@ static const char *g_cfg = "net.cfg";  // the cfg train() runs: net.cfg or resne
 
 // Runs ./train on the test cfg with extra arguments; returns its exit status.
 static int train(const char *args) {
-    char cmd[2 * PATH_MAX];
+    char cmd[3 * PATH_MAX];
     snprintf(cmd, sizeof cmd, "./train %s/%s %s > %s/out.txt 2>&1", dir, g_cfg, args, dir);
     const int rc = system(cmd);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
