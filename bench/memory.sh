@@ -1,10 +1,11 @@
 #!/bin/sh
-# Memory benchmarks (issue 6): the plan against the measured peak RSS, and activation
-# checkpointing on models/deep.cfg. Each run trains STEPS optimizer steps (stop_after)
-# and is measured with /usr/bin/time (wall and CPU seconds per step: the CPU time is the
-# steadier measure on a shared machine; both include start-up and one checkpoint write);
-# the plan comes from ./train --plan --json.
-#   STEPS=20 sh bench/memory.sh
+# Memory benchmarks (issues 6 and 14): the plan against the measured peak RSS, and
+# activation checkpointing on models/deep.cfg and models/resnet18.cfg. Each run trains
+# STEPS optimizer steps (stop_after; RSTEPS for resnet18) and is measured with
+# /usr/bin/time (wall and CPU seconds per step: the CPU time is the steadier measure on a
+# shared machine; both include start-up and one checkpoint write); the plan comes from
+# ./train --plan --json.
+#   STEPS=20 RSTEPS=4 sh bench/memory.sh
 set -e
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-20}
@@ -40,3 +41,19 @@ for b in 16 64 128; do run models/deep.cfg "deep batch=$b" batch=$b; done
 
 echo; echo "activation checkpointing on models/deep.cfg, batch 64"; header
 for c in none sqrt 2 4; do run models/deep.cfg "deep checkpoint=$c" checkpoint=$c; done
+
+# ResNets: models/resnet-small.cfg on Fashion-MNIST, models/resnet18.cfg at 224x224 on a
+# folder of 2,000 Fashion-MNIST PNGs (28x28, resized: the decoder's buffers stay small, so
+# the network's memory is what is measured).
+FOLDER=bench/out/png28_2k
+[ -d "$FOLDER" ] || { make -s build/bench/make_folders && build/bench/make_folders "$FOLDER" png28 2000; }
+RSTEPS=${RSTEPS:-4}
+echo; echo "ResNets (resnet18: $RSTEPS steps)"; header
+run models/resnet-small.cfg "resnet-small batch=128"
+run models/resnet-small.cfg "resnet-small sqrt fp16" checkpoint=sqrt precision=fp16
+STEPS=$RSTEPS
+for p in fp32 fp16; do
+    for c in none sqrt; do
+        run models/resnet18.cfg "resnet18 b32 $p checkpoint=$c" train=$FOLDER batch=32 precision=$p checkpoint=$c
+    done
+done

@@ -117,7 +117,7 @@ typedef struct Kernels {
     // ---- batch normalisation ------------------------------------------------------------
     // Per channel of x (rows, C), rows = samples x pixels. acc (2C doubles, device) holds
     // two sums per channel; reductions add in a fixed order (deterministic).
-    // acc[c] += sum of x, acc[C + c] += sum of x^2.
+    // acc[c] += sum of x, acc[C + c] += sum of x^2 (products and sums in double).
     void (*bn_sums)(double *acc, const float *x, int64_t rows, int C);
     // From acc over `count` values a channel: mean = acc[c] / count, var = acc[C + c] /
     // count - mean^2 (biased), invstd = 1 / sqrt(var + eps), in double, stored as floats;

@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""Trains a cnn.c cfg network in PyTorch, as ./train trains it, for comparing the two.
+
+The network is bench/cfg_torch.py's build of the cfg (the same layers, names and initial
+weights, drawn after torch.manual_seed(seed)); the recipe is the cfg's [train]: the NLL
+loss averaged over each batch, Adadelta (lr, rho, eps, weight_decay), StepLR (lr_gamma)
+stepped each epoch; the data is its [data]: IDX files (raw or gzip), normalised as
+(x/255 - mean) / std, and the batches come in cnn.c's order: the loader's seeded
+Fisher-Yates shuffle (data/loader.c) is replayed here, so both see the same batches.
+
+  pytorch_cfg.py CFG [--epochs N] [--steps N] [--threads T] [--init-out FILE]
+                   [--save FILE] [--json]
+
+--init-out writes the initial weights as a plain safetensors state_dict before training:
+./train CFG init=FILE then starts from exactly them. --steps stops after N optimizer steps
+(as ./train's stop_after) and --save writes the state_dict at the end, to compare with
+./train's checkpoint (./ckpt diff). Prints a line per epoch (train loss
+and accuracy, test loss and accuracy, images per second of the training loop alone) and
+with --json a final {"impl": "pytorch", ...} line. Run with /usr/bin/python3.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cfg_torch  # noqa: E402
+import st_torch  # noqa: E402
+
+M64 = (1 << 64) - 1
+
+
+# ---- cnn.c's counter-based RNG (nn/rng.h) and the loader's shuffle (data/loader.c) -------
+
+def mix64(x):
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & M64
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def rng_key(seed, stream, a, b):
+    k = mix64(seed ^ 0x5851f42d4c957f2d)
+    k = mix64(k ^ ((stream * 0xd6e8feb86659fd93) & M64))
+    k = mix64(k ^ ((a + 0x9e3779b97f4a7c15) & M64))
+    return mix64(k ^ ((b * 0xa0761d6478bd642f + 1) & M64))
+
+
+def rng_u64(key, counter):
+    return mix64((key + (counter + 1) * 0x9e3779b97f4a7c15) & M64)
+
+
+def draw_below(key, i, n, rng):
+    counter = i
+    m = rng_u64(key, counter) * rng
+    low = m & M64
+    if low < rng:
+        threshold = ((1 << 64) - rng) % rng
+        while low < threshold:
+            counter += n
+            m = rng_u64(key, counter) * rng
+            low = m & M64
+    return m >> 64
+
+
+def shuffle(n, seed, epoch):
+    order = list(range(n))
+    key = rng_key(seed, 3, epoch, 0)  # RNG_STREAM_SHUFFLE
+    for i in range(n - 1, 0, -1):
+        j = draw_below(key, i, n, i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+# ---- data -------------------------------------------------------------------------------
+
+def read_idx(path, magic, ndim):
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if int.from_bytes(raw[:4], "big") != magic:
+        sys.exit(f"pytorch_cfg: {path}: not an IDX file with magic {magic:#010x}")
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return torch.frombuffer(bytearray(raw[4 + 4 * ndim:]), dtype=torch.uint8).reshape(dims)
+
+
+def floats(text, n=3):
+    v = [float(x) for x in text.split(",")]
+    return v * n if len(v) == 1 else v
+
+
+def load(data, split):
+    if os.path.isdir(data.get(split, "")):
+        sys.exit("pytorch_cfg: image folders are not read here; give IDX files")
+    x = read_idx(data[split], 0x803, 3)
+    y = read_idx(data[split + "_labels"], 0x801, 1).long()
+    mean, std = floats(data.get("mean", "0"), 1)[0], floats(data.get("std", "1"), 1)[0]
+    return x.float().div_(255).sub_(mean).div_(std).unsqueeze(1).contiguous(), y
+
+
+def main():
+    p = argparse.ArgumentParser(description="Train a cnn.c cfg network in PyTorch")
+    p.add_argument("cfg")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--steps", type=int, default=0, help="stop after this many steps")
+    p.add_argument("--init-out", help="write the initial weights (plain safetensors) here")
+    p.add_argument("--save", help="write the final state_dict (plain safetensors) here")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    with open(args.cfg) as f:
+        sections = cfg_torch.parse(f.read())
+    tr, data = cfg_torch.section(sections, "train"), cfg_torch.section(sections, "data")
+    epochs = args.epochs or int(tr.get("epochs", 14))
+    batch, seed = int(tr.get("batch", 64)), int(tr.get("seed", 1))
+    lr, gamma = float(tr.get("lr", 1.0)), float(tr.get("lr_gamma", 0.7))
+    x, y = load(data, "train")
+    xt, yt = load(data, "test") if data.get("test") else (None, None)
+    classes = int(max(y.max(), yt.max() if yt is not None else 0)) + 1
+    net = cfg_torch.build(sections, tuple(x.shape[1:]), classes, seed)
+    if args.init_out:
+        st_torch.write(args.init_out, net.state_dict())
+    opt = torch.optim.Adadelta(net.parameters(), lr=lr, rho=float(tr.get("rho", 0.9)),
+                               eps=float(tr.get("eps", 1e-6)),
+                               weight_decay=float(tr.get("weight_decay", 0)))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=gamma)
+    shuffled = data.get("shuffle", "1") != "0"
+    n, steps = x.shape[0], 0
+    for epoch in range(epochs):
+        order = torch.tensor(shuffle(n, seed, epoch) if shuffled else list(range(n)))
+        net.train()
+        loss_sum, correct, t0 = 0.0, 0, time.perf_counter()
+        for b0 in range(0, n, batch):
+            idx = order[b0:b0 + batch]
+            out = net(x[idx])
+            loss = F.nll_loss(out, y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(idx)
+            correct += (out.argmax(1) == y[idx]).sum().item()
+            steps += 1
+            if steps == args.steps:
+                break
+        seconds = time.perf_counter() - t0
+        sched.step()
+        line = {"impl": "pytorch", "epoch": epoch + 1, "train_loss": loss_sum / n,
+                "train_acc": 100.0 * correct / n, "img_per_s": n / seconds}
+        if xt is not None:
+            net.eval()
+            with torch.no_grad():
+                tl, tc = 0.0, 0
+                for b0 in range(0, xt.shape[0], 1000):
+                    out = net(xt[b0:b0 + 1000])
+                    tl += F.nll_loss(out, yt[b0:b0 + 1000], reduction="sum").item()
+                    tc += (out.argmax(1) == yt[b0:b0 + 1000]).sum().item()
+            line.update(val_loss=tl / xt.shape[0], val_acc=100.0 * tc / xt.shape[0])
+        print(f"pytorch epoch {line['epoch']}/{epochs}  train_loss {line['train_loss']:.4f}  "
+              f"train_acc {line['train_acc']:.2f}%" +
+              (f"  val_loss {line['val_loss']:.4f}  val_acc {line['val_acc']:.2f}%" if xt is not None else "") +
+              f"  {line['img_per_s']:.0f} img/s", flush=True)
+        if steps == args.steps:
+            break
+    if args.save:
+        st_torch.write(args.save, net.state_dict())
+    if args.json:
+        print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()
