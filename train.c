@@ -38,12 +38,27 @@ static const CfgKey train_keys[] = {
     {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
     {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
     {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
-    {"optimizer", "adadelta", "adadelta (PyTorch's update)"},
-    {"lr", "1.0", "learning rate"},
-    {"rho", "0.9", "Adadelta's running-average coefficient"},
-    {"eps", "1e-6", "Adadelta's epsilon"},
-    {"weight_decay", "0", "L2 penalty added to the gradients"},
-    {"lr_gamma", "0.7", "StepLR: the learning rate is multiplied by this after each epoch"},
+    {"optimizer", "adadelta", "adadelta, sgd or adamw: PyTorch's updates and defaults"},
+    {"lr", "by optimizer", "learning rate: adadelta 1.0, sgd 0.01, adamw 0.001"},
+    {"rho", "0.9", "adadelta: the running averages' coefficient"},
+    {"eps", "by optimizer", "adadelta 1e-6, adamw 1e-8: added to the denominator"},
+    {"momentum", "0", "sgd: momentum"},
+    {"dampening", "0", "sgd: dampening of the momentum"},
+    {"nesterov", "0", "sgd: 1 for Nesterov momentum"},
+    {"betas", "0.9, 0.999", "adamw: the coefficients of the running averages"},
+    {"weight_decay", "by optimizer", "adadelta and sgd (0): L2 penalty added to the gradient; "
+                                     "adamw (0.01): decoupled decay"},
+    {"decay_skip_norm_bias", "0", "1: no weight decay for biases and batchnorm parameters"},
+    {"schedule", "step", "step (StepLR: lr_gamma each epoch) or cosine (annealed each step to "
+                         "lr_min over the run)"},
+    {"lr_gamma", "0.7", "step: the learning rate is multiplied by this after each epoch"},
+    {"lr_min", "0", "cosine: the learning rate at the end of the run"},
+    {"warmup", "0", "steps of linear warmup first, from warmup_start * lr (PyTorch's LinearLR)"},
+    {"warmup_start", "0.3333333333333333", "warmup: the fraction of lr at the first step"},
+    {"freeze", "", "layers whose parameters stay fixed, names or prefixes, comma-separated "
+                   "(conv1, layer1): no gradients, no optimizer state"},
+    {"freeze_bn", "1", "1: frozen layers' batchnorms normalise by their running statistics, "
+                       "which stay; 0: by the batch's, updating them"},
     {"device", "cpu", "cpu, or cuda in builds with the CUDA backend"},
     {"threads", "0", "CPU threads for OpenBLAS and the kernels; 0 = all cores"},
     {"seed", "1", "seeds initialisation (the weights PyTorch draws after torch.manual_seed), shuffling and dropout"},
@@ -61,6 +76,13 @@ static const CfgKey train_keys[] = {
 };
 enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
 
+// A comma-separated list of layer names of the cfg: names[0..n) point into text.
+typedef struct NameList {
+    char text[1024];
+    const char *names[64];
+    int n;
+} NameList;
+
 typedef struct Options {
     int epochs, batch, threads, accumulate;
     int64_t save_every, stop_after;
@@ -70,13 +92,12 @@ typedef struct Options {
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]
     const char *resume, *init;
-    char init_skip_text[1024];  // init_skip, split: init_skip[0..ninit_skip) point into it
-    const char *init_skip[64];
-    int ninit_skip;
+    NameList init_skip, freeze;
+    int freeze_bn;
     DType precision;
     LossScaler scaler;  // its initial state
-    Adadelta adadelta;
-    double lr_gamma;
+    Optimizer optim;
+    Schedule schedule;  // total is set when the data is open
     const char *device;
     char save[1024];
     uint64_t seed;
@@ -156,27 +177,73 @@ static int apply_override(Cfg *cfg, const char *arg, Error *err) {
     return cfg_set(s, k, value, err);
 }
 
-// init_skip = a, b: the names, trimmed, into o->init_skip.
-static int read_init_skip(Options *o, const Cfg *cfg, const CfgSection *t, Error *err) {
+// key = a, b: the names, trimmed, into *list.
+static int read_names(const Cfg *cfg, const CfgSection *t, const char *key, NameList *list,
+                      Error *err) {
     const char *text;
-    if (cfg_str(cfg, t, "init_skip", "", &text, err)) return -1;
-    o->ninit_skip = 0;
-    if (strlen(text) >= sizeof o->init_skip_text)
-        return err_set(err, "%s: [train] init_skip is too long", cfg->path);
-    strcpy(o->init_skip_text, text);
-    for (char *p = o->init_skip_text; *p;) {
+    if (cfg_str(cfg, t, key, "", &text, err)) return -1;
+    list->n = 0;
+    if (strlen(text) >= sizeof list->text)
+        return err_set(err, "%s: [train] %s is too long", cfg->path, key);
+    strcpy(list->text, text);
+    for (char *p = list->text; *p;) {
         p += strspn(p, " \t,");
         if (!*p) break;
         char *end = p + strcspn(p, ",");
         char *next = *end ? end + 1 : end;
         while (end > p && (end[-1] == ' ' || end[-1] == '\t')) end--;
         *end = '\0';
-        if (o->ninit_skip == (int)(sizeof o->init_skip / sizeof o->init_skip[0]))
-            return err_set(err, "%s: [train] init_skip names more than %d layers", cfg->path,
-                           (int)(sizeof o->init_skip / sizeof o->init_skip[0]));
-        o->init_skip[o->ninit_skip++] = p;
+        if (list->n == (int)(sizeof list->names / sizeof list->names[0]))
+            return err_set(err, "%s: [train] %s names more than %d layers", cfg->path, key,
+                           (int)(sizeof list->names / sizeof list->names[0]));
+        list->names[list->n++] = p;
         p = next;
     }
+    return 0;
+}
+
+// The optimizer's keys, with its defaults.
+static int read_optimizer(Optimizer *o, const Cfg *cfg, const CfgSection *t, Error *err) {
+    int kind;
+    if (cfg_choice(cfg, t, "optimizer", "adadelta", optim_names, OPTIM_COUNT, &kind, err)) return -1;
+    o->kind = (OptimKind)kind;
+    static const char *const lr0[] = {"1.0", "0.01", "0.001"}, *const eps0[] = {"1e-6", "1e-6", "1e-8"},
+                             *const wd0[] = {"0", "0", "0.01"};
+    static_assert(OPTIM_COUNT == 3, "the optimizers' defaults above");
+    double betas[2];
+    int nbetas;
+    int64_t nesterov, skip;
+    if (cfg_float(cfg, t, "lr", lr0[kind], 0.0, 1e6, &o->lr, err) ||
+        cfg_float(cfg, t, "rho", "0.9", 0.0, 1.0, &o->rho, err) ||
+        cfg_float(cfg, t, "eps", eps0[kind], 0.0, 1.0, &o->eps, err) ||
+        cfg_float(cfg, t, "momentum", "0", 0.0, 1.0, &o->momentum, err) ||
+        cfg_float(cfg, t, "dampening", "0", 0.0, 1.0, &o->dampening, err) ||
+        cfg_int(cfg, t, "nesterov", "0", 0, 1, &nesterov, err) ||
+        cfg_floats(cfg, t, "betas", "0.9, 0.999", betas, 2, &nbetas, err) ||
+        cfg_float(cfg, t, "weight_decay", wd0[kind], 0.0, 1e6, &o->weight_decay, err) ||
+        cfg_int(cfg, t, "decay_skip_norm_bias", "0", 0, 1, &skip, err))
+        return -1;
+    if (nbetas != 2 || !(betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1))
+        return err_set(err, "%s: [train] betas: expected two numbers in [0, 1), such as 0.9, 0.999",
+                       cfg->path);
+    o->beta1 = betas[0], o->beta2 = betas[1];
+    o->nesterov = nesterov != 0;
+    o->decay_skip_norm_bias = skip != 0;
+    if (o->nesterov && (o->momentum == 0 || o->dampening != 0))
+        return err_set(err, "%s: [train] nesterov = 1 needs momentum > 0 and dampening = 0 (as "
+                            "PyTorch's SGD)", cfg->path);
+    return 0;
+}
+
+static int read_schedule(Schedule *s, const Cfg *cfg, const CfgSection *t, Error *err) {
+    int kind;
+    if (cfg_choice(cfg, t, "schedule", "step", schedule_names, SCHEDULE_COUNT, &kind, err) ||
+        cfg_float(cfg, t, "lr_gamma", "0.7", 0.0, 1e6, &s->gamma, err) ||
+        cfg_float(cfg, t, "lr_min", "0", 0.0, 1e6, &s->lr_min, err) ||
+        cfg_int(cfg, t, "warmup", "0", 0, INT64_MAX, &s->warmup, err) ||
+        cfg_float(cfg, t, "warmup_start", "0.3333333333333333", 1e-9, 1.0, &s->warmup_start, err))
+        return -1;
+    s->kind = (ScheduleKind)kind;
     return 0;
 }
 
@@ -187,11 +254,11 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
     if (cfg_check_keys(cfg, t, train_keys, NTRAIN_KEYS, err) || data_cfg_read(&o->data, cfg, d, err))
         return -1;
     int64_t epochs, batch, threads, seed, accumulate, growth_interval, profile;
-    double lr, rho, eps, wd, gamma, init_scale;
-    int optimizer, precision;
-    static const char *const optimizers[] = {"adadelta"}, *const precisions[] = {"fp32", "fp16"};
+    double init_scale;
+    int precision;
+    static const char *const precisions[] = {"fp32", "fp16"};
     const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16;
+    int64_t auto_fp16, freeze_bn;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
@@ -202,12 +269,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
-        cfg_choice(cfg, t, "optimizer", "adadelta", optimizers, 1, &optimizer, err) ||
-        cfg_float(cfg, t, "lr", "1.0", 0.0, 1e6, &lr, err) ||
-        cfg_float(cfg, t, "rho", "0.9", 0.0, 1.0, &rho, err) ||
-        cfg_float(cfg, t, "eps", "1e-6", 0.0, 1.0, &eps, err) ||
-        cfg_float(cfg, t, "weight_decay", "0", 0.0, 1e6, &wd, err) ||
-        cfg_float(cfg, t, "lr_gamma", "0.7", 0.0, 1e6, &gamma, err) ||
+        read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, cfg, t, err) ||
         cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
         cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err) ||
         cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
@@ -216,7 +278,9 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
         cfg_str(cfg, t, "resume", "", &o->resume, err) ||
         cfg_str(cfg, t, "init", "", &o->init, err) ||
-        read_init_skip(o, cfg, t, err) ||
+        read_names(cfg, t, "init_skip", &o->init_skip, err) ||
+        read_names(cfg, t, "freeze", &o->freeze, err) ||
+        cfg_int(cfg, t, "freeze_bn", "1", 0, 1, &freeze_bn, err) ||
         cfg_int(cfg, t, "profile", "0", 0, 1, &profile, err))
         return -1;
     o->profile = (int)profile;
@@ -265,8 +329,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         o->scaler = scaler_make(false, fixed, growth_interval);
     }
 
-    o->adadelta = (Adadelta){.lr = lr, .rho = rho, .eps = eps, .weight_decay = wd};
-    o->lr_gamma = gamma;
+    o->freeze_bn = (int)freeze_bn;
     if (save[0]) {
         snprintf(o->save, sizeof o->save, "%s", save);
     } else {  // runs/<cfg file name without directory and extension>
@@ -324,6 +387,7 @@ static void put_batch(Net *net, const Batch *b, int first, int n) {
 // are unscaled and checked, and the step is skipped if they are not finite.
 static void train_step(Net *net, const Batch *b, const Options *o, uint64_t step, double lr,
                        LossScaler *scaler) {
+    const int64_t taken = (int64_t)step - scaler->skipped;  // steps the optimizer took
     net_zero_grads(net);
     net->loss_scale = (float)scaler->scale;
     for (int m0 = 0; m0 < b->n; m0 += net->batch) {
@@ -338,13 +402,13 @@ static void train_step(Net *net, const Batch *b, const Options *o, uint64_t step
     profile_enter(PROF_OPTIMIZER);
     if (net->precision == DT_F16) {
         float nonfinite;
-        net->k->scale_check(net->grads, net->nparams, (float)(1.0 / scaler->scale),
+        net->k->scale_check(net->grads, net->ntrain, (float)(1.0 / scaler->scale),
                             &net->metrics[NET_NONFINITE]);
         net->k->download(&nonfinite, &net->metrics[NET_NONFINITE], sizeof nonfinite);
         if (nonfinite) net->k->zero(&net->metrics[NET_NONFINITE], sizeof nonfinite);
         if (!scaler_update(scaler, nonfinite != 0.0f)) return;
     }
-    adadelta_step(net, &o->adadelta, lr);
+    optim_step(net, &o->optim, lr, taken);
 }
 
 static void read_metrics(Net *net, Totals *t) {
@@ -400,6 +464,8 @@ typedef struct Run {
     CheckpointInfo info;
     char last[1100], best[1100];
     int64_t steps_now, images_now;  // trained by this process (for the profile)
+    Schedule schedule;              // the options' with its total: epochs x batches
+    double lr;                      // of the last step
 } Run;
 
 // Writes the run's state to path (the epoch totals so far come from the device).
@@ -419,7 +485,6 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     const Options *o = r->o;
     Net *net = r->net;
     const int epoch = (int)r->st.epoch;
-    const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
     const int64_t nbatches = loader_batches(r->loader);
     const bool live = isatty(STDOUT_FILENO);
     // A resumed epoch goes on from the totals of its first part.
@@ -434,7 +499,8 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
         profile_enter(PROF_LOADER);
         if (loader_next(r->loader, &b, err)) return -1;
         if (!b) break;
-        train_step(net, b, o, r->st.step, lr, &r->scaler);
+        r->lr = schedule_lr(&r->schedule, o->optim.lr, (int64_t)r->st.step, epoch);
+        train_step(net, b, o, r->st.step, r->lr, &r->scaler);
         profile_enter(PROF_STEP);
         r->steps_now++, r->images_now += b->n;
         r->st.step++;
@@ -562,8 +628,12 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
     r.loader = data.train_loader;
+    r.schedule = o->schedule;
+    r.schedule.total = (int64_t)o->epochs * loader_batches(r.loader);
     NetOptions net_opt = {.batch = o->batch / o->accumulate, .precision = o->precision,
-                          .segments = o->segments};
+                          .segments = o->segments, .freeze = o->freeze.names,
+                          .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0};
+    optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
     if (o->memory && apply_budget(o, cfg, train, data.classes, data_loader_bytes(&data) + baseline,
                                   &net_opt, &accumulate, err))
@@ -577,23 +647,27 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         goto done;
     }
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
+    if (!net.ntrain) {
+        err_set(err, "%s: freeze leaves no parameter to train", cfg->path);
+        goto done;
+    }
     if (net_init_params(&net, o->seed, err)) goto done;
     if (o->profile && profile_start(&net, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
     r.scaler = net.precision == DT_F16 ? o->scaler : scaler_make(false, 1.0, 1);
     if (o->init[0]) {
-        for (int i = 0; i < o->ninit_skip; i++)
-            if (!has_module(&net, o->init_skip[i])) {
+        for (int i = 0; i < o->init_skip.n; i++)
+            if (!has_module(&net, o->init_skip.names[i])) {
                 err_set(err, "%s: init_skip names '%s', but the network has no layer of that "
                              "name (see the table of layers: ./train CFG --plan)", cfg->path,
-                        o->init_skip[i]);
+                        o->init_skip.names[i]);
                 goto done;
             }
-        if (checkpoint_load_weights(o->init, &net, o->init_skip, o->ninit_skip, err)) goto done;
-        printf("initial weights from %s%s%s\n", o->init, o->ninit_skip ? "; fresh: " : "",
-               o->ninit_skip ? o->init_skip_text : "");
-    } else if (o->ninit_skip) {
+        if (checkpoint_load_weights(o->init, &net, o->init_skip.names, o->init_skip.n, err)) goto done;
+        printf("initial weights from %s%s%s\n", o->init, o->init_skip.n ? "; fresh: " : "",
+               o->init_skip.n ? o->init_skip.text : "");
+    } else if (o->init_skip.n) {
         err_set(err, "%s: init_skip is set but init is not: init_skip says which layers of the "
                      "init weights to leave out", cfg->path);
         goto done;
@@ -656,7 +730,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         }
         if (test && evaluate(&net, data.test_loader, &te, err)) goto done;
         const double img_s = tr.trained_now / seconds, rss = proc_status_bytes("VmHWM:") / 1048576.0;
-        const double lr = steplr(o->adadelta.lr, o->lr_gamma, epoch);
+        const double lr = r.lr;
         const double val_acc = test ? 100.0 * te.correct / te.seen : -1;
         char val[96] = "";
         if (test) snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen, val_acc);

@@ -17,7 +17,7 @@
 //     the direct convolution (the CPU's sums in its order, block sums included),
 //     bias + activation, ReLU, maxpool (first maximum), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
-//     NaN payloads included), scale_check and Adadelta (explicit _rn intrinsics, so that
+//     NaN payloads included), scale_check, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
 //     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either), the
 //     pooling layers, add_act and batchnorm's per-element arithmetic and statistics. GEMM,
 //     bias_act_backward's sums, batchnorm's sums (double) and the log-softmax/NLL sums
@@ -674,6 +674,32 @@ __host__ __device__ static inline void adadelta_at(int64_t i, float *p, float *s
     p[i] = sub_rn(p[i], mul_rn(lr, delta));
 }
 
+// nn/cpu_kernels.c's SGD and AdamW, operation by operation.
+__host__ __device__ static inline void sgd_at(int64_t i, float *p, float *buf, const float *grad,
+                                              float lr, float momentum, float one_minus_dampening,
+                                              float weight_decay, bool nesterov, bool first) {
+    float d = weight_decay != 0.0f ? add_rn(grad[i], mul_rn(weight_decay, p[i])) : grad[i];
+    if (buf) {
+        const float b = first ? d : add_rn(mul_rn(buf[i], momentum), mul_rn(one_minus_dampening, d));
+        buf[i] = b;
+        d = nesterov ? add_rn(d, mul_rn(momentum, b)) : b;
+    }
+    p[i] = add_rn(p[i], mul_rn(-lr, d));
+}
+
+__host__ __device__ static inline void adamw_at(int64_t i, float *p, float *m, float *v,
+                                                const float *grad, float decay, float beta1,
+                                                float one_minus_beta1, float beta2,
+                                                float one_minus_beta2, float eps, float step_size,
+                                                float bc2_sqrt) {
+    const float pi = mul_rn(p[i], decay);
+    const float mi = add_rn(mul_rn(m[i], beta1), mul_rn(one_minus_beta1, grad[i]));
+    const float vi = add_rn(mul_rn(v[i], beta2), mul_rn(mul_rn(one_minus_beta2, grad[i]), grad[i]));
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = add_rn(pi, div_rn(mul_rn(-step_size, mi), add_rn(div_rn(sqrt_rn(vi), bc2_sqrt), eps)));
+}
+
 // ---- kernels and their launchers ---------------------------------------------------------------
 
 __global__ void im2col_kernel(float *col, const float *in, Window w, int64_t total) {
@@ -737,12 +763,14 @@ static void cuda_conv_direct_backward(float *din, float *dw, float *dbias, float
     const bool relu = act == ACT_RELU;
     const int64_t parts = conv_direct_partial_floats(cg), params = parts / CONV_DIRECT_PARTS;
     if (parts <= 0) return;
-    conv_direct_partial_kernel<<<blocks_for(parts), THREADS, 0, g.stream>>>(partial, dout, in, out,
-                                                                             cg, relu, parts);
-    LAUNCH_CHECK();
-    conv_direct_reduce_kernel<<<blocks_for(params), THREADS, 0, g.stream>>>(dw, dbias, partial, cg,
-                                                                            params);
-    LAUNCH_CHECK();
+    if (dw) {  // NULL: a frozen layer
+        conv_direct_partial_kernel<<<blocks_for(parts), THREADS, 0, g.stream>>>(partial, dout, in,
+                                                                                 out, cg, relu, parts);
+        LAUNCH_CHECK();
+        conv_direct_reduce_kernel<<<blocks_for(params), THREADS, 0, g.stream>>>(dw, dbias, partial,
+                                                                                cg, params);
+        LAUNCH_CHECK();
+    }
     const int64_t total = (int64_t)cg.N * cg.H * cg.W * cg.C;
     if (!din || total <= 0) return;
     conv_direct_din_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dout, out, w, cg, relu,
@@ -1219,6 +1247,40 @@ static void cuda_adadelta_step(float *p, float *square_avg, float *acc_delta, co
     LAUNCH_CHECK();
 }
 
+__global__ void sgd_kernel(float *p, float *buf, const float *grad, int64_t n, float lr,
+                           float momentum, float one_minus_dampening, float weight_decay,
+                           bool nesterov, bool first) {
+    GRID_LOOP(i, n) sgd_at(i, p, buf, grad, lr, momentum, one_minus_dampening, weight_decay, nesterov, first);
+}
+
+static void cuda_sgd_step(float *p, float *buf, const float *grad, int64_t n, float lr,
+                          float momentum, float one_minus_dampening, float weight_decay,
+                          bool nesterov, bool first) {
+    if (n <= 0) return;
+    sgd_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(p, buf, grad, n, lr, momentum,
+                                                        one_minus_dampening, weight_decay, nesterov,
+                                                        first);
+    LAUNCH_CHECK();
+}
+
+__global__ void adamw_kernel(float *p, float *m, float *v, const float *grad, int64_t n,
+                             float decay, float beta1, float one_minus_beta1, float beta2,
+                             float one_minus_beta2, float eps, float step_size, float bc2_sqrt) {
+    GRID_LOOP(i, n)
+    adamw_at(i, p, m, v, grad, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
+             bc2_sqrt);
+}
+
+static void cuda_adamw_step(float *p, float *m, float *v, const float *grad, int64_t n, float decay,
+                            float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                            float eps, float step_size, float bc2_sqrt) {
+    if (n <= 0) return;
+    adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(p, m, v, grad, n, decay, beta1,
+                                                          one_minus_beta1, beta2, one_minus_beta2,
+                                                          eps, step_size, bc2_sqrt);
+    LAUNCH_CHECK();
+}
+
 // ---- the table -------------------------------------------------------------------------------
 
 static Kernels g_table;
@@ -1322,6 +1384,8 @@ static void cuda_init(void) {
     k->f16_to_f32 = cuda_f16_to_f32;
     k->scale_check = cuda_scale_check;
     k->adadelta_step = cuda_adadelta_step;
+    k->sgd_step = cuda_sgd_step;
+    k->adamw_step = cuda_adamw_step;
 }
 
 // The CUDA table, or NULL with a message when no usable GPU is here (set up once; every

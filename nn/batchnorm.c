@@ -63,9 +63,12 @@ static float *bn_invstd(const Layer *l) { return bn_mean(l) + l->in.c; }
 
 static int64_t bn_rows(const Layer *l, int n) { return (int64_t)n * l->in.h * l->in.w; }
 
+// Normalised by the running statistics: in evaluation, and when frozen with them.
+static bool bn_eval(const Layer *l, const LayerCtx *ctx) { return !ctx->train || l->frozen_stats; }
+
 // The batch pass is for training forwards that are not recomputations.
 static bool batchnorm_forward_reduces(const Layer *l, const LayerCtx *ctx) {
-    return ctx->train && !ctx->recompute;
+    return !bn_eval(l, ctx) && !ctx->recompute;
 }
 
 static void batchnorm_forward_reduce(Layer *l, const LayerCtx *ctx, const float *in, int n0, int n,
@@ -82,23 +85,26 @@ static void batchnorm_forward_reduce(Layer *l, const LayerCtx *ctx, const float 
 
 static void batchnorm_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const BatchNorm *b = (const BatchNorm *)l;
-    if (!ctx->train)
+    if (bn_eval(l, ctx))
         ctx->k->bn_eval_stats(bn_mean(l), bn_invstd(l), l->buffers[0].data, l->buffers[1].data,
                               l->in.c, b->eps);
     ctx->k->bn_forward(out, in, bn_mean(l), bn_invstd(l), l->params[0].data, l->params[1].data,
                        bn_rows(l, N), l->in.c, b->act);
 }
 
+// Frozen with its running statistics, the normalisation is a fixed affine map: its
+// gradient is bn_backward's with zero sums (din = dy * gamma * invstd), and there are no
+// parameter gradients.
 static void batchnorm_backward_reduce(Layer *l, const LayerCtx *ctx, const float *dout,
                                       const float *in, const float *out, int n0, int n, int N) {
     BatchNorm *b = (BatchNorm *)l;
     const int C = l->in.c;
     if (n0 == 0) ctx->k->zero(bn_acc(l), 2 * (size_t)C * sizeof(double));
+    b->count = bn_rows(l, N);
+    if (l->frozen_stats) return;
     ctx->k->bn_backward_sums(bn_acc(l), dout, out, in, bn_mean(l), bn_invstd(l), bn_rows(l, n), C,
                              b->act);
-    if (n0 + n < N) return;
-    b->count = bn_rows(l, N);
-    ctx->k->bn_param_grads(l->grads[0], l->grads[1], bn_acc(l), C);
+    if (n0 + n == N && l->grads[0]) ctx->k->bn_param_grads(l->grads[0], l->grads[1], bn_acc(l), C);
 }
 
 // Elementwise after the pass: din may be dout (the network's gradient buffers); when it is

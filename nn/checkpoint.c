@@ -16,10 +16,6 @@
 #define OPT_PREFIX CHECKPOINT_OPTIMIZER_PREFIX
 #define OPT_PREFIX_LEN (sizeof OPT_PREFIX - 1)
 
-// The halves of net->optimizer, in their order there: the key suffixes of the optimizer
-// state ("optimizer.conv1.weight.square_avg").
-static const char *const opt_states[2] = {"square_avg", "acc_delta"};
-
 // The metadata keys of the TrainState fields.
 enum { NUM_INT, NUM_UINT, NUM_DOUBLE };
 typedef struct StateField {
@@ -54,28 +50,30 @@ void checkpoint_info_free(CheckpointInfo *info) {
 
 // ---- the network's tensors --------------------------------------------------------------
 
-// One tensor of the model's state_dict: a parameter (trained, with optimizer state) or a
-// buffer (batchnorm's running statistics and counter).
+// One tensor of the model's state_dict: a parameter or a buffer (batchnorm's running
+// statistics and counter). A trained parameter has a gradient, and optimizer state.
 typedef struct ModelTensor {
     const Tensor *t;
     bool param;
+    const float *grad;  // NULL for buffers and frozen parameters
 } ModelTensor;
 
 // The model's tensors in state_dict order (module after module: its parameters, then its
-// buffers): a malloc'd array of *n (caller frees), *nparam of them parameters; NULL with err.
-static ModelTensor *list_model(const Net *net, int *n, int *nparam, Error *err) {
-    *n = *nparam = 0;
+// buffers): a malloc'd array of *n (caller frees), *ntrained of them trained parameters;
+// NULL with err.
+static ModelTensor *list_model(const Net *net, int *n, int *ntrained, Error *err) {
+    *n = *ntrained = 0;
     for (int i = 0; i < net->nmodules; i++) {
         *n += net->modules[i]->nparams + net->modules[i]->nbuffers;
-        *nparam += net->modules[i]->nparams;
+        if (!net->modules[i]->frozen) *ntrained += net->modules[i]->nparams;
     }
     ModelTensor *m = xcalloc((size_t)*n ? (size_t)*n : 1, sizeof *m, err);
     if (!m) return NULL;
     int k = 0;
     for (int i = 0; i < net->nmodules; i++) {
         const Layer *l = net->modules[i];
-        for (int j = 0; j < l->nparams; j++) m[k++] = (ModelTensor){&l->params[j], true};
-        for (int j = 0; j < l->nbuffers; j++) m[k++] = (ModelTensor){&l->buffers[j], false};
+        for (int j = 0; j < l->nparams; j++) m[k++] = (ModelTensor){&l->params[j], true, l->grads[j]};
+        for (int j = 0; j < l->nbuffers; j++) m[k++] = (ModelTensor){&l->buffers[j], false, NULL};
     }
     return m;
 }
@@ -91,15 +89,9 @@ static size_t buffer_floats(const ModelTensor *m, int n) {
     return f;
 }
 
-// Where parameter p's optimizer state `half` (0 square_avg, 1 acc_delta) lies on the
-// device: the optimizer block mirrors the parameter block (net.h).
-static float *opt_state(const Net *net, const Tensor *p, int half) {
-    ptrdiff_t off = (const float *)p->data - net->params;
-    return net->optimizer + (size_t)half * (size_t)net->nparams + off;
-}
-
-static int opt_key(char *out, size_t cap, const char *param, int half) {
-    int w = snprintf(out, cap, "%s%s.%s", OPT_PREFIX, param, opt_states[half]);
+// "optimizer.<param>.<the net's state s>" into out; -1 if it does not fit.
+static int opt_key(const Net *net, char *out, size_t cap, const char *param, int s) {
+    int w = snprintf(out, cap, "%s%s.%s", OPT_PREFIX, param, net->state_names[s]);
     return w < 0 || (size_t)w >= cap ? -1 : 0;
 }
 
@@ -151,60 +143,51 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
                        "cannot write '%s': checkpoint_save needs the TrainState, the cfg text "
                        "and the class names",
                        path);
-    int nm = 0, np = 0, rc = -1;
+    int nm = 0, nt = 0, rc = -1;
+    const int S = net->nstates;
     Tensor *t = NULL;
     float *host = NULL;
     char *classes = NULL;
-    ModelTensor *model = list_model(net, &nm, &np, err);
+    ModelTensor *model = list_model(net, &nm, &nt, err);
     if (!model) goto done;
     classes = join_classes(info, path, err);
     if (!classes) goto done;
-    t = xcalloc((size_t)(nm + 2 * np), sizeof *t, err);
+    t = xcalloc((size_t)(nm + S * nt), sizeof *t, err);
     if (!t) goto done;
     // Where the device's memory is the host's (the CPU), the tensors are written from it
     // directly: saving then costs no memory beyond the plan.
-    const size_t nbuf = buffer_floats(model, nm);
+    const size_t nbuf = buffer_floats(model, nm), nopt = (size_t)S * (size_t)net->ntrain;
     if (!net->k->host_memory &&
-        !(host = xcalloc((size_t)net->nparams * 3 + nbuf, sizeof *host, err)))
+        !(host = xcalloc((size_t)net->nparams + nopt + nbuf, sizeof *host, err)))
         goto done;
 
-    // Tensors: the model's in state_dict order, then each parameter's square_avg and
-    // acc_delta. Host layout: the parameters, square_avg, acc_delta (each in parameter
-    // order), then the buffers.
+    // Tensors: the model's in state_dict order, then each trained parameter's optimizer
+    // states. Host layout: the parameters, the optimizer states, the buffers.
     if (net->k->sync) net->k->sync();
-    size_t off = 0, boff = (size_t)net->nparams * 3;
-    for (int i = 0, pi = 0; i < nm; i++) {
+    size_t off = 0, ooff = (size_t)net->nparams, boff = ooff + nopt;
+    for (int i = 0, ti = 0; i < nm; i++) {
         const Tensor *p = model[i].t;
         const size_t n = (size_t)tensor_numel(p), bytes = n * sizeof(float);
-        if (!model[i].param) {
-            t[i] = *p;
-            if (!on_host(net, p)) {
-                t[i].data = host + boff;
-                if (bytes) net->k->download(t[i].data, p->data, bytes);
-                boff += n;
-            }
-            continue;
+        t[i] = *p;
+        if (!on_host(net, p)) {
+            t[i].data = host + (model[i].param ? off : boff);
+            if (bytes) net->k->download(t[i].data, p->data, bytes);
+            *(model[i].param ? &off : &boff) += n;
         }
-        if (off + n > (size_t)net->nparams) {
-            err_set(err,
-                    "cannot write '%s': the network's tensors hold more than its %lld parameters",
-                    path, (long long)net->nparams);
-            goto done;
-        }
-        for (int h = 0; h < 3; h++) {
-            Tensor *o = h ? &t[nm + 2 * pi + h - 1] : &t[i];
+        if (!model[i].grad) continue;
+        for (int h = 0; h < S; h++, ti++) {
+            Tensor *o = &t[nm + ti];
             *o = *p;
-            float *src = h ? opt_state(net, p, h - 1) : p->data;
-            o->data = host ? host + (size_t)h * (size_t)net->nparams + off : src;
-            if (h && opt_key(o->name, sizeof o->name, p->name, h - 1)) {
+            float *src = net_opt_state(net, model[i].grad, h);
+            o->data = host ? host + ooff : src;
+            if (opt_key(net, o->name, sizeof o->name, p->name, h)) {
                 err_set(err, "cannot write '%s': the optimizer key of '%s' is too long", path,
                         p->name);
                 goto done;
             }
             if (host && bytes) net->k->download(o->data, src, bytes);
+            if (host) ooff += n;
         }
-        off += n;
-        pi++;
     }
 
     // Metadata: the format, the cfg, the classes, the input shape and the TrainState as
@@ -235,7 +218,7 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
         }
         keys[NINFO + i] = f->key, values[NINFO + i] = nums[i];
     }
-    rc = st_write(path, t, nm + 2 * np, keys, values, NINFO + NSTATE, err);
+    rc = st_write(path, t, nm + S * nt, keys, values, NINFO + NSTATE, err);
 done:
     free(model);
     free(classes);
@@ -777,21 +760,21 @@ done:
 static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Error *err) {
     StFile f;
     if (st_open(&f, path, err)) return -1;
-    int nm = 0, np = 0, rc = -1;
+    int nm = 0, nt = 0, rc = -1;
     Want *want = NULL;
     float *host = NULL;
     TrainState s;
-    ModelTensor *model = list_model(net, &nm, &np, err);
+    ModelTensor *model = list_model(net, &nm, &nt, err);
     if (!model || (st && (check_format(&f, err) || read_state(&f, &s, err)))) goto done;
-    const int halves = st ? 2 : 0;  // optimizer states a parameter
+    const int S = st ? net->nstates : 0;  // optimizer states a trained parameter
     // Host staging, in floats: every model tensor (an I64 counter takes two), then the
     // optimizer state.
-    size_t units = (size_t)net->nparams * (size_t)halves;
+    size_t units = (size_t)net->ntrain * (size_t)S;
     for (int i = 0; i < nm; i++) units += (tensor_bytes(model[i].t) + sizeof(float) - 1) / sizeof(float);
-    want = xcalloc((size_t)(nm + halves * np), sizeof *want, err);
+    want = xcalloc((size_t)(nm + S * nt), sizeof *want, err);
     host = xcalloc(units + 1, sizeof *host, err);
     if (!want || !host) goto done;
-    // Model keys first (in state_dict order), then each parameter's optimizer state.
+    // Model keys first (in state_dict order), then each trained parameter's optimizer state.
     int nmodel = 0, nwant;
     for (int i = 0; i < nm; i++) {
         const Tensor *p = model[i].t;
@@ -804,16 +787,16 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         w->optional = p->dtype == DT_I64;  // num_batches_tracked
     }
     nwant = nmodel;
-    for (int i = 0; i < nm && halves; i++) {
-        if (!model[i].param) continue;
-        for (int h = 0; h < halves; h++) {
+    for (int i = 0; i < nm; i++) {
+        if (!model[i].grad) continue;
+        for (int h = 0; h < S; h++) {
             Want *w = &want[nwant++];
-            if (opt_key(w->name, sizeof w->name, model[i].t->name, h)) {
+            if (opt_key(net, w->name, sizeof w->name, model[i].t->name, h)) {
                 err_set(err, "%s: the optimizer key of '%s' is too long", path, model[i].t->name);
                 goto done;
             }
             w->param = model[i].t;
-            w->dev = opt_state(net, model[i].t, h);
+            w->dev = net_opt_state(net, model[i].grad, h);
             w->host = net->k->host_memory;
         }
     }

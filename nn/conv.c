@@ -97,7 +97,7 @@ fail:
 
 // The bias and its gradient, or NULL without one.
 static float *conv_bias(const Conv *c) { return c->bias ? c->base.params[1].data : NULL; }
-static float *conv_dbias(const Conv *c) { return c->bias ? c->base.grads[1] : NULL; }
+static float *conv_dbias(const Conv *c) { return c->bias ? c->base.grads[1] : NULL; }  // NULL when frozen
 
 // Whether PyTorch's weight order (c, kh, kw) differs from im2col's (kh, kw, c).
 static bool conv_permutes(const Conv *c) { return c->base.in.c > 1 && c->size > 1; }
@@ -155,6 +155,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
     k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
 }
 
+// A frozen layer (grads NULL) computes din only.
 static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout,
                           const float *in, const float *out, int N) {
     const Conv *c = (const Conv *)l;
@@ -171,8 +172,8 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     if (conv_permutes(c)) {
         float *wp = ctx->workspace, *dwp = wp + conv_weight_floats(c);
         if (din) conv_to_khkwc(c, k, wp, w);
-        conv_to_khkwc(c, k, dwp, dw);
-        w = wp, dw = dwp;
+        if (dw) conv_to_khkwc(c, k, dwp, dw);
+        w = wp, dw = dw ? dwp : NULL;
     }
     k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * pixels, c->filters, c->act);
     const int chunk = conv_chunk(c, N);
@@ -182,21 +183,24 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         const float *dy = dout + (int64_t)n0 * shape_numel(l->out);  // (n*OH*OW, OC)
         float *dx = din ? din + (int64_t)n0 * shape_numel(l->in) : NULL;
         if (conv_is_pointwise(c)) {
-            k->gemm(dw, dy, x, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
+            if (dw) k->gemm(dw, dy, x, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
             if (dx) k->gemm(dx, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
             continue;
         }
         // dW += dy^T @ col; then the same workspace takes dcol = dy @ W for col2im.
-        k->im2col(cols, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad, l->out.h,
-                  l->out.w);
-        k->gemm(dw, dy, cols, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
+        if (dw) {
+            k->im2col(cols, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad, l->out.h,
+                      l->out.w);
+            k->gemm(dw, dy, cols, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
+        }
         if (!dx) continue;
         k->gemm(cols, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
         k->col2im(dx, cols, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad, l->out.h,
                   l->out.w);
     }
     // (OC, K*K*C) back to PyTorch's (OC, C, K*K).
-    if (conv_permutes(c)) k->nhwc_to_nchw(l->grads[0], dw, c->filters, 1, c->size * c->size, l->in.c);
+    if (dw && conv_permutes(c))
+        k->nhwc_to_nchw(l->grads[0], dw, c->filters, 1, c->size * c->size, l->in.c);
 }
 
 const LayerOps conv_ops = {

@@ -363,8 +363,8 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
     const int64_t part_floats = (int64_t)(taps + 1) * OC;  // (taps, OC) weight, then (OC) bias
     PatchOffsets po;
     patch_offsets(&po, g);
-#pragma omp parallel for schedule(static) if (rows * taps * OC > PAR_MIN)
-    for (int b = 0; b < CONV_DIRECT_PARTS; b++) {
+#pragma omp parallel for schedule(static) if (dw && rows * taps * OC > PAR_MIN)
+    for (int b = 0; b < (dw ? CONV_DIRECT_PARTS : 0); b++) {
         float *acc = partial + b * part_floats, *bacc = acc + (int64_t)taps * OC;
         memset(acc, 0, (size_t)part_floats * sizeof(float));
         const int64_t r0 = b * per < rows ? b * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
@@ -389,9 +389,9 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
     }
     // The blocks' sums added in block order, then into (OC, taps) and (OC).
     float sum[(CONV_DIRECT_MAX_TAPS + 1) * CONV_DIRECT_MAX_FILTERS] = {0};
-    for (int b = 0; b < CONV_DIRECT_PARTS; b++)
+    for (int b = 0; b < CONV_DIRECT_PARTS && dw; b++)
         for (int64_t i = 0; i < part_floats; i++) sum[i] += partial[b * part_floats + i];
-    for (int oc = 0; oc < OC; oc++) {
+    for (int oc = 0; oc < OC && dw; oc++) {
         for (int t = 0; t < taps; t++) dw[oc * taps + t] += sum[t * OC + oc];
         if (dbias) dbias[oc] += sum[taps * OC + oc];
     }
@@ -957,6 +957,34 @@ static void cpu_adadelta_step(float *p, float *square_avg, float *acc_delta, con
     }
 }
 
+static void cpu_sgd_step(float *p, float *buf, const float *g, int64_t n, float lr, float momentum,
+                         float one_minus_dampening, float weight_decay, bool nesterov, bool first) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float d = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
+        if (buf) {
+            const float b = first ? d : buf[i] * momentum + one_minus_dampening * d;
+            buf[i] = b;
+            d = nesterov ? d + momentum * b : b;
+        }
+        p[i] = p[i] + -lr * d;
+    }
+}
+
+static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t n, float decay,
+                           float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                           float eps, float step_size, float bc2_sqrt) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float pi = p[i] * decay;
+        const float mi = m[i] * beta1 + one_minus_beta1 * g[i];
+        const float vi = v[i] * beta2 + one_minus_beta2 * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi + -step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+}
+
 const char *cpu_blas_core(void) { return openblas_get_corename(); }
 
 void cpu_set_threads(int n) {
@@ -1008,4 +1036,6 @@ const Kernels cpu_kernels = {
     .f16_to_f32 = cpu_f16_to_f32,
     .scale_check = cpu_scale_check,
     .adadelta_step = cpu_adadelta_step,
+    .sgd_step = cpu_sgd_step,
+    .adamw_step = cpu_adamw_step,
 };

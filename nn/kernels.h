@@ -72,8 +72,9 @@ typedef struct Kernels {
     // With dy = dout * act'(out) (not stored): dw (OC, C, K, K) += the sum over output
     // pixels of dy x patch, dbias (OC) += the sum of dy, each summed over the pixels of
     // CONV_DIRECT_PARTS fixed blocks into partial (device scratch of conv_direct_partial_floats
-    // floats) and the blocks added in order; dbias may be NULL (a layer without bias); din
-    // (may be NULL) = the sum, over (kh, kw) then oc, of dy * w.
+    // floats) and the blocks added in order; dbias may be NULL (a layer without bias), dw
+    // and dbias both NULL (a frozen layer); din (may be NULL) = the sum, over (kh, kw) then
+    // oc, of dy * w.
     void (*conv_direct_backward)(float *din, float *dw, float *dbias, float *partial,
                                  const float *dout, const float *in, const float *out,
                                  const float *w, ConvGeometry g, Activation act);
@@ -188,6 +189,18 @@ typedef struct Kernels {
     //   acc = rho*acc + (1-rho)*d^2; p -= lr * d.
     void (*adadelta_step)(float *p, float *square_avg, float *acc_delta, const float *g,
                           int64_t n, float lr, float rho, float eps, float weight_decay);
+    // SGD, PyTorch's update: d = g + weight_decay * p; with momentum (buf non-NULL) buf = d
+    // on the first step, else buf = buf * momentum + one_minus_dampening * d, and d =
+    // nesterov ? d + momentum * buf : buf; then p = p - lr * d.
+    void (*sgd_step)(float *p, float *buf, const float *g, int64_t n, float lr, float momentum,
+                     float one_minus_dampening, float weight_decay, bool nesterov, bool first);
+    // AdamW, PyTorch's update: p = p * decay (1 - lr * weight_decay); m = m * beta1 +
+    // one_minus_beta1 * g; v = v * beta2 + one_minus_beta2 * g * g; p = p + -step_size * m /
+    // (sqrt(v) / bc2_sqrt + eps), with step_size = lr / (1 - beta1^t), bc2_sqrt =
+    // sqrt(1 - beta2^t) at step t (from 1).
+    void (*adamw_step)(float *p, float *m, float *v, const float *g, int64_t n, float decay,
+                       float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                       float eps, float step_size, float bc2_sqrt);
 } Kernels;
 
 // The CPU backend (OpenBLAS), always built.

@@ -116,7 +116,9 @@ struct Layer {
     Shape in, out;
     int nparams;                         // parameter tensors (0..LAYER_MAX_PARAMS)
     Tensor params[LAYER_MAX_PARAMS];     // "conv1.weight" (32,1,3,3), "conv1.bias" (32)
-    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block
+    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block; NULL when frozen
+    bool frozen;        // its parameters stay fixed: backward computes no gradient for them
+    bool frozen_stats;  // batchnorm: normalise by the running statistics, always
     ParamInit init[LAYER_MAX_PARAMS];
     int64_t fan_in;  // for INIT_WEIGHT and INIT_BIAS
     // Saved and loaded, not trained ("bn1.running_mean"): F32 buffers point into the

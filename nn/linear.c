@@ -62,8 +62,8 @@ static void linear_backward(Layer *l, const LayerCtx *ctx, float *din, float *do
                             const float *in, const float *out, int N) {
     const Linear *f = (const Linear *)l;
     const Kernels *k = ctx->k;
-    k->bias_act_backward(l->grads[1], dout, out, N, f->outputs, f->act);
-    k->gemm(l->grads[0], dout, in, f->outputs, l->in.c, N, true, false, 1.0f, 1.0f);
+    k->bias_act_backward(l->grads[1], dout, out, N, f->outputs, f->act);  // grads NULL: frozen
+    if (l->grads[0]) k->gemm(l->grads[0], dout, in, f->outputs, l->in.c, N, true, false, 1.0f, 1.0f);
     if (din) k->gemm(din, dout, l->params[0].data, N, l->in.c, f->outputs, false, false, 1.0f, 0.0f);
 }
 

@@ -165,9 +165,10 @@ static void net_layout(Net *net, char *act_base) {
         if (l->ops->scratch_values && (size_t)l->ops->scratch_values(l) > block_scratch)
             block_scratch = (size_t)l->ops->scratch_values(l);
     }
-    // The gradient buffers, each as large as the largest input gradient written into it.
+    // The gradient buffers, each as large as the largest input gradient written into it
+    // (backward stops at the first trained layer, which writes none).
     net->grad_bytes[0] = net->grad_bytes[1] = 0;
-    for (int i = last, cur = -1; i > 0; i--) {
+    for (int i = last, cur = -1; i > net->first_trained; i--) {
         cur = net_din_slot(net, i, cur);
         const size_t b = align64((size_t)B * (size_t)shape_numel(net->layers[i]->in) * es);
         if (b > net->grad_bytes[cur]) net->grad_bytes[cur] = b;
@@ -210,8 +211,8 @@ static void net_layout(Net *net, char *act_base) {
     }
     net->plan.workspace = ws + layer_ws;
     net->plan.params = (size_t)net->nparams * sizeof(float);
-    net->plan.grads = net->plan.params;
-    net->plan.optimizer = 2 * net->plan.params;
+    net->plan.grads = (size_t)net->ntrain * sizeof(float);
+    net->plan.optimizer = (size_t)net->nstates * net->plan.grads;
 }
 
 // The buffer block: every module's F32 buffers, then every module's state. Computes
@@ -336,6 +337,41 @@ static void *device_block(const Kernels *k, size_t bytes, const char *what, Erro
     return p;
 }
 
+// Whether module `name` is `what` or lies inside it ("layer1" holds "layer1.0.conv1").
+static bool within(const char *name, const char *what) {
+    const size_t n = strlen(what);
+    return n && !strncmp(name, what, n) && (!name[n] || name[n] == '.');
+}
+
+// Marks the modules that opt->freeze names (and the batchnorms among them, with
+// freeze_stats), and finds the first top-level layer with a trained parameter.
+static int net_freeze(Net *net, const Cfg *cfg, const NetOptions *opt, Error *err) {
+    for (int f = 0; f < opt->nfreeze; f++) {
+        bool found = false;
+        for (int i = 0; i < net->nmodules; i++) {
+            Layer *l = net->modules[i];
+            if (!within(l->name, opt->freeze[f])) continue;
+            found = true;
+            l->frozen = true;
+            l->frozen_stats = opt->freeze_stats && l->ops == &batchnorm_ops;
+        }
+        if (!found)
+            return err_set(err, "%s: freeze names '%s', but the network has no layer of that name "
+                                "(see the table of layers ./train prints)", cfg->path, opt->freeze[f]);
+    }
+    net->first_trained = net->nlayers;
+    for (int i = net->nmodules - 1; i >= 0; i--) {
+        const Layer *l = net->modules[i];
+        if (l->frozen || !l->nparams) continue;
+        for (int t = 0; t < net->nlayers; t++)  // the top-level layer that holds it
+            if (net->layers[t] == l || within(l->name, net->layers[t]->name)) {
+                if (t < net->first_trained) net->first_trained = t;
+                break;
+            }
+    }
+    return 0;
+}
+
 int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOptions *opt,
                const Kernels *k, Error *err) {
     memset(net, 0, sizeof *net);
@@ -349,10 +385,15 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
                 opt->batch, dtype_names[opt->precision]);
         goto fail;
     }
-    if (net_build_layers(net, cfg, input, classes, err)) goto fail;
+    if (net_build_layers(net, cfg, input, classes, err) || net_freeze(net, cfg, opt, err)) goto fail;
+    net->nstates = opt->opt_states;
+    net->state_names = opt->opt_state_names;
     for (int i = 0; i < net->nmodules; i++)
-        for (int j = 0; j < net->modules[i]->nparams; j++)
-            net->nparams += tensor_numel(&net->modules[i]->params[j]);
+        for (int j = 0; j < net->modules[i]->nparams; j++) {
+            const int64_t n = tensor_numel(&net->modules[i]->params[j]);
+            net->nparams += n;
+            if (!net->modules[i]->frozen) net->ntrain += n;
+        }
     if (net_segments(net, opt->segments, err)) goto fail;
     net_layout(net, NULL);
     net_layout_buffers(net, NULL);
@@ -372,13 +413,14 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     for (int i = 0; i < 4 && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
-    int64_t off = 0;
+    int64_t off = 0, goff = 0;
     for (int i = 0; i < net->nmodules; i++) {
         Layer *l = net->modules[i];
         for (int j = 0; j < l->nparams; j++) {
             l->params[j].data = net->params + off;
-            l->grads[j] = net->grads + off;
+            l->grads[j] = l->frozen ? NULL : net->grads + goff;
             off += tensor_numel(&l->params[j]);
+            if (!l->frozen) goff += tensor_numel(&l->params[j]);
         }
     }
     if (net_reset_buffers(net, err)) goto fail;
@@ -497,19 +539,21 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
     redo.recompute = true;
     Stored dout = {net->dlogp, true};  // the gradient of layer i's output
     int cur = -1;                      // its grad_buf (-1: dlogp)
-    for (int g = net->nsegments - 1; g >= 0; g--) {
-        const int first = net->seg_first[g], end = net->seg_first[g + 1];
+    const int stop = net->first_trained;  // the layers before it have nothing to learn
+    for (int g = net->nsegments - 1; g >= 0 && net->seg_first[g + 1] > stop; g--) {
+        const int first = net->seg_first[g] > stop ? net->seg_first[g] : stop;
+        const int end = net->seg_first[g + 1];
         // Later segments overwrote this one's outputs and inner activations in the shared
         // scratch: recompute them from its saved input, with the same dropout masks and
         // batch statistics (same step and samples). The last layer's output is saved; the
         // layer runs again only when it has inner activations, and then writes the same bits.
         if (g < net->nsegments - 1) {
-            for (int i = first; i < end - 1; i++) forward_layer(net, i, &redo, N);
+            for (int i = net->seg_first[g]; i < end - 1; i++) forward_layer(net, i, &redo, N);
             if (inner_values(net->layers[end - 1])) forward_layer(net, end - 1, &redo, N);
         }
         for (int i = end - 1; i >= first; i--) {
-            if (i > 0) cur = net_din_slot(net, i, cur);
-            const Stored din = {i > 0 ? net->grad_buf[cur] : NULL, net->precision == DT_F32};
+            if (i > stop) cur = net_din_slot(net, i, cur);
+            const Stored din = {i > stop ? net->grad_buf[cur] : NULL, net->precision == DT_F32};
             if (net->on_layer) net->on_layer(i, true);
             exec_backward(&ctx, net->layers[i], din, dout, net_in(net, i), net_out(net, i), N);
             dout = din;
@@ -521,7 +565,7 @@ int net_din_slot(const Net *net, int i, int cur) {
     return net->layers[i]->ops->backward_in_place && cur >= 0 ? cur : (cur == 0 ? 1 : 0);
 }
 
-void net_zero_grads(Net *net) { net->k->zero(net->grads, (size_t)net->nparams * sizeof(float)); }
+void net_zero_grads(Net *net) { net->k->zero(net->grads, (size_t)net->ntrain * sizeof(float)); }
 
 void net_print(const Net *net, FILE *f) {
     fprintf(f, "  %-3s %-14s %-12s %-16s %12s\n", "#", "name", "type", "output (CxHxW)", "params");

@@ -40,6 +40,15 @@ typedef struct NetOptions {
     int segments;     // activation checkpointing (decision 6): 0 or 1 = none; S > 1 splits
                       // the layers into S segments; NET_SEGMENTS_SQRT = round(sqrt(layers))
     bool plan_only;   // compute net->plan and allocate nothing (./train --plan)
+    // Optimizer state tensors kept per trained parameter (optim_nstates) and their names.
+    int opt_states;
+    const char *const *opt_state_names;
+    // Layers whose parameters stay fixed: names, or module paths above them ("layer1").
+    // They get no gradient and no optimizer memory; with freeze_stats their batchnorms
+    // normalise by the running statistics, which do not move (evaluation mode).
+    const char *const *freeze;
+    int nfreeze;
+    bool freeze_stats;
 } NetOptions;
 
 #define NET_SEGMENTS_SQRT (-1)
@@ -60,13 +69,19 @@ typedef struct Net {
     Exec exec;        // precision, the fp16 chunk and scratch, the block scratch
     size_t scratch_bytes;  // the fp16 scratch at the start of the workspace block
     int64_t nparams;  // scalars in all parameter tensors
+    int64_t ntrain;   // of them, in trained (not frozen) tensors
+    int nstates;      // optimizer state tensors per trained parameter
+    const char *const *state_names;  // their names ("square_avg", ...)
+    int first_trained;  // the first top-level layer with a trained parameter: backward
+                        // stops there (nlayers when everything is frozen)
     float loss_scale; // multiplies the loss gradient (dynamic loss scaling); 1 by default
     MemPlan plan;
 
     // Device blocks (one allocation each) and pointers into them.
     float *params;     // (nparams): every layer's tensors, in layer order
-    float *grads;      // (nparams): same layout
-    float *optimizer;  // (2 * nparams): Adadelta's square_avg then acc_delta
+    float *grads;      // (ntrain): the trained tensors' gradients, in the same order
+    float *optimizer;  // (nstates * ntrain): each state of every trained tensor, laid out
+                       // as grads
     void *buffers;     // every layer's F32 buffers, then every layer's state
     void *activations;
     void *workspace;        // the fp16 scratch, then layer_workspace
@@ -105,9 +120,10 @@ int net_init_params(Net *net, uint64_t seed, Error *err);
 // net_create and net_init_params do it.
 int net_reset_buffers(Net *net, Error *err);
 
-// The Adadelta state halves of net->optimizer.
-static inline float *net_square_avg(const Net *net) { return net->optimizer; }
-static inline float *net_acc_delta(const Net *net) { return net->optimizer + net->nparams; }
+// Optimizer state s of the trained parameter whose gradient is at g (in net->grads).
+static inline float *net_opt_state(const Net *net, const float *g, int s) {
+    return net->optimizer + (size_t)s * (size_t)net->ntrain + (size_t)(g - net->grads);
+}
 
 // Forward of N samples from net->input_buf; the output (log-probabilities) is
 // net->acts[nlayers - 1]. step and sample0 key the dropout masks (see LayerCtx).

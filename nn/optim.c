@@ -1,13 +1,84 @@
+// optim.c: the optimizers and the schedule of optim.h.
 #include "optim.h"
 
-void adadelta_step(const Net *net, const Adadelta *opt, double lr) {
-    net->k->adadelta_step(net->params, net_square_avg(net), net_acc_delta(net), net->grads,
-                          net->nparams, (float)lr, (float)opt->rho, (float)opt->eps,
-                          (float)opt->weight_decay);
+#include <math.h>
+
+const char *const optim_names[OPTIM_COUNT] = {"adadelta", "sgd", "adamw"};
+static_assert(OPTIM_COUNT == 3, "optim_names must list every OptimKind");
+const char *const schedule_names[SCHEDULE_COUNT] = {"step", "cosine"};
+static_assert(SCHEDULE_COUNT == 2, "schedule_names must list every ScheduleKind");
+
+static const char *const adadelta_states[] = {"square_avg", "acc_delta"};
+static const char *const sgd_states[] = {"momentum_buffer"};
+static const char *const adamw_states[] = {"exp_avg", "exp_avg_sq"};
+
+int optim_nstates(const Optimizer *o) {
+    switch (o->kind) {
+    case OPTIM_SGD: return o->momentum != 0.0 ? 1 : 0;
+    case OPTIM_ADAMW: return 2;
+    default: return 2;
+    }
 }
 
-double steplr(double lr0, double gamma, int epoch) {
+const char *const *optim_state_names(const Optimizer *o) {
+    return o->kind == OPTIM_SGD ? sgd_states : o->kind == OPTIM_ADAMW ? adamw_states : adadelta_states;
+}
+
+void optim_plan(const Optimizer *o, NetOptions *opt) {
+    opt->opt_states = optim_nstates(o);
+    opt->opt_state_names = optim_state_names(o);
+}
+
+// Each trained tensor is one kernel call: its weight decay may differ (decay_skip_norm_bias),
+// and frozen tensors lie between them in the parameter block.
+void optim_step(const Net *net, const Optimizer *o, double lr, int64_t taken) {
+    const Kernels *k = net->k;
+    // The scalars as PyTorch computes them, in double, then rounded to float as its kernels
+    // take them.
+    const double step = (double)(taken + 1);
+    const double bc1 = 1 - pow(o->beta1, step), bc2 = 1 - pow(o->beta2, step);
+    for (int m = 0; m < net->nmodules; m++) {
+        const Layer *l = net->modules[m];
+        for (int j = 0; j < l->nparams; j++) {
+            float *g = l->grads[j];
+            if (!g) continue;  // frozen
+            float *p = l->params[j].data;
+            const int64_t n = tensor_numel(&l->params[j]);
+            const double wd = o->decay_skip_norm_bias && l->params[j].ndim <= 1 ? 0.0 : o->weight_decay;
+            switch (o->kind) {
+            case OPTIM_ADADELTA:
+                k->adadelta_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n,
+                                 (float)lr, (float)o->rho, (float)o->eps, (float)wd);
+                break;
+            case OPTIM_SGD:
+                k->sgd_step(p, o->momentum != 0.0 ? net_opt_state(net, g, 0) : NULL, g, n, (float)lr,
+                            (float)o->momentum, (float)(1 - o->dampening), (float)wd, o->nesterov,
+                            taken == 0);
+                break;
+            case OPTIM_ADAMW:
+                k->adamw_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n,
+                              (float)(1 - lr * wd), (float)o->beta1, (float)(1 - o->beta1),
+                              (float)o->beta2, (float)(1 - o->beta2), (float)o->eps,
+                              (float)(lr / bc1), (float)sqrt(bc2));
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}
+
+double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch) {
+    const double w = t < s->warmup
+                         ? s->warmup_start + (1 - s->warmup_start) * (double)t / (double)s->warmup
+                         : 1.0;
+    if (s->kind == SCHEDULE_COSINE) {
+        if (t < s->warmup) return lr0 * w;
+        const int64_t span = s->total - s->warmup;
+        const double f = span > 0 ? (double)(t - s->warmup) / (double)span : 1.0;
+        return s->lr_min + (lr0 - s->lr_min) * (1 + cos(M_PI * (f < 1 ? f : 1))) / 2;
+    }
     double lr = lr0;
-    for (int e = 0; e < epoch; e++) lr *= gamma;
-    return lr;
+    for (int e = 0; e < epoch; e++) lr *= s->gamma;
+    return lr * w;
 }

@@ -1,22 +1,64 @@
-// optim.h: Adadelta (PyTorch's update and defaults) and the StepLR schedule.
+// optim.h: the optimizers (PyTorch's updates and defaults) and the learning-rate schedule.
+//
+// Each trained parameter tensor (frozen ones have none) keeps optim_nstates() state
+// tensors of its shape in net->optimizer, saved in checkpoints as
+// "optimizer.<parameter>.<state name>" (PyTorch's names for them).
 #ifndef NN_OPTIM_H
 #define NN_OPTIM_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "net.h"
 
-typedef struct Adadelta {
-    double lr;            // 1.0: the base learning rate; the schedule scales it per epoch
-    double rho;           // 0.9
-    double eps;           // 1e-6
-    double weight_decay;  // 0
-} Adadelta;
+typedef enum OptimKind { OPTIM_ADADELTA, OPTIM_SGD, OPTIM_ADAMW, OPTIM_COUNT } OptimKind;
+extern const char *const optim_names[OPTIM_COUNT];  // "adadelta", "sgd", "adamw"
 
-// One step over all of the network's parameters with the gradients in net->grads and
-// the state in net->optimizer (one kernel call: the blocks are contiguous).
-void adadelta_step(const Net *net, const Adadelta *opt, double lr);
+typedef struct Optimizer {
+    OptimKind kind;
+    double lr;                  // the base learning rate; the schedule scales it per step
+    double weight_decay;        // adadelta, sgd: weight_decay * p added to the gradient;
+                                // adamw: decoupled, p *= 1 - lr * weight_decay
+    bool decay_skip_norm_bias;  // no weight decay for 1-D parameters (biases, batchnorm)
+    double rho;                 // adadelta: 0.9
+    double eps;                 // adadelta: 1e-6; adamw: 1e-8
+    double momentum, dampening; // sgd: 0, 0
+    bool nesterov;              // sgd
+    double beta1, beta2;        // adamw: 0.9, 0.999
+} Optimizer;
 
-// StepLR with step_size 1: lr0 * gamma^epoch, multiplied out the way PyTorch's scheduler
-// does it (one multiplication per epoch, in double).
-double steplr(double lr0, double gamma, int epoch);
+// The state tensors of each trained parameter, and their names: adadelta square_avg and
+// acc_delta; sgd momentum_buffer (none without momentum); adamw exp_avg and exp_avg_sq.
+int optim_nstates(const Optimizer *o);
+const char *const *optim_state_names(const Optimizer *o);
+// Sets opt's optimizer state count and names (the network plans and names the state).
+void optim_plan(const Optimizer *o, NetOptions *opt);
+
+// One step over every trained parameter with the gradients in net->grads: `lr` is this
+// step's learning rate, `taken` the number of steps this optimizer took before (adamw's
+// bias correction counts them; sgd's momentum buffer starts as the first gradient).
+void optim_step(const Net *net, const Optimizer *o, double lr, int64_t taken);
+
+// The learning rate over a run, as PyTorch's schedulers give it (stepped after every
+// batch, StepLR after every epoch).
+typedef enum ScheduleKind { SCHEDULE_STEP, SCHEDULE_COSINE, SCHEDULE_COUNT } ScheduleKind;
+extern const char *const schedule_names[SCHEDULE_COUNT];  // "step", "cosine"
+
+typedef struct Schedule {
+    ScheduleKind kind;
+    double gamma;          // step: StepLR(step_size=1, gamma), the lr times gamma each epoch
+    double lr_min;         // cosine: CosineAnnealingLR's eta_min
+    int64_t warmup;        // steps of linear warmup first (LinearLR), 0 = none
+    double warmup_start;   // LinearLR's start_factor: the fraction of lr at step 0
+    int64_t total;         // cosine: the run's steps (warmup included)
+} Schedule;
+
+// The learning rate of step t (0-based, every batch of the run counted) in epoch `epoch`,
+// base lr0. step: lr0 * gamma^epoch (the multiplications PyTorch does, in order), times
+// the warmup factor w(t) = warmup_start + (1 - warmup_start) * t / warmup while t <
+// warmup. cosine: lr0 * w(t) during the warmup, then lr_min + (lr0 - lr_min) * (1 +
+// cos(pi * (t - warmup) / (total - warmup))) / 2 (PyTorch's SequentialLR of LinearLR and
+// CosineAnnealingLR, milestone `warmup`).
+double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch);
 
 #endif

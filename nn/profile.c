@@ -202,6 +202,15 @@ static void w_adadelta_step(float *p, float *sq, float *acc, const float *g, int
     TIMED(K_OPTIM, P.inner->adadelta_step(p, sq, acc, g, n, lr, rho, eps, wd));
 }
 
+static void w_sgd_step(float *p, float *buf, const float *g, int64_t n, float lr, float mom, float omd,
+                       float wd, bool nesterov, bool first) {
+    TIMED(K_OPTIM, P.inner->sgd_step(p, buf, g, n, lr, mom, omd, wd, nesterov, first));
+}
+static void w_adamw_step(float *p, float *m, float *v, const float *g, int64_t n, float decay, float b1,
+                         float omb1, float b2, float omb2, float eps, float step_size, float bc2_sqrt) {
+    TIMED(K_OPTIM, P.inner->adamw_step(p, m, v, g, n, decay, b1, omb1, b2, omb2, eps, step_size, bc2_sqrt));
+}
+
 int profile_start(Net *net, Error *err) {
     P.inner = net->k;
     P.net = net;
@@ -236,6 +245,7 @@ int profile_start(Net *net, Error *err) {
     P.table.log_softmax_backward = w_log_softmax_backward, P.table.nll_loss = w_nll_loss;
     P.table.f32_to_f16 = w_f32_to_f16, P.table.f16_to_f32 = w_f16_to_f32;
     P.table.scale_check = w_scale_check, P.table.adadelta_step = w_adadelta_step;
+    P.table.sgd_step = w_sgd_step, P.table.adamw_step = w_adamw_step;
     P.scope = PROF_IDLE;
     P.since = prof_now();
     P.gemm_flops = 0;

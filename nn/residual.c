@@ -124,8 +124,8 @@ static void residual_forward(Layer *l, const LayerCtx *ctx, void *out, const voi
 }
 
 // The batchnorms have no activation, so the `out` they are given (the block's) is not read;
-// their backward leaves dout as it is, so the sum's gradient serves both paths. A container
-// is never the first layer, so din is always wanted.
+// their backward leaves dout as it is, so the sum's gradient serves both paths. din is NULL
+// when the block is the first layer that learns (the layers before it are frozen).
 static void residual_backward(Layer *l, const LayerCtx *ctx, void *din, void *dout,
                               const void *in, const void *out, int N) {
     const Residual *r = (const Residual *)l;
@@ -136,6 +136,15 @@ static void residual_backward(Layer *l, const LayerCtx *ctx, void *din, void *do
     layer_run_backward(ctx, r->bn2, a, dout, c2, out, N);
     layer_run_backward(ctx, r->conv2, b, a, r1, c2, N);
     layer_run_backward(ctx, r->bn1, a, b, c1, r1, N);
+    if (!din) {  // the parameter gradients only
+        layer_run_backward(ctx, r->conv1, NULL, a, in, c1, N);
+        if (r->downsample) {
+            void *d1 = inner_at(l, ctx, 3, N);
+            layer_run_backward(ctx, r->ds_bn, a, dout, d1, out, N);
+            layer_run_backward(ctx, r->ds_conv, NULL, a, in, d1, N);
+        }
+        return;
+    }
     layer_run_backward(ctx, r->conv1, b, a, in, c1, N);
     if (!r->downsample) {
         layer_run_add_act(ctx, din, b, dout, shape_numel(l->in), N, ACT_NONE);

@@ -32,6 +32,7 @@
 #include "../nn/checkpoint.h"
 #include "../nn/kernels.h"
 #include "../nn/net.h"
+#include "../nn/optim.h"
 #include "../nn/safetensors.h"
 #include "testutil.h"
 
@@ -39,7 +40,14 @@ static char g_root[PATH_MAX] = ".";  // the repository, for ./ckpt
 static char g_dir[64];               // a fresh temporary folder for the whole suite
 
 static const Shape INPUT = {.c = 1, .h = 8, .w = 8};
-static const NetOptions NET_OPTIONS = {.batch = 4, .precision = DT_F32};
+static const Optimizer ADADELTA = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
+
+// The suite's networks: batch 4, fp32, Adadelta's state planned.
+static NetOptions net_options(void) {
+    NetOptions o = {.batch = 4, .precision = DT_F32};
+    optim_plan(&ADADELTA, &o);
+    return o;
+}
 #define CLASSES 5
 
 // ---- helpers ------------------------------------------------------------------------------
@@ -80,7 +88,8 @@ static void make_net_text(Net *net, const char *text) {
     Cfg cfg;
     Error err = {{0}};
     if (cfg_parse(&cfg, text, "t.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
-    if (net_create(net, &cfg, INPUT, CLASSES, &NET_OPTIONS, &cpu_kernels, &err))
+    const NetOptions opts = net_options();
+    if (net_create(net, &cfg, INPUT, CLASSES, &opts, &cpu_kernels, &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);
 }
@@ -671,7 +680,8 @@ static void test_rename(void **state) {
     assert_string_equal(cfg_entry(cfg_section(&cfg, "train"), "seed")->value, "7");
     // ... and a network built from that cfg loads the renamed file strictly.
     Net b;
-    if (net_create(&b, &cfg, INPUT, CLASSES, &NET_OPTIONS, &cpu_kernels, &err))
+    const NetOptions opts = net_options();
+    if (net_create(&b, &cfg, INPUT, CLASSES, &opts, &cpu_kernels, &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     checkpoint_info_free(&info);
@@ -1144,7 +1154,8 @@ static void test_init_skip(void **state) {
     Cfg cfg;
     Error err = {{0}};
     if (cfg_parse(&cfg, text7, "t.cfg", &err)) fail_msg("%s", err.msg);
-    if (net_create(&big, &cfg, INPUT, 7, &NET_OPTIONS, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    const NetOptions opts = net_options();
+    if (net_create(&big, &cfg, INPUT, 7, &opts, &cpu_kernels, &err)) fail_msg("%s", err.msg);
     cfg_free(&cfg);
     fill_random(&big, 31);
     fill_random_buffers(&big, 32);

@@ -65,11 +65,15 @@ static Cfg parse(const char *text) {
     return cfg;
 }
 
+// The optimizer of the suite's training runs (PyTorch's Adadelta defaults).
+static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
+
 static void make_net(Net *net, const char *text, Shape input, int classes, int batch, DType precision) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    if (net_create(net, &cfg, input, classes, &(NetOptions){.batch = batch, .precision = precision},
-                   &cpu_kernels, &err))
+    NetOptions opt = {.batch = batch, .precision = precision};
+    optim_plan(&adadelta, &opt);
+    if (net_create(net, &cfg, input, classes, &opt, &cpu_kernels, &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
 }
@@ -775,7 +779,7 @@ enum { TRAIN_BATCH = SQUARES_BATCH };
 
 // train.c's train_step, replicated: micro-batches of net->batch with the loss averaged
 // over the batch; in fp16 unscale + check + scaler_update before Adadelta.
-static void train_step(Net *net, const Batch *b, uint64_t seed, uint64_t step, const Adadelta *opt,
+static void train_step(Net *net, const Batch *b, uint64_t seed, uint64_t step, const Optimizer *opt,
                        double lr, LossScaler *scaler) {
     const int64_t pix = shape_numel(net->input);
     net_zero_grads(net);
@@ -790,15 +794,15 @@ static void train_step(Net *net, const Batch *b, uint64_t seed, uint64_t step, c
     }
     if (net->precision == DT_F16) {
         net->metrics[NET_NONFINITE] = 0;
-        net->k->scale_check(net->grads, net->nparams, (float)(1 / scaler->scale),
+        net->k->scale_check(net->grads, net->ntrain, (float)(1 / scaler->scale),
                             &net->metrics[NET_NONFINITE]);
         if (!scaler_update(scaler, net->metrics[NET_NONFINITE] != 0.0f)) return;
     }
-    adadelta_step(net, opt, lr);
+    optim_step(net, opt, lr, (int64_t)step);
 }
 
 // One epoch: trains if opt, else evaluates. Returns the mean loss, *acc the fraction right.
-static double run_epoch(Net *net, Loader *loader, int epoch, const Adadelta *opt,
+static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *opt,
                         LossScaler *scaler, double *acc) {
     Error err = {{0}};
     if (loader_start_epoch(loader, epoch, 0, &err)) fail_msg("%s", err.msg);
@@ -810,8 +814,9 @@ static double run_epoch(Net *net, Loader *loader, int epoch, const Adadelta *opt
         if (loader_next(loader, &b, &err)) fail_msg("%s", err.msg);
         if (!b) break;
         if (opt) {
+            const Schedule steplr = {.kind = SCHEDULE_STEP, .gamma = 0.7};
             train_step(net, b, 9, (uint64_t)(epoch * 1000 + b->index), opt,
-                       steplr(opt->lr, 0.7, epoch), scaler);
+                       schedule_lr(&steplr, opt->lr, 0, epoch), scaler);
         } else {
             for (int m0 = 0; m0 < b->n; m0 += net->batch) {
                 const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
@@ -837,7 +842,7 @@ static TrainResult train_run(DType precision, int micro, Loader *loader, Loader 
     make_net(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, micro, precision);
     Error err = {{0}};
     assert_int_equal(net_init_params(&net, 1, &err), 0);
-    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0};
+    const Optimizer opt = adadelta;
     LossScaler scaler = precision == DT_F16 ? scaler_make(true, 65536, 2000) : scaler_make(false, 1, 2000);
     TrainResult r = {0};
     for (int e = 0; e < 4; e++) r.loss[e] = run_epoch(&net, loader, e, &opt, &scaler, &r.acc[e]);

@@ -1024,14 +1024,15 @@ static const char *step_resnet_cfg =
 enum { STEP_B = 16, STEP_CLASSES = 5 };
 static const Shape step_input = {.c = 3, .h = 13, .w = 13};
 static const char *g_step_cfg;  // the network check_step trains: step_cfg or step_resnet_cfg
+static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
 
 static void make_net(Net *net, const Kernels *k, DType precision, int batch, int segments) {
     Cfg cfg;
     Error err = {{0}};
     if (cfg_parse(&cfg, g_step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
-    if (net_create(net, &cfg, step_input, STEP_CLASSES,
-                   &(NetOptions){.batch = batch, .precision = precision, .segments = segments},
-                   k, &err))
+    NetOptions opt = {.batch = batch, .precision = precision, .segments = segments};
+    optim_plan(&adadelta, &opt);
+    if (net_create(net, &cfg, step_input, STEP_CLASSES, &opt, k, &err))
         fail_msg("net_create on %s: %s", k->name, err.msg);
     cfg_free(&cfg);
     if (net_init_params(net, 7, &err)) fail_msg("net_init_params: %s", err.msg);
@@ -1068,7 +1069,7 @@ static StepResult run_step(const Kernels *k, DType precision, int micro, int seg
     }
     k->download(r.grads, net.grads, pbytes);
     k->download(r.metrics, net.metrics, sizeof r.metrics);
-    adadelta_step(&net, &(Adadelta){.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0}, 1.0);
+    optim_step(&net, &adadelta, 1.0, 0);
     k->download(r.after, net.params, pbytes);
     net_free(&net);
     return r;
@@ -1169,7 +1170,7 @@ static void train_once(Net *net, uint64_t seed) {
     net_forward(net, net->batch, true, seed, 1, 0);
     net_loss(net, net->batch, net->batch, true);
     net_backward(net, net->batch, seed, 1, 0);
-    adadelta_step(net, &(Adadelta){.lr = 1.0, .rho = 0.9, .eps = 1e-6}, 1.0);
+    optim_step(net, &adadelta, 1.0, 0);
     free(x), free(y);
 }
 

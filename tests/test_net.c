@@ -33,6 +33,16 @@
 #include "../nn/rng.h"
 #include "testutil.h"
 
+// The suite's optimizer (PyTorch's Adadelta defaults) and the options of its networks.
+static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
+
+static const NetOptions *netopts(int batch) {
+    static NetOptions o;
+    o = (NetOptions){.batch = batch, .precision = DT_F32};
+    optim_plan(&adadelta, &o);
+    return &o;
+}
+
 static char g_root[PATH_MAX] = ".";  // the repository, for models/mnist.cfg
 static char g_dir[PATH_MAX];         // a temporary directory for the IDX files
 
@@ -49,7 +59,7 @@ static Cfg parse(const char *text) {
 static void make_net(Net *net, const char *text, Shape input, int classes, int batch) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    if (net_create(net, &cfg, input, classes, &(NetOptions){.batch = batch, .precision = DT_F32}, &cpu_kernels, &err))
+    if (net_create(net, &cfg, input, classes, netopts(batch), &cpu_kernels, &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
 }
@@ -97,7 +107,7 @@ static void test_mnist_network(void **state) {
     load_mnist_cfg(&cfg);
     Net net;
     Error err = {{0}};
-    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, &(NetOptions){.batch = 64, .precision = DT_F32}, &cpu_kernels, &err))
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(64), &cpu_kernels, &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(net.nparams, 609354);
@@ -149,8 +159,8 @@ static void test_init_params(void **state) {
     Net a, b;
     Error err = {{0}};
     const Shape in = {.c = 1, .h = 28, .w = 28};
-    assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 1, .precision = DT_F32}, &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 1, .precision = DT_F32}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&a, &cfg, in, 10, netopts(1), &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, netopts(1), &cpu_kernels, &err), 0);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&a, 1, &err), 0);
     assert_int_equal(net_init_params(&b, 1, &err), 0);
@@ -215,7 +225,7 @@ static void test_init_matches_pytorch(void **state) {
     Net net;
     Error err = {{0}};
     assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10,
-                                &(NetOptions){.batch = 1, .precision = DT_F32}, &cpu_kernels, &err),
+                                netopts(1), &cpu_kernels, &err),
                      0);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&net, 1, &err), 0);
@@ -316,7 +326,7 @@ static void test_memory_plan(void **state) {
         Net net;
         Error err = {{0}};
         const int B = batches[k];
-        if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, &(NetOptions){.batch = B, .precision = DT_F32}, &cpu_kernels, &err))
+        if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(B), &cpu_kernels, &err))
             fail_msg("%s", err.msg);
         assert_int_equal(net.batch, B);
         expect_mnist_plan(&net, B);
@@ -342,7 +352,7 @@ static void test_mnist_forward_backward(void **state) {
     Net net;
     Error err = {{0}};
     const int B = 8;
-    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, &(NetOptions){.batch = B, .precision = DT_F32}, &cpu_kernels, &err))
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(B), &cpu_kernels, &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&net, 1, &err), 0);
@@ -378,7 +388,7 @@ static void expect_net_error(const char *text, int classes, const char *needle1,
     Cfg cfg = parse(text);
     Net net;
     Error err = {{0}};
-    assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, classes, &(NetOptions){.batch = 4, .precision = DT_F32},
+    assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, classes, netopts(4),
                                 &cpu_kernels, &err), -1);
     cfg_free(&cfg);
     if (!strstr(err.msg, needle1)) fail_msg("message '%s' lacks '%s'", err.msg, needle1);
@@ -600,7 +610,7 @@ static float *train_steps(uint64_t seed, int steps, size_t *bytes, double *last_
     make_net(&net, det_net, (Shape){.c = 1, .h = 12, .w = 12}, 10, B);
     Error err = {{0}};
     assert_int_equal(net_init_params(&net, seed, &err), 0);
-    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0};
+    const Optimizer opt = adadelta;
     for (int step = 0; step < steps; step++) {
         test_rng_seed(seed * 1000 + (uint64_t)step);
         for (int i = 0; i < B * 144; i++) net.input_buf[i] = (float)(test_urand() * 2 - 1);
@@ -610,7 +620,7 @@ static float *train_steps(uint64_t seed, int steps, size_t *bytes, double *last_
         net_forward(&net, B, true, seed, (uint64_t)step, 0);
         net_loss(&net, B, B, true);
         net_backward(&net, B, seed, (uint64_t)step, 0);
-        adadelta_step(&net, &opt, 1.0);
+        optim_step(&net, &opt, 1.0, step);
     }
     *last_loss = net.metrics[0] / B;
     *bytes = 3 * (size_t)net.nparams * sizeof(float);
@@ -698,7 +708,7 @@ static const char *train_net =
 
 // One pass over the loader's epoch: trains if opt is non-NULL, else evaluates. Returns the
 // mean loss and *acc, the fraction right.
-static double run_epoch(Net *net, Loader *loader, int epoch, const Adadelta *opt, double *acc) {
+static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *opt, double *acc) {
     Error err = {{0}};
     if (loader_start_epoch(loader, epoch, 0, &err)) fail_msg("%s", err.msg);
     const size_t sample = (size_t)shape_numel(net->input) * sizeof(float);
@@ -716,7 +726,8 @@ static double run_epoch(Net *net, Loader *loader, int epoch, const Adadelta *opt
         if (opt) {
             net_zero_grads(net);
             net_backward(net, b->n, 9, step, 0);
-            adadelta_step(net, opt, steplr(opt->lr, 0.7, epoch));
+            const Schedule steplr = {.kind = SCHEDULE_STEP, .gamma = 0.7};
+            optim_step(net, opt, schedule_lr(&steplr, opt->lr, 0, epoch), 0);
         }
         seen += b->n;
     }
@@ -736,7 +747,7 @@ static void test_training_loss_falls(void **state) {
     make_net(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, 30);
     Error err = {{0}};
     assert_int_equal(net_init_params(&net, 1, &err), 0);
-    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0};
+    const Optimizer opt = adadelta;
     const int epochs = 4;
     double loss[4], acc[4];
     for (int e = 0; e < epochs; e++) loss[e] = run_epoch(&net, loader, e, &opt, &acc[e]);

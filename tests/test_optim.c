@@ -1,10 +1,13 @@
-// test_optim.c: Adadelta and StepLR (nn/optim.c, the CPU kernel adadelta_step).
+// test_optim.c: the optimizers and the schedule (nn/optim.c and the CPU kernels).
 //
 // Adadelta is checked three ways: against values that torch.optim.Adadelta (torch 1.13)
 // printed for the same numbers, against PyTorch's formula written out here in double, and
-// on a vector long enough for the kernel's parallel loop. Tolerance: 1e-6 relative, about
-// ten float roundings; a wrong formula (a missing sqrt, rho and 1-rho swapped, the state
-// updated in the wrong order) is off by far more.
+// on a vector long enough for the kernel's parallel loop. SGD (momentum, dampening,
+// nesterov, weight decay) and AdamW against torch.optim's numbers
+// (tests/torch_optim_reference.py), weight decay left out of 1-D parameters, frozen
+// parameters left alone; the schedules against torch.optim.lr_scheduler's. Tolerance:
+// 1e-6 relative, about ten float roundings; a wrong formula (a missing sqrt, rho and 1-rho
+// swapped, the state updated in the wrong order) is off by far more.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,31 +19,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../nn/cfg.h"
 #include "../nn/kernels.h"
 #include "../nn/net.h"
 #include "../nn/optim.h"
 
 #define REL_TOL 1e-6
 
-// A Net with only what adadelta_step reads: the kernel table, the parameter, gradient and
-// optimizer blocks (square_avg then acc_delta), and the count. Host memory: CPU backend.
+// A network whose parameters are one vector of n: a linear layer from n - 1 features to
+// one output, weight (1, n - 1) then bias (1), trained by `o` (its state planned).
 typedef struct Params {
     Net net;
-    float *block;  // one allocation: params, grads, square_avg, acc_delta
+    Optimizer o;
 } Params;
 
-static void params_init(Params *p, int64_t n) {
+static void params_init(Params *p, int64_t n, Optimizer o) {
     memset(p, 0, sizeof *p);
-    p->block = calloc((size_t)(4 * n), sizeof(float));
-    assert_non_null(p->block);
-    p->net.k = &cpu_kernels;
-    p->net.nparams = n;
-    p->net.params = p->block;
-    p->net.grads = p->block + n;
-    p->net.optimizer = p->block + 2 * n;  // zero: PyTorch's initial state
+    p->o = o;
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, "[linear]\nname = w\noutputs = 1\n[log_softmax]\n", "t.cfg", &err))
+        fail_msg("%s", err.msg);
+    NetOptions opt = {.batch = 1, .precision = DT_F32};
+    optim_plan(&o, &opt);
+    if (net_create(&p->net, &cfg, (Shape){.c = (int)(n - 1), .h = 1, .w = 1}, 1, &opt, &cpu_kernels, &err))
+        fail_msg("%s", err.msg);
+    cfg_free(&cfg);
+    assert_int_equal(p->net.nparams, n);  // zero state: PyTorch's initial one
 }
 
-static void params_free(Params *p) { free(p->block); }
+static void params_free(Params *p) { net_free(&p->net); }
+
+// Optimizer state s of parameter element i.
+static float opt_state_at(const Params *p, int s, int64_t i) { return net_opt_state(&p->net, p->net.grads, s)[i]; }
 
 static void expect_rel(const char *what, int i, double got, double want) {
     if (!(fabs(got - want) <= REL_TOL * fabs(want)))
@@ -74,30 +85,30 @@ static const float grads[3][4] = {
 
 // Runs three steps of adadelta_step and checks each against the double formula and the
 // final values against torch's.
-static void check_three_steps(const Adadelta *opt, double lr, const double want_p[3][4],
+static void check_three_steps(const Optimizer *opt, double lr, const double want_p[3][4],
                               const double want_sq[4], const double want_acc[4]) {
     Params p;
-    params_init(&p, 4);
+    params_init(&p, 4, *opt);
     memcpy(p.net.params, p0, sizeof p0);
     double rp[4], rsq[4] = {0}, racc[4] = {0}, rg[4];
     for (int i = 0; i < 4; i++) rp[i] = p0[i];
     for (int s = 0; s < 3; s++) {
         memcpy(p.net.grads, grads[s], sizeof grads[s]);
         for (int i = 0; i < 4; i++) rg[i] = grads[s][i];
-        adadelta_step(&p.net, opt, lr);
+        optim_step(&p.net, opt, lr, s);
         adadelta_ref(rp, rsq, racc, rg, 4, lr, opt->rho, opt->eps, opt->weight_decay);
         for (int i = 0; i < 4; i++) {
             expect_rel("param vs formula", i, p.net.params[i], rp[i]);
             expect_rel("param vs torch 1.13", i, p.net.params[i], want_p[s][i]);
-            expect_rel("square_avg vs formula", i, net_square_avg(&p.net)[i], rsq[i]);
-            expect_rel("acc_delta vs formula", i, net_acc_delta(&p.net)[i], racc[i]);
+            expect_rel("square_avg vs formula", i, opt_state_at(&p, 0, i), rsq[i]);
+            expect_rel("acc_delta vs formula", i, opt_state_at(&p, 1, i), racc[i]);
         }
         // The step reads the gradients, it does not consume them.
         assert_memory_equal(p.net.grads, grads[s], sizeof grads[s]);
     }
     for (int i = 0; i < 4; i++) {
-        expect_rel("square_avg vs torch 1.13", i, net_square_avg(&p.net)[i], want_sq[i]);
-        expect_rel("acc_delta vs torch 1.13", i, net_acc_delta(&p.net)[i], want_acc[i]);
+        expect_rel("square_avg vs torch 1.13", i, opt_state_at(&p, 0, i), want_sq[i]);
+        expect_rel("acc_delta vs torch 1.13", i, opt_state_at(&p, 1, i), want_acc[i]);
     }
     params_free(&p);
 }
@@ -115,13 +126,13 @@ static void test_adadelta_torch_defaults(void **state) {
                                       0.017190001904964447, 0.4129599928855896};
     static const double want_acc[4] = {5.650511411658954e-06, 2.3886325379862683e-06,
                                        2.117375970556168e-06, 2.6502621039981022e-06};
-    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0};
+    const Optimizer opt = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
     check_three_steps(&opt, 1.0, want_p, want_sq, want_acc);
 }
 
 static void test_adadelta_lr_and_weight_decay(void **state) {
     // The same with lr=0.5, weight_decay=0.1 (torch 1.13). The lr argument of
-    // adadelta_step is the scheduled one; opt->lr (the base) must not be used.
+    // optim_step is the scheduled one; opt->lr (the base) must not be used.
     static const double want_p[3][4] = {
         {1.4984190464019775, -0.7484189867973328, 0.24841894209384918, 2.0015809535980225},
         {1.4963185787200928, -0.7503247261047363, 0.24894846975803375, 1.9999583959579468},
@@ -131,7 +142,7 @@ static void test_adadelta_lr_and_weight_decay(void **state) {
                                       0.01961967907845974, 0.49084383249282837};
     static const double want_acc[4] = {4.6948039198468905e-06, 2.162118107662536e-06,
                                        1.9933377188863233e-06, 4.669367626775056e-06};
-    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0.1};
+    const Optimizer opt = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0.1};
     check_three_steps(&opt, 0.5, want_p, want_sq, want_acc);
 }
 
@@ -140,15 +151,15 @@ static void test_adadelta_first_step_by_hand(void **state) {
     //   sq = 0.1 * 0.25 = 0.025; std = sqrt(0.025001) = 0.158117045...;
     //   delta = sqrt(1e-6) / std * 0.5 = 0.00316221442 (about sqrt(eps / (1 - rho)));
     //   acc = 0.1 * delta^2 = 9.9996000e-7; p = 1 - delta = 0.996837786
+    const Optimizer opt = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
     Params p;
-    params_init(&p, 1);
+    params_init(&p, 2, opt);  // the test's parameter and one left at 0
     p.net.params[0] = 1.0f;
     p.net.grads[0] = 0.5f;
-    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6};
-    adadelta_step(&p.net, &opt, 1.0);
-    expect_rel("square_avg", 0, net_square_avg(&p.net)[0], 0.025);
+    optim_step(&p.net, &opt, 1.0, 0);
+    expect_rel("square_avg", 0, opt_state_at(&p, 0, 0), 0.025);
     expect_rel("param", 0, p.net.params[0], 0.996837786);
-    expect_rel("acc_delta", 0, net_acc_delta(&p.net)[0], 9.9996000e-7);
+    expect_rel("acc_delta", 0, opt_state_at(&p, 1, 0), 9.9996000e-7);
     params_free(&p);
 }
 
@@ -156,8 +167,9 @@ static void test_adadelta_many_params(void **state) {
     // 100,003 parameters: the kernel's parallel loop (over 32,768 elements), an odd tail,
     // and every element must follow the formula for its own state.
     const int n = 100003;
+    const Optimizer opt = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0.01};
     Params p;
-    params_init(&p, n);
+    params_init(&p, n, opt);
     double *rp = malloc(n * sizeof(double)), *rsq = calloc(n, sizeof(double));
     double *racc = calloc(n, sizeof(double)), *rg = malloc(n * sizeof(double));
     assert_true(rp && rsq && racc && rg);
@@ -167,21 +179,21 @@ static void test_adadelta_many_params(void **state) {
         p.net.params[i] = 1.0f + (float)(s >> 40) / 16777216.0f;  // [1, 2): far from 0
         rp[i] = p.net.params[i];
     }
-    const Adadelta opt = {.lr = 1.0, .rho = 0.9, .eps = 1e-6, .weight_decay = 0.01};
+    const Schedule sched = {.kind = SCHEDULE_STEP, .gamma = 0.7};
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < n; i++) {
             s = s * 6364136223846793005ULL + 1442695040888963407ULL;
             p.net.grads[i] = (float)(s >> 40) / 8388608.0f - 1.0f;  // [-1, 1)
             rg[i] = p.net.grads[i];
         }
-        const double lr = steplr(1.0, 0.7, step);
-        adadelta_step(&p.net, &opt, lr);
+        const double lr = schedule_lr(&sched, 1.0, step, step);  // a step an epoch
+        optim_step(&p.net, &opt, lr, step);
         adadelta_ref(rp, rsq, racc, rg, n, lr, opt.rho, opt.eps, opt.weight_decay);
     }
     for (int i = 0; i < n; i++) {
         expect_rel("param", i, p.net.params[i], rp[i]);
-        expect_rel("square_avg", i, net_square_avg(&p.net)[i], rsq[i]);
-        expect_rel("acc_delta", i, net_acc_delta(&p.net)[i], racc[i]);
+        expect_rel("square_avg", i, opt_state_at(&p, 0, i), rsq[i]);
+        expect_rel("acc_delta", i, opt_state_at(&p, 1, i), racc[i]);
     }
     free(rp), free(rsq), free(racc), free(rg);
     params_free(&p);
@@ -191,14 +203,137 @@ static void test_steplr(void **state) {
     // torch.optim.lr_scheduler.StepLR(step_size=1, gamma=0.7) from lr 1.0, torch 1.13:
     // the lr of epochs 0..3 is 1.0, 0.7, 0.48999999999999994, 0.3429999999999999, the
     // products of one multiplication per epoch in double, compared exactly.
-    assert_true(steplr(1.0, 0.7, 0) == 1.0);
-    assert_true(steplr(1.0, 0.7, 1) == 0.7);
-    assert_true(steplr(1.0, 0.7, 2) == 0.48999999999999994);
-    assert_true(steplr(1.0, 0.7, 3) == 0.3429999999999999);
+    Schedule s = {.kind = SCHEDULE_STEP, .gamma = 0.7};
+    assert_true(schedule_lr(&s, 1.0, 0, 0) == 1.0);
+    assert_true(schedule_lr(&s, 1.0, 500, 1) == 0.7);  // by epoch, whatever the step
+    assert_true(schedule_lr(&s, 1.0, 9, 2) == 0.48999999999999994);
+    assert_true(schedule_lr(&s, 1.0, 9, 3) == 0.3429999999999999);
     // Another base and gamma: ((((0.5 * 0.1) * 0.1) * 0.1) * 0.1 in double is
     // 5.0000000000000016e-05, where 0.5 * pow(0.1, 4) is 5.000000000000001e-05.
-    assert_true(steplr(0.5, 0.1, 4) == 5.0000000000000016e-05);
-    assert_true(steplr(2.0, 1.0, 100) == 2.0);
+    s.gamma = 0.1;
+    assert_true(schedule_lr(&s, 0.5, 0, 4) == 5.0000000000000016e-05);
+    s.gamma = 1.0;
+    assert_true(schedule_lr(&s, 2.0, 0, 100) == 2.0);
+}
+
+// Warmup then cosine against torch 1.13's SequentialLR of LinearLR(start_factor 0.25,
+// total_iters 3) and CosineAnnealingLR(T_max 7, eta_min 0.01) from lr 0.5, steps 0..9
+// (PyTorch computes the cosine recursively; the closed form agrees to 1e-15).
+static void test_warmup_cosine(void **state) {
+    static const double torch_lr[10] = {
+        0.125, 0.25, 0.375, 0.5, 0.47573737263609267, 0.40775500145538973, 0.30951762881929706,
+        0.20048237118070303, 0.1022449985446103, 0.034262627363907339};
+    const Schedule s = {.kind = SCHEDULE_COSINE, .lr_min = 0.01, .warmup = 3, .warmup_start = 0.25,
+                        .total = 10};
+    for (int t = 0; t < 10; t++) {
+        const double lr = schedule_lr(&s, 0.5, t, 0);
+        if (!(fabs(lr - torch_lr[t]) <= 1e-15 * torch_lr[t]))
+            fail_msg("step %d: lr %.17g, torch %.17g", t, lr, torch_lr[t]);
+    }
+    // The floor at the end of the run; warmup on the step schedule scales it.
+    assert_true(fabs(schedule_lr(&s, 0.5, 10, 0) - 0.01) < 1e-15);
+    const Schedule w = {.kind = SCHEDULE_STEP, .gamma = 0.5, .warmup = 4, .warmup_start = 0.5};
+    assert_true(schedule_lr(&w, 1.0, 0, 0) == 0.5);
+    assert_true(schedule_lr(&w, 1.0, 2, 0) == 0.75);
+    assert_true(schedule_lr(&w, 1.0, 4, 1) == 0.5);
+}
+
+// Three steps of `o` on p0 with the test's gradients, against torch.optim's parameters
+// (tests/torch_optim_reference.py: the values printed as float bits).
+static void check_torch(const Optimizer *o, const uint32_t want[3][4], const char *what) {
+    Params p;
+    params_init(&p, 4, *o);
+    memcpy(p.net.params, p0, sizeof p0);
+    for (int s = 0; s < 3; s++) {
+        memcpy(p.net.grads, grads[s], sizeof grads[s]);
+        optim_step(&p.net, o, o->lr, s);
+        for (int i = 0; i < 4; i++) {
+            float w;
+            memcpy(&w, &want[s][i], sizeof w);
+            char m[96];
+            snprintf(m, sizeof m, "%s, step %d, param vs torch 1.13", what, s + 1);
+            expect_rel(m, i, p.net.params[i], w);
+        }
+    }
+    params_free(&p);
+}
+
+static void test_sgd(void **state) {
+    static const uint32_t dampened[3][4] = {
+        {0x3fbe872bu, 0xbf3ab021u, 0x3e610625u, 0x40026e98u},
+        {0x3fb74590u, 0xbf41425au, 0x3e4e28b9u, 0x400480e0u},
+        {0x3fbc189cu, 0xbf4775cau, 0x3e2158dcu, 0x3ff574f5u}};
+    static const uint32_t nesterov[3][4] = {
+        {0x3fbd3405u, 0xbf35e83eu, 0x3e452546u, 0x40049eedu},
+        {0x3faf7dccu, 0xbf499430u, 0x3e3f22efu, 0x400656b8u},
+        {0x3fc1114fu, 0xbf508451u, 0x3debeac1u, 0x3fdedba7u}};
+    static const uint32_t plain[3][4] = {
+        {0x3fbeb852u, 0xbf3ae148u, 0x3e6147aeu, 0x40028f5cu},
+        {0x3fb851ecu, 0xbf47ae15u, 0x3e6b851fu, 0x40028f5cu},
+        {0x3fc51eb9u, 0xbf483127u, 0x3e4ccccdu, 0x3feb851eu}};
+    check_torch(&(Optimizer){.kind = OPTIM_SGD, .lr = 0.1, .momentum = 0.9, .dampening = 0.1,
+                             .weight_decay = 0.01}, dampened, "SGD momentum 0.9 dampening 0.1");
+    check_torch(&(Optimizer){.kind = OPTIM_SGD, .lr = 0.1, .momentum = 0.9, .nesterov = true,
+                             .weight_decay = 0.01}, nesterov, "SGD nesterov");
+    check_torch(&(Optimizer){.kind = OPTIM_SGD, .lr = 0.1}, plain, "SGD");
+    const Optimizer sgd = {.kind = OPTIM_SGD};
+    assert_int_equal(optim_nstates(&sgd), 0);  // no momentum: no state
+}
+
+static void test_adamw(void **state) {
+    static const uint32_t defaults[3][4] = {
+        {0x3fbeb368u, 0xbf3d6bbau, 0x3e75bc01u, 0x4000a090u},
+        {0x3fbd9460u, 0xbf3e88afu, 0x3e719c90u, 0x40010b0du},
+        {0x3fbde6fdu, 0xbf3f7339u, 0x3e6ac929u, 0x4000b1bdu}};
+    static const uint32_t custom[3][4] = {
+        {0x3fbe872cu, 0xbf3d3f7eu, 0x3e758109u, 0x40008312u},
+        {0x3fbd323cu, 0xbf3e538cu, 0x3e71b088u, 0x4000c969u},
+        {0x3fbd706fu, 0xbf3f1f14u, 0x3e6a93d2u, 0x40004574u}};
+    check_torch(&(Optimizer){.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999,
+                             .eps = 1e-8, .weight_decay = 0.01}, defaults, "AdamW defaults");
+    check_torch(&(Optimizer){.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.8, .beta2 = 0.99,
+                             .eps = 1e-6, .weight_decay = 0.1}, custom, "AdamW betas 0.8, 0.99");
+}
+
+// decay_skip_norm_bias: the bias (1-D) steps as without weight decay, the weight with it;
+// and a frozen layer's parameters stay as they are.
+static void test_decay_skip_and_frozen(void **state) {
+    const Optimizer with = {.kind = OPTIM_SGD, .lr = 0.1, .weight_decay = 0.5};
+    Optimizer skip = with;
+    skip.decay_skip_norm_bias = true;
+    Params a, b;
+    params_init(&a, 3, with);
+    params_init(&b, 3, skip);
+    for (int i = 0; i < 3; i++) a.net.params[i] = b.net.params[i] = 1.0f, a.net.grads[i] = b.net.grads[i] = 0.25f;
+    optim_step(&a.net, &with, 0.1, 0);
+    optim_step(&b.net, &skip, 0.1, 0);
+    // weight: 1 - 0.1 * (0.25 + 0.5) = 0.925 in both; bias: 0.925 with decay, 0.975 without.
+    for (int i = 0; i < 2; i++) assert_true(fabsf(a.net.params[i] - 0.925f) < 1e-6 && a.net.params[i] == b.net.params[i]);
+    assert_true(fabsf(a.net.params[2] - 0.925f) < 1e-6);
+    assert_true(fabsf(b.net.params[2] - 0.975f) < 1e-6);
+    params_free(&a), params_free(&b);
+    // Frozen: no gradient, no state, no step.
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, "[linear]\nname = a\noutputs = 2\n[linear]\nname = b\noutputs = 1\n[log_softmax]\n",
+                  "t.cfg", &err))
+        fail_msg("%s", err.msg);
+    const char *freeze[] = {"a"};
+    NetOptions opt = {.batch = 1, .precision = DT_F32, .freeze = freeze, .nfreeze = 1};
+    optim_plan(&with, &opt);
+    Net net;
+    if (net_create(&net, &cfg, (Shape){.c = 3, .h = 1, .w = 1}, 1, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(net.nparams, 3 * 2 + 2 + 2 + 1);
+    assert_int_equal(net.ntrain, 2 + 1);  // b only
+    assert_null(net.layers[0]->grads[0]);
+    assert_int_equal(net.first_trained, 1);
+    for (int64_t i = 0; i < net.nparams; i++) net.params[i] = 1.0f;
+    for (int64_t i = 0; i < net.ntrain; i++) net.grads[i] = 1.0f;
+    optim_step(&net, &with, 0.1, 0);
+    for (int i = 0; i < 8; i++) assert_true(net.params[i] == 1.0f);
+    for (int64_t i = 8; i < net.nparams; i++) assert_true(fabsf(net.params[i] - 0.85f) < 1e-6);
+    net_free(&net);
+    cfg_free(&cfg);
 }
 
 int main(void) {
@@ -209,6 +344,10 @@ int main(void) {
         cmocka_unit_test(test_adadelta_first_step_by_hand),
         cmocka_unit_test(test_adadelta_many_params),
         cmocka_unit_test(test_steplr),
+        cmocka_unit_test(test_warmup_cosine),
+        cmocka_unit_test(test_sgd),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_decay_skip_and_frozen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

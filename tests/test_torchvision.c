@@ -33,6 +33,7 @@
 #include "testutil.h"
 
 enum { N = 2, CLASSES = 10 };
+static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
 static char g_root[PATH_MAX] = ".", g_dir[PATH_MAX];
 
 static const char *in_dir(const char *name) {
@@ -76,8 +77,9 @@ static const float *fc_out(const Net *net) { return (const float *)net->acts[net
 static void load_net(Net *net, const Cfg *cfg, int S, const StFile *x, const char *images) {
     Error err = {{0}};
     const Shape in = {.c = 3, .h = S, .w = S};
-    if (net_create(net, cfg, in, CLASSES, &(NetOptions){.batch = N, .precision = DT_F32},
-                   &cpu_kernels, &err) ||
+    NetOptions opt = {.batch = N, .precision = DT_F32};
+    optim_plan(&adadelta, &opt);
+    if (net_create(net, cfg, in, CLASSES, &opt, &cpu_kernels, &err) ||
         checkpoint_load_weights(in_dir("weights.safetensors"), net, NULL, 0, &err))
         fail_msg("%s", err.msg);
     const StEntry *e = entry(x, images);
@@ -162,7 +164,7 @@ static void test_resnet18_against_torchvision(void **state) {
                   checked, worst, worst_name);
 
     // One Adadelta step, the checkpoint, cnn.c's evaluation of it; torchvision loads it.
-    adadelta_step(&net, &(Adadelta){.lr = 1.0, .rho = 0.9, .eps = 1e-6}, 1.0);
+    optim_step(&net, &adadelta, 1.0, 0);
     char *text = cfg_to_text(&cfg, &err);
     assert_non_null(text);
     char names[CLASSES][8], *class_names[CLASSES];

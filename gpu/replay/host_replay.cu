@@ -85,8 +85,8 @@ static void replay_conv_direct_backward(float *din, float *dw, float *dbias, flo
                                         const float *dout, const float *in, const float *out,
                                         const float *w, ConvGeometry g, Activation act) {
     const int64_t parts = conv_direct_partial_floats(g);
-    for (int64_t j = 0; j < parts; j++) conv_direct_partial_at(j, partial, dout, in, out, g, act == ACT_RELU);
-    for (int64_t e = 0; e < parts / CONV_DIRECT_PARTS; e++) conv_direct_reduce_at(e, dw, dbias, partial, g);
+    for (int64_t j = 0; j < parts && dw; j++) conv_direct_partial_at(j, partial, dout, in, out, g, act == ACT_RELU);
+    for (int64_t e = 0; e < parts / CONV_DIRECT_PARTS && dw; e++) conv_direct_reduce_at(e, dw, dbias, partial, g);
     if (din)
         for (int64_t i = 0; i < (int64_t)g.N * g.H * g.W * g.C; i++)
             conv_direct_din_at(i, din, dout, out, w, g, act == ACT_RELU);
@@ -242,6 +242,17 @@ static void replay_adadelta_step(float *p, float *sq, float *acc, const float *g
     for (int64_t i = 0; i < n; i++) adadelta_at(i, p, sq, acc, grad, lr, rho, eps, wd);
 }
 
+static void replay_sgd_step(float *p, float *buf, const float *grad, int64_t n, float lr,
+                            float momentum, float omd, float wd, bool nesterov, bool first) {
+    for (int64_t i = 0; i < n; i++) sgd_at(i, p, buf, grad, lr, momentum, omd, wd, nesterov, first);
+}
+static void replay_adamw_step(float *p, float *m, float *v, const float *grad, int64_t n, float decay,
+                              float b1, float omb1, float b2, float omb2, float eps, float step_size,
+                              float bc2_sqrt) {
+    for (int64_t i = 0; i < n; i++)
+        adamw_at(i, p, m, v, grad, decay, b1, omb1, b2, omb2, eps, step_size, bc2_sqrt);
+}
+
 // Stands in for the CUDA table, under its name.
 static Kernels replay_table;
 
@@ -271,5 +282,6 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->log_softmax_backward = replay_log_softmax_backward;
     k->nll_loss = replay_nll_loss, k->f32_to_f16 = replay_f32_to_f16, k->f16_to_f32 = replay_f16_to_f32;
     k->scale_check = replay_scale_check, k->adadelta_step = replay_adadelta_step;
+    k->sgd_step = replay_sgd_step, k->adamw_step = replay_adamw_step;
     return k;
 }
