@@ -231,7 +231,8 @@ static void test_backend(void **state) {
         (void *)k->avgpool_backward, (void *)k->global_avgpool_forward,
         (void *)k->global_avgpool_backward, (void *)k->bn_sums, (void *)k->bn_batch_stats,
         (void *)k->bn_eval_stats, (void *)k->bn_forward, (void *)k->bn_backward_sums,
-        (void *)k->bn_backward, (void *)k->bn_param_grads,
+        (void *)k->bn_backward, (void *)k->bn_param_grads, (void *)k->sgd_step,
+        (void *)k->adamw_step,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (!fns[i]) fail_msg("the CUDA table's entry %zu is NULL", i);
@@ -996,6 +997,50 @@ static void test_adadelta(void **state) {
     }
 }
 
+// SGD (with and without momentum, nesterov, weight decay, the first step's buffer) and
+// AdamW, bit for bit.
+static void test_sgd_adamw(void **state) {
+    NEED_GPU();
+    rng_seed(16);
+    const int64_t n = 300007;
+    for (int j = 0; j < 3; j++) {
+        float *p = rand_floats(n, -1, 1), *g = rand_floats(n, -1, 1), *buf = rand_floats(n, -1, 1);
+        Buf bp = buf_from(p, n * 4), bg = buf_from(g, n * 4), bb = buf_from(buf, n * 4);
+        const bool nesterov = j == 1;
+        const float momentum = j ? 0.9f : 0.0f, wd = j == 2 ? 0.0f : 5e-4f;
+        for (int step = 0; step < 3; step++)
+            BOTH(k->sgd_step(P(bp), j ? P(bb) : NULL, P(bg), n, 0.05f, momentum, 0.9f, wd, nesterov,
+                             step == 0));
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        char what[64];
+        snprintf(what, sizeof what, "sgd params (case %d)", j);
+        buf_fetch(bp, hc, hg);
+        expect_same_f32(hc, hg, n, what);
+        snprintf(what, sizeof what, "sgd momentum buffer (case %d)", j);
+        buf_fetch(bb, hc, hg);
+        expect_same_f32(hc, hg, n, what);
+        buf_free(bp), buf_free(bg), buf_free(bb);
+        free(p), free(g), free(buf), free(hc), free(hg);
+    }
+    float *p = rand_floats(n, -1, 1), *g = rand_floats(n, -1, 1), *m = rand_floats(n, -0.1f, 0.1f),
+          *v = rand_floats(n, 0, 1e-2f);
+    Buf bp = buf_from(p, n * 4), bg = buf_from(g, n * 4), bm = buf_from(m, n * 4), bv = buf_from(v, n * 4);
+    for (int step = 1; step <= 3; step++) {
+        const double bc1 = 1 - pow(0.9, step), bc2 = 1 - pow(0.999, step);
+        BOTH(k->adamw_step(P(bp), P(bm), P(bv), P(bg), n, (float)(1 - 1e-3 * 0.01), 0.9f, 0.1f,
+                           0.999f, (float)(1 - 0.999), 1e-8f, (float)(1e-3 / bc1), (float)sqrt(bc2)));
+    }
+    float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+    const Buf bufs[] = {bp, bm, bv};
+    const char *names[] = {"adamw params", "adamw exp_avg", "adamw exp_avg_sq"};
+    for (int b = 0; b < 3; b++) {
+        buf_fetch(bufs[b], hc, hg);
+        expect_same_f32(hc, hg, n, names[b]);
+    }
+    buf_free(bp), buf_free(bg), buf_free(bm), buf_free(bv);
+    free(p), free(g), free(m), free(v), free(hc), free(hg);
+}
+
 // ---- a whole training step ---------------------------------------------------------------------
 
 // conv (pad) + relu, maxpool, a strided conv, relu, dropout, flatten, linear + relu,
@@ -1278,6 +1323,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_scale_check),
         cmocka_unit_test(test_adadelta),
+        cmocka_unit_test(test_sgd_adamw),
         cmocka_unit_test(test_net_step_fp32),
         cmocka_unit_test(test_net_step_fp16),
         cmocka_unit_test(test_checkpoint_across_devices),

@@ -984,6 +984,28 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
             fail_msg("second step, channel %d: running_mean %.9g (want %.9g), running_var %.9g "
                      "(want %.9g)", ch, rm[ch], want_m, rv[ch], want_v);
     }
+    // Frozen with its running statistics (freeze, freeze_bn): training normalises as
+    // evaluation does, moves nothing, and its input gradient is the affine map's, dout *
+    // gamma / sqrt(running_var + eps) where the ReLU passes.
+    l->frozen = l->frozen_stats = true;
+    l->grads[0] = l->grads[1] = NULL;
+    ctx = case_ctx(&c);
+    const float rm2 = rm[0], rv2 = rv[0];
+    case_forward(&c, &ctx, c.out, c.in);
+    assert_true(rm[0] == rm2 && rv[0] == rv2 && *tracked == 2);
+    float *din = xmalloc((size_t)c.nin * sizeof(float));
+    memcpy(c.dout, c.rf, (size_t)c.nout * sizeof(float));
+    case_backward(&c, &ctx, din, c.dout);
+    for (int64_t i = 0; i < c.nin; i++) {
+        const int ch = (int)(i % C);
+        const double z = (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch];
+        const double want = relu && z <= 0 ? 0 : c.R[i] * c.w[0][ch] / sqrt((double)rv[ch] + 1e-5);
+        if (!(fabs(c.out[i] - (relu && z < 0 ? 0 : z)) <= 1e-5 * fmax(1, fabs(z))))
+            fail_msg("frozen output %lld: %g, want %g", (long long)i, c.out[i], z);
+        if (!(fabs(din[i] - want) <= 1e-5 * fmax(1, fabs(want))))
+            fail_msg("frozen din %lld: %g, want %g", (long long)i, din[i], want);
+    }
+    free(din);
     free(y), free(in2), free(out2);
     case_free(&c);
 }

@@ -182,6 +182,89 @@ static void test_deep_cfg_saving(void **state) {
     cfg_free(&cfg);
 }
 
+// One step of the ResNet with `freeze`: the gradients of the trained parameters (net
+// order) into *g, the frozen batchnorms' running statistics and counters checked.
+static Net frozen_step(const char *const *freeze, int nfreeze, bool stats, Cfg *cfg, int segments) {
+    Net net;
+    Error err = {{0}};
+    const Shape in = {.c = 3, .h = 10, .w = 9};
+    if (cfg_parse(cfg, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
+    const NetOptions opt = {.batch = 6, .precision = DT_F32, .segments = segments, .freeze = freeze,
+                            .nfreeze = nfreeze, .freeze_stats = stats, .opt_states = 2};
+    if (net_create(&net, cfg, in, 10, &opt, &cpu_kernels, &err) || net_init_params(&net, 7, &err))
+        fail_msg("%s", err.msg);
+    srand(11);
+    for (int64_t i = 0; i < 6 * shape_numel(in); i++) net.input_buf[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int i = 0; i < 6; i++) net.labels[i] = rand() % 10;
+    net_zero_grads(&net);
+    net_forward(&net, 6, true, 5, 3, 0);
+    net_loss(&net, 6, 6, true);
+    net_backward(&net, 6, 5, 3, 0);
+    return net;
+}
+
+// freeze: the frozen layers get no gradient and no optimizer memory, backward stops at the
+// first trained layer, and the trained parameters get the gradients they get without
+// freezing, bit for bit (freeze_bn = 0: every batchnorm normalises by the batch). With
+// freeze_bn, the frozen batchnorms use and keep their running statistics.
+static void test_freeze(void **state) {
+    Cfg c0, c1, c2;
+    Net full = frozen_step(NULL, 0, false, &c0, 0);
+    const char *freeze[] = {"conv1", "bn1", "layer1"};
+    for (int segments = 0; segments <= 3; segments += 3) {
+        Net part = frozen_step(freeze, 3, false, &c1, segments);
+        assert_int_equal(part.first_trained, 4);  // layer2.0
+        assert_true(part.ntrain < full.ntrain);
+        assert_int_equal(part.plan.grads, (size_t)part.ntrain * 4);
+        assert_int_equal(part.plan.optimizer, 2 * (size_t)part.ntrain * 4);
+        int compared = 0;
+        for (int m = 0; m < full.nmodules; m++)
+            for (int j = 0; j < full.modules[m]->nparams; j++) {
+                const Layer *f = full.modules[m], *p = part.modules[m];
+                assert_string_equal(f->params[j].name, p->params[j].name);
+                const bool frozen = !strncmp(p->name, "conv1", 5) || !strncmp(p->name, "bn1", 3) ||
+                                    !strncmp(p->name, "layer1", 6);
+                assert_int_equal(p->grads[j] == NULL, frozen);
+                if (frozen) continue;
+                const size_t bytes = (size_t)tensor_numel(&f->params[j]) * sizeof(float);
+                if (memcmp(f->grads[j], p->grads[j], bytes) != 0)
+                    fail_msg("%s: its gradient differs when the stem and layer1 are frozen (%d segments)",
+                             p->params[j].name, segments);
+                compared++;
+            }
+        assert_int_equal(compared, 9 + 2 + 2);  // layer2.0, bn2, fc
+        net_free(&part);
+        cfg_free(&c1);
+    }
+    // With their running statistics: the frozen batchnorms count no batch and keep their
+    // statistics; the trained ones move.
+    Net ev = frozen_step(freeze, 3, true, &c2, 0);
+    for (int m = 0; m < ev.nmodules; m++) {
+        const Layer *l = ev.modules[m];
+        if (l->ops != &batchnorm_ops) continue;
+        const int64_t tracked = *(const int64_t *)l->buffers[2].data;
+        const float *rv = l->buffers[1].data;
+        assert_int_equal(tracked, l->frozen ? 0 : 1);
+        assert_int_equal(l->frozen_stats, l->frozen);
+        if (l->frozen) assert_true(rv[0] == 1.0f);
+        else assert_true(rv[0] != 1.0f);
+    }
+    net_free(&ev);
+    cfg_free(&c2);
+    net_free(&full);
+    cfg_free(&c0);
+    // A name that is no layer's.
+    Net bad;
+    Cfg c3;
+    Error err = {{0}};
+    if (cfg_parse(&c3, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
+    const char *nope[] = {"layer9"};
+    const NetOptions opt = {.batch = 2, .precision = DT_F32, .freeze = nope, .nfreeze = 1};
+    assert_int_equal(net_create(&bad, &c3, (Shape){.c = 3, .h = 10, .w = 9}, 10, &opt, &cpu_kernels, &err), -1);
+    assert_non_null(strstr(err.msg, "freeze names 'layer9'"));
+    cfg_free(&c3);
+}
+
 // models/resnet18.cfg at batch 32 on 224x224: the segments are cut by bytes, so the stem's
 // 112x112 activations get a segment of their own, and the stored activations (saved and
 // recomputed) shrink more than 2x.
@@ -332,6 +415,7 @@ int main(void) {
         cmocka_unit_test(test_resnet_fp16_bitwise),
         cmocka_unit_test(test_deep_cfg_saving),
         cmocka_unit_test(test_resnet18_cfg_saving),
+        cmocka_unit_test(test_freeze),
         cmocka_unit_test(test_plan_is_allocation),
         cmocka_unit_test(test_budget_chooser),
     };
