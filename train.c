@@ -66,7 +66,10 @@ static const CfgKey train_keys[] = {
     {"save_every", "0", "also write the last checkpoint every N batches; 0 = each epoch only"},
     {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint, as on "
                         "Ctrl-C (for time-boxed sessions); 0 = never"},
-    {"resume", "", "a checkpoint to continue training from exactly (same cfg and seed)"},
+    {"resume", "", "a checkpoint to continue training from exactly: ./train resume=CKPT takes "
+                   "the cfg stored in it; settings that change the run are refused"},
+    {"resume_force", "0", "1: resume although settings that change the run differ from the "
+                          "checkpoint's"},
     {"init", "", "weights that start this run (optimizer starts fresh): a checkpoint, or any "
                  "safetensors state_dict with the network's names (PyTorch's)"},
     {"init_skip", "", "layers that init leaves at their fresh initialisation, comma-separated "
@@ -92,6 +95,7 @@ typedef struct Options {
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]
     const char *resume, *init;
+    int resume_force;
     NameList init_skip, freeze;
     int freeze_bn;
     DType precision;
@@ -258,7 +262,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
     int precision;
     static const char *const precisions[] = {"fp32", "fp16"};
     const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, freeze_bn;
+    int64_t auto_fp16, freeze_bn, resume_force;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
@@ -277,6 +281,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_int(cfg, t, "save_every", "0", 0, INT64_MAX, &o->save_every, err) ||
         cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
         cfg_str(cfg, t, "resume", "", &o->resume, err) ||
+        cfg_int(cfg, t, "resume_force", "0", 0, 1, &resume_force, err) ||
         cfg_str(cfg, t, "init", "", &o->init, err) ||
         read_names(cfg, t, "init_skip", &o->init_skip, err) ||
         read_names(cfg, t, "freeze", &o->freeze, err) ||
@@ -330,6 +335,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
     }
 
     o->freeze_bn = (int)freeze_bn;
+    o->resume_force = (int)resume_force;
     if (save[0]) {
         snprintf(o->save, sizeof o->save, "%s", save);
     } else {  // runs/<cfg file name without directory and extension>
@@ -512,7 +518,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
             if (live) printf("\r\033[K");
             if (save_checkpoint(r, r->last, err)) return -1;
             printf("stopped %s in epoch %d after batch %lld/%lld; wrote %s\n"
-                   "resume with: ./train CFG resume=%s (the same cfg and overrides)\n",
+                   "resume with: ./train resume=%s\n",
                    step_limit ? "at stop_after" : stop_signal == SIGINT ? "by SIGINT" : "by SIGTERM",
                    epoch + 1, (long long)r->st.batch, (long long)nbatches, r->last, r->last);
             return 1;
@@ -674,13 +680,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     }
     if (o->resume[0]) {
         if (checkpoint_load_all(o->resume, &net, &r.st, err)) goto done;
-        if (r.st.seed != o->seed) {
-            err_set(err, "%s was trained with seed %llu, this run has seed %llu: resume with "
-                         "seed=%llu (and the rest of that run's settings)", o->resume,
-                    (unsigned long long)r.st.seed, (unsigned long long)o->seed,
-                    (unsigned long long)r.st.seed);
-            goto done;
-        }
+        r.st.seed = o->seed;  // resume_check made them equal, or resume_force changed it
         r.scaler.scale = r.st.loss_scale;
         r.scaler.good_steps = r.st.scaler_good_steps;
         r.scaler.skipped = r.st.scaler_skipped;
@@ -939,6 +939,104 @@ done:
     return rc;
 }
 
+// ---- resuming ----------------------------------------------------------------------------
+
+// Keys that may change when a run resumes: they leave its numbers as they were (threads
+// and device change the rounding, not the arithmetic).
+static bool resume_may_change(const char *section, const char *key) {
+    static const char *const train[] = {"epochs", "save", "save_every", "stop_after", "threads",
+                                        "device", "profile", "resume", "resume_force", "init",
+                                        "init_skip", "checkpoint"};
+    static const char *const data[] = {"workers", "prefetch", "cache"};
+    const bool is_train = !strcmp(section, "train"), is_data = !strcmp(section, "data");
+    const char *const *keys = is_train ? train : data;
+    const size_t n = is_train ? sizeof train / sizeof *train : is_data ? sizeof data / sizeof *data : 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(keys[i], key)) return true;
+    return false;
+}
+
+// Compares the run's cfg with the one stored in checkpoint `ckpt`: a difference in a
+// setting that changes the run is an error, unless force (then it is printed).
+static int resume_check(const Cfg *cfg, const char *ckpt, bool force, Error *err) {
+    CheckpointInfo info;
+    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
+    char name[1100];
+    snprintf(name, sizeof name, "%s (its stored cfg)", ckpt);
+    Cfg stored;
+    int rc = -1;
+    if (cfg_parse(&stored, info.cfg_text, name, err)) goto done;
+    char diffs[900] = "";
+    int ndiff = 0;
+    if (stored.nsections != cfg->nsections) {
+        snprintf(diffs, sizeof diffs, "; the checkpoint's network has %d sections, this cfg %d",
+                 stored.nsections, cfg->nsections);
+        ndiff++;
+    }
+    for (int i = 0; i < cfg->nsections && i < stored.nsections; i++) {
+        const CfgSection *a = &stored.sections[i], *b = &cfg->sections[i];
+        if (strcmp(a->name, b->name)) {
+            snprintf(diffs + strlen(diffs), sizeof diffs - strlen(diffs),
+                     "; section %d is [%s] in the checkpoint, [%s] here", i + 1, a->name, b->name);
+            ndiff++;
+            continue;
+        }
+        for (int pass = 0; pass < 2; pass++) {  // keys of the checkpoint's section, then new ones
+            const CfgSection *x = pass ? b : a, *y = pass ? a : b;
+            for (int j = 0; j < x->nentries; j++) {
+                const CfgEntry *e = &x->entries[j], *f = cfg_entry(y, e->key);
+                if ((pass && f) || (f && !strcmp(e->value, f->value)) || resume_may_change(a->name, e->key))
+                    continue;
+                const char *was = pass ? "(unset)" : e->value, *now = pass ? e->value : f ? f->value : "(unset)";
+                snprintf(diffs + strlen(diffs), sizeof diffs - strlen(diffs), "; [%s] %s = %s, now %s",
+                         a->name, e->key, was, now);
+                ndiff++;
+            }
+        }
+    }
+    if (ndiff && !force) {
+        err_set(err, "%s was trained with other settings%s: resuming needs the run's own (./train "
+                     "resume=%s alone takes them from the checkpoint); resume_force=1 resumes with "
+                     "the changes, no longer the same run", ckpt, diffs, ckpt);
+        goto done;
+    }
+    if (ndiff) printf("resume_force: resuming %s with changed settings%s\n", ckpt, diffs);
+    rc = 0;
+done:
+    cfg_free(&stored);
+    checkpoint_info_free(&info);
+    return rc;
+}
+
+// ./train resume=CKPT [key=value ...]: the cfg stored in CKPT, the overrides applied; its
+// checkpoints go on in CKPT's folder unless the cfg names one, and a stop_after that ended
+// the stored run is dropped (give it again to stop again).
+static int cfg_from_checkpoint(Cfg *cfg, char *name, size_t cap, int argc, char **argv, Error *err) {
+    const char *ckpt = NULL;
+    for (int i = 1; i < argc && !ckpt; i++)
+        if (!strncmp(argv[i], "resume=", 7)) ckpt = argv[i] + 7;
+    if (!ckpt)
+        return err_set(err, "no cfg file: give one (./train CFG [key=value ...]), or resume=CKPT to "
+                            "continue a run from its checkpoint alone");
+    CheckpointInfo info;
+    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
+    snprintf(name, cap, "%s (its stored cfg)", ckpt);
+    const int rc = cfg_parse(cfg, info.cfg_text, name, err);
+    checkpoint_info_free(&info);
+    if (rc) return -1;
+    CfgSection *t = cfg_section(cfg, "train");
+    if (t && cfg_entry(t, "stop_after") && cfg_set(t, "stop_after", "0", err)) return -1;
+    if (t && !cfg_entry(t, "save")) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s", ckpt);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, sizeof dir, ".");
+        if (cfg_set(t, "save", dir, err)) return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -969,12 +1067,17 @@ int main(int argc, char **argv) {
     }
     bool plan = false, json = false;
     const char *cfg_path = NULL;
+    char stored_name[1100];
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--plan") == 0) plan = true;
         else if (strcmp(argv[i], "--json") == 0) json = true;
         else if (argv[i][0] == '-' && argv[i][1] == '-') {
             err_set(&err, "unknown option %s (see ./train --help)", argv[i]);
             goto fail;
+        } else if (!cfg_path && strchr(argv[i], '=')) {  // no cfg file: the checkpoint's
+            if (cfg_from_checkpoint(&cfg, stored_name, sizeof stored_name, argc, argv, &err)) goto fail;
+            cfg_path = stored_name;
+            if (apply_override(&cfg, argv[i], &err)) goto fail;
         } else if (!cfg_path) {
             cfg_path = argv[i];
             if (cfg_load(&cfg, cfg_path, &err)) goto fail;
@@ -989,6 +1092,7 @@ int main(int argc, char **argv) {
         goto fail;
     }
     if (read_options(&o, &cfg, cfg_path, &err)) goto fail;
+    if (o.resume[0] && resume_check(&cfg, o.resume, o.resume_force, &err)) goto fail;
     o.plan = plan, o.json = json;
     const int ran = run(&o, &cfg, &err);
     if (ran < 0) goto fail;

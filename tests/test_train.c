@@ -176,6 +176,34 @@ static void test_resume_fp32(void **state) { check_resume("", "fp32"); }
 static void test_resume_fp16(void **state) { check_resume("precision=fp16", "fp16"); }
 static void test_resume_accumulate(void **state) { check_resume("accumulate=4", "acc"); }
 
+// ./train resume=CKPT alone: the run started with three overrides goes on with the cfg
+// stored in its checkpoint, to the same bits as the uninterrupted run; a changed setting
+// that alters the run is refused (resume_force=1 accepts it), one that does not is taken.
+static void test_resume_alone(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX];
+    snprintf(args, sizeof args, "batch=16 optimizer=sgd lr=0.05 save=%s/alone-a", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "batch=16 optimizer=sgd lr=0.05 save=%s/alone-b stop_after=30", dir);
+    assert_int_equal(train(args), 130);
+    assert_int_equal(run("./train resume=%s/alone-b/last.safetensors", dir), 0);
+    expect_same_tensors("alone-a/last.safetensors", "alone-b/last.safetensors");
+    assert_int_equal(run("./train resume=%s/alone-b/last.safetensors batch=32", dir), 1);
+    const char *out = read_output();
+    if (!strstr(out, "[train] batch = 16, now 32") || !strstr(out, "resume_force=1"))
+        fail_msg("expected the refusal, got: %s", out);
+    assert_int_equal(run("./train resume=%s/alone-b/last.safetensors epochs=3 resume_force=1 lr=0.01", dir), 0);
+    assert_non_null(strstr(read_output(), "resume_force: resuming"));
+    assert_non_null(strstr(read_output(), "epoch 3/3"));
+    // The cfg file without the run's overrides: refused, naming them.
+    snprintf(args, sizeof args, "resume=%s/alone-b/last.safetensors", dir);
+    assert_int_equal(train(args), 1);
+    assert_non_null(strstr(read_output(), "[train] optimizer = sgd, now (unset)"));
+    // Without a cfg and without resume=: a message, not a crash.
+    assert_int_equal(run("./train epochs=1"), 1);
+    assert_non_null(strstr(read_output(), "resume=CKPT"));
+}
+
 // The ResNet resumes exactly too (batchnorm's running statistics and counters are part of
 // the checkpoint), also checkpointed and in fp16; and it learns.
 static void test_resnet_resume(void **state) {
@@ -384,6 +412,7 @@ int main(void) {
         cmocka_unit_test(test_resume_fp16),
         cmocka_unit_test(test_resume_accumulate),
         cmocka_unit_test(test_resnet_resume),
+        cmocka_unit_test(test_resume_alone),
         cmocka_unit_test(test_plain_weights),
         cmocka_unit_test(test_eval_and_predict),
         cmocka_unit_test(test_bad_input),
