@@ -3,7 +3,9 @@
 // Reads the cfg, applies command-line overrides, opens the data, builds the network on
 // the chosen device and trains it with Adadelta on the NLL loss, evaluating on the test
 // set after each epoch. Prints a line per epoch and appends it to SAVE/metrics.jsonl.
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <math.h>
 #include <stdio.h>
@@ -117,20 +119,25 @@ static void usage(FILE *f) {
             "  key=value          a key of [train] or [data]   (epochs=1 batch=128)\n"
             "  train.key=value    a key of a named section     (data.shuffle=0)\n"
             "  LAYER.key=value    a key of the layer named LAYER (conv1.filters=16)\n"
+            "  key=               (empty) the key's default, as if the cfg did not set it\n"
             "\n"
             "Options:\n"
             "  --plan             print the memory plan for the cfg and stop (no training)\n"
             "  --plan --json      the same as one JSON object of byte counts\n"
             "  -h, --help         this text, with every cfg key\n"
             "\n"
-            "usage: ./train --eval WEIGHTS [--cfg CFG] [key=value ...]\n"
+            "usage: ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]\n"
             "  evaluates a checkpoint (SAVE/best.safetensors) on the test set of the cfg stored\n"
-            "  in it, or on another: test=PATH test_labels=PATH. Plain weights (any safetensors\n"
+            "  in it (the held-out part with val_split), or on another: test=PATH\n"
+            "  test_labels=PATH. Prints loss, accuracy, top-5, each class's accuracy and the\n"
+            "  confusion matrix (--json: one JSON object). Plain weights (any safetensors\n"
             "  state_dict, PyTorch's) need the network's cfg: --cfg CFG\n"
             "\n"
-            "usage: ./train --predict WEIGHTS [--cfg CFG] IMAGE...\n"
-            "  the five most likely classes of each image file (PNG, JPEG, BMP, GIF, TGA, PNM),\n"
-            "  decoded, resized to the network's input and normalised as in training\n"
+            "usage: ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] IMAGE|FOLDER...\n"
+            "  the K (5) most likely classes of each image file (PNG, JPEG, BMP, GIF, TGA, PNM)\n"
+            "  and of every image in the folders, decoded, resized to the network's input and\n"
+            "  normalised as in training (--json: one JSON object per line). Files that do not\n"
+            "  decode are reported and the exit status is 1\n"
             "\n");
     cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
     fprintf(f, "\n");
@@ -178,6 +185,10 @@ static int apply_override(Cfg *cfg, const char *arg, Error *err) {
     }
     if (!s) return err_set(err, "command line: '%s': %s has no [%s] section", arg, cfg->path,
                            has_key(train_keys, NTRAIN_KEYS, key) ? "train" : "data");
+    if (!*value) {  // key= : back to the default (test= turns a cfg's test set off)
+        cfg_unset(s, k);
+        return 0;
+    }
     return cfg_set(s, k, value, err);
 }
 
@@ -423,9 +434,74 @@ static void read_metrics(Net *net, Totals *t) {
     t->loss = m[0], t->correct = m[1];
 }
 
-// Loss and accuracy over a whole dataset, without training.
-static int evaluate(Net *net, Loader *loader, Totals *t, Error *err) {
+// What an evaluation finds beyond loss and accuracy: the confusion matrix (rows: the
+// true class, columns: the predicted one, the first maximum as the accuracy counts it),
+// and how many labels were among the five most likely classes.
+typedef struct EvalStats {
+    int classes;
+    int64_t *confusion;  // (classes, classes)
+    int64_t top5;
+    float *logp;         // (net batch, classes): a host copy of one forward's output
+} EvalStats;
+
+static int eval_stats_init(EvalStats *e, int classes, int batch, Error *err) {
+    memset(e, 0, sizeof *e);
+    e->classes = classes;
+    e->confusion = xcalloc((size_t)classes * (size_t)classes, sizeof *e->confusion, err);
+    e->logp = e->confusion ? xcalloc((size_t)batch * (size_t)classes, sizeof *e->logp, err) : NULL;
+    return e->logp ? 0 : -1;
+}
+
+static void eval_stats_free(EvalStats *e) {
+    free(e->confusion);
+    free(e->logp);
+    memset(e, 0, sizeof *e);
+}
+
+// Adds n samples of log-probabilities e->logp with their labels.
+static void eval_stats_add(EvalStats *e, const int32_t *labels, int n) {
+    const int C = e->classes;
+    for (int i = 0; i < n; i++) {
+        const float *y = e->logp + (size_t)i * C;
+        int best = 0, above = 0;
+        for (int c = 1; c < C; c++)
+            if (y[c] > y[best]) best = c;
+        for (int c = 0; c < C; c++) above += y[c] > y[labels[i]];
+        e->confusion[(size_t)labels[i] * C + best]++;
+        e->top5 += above < 5;
+    }
+}
+
+static int64_t eval_stats_total(const EvalStats *e, int c) {
+    int64_t n = 0;
+    for (int j = 0; j < e->classes; j++) n += e->confusion[(size_t)c * e->classes + j];
+    return n;
+}
+
+// Each class's accuracy in percent as a JSON list (null for a class without samples); null
+// without stats.
+static void write_per_class(FILE *f, const EvalStats *e) {
+    if (!e) {
+        fputs("null", f);
+        return;
+    }
+    fputc('[', f);
+    for (int c = 0; c < e->classes; c++) {
+        const int64_t n = eval_stats_total(e, c);
+        if (n) fprintf(f, "%s%.4f", c ? ", " : "", 100.0 * (double)e->confusion[(size_t)c * e->classes + c] / (double)n);
+        else fprintf(f, "%snull", c ? ", " : "");
+    }
+    fputc(']', f);
+}
+
+// Loss and accuracy over a whole dataset, without training; with stats (may be NULL), the
+// confusion matrix and top-5 as well.
+static int evaluate(Net *net, Loader *loader, Totals *t, EvalStats *stats, Error *err) {
     net->k->zero(net->metrics, 2 * sizeof(float));
+    if (stats) {
+        memset(stats->confusion, 0, (size_t)stats->classes * stats->classes * sizeof *stats->confusion);
+        stats->top5 = 0;
+    }
     if (loader_start_epoch(loader, 0, 0, err)) return -1;
     t->seen = 0;
     const Batch *b;
@@ -437,6 +513,9 @@ static int evaluate(Net *net, Loader *loader, Totals *t, Error *err) {
             put_batch(net, b, m0, n);
             net_forward(net, n, false, 0, 0, 0);
             net_loss(net, n, n, false);
+            if (!stats) continue;
+            net->k->download(stats->logp, net_output(net), (size_t)n * stats->classes * sizeof(float));
+            eval_stats_add(stats, b->y + m0, n);
         }
         t->seen += b->n;
     }
@@ -469,6 +548,7 @@ typedef struct Run {
     LossScaler scaler;
     CheckpointInfo info;
     char last[1100], best[1100];
+    EvalStats eval;                 // of the test set after each epoch
     int64_t steps_now, images_now;  // trained by this process (for the profile)
     Schedule schedule;              // the options' with its total: epochs x batches
     double lr;                      // of the last step
@@ -706,6 +786,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     net_print(&net, stdout);
     print_plan(&net.plan, baseline, false);
 
+    if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     if (file_mkdirs(o->save, err)) goto done;
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->save);
@@ -728,12 +809,15 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
             rc = 1;
             goto done;
         }
-        if (test && evaluate(&net, data.test_loader, &te, err)) goto done;
+        if (test && evaluate(&net, data.test_loader, &te, &r.eval, err)) goto done;
         const double img_s = tr.trained_now / seconds, rss = proc_status_bytes("VmHWM:") / 1048576.0;
         const double lr = r.lr;
         const double val_acc = test ? 100.0 * te.correct / te.seen : -1;
-        char val[96] = "";
+        char val[128] = "";
         if (test) snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen, val_acc);
+        if (test && data.classes > 5)
+            snprintf(val + strlen(val), sizeof val - strlen(val), "  val_top5 %.2f%%",
+                     100.0 * (double)r.eval.top5 / (double)te.seen);
         LoaderStats ls;
         loader_stats(data.train_loader, &ls);
         char wait[96];
@@ -750,17 +834,22 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                img_s, seconds, rss, wait, scale);
         if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
         fflush(stdout);
-        char val_loss[32] = "null", val_acc_s[32] = "null";
+        char val_loss[32] = "null", val_acc_s[32] = "null", val_top5[32] = "null";
         if (test) {
             snprintf(val_loss, sizeof val_loss, "%.6f", te.loss / te.seen);
             snprintf(val_acc_s, sizeof val_acc_s, "%.4f", val_acc);
+            snprintf(val_top5, sizeof val_top5, "%.4f", 100.0 * (double)r.eval.top5 / (double)te.seen);
         }
         fprintf(log,
                 "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
-                "\"val_acc\": %s, \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, "
-                "\"peak_rss_mb\": %.1f, \"data_wait_s\": %.3f, \"skipped_bad\": %lld, "
-                "\"loss_scale\": %g, \"skipped_steps\": %lld}\n",
+                "\"val_acc\": %s, \"val_top5\": %s, \"val_per_class\": ",
                 epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc_s,
+                val_top5);
+        write_per_class(log, test ? &r.eval : NULL);
+        fprintf(log,
+                ", \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
+                "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
+                "\"skipped_steps\": %lld}\n",
                 lr, img_s, seconds, rss, ls.wait_seconds, (long long)ls.skipped, r.scaler.scale,
                 (long long)r.scaler.skipped);
         fflush(log);
@@ -779,6 +868,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     rc = 0;
 done:
     free(r.info.cfg_text);
+    eval_stats_free(&r.eval);
     if (log) fclose(log);
     profile_stop(&net);
     net_free(&net);
@@ -842,52 +932,216 @@ static int model_load(Model *m, const char *weights, Shape shape, int classes, i
                : 0;
 }
 
-// ./train --eval WEIGHTS [--cfg CFG] [key=value ...]: the network and weights, evaluated on
-// the test set of the cfg (or another: test=PATH test_labels=PATH). A checkpoint's class
-// names and count are its own; plain weights take them from the cfg's data.
-static int eval_weights(const char *weights, const char *cfg_path, int noverrides,
+// A JSON string of s (class names may hold quotes and backslashes).
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
+        else fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+// The evaluation's report: loss, accuracy, top-5 (more than 5 classes), each class's
+// accuracy and the confusion matrix (up to 20 classes; all of it with json).
+static void print_evaluation(const char *weights, const char *source, const Totals *t,
+                             const EvalStats *e, char *const *names, bool json) {
+    const int C = e->classes;
+    const double acc = 100.0 * t->correct / t->seen, top5 = 100.0 * (double)e->top5 / t->seen;
+    if (json) {
+        printf("{\"weights\": ");
+        json_string(stdout, weights);
+        printf(", \"data\": ");
+        json_string(stdout, source);
+        printf(", \"images\": %lld, \"loss\": %.6f, \"acc\": %.4f, \"top5\": %.4f, \"classes\": [",
+               (long long)t->seen, t->loss / t->seen, acc, top5);
+        for (int c = 0; c < C; c++) {
+            if (c) printf(", ");
+            json_string(stdout, names[c]);
+        }
+        printf("], \"per_class\": ");
+        write_per_class(stdout, e);
+        printf(", \"confusion\": [");
+        for (int c = 0; c < C; c++) {
+            printf("%s[", c ? ", " : "");
+            for (int j = 0; j < C; j++) printf("%s%lld", j ? ", " : "", (long long)e->confusion[(size_t)c * C + j]);
+            printf("]");
+        }
+        printf("]}\n");
+        return;
+    }
+    printf("%s on %s: loss %.4f  acc %.2f%% (%lld images)", weights, source,
+           t->loss / t->seen, acc, (long long)t->seen);
+    if (C > 5) printf("  top5 %.2f%%", top5);
+    printf("\n%-24s %9s %8s\n", "class", "accuracy", "images");
+    for (int c = 0; c < C; c++) {
+        const int64_t n = eval_stats_total(e, c);
+        char a[16] = "-";
+        if (n) snprintf(a, sizeof a, "%.2f%%", 100.0 * (double)e->confusion[(size_t)c * C + c] / (double)n);
+        printf("%-24.24s %9s %8lld\n", names[c], a, (long long)n);
+    }
+    if (C > 20) {
+        printf("confusion matrix: %d classes, see --json\n", C);
+        return;
+    }
+    printf("confusion matrix (rows: true class, columns: predicted, in the order above):\n");
+    for (int c = 0; c < C; c++) {
+        printf("  %-16.16s", names[c]);
+        for (int j = 0; j < C; j++) printf(" %6lld", (long long)e->confusion[(size_t)c * C + j]);
+        printf("\n");
+    }
+}
+
+// ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]: the network and weights,
+// evaluated on the test set of the cfg (or another: test=PATH test_labels=PATH), or on the
+// held-out part of a val_split run, split as training split it (the cfg's seed). A
+// checkpoint's class names and count are its own; plain weights take them from the
+// cfg's data.
+static int eval_weights(const char *weights, const char *cfg_path, bool json, int noverrides,
                         char **overrides, Error *err) {
     Model m;
+    EvalStats e = {0};
     int rc = -1;
     if (model_open(&m, weights, cfg_path, noverrides, overrides, err)) goto done;
-    int classes;
-    if (m.is_checkpoint) {
-        if (data_open_test(&m.data, &m.o.data, m.o.batch, err)) goto done;
-        classes = m.info.classes;
-        if (m.data.test->classes > classes) {
-            err_set(err, "%s has labels up to %d but %s knows %d classes", m.o.data.test,
-                    m.data.test->classes - 1, weights, classes);
-            goto done;
-        }
-    } else {
-        if (data_open(&m.data, &m.o.data, m.o.batch, m.o.seed, err)) goto done;
-        if (!m.data.test) {
-            err_set(err, "%s: [data] has no test set (test, test_labels or val_split) to evaluate on",
-                    m.name);
-            goto done;
-        }
-        classes = m.data.classes;
+    const bool split = m.o.data.val_split > 0;
+    if (split || !m.is_checkpoint ? data_open(&m.data, &m.o.data, m.o.batch, m.o.seed, err)
+                                  : data_open_test(&m.data, &m.o.data, m.o.batch, err))
+        goto done;
+    if (!m.data.test) {
+        err_set(err, "%s: [data] has no test set (test, test_labels or val_split) to evaluate on",
+                m.name);
+        goto done;
     }
-    if (model_load(&m, weights, m.data.test->shape, classes, m.o.batch, err)) goto done;
+    const int classes = m.is_checkpoint ? m.info.classes : m.data.classes;
+    if (m.data.test->classes > classes) {
+        err_set(err, "%s has labels up to %d but %s knows %d classes", m.data.test->source,
+                m.data.test->classes - 1, weights, classes);
+        goto done;
+    }
+    if (model_load(&m, weights, m.data.test->shape, classes, m.o.batch, err) ||
+        eval_stats_init(&e, classes, m.net.batch, err))
+        goto done;
     Totals t = {0};
-    if (evaluate(&m.net, m.data.test_loader, &t, err)) goto done;
-    printf("%s on %s: test_loss %.4f  test_acc %.2f%% (%lld images)\n", weights,
-           m.data.test->source, t.loss / t.seen, 100.0 * t.correct / t.seen, (long long)t.seen);
+    if (evaluate(&m.net, m.data.test_loader, &t, &e, err)) goto done;
+    char *const *names = m.is_checkpoint ? m.info.class_names
+                         : m.data.train && m.data.train->classes == classes ? m.data.train->class_names
+                                                                           : m.data.test->class_names;
+    print_evaluation(weights, m.data.test->source, &t, &e, names, json);
     rc = 0;
 done:
+    eval_stats_free(&e);
     model_close(&m);
     return rc;
 }
 
-// ./train --predict WEIGHTS [--cfg CFG] IMAGE...: the top classes of each image file,
-// decoded and resized to the network's input and normalised with the cfg's mean and std.
+// How --predict reports: --cfg CFG (plain weights need it), --json, --top K.
+typedef struct PredictOptions {
+    const char *cfg;
+    bool json;  // one JSON object per line and image
+    int top;    // classes listed per image
+} PredictOptions;
+
+// The files --predict reads: each path named that is not a folder, and in folders every
+// file with an image extension at any depth (hidden entries left out), in strcmp order.
+typedef struct PathList {
+    char **paths;
+    int n, cap;
+} PathList;
+
+static void paths_free(PathList *l) {
+    for (int i = 0; i < l->n; i++) free(l->paths[i]);
+    free(l->paths);
+}
+
+static int paths_add(PathList *l, const char *path, Error *err) {
+    if (l->n == l->cap) {
+        const int cap = l->cap ? 2 * l->cap : 64;
+        char **p = realloc(l->paths, (size_t)cap * sizeof *p);
+        if (!p) return err_set(err, "out of memory listing the images");
+        l->paths = p, l->cap = cap;
+    }
+    return (l->paths[l->n] = xstrdup(path, err)) ? (l->n++, 0) : -1;
+}
+
+static int cmp_strings(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int paths_collect(PathList *l, const char *path, bool named, int depth, Error *err) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        // A file named on the command line is read whatever its extension (a missing one
+        // is reported when it is read); in a folder only image files are.
+        return named || (S_ISREG(st.st_mode) && image_name_has_ext(path)) ? paths_add(l, path, err) : 0;
+    }
+    if (depth >= 64)
+        return err_set(err, "%s: more than 64 folders deep; is there a symbolic link loop?", path);
+    DIR *d = opendir(path);
+    if (!d) return err_set(err, "%s: cannot open the folder: %s", path, strerror(errno));
+    PathList here = {0};
+    int rc = 0;
+    for (struct dirent *e; !rc && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char sub[PATH_MAX];
+        if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub)
+            rc = err_set(err, "%s/%s: path too long", path, e->d_name);
+        else rc = paths_add(&here, sub, err);
+    }
+    closedir(d);
+    if (!rc) qsort(here.paths, (size_t)here.n, sizeof *here.paths, cmp_strings);
+    for (int i = 0; !rc && i < here.n; i++) rc = paths_collect(l, here.paths[i], false, depth + 1, err);
+    paths_free(&here);
+    return rc;
+}
+
+// One image's line: its `top` most likely classes from the log-probabilities logp
+// (which it overwrites).
+static void print_prediction(const char *file, float *logp, int classes, char *const *names,
+                             const PredictOptions *po) {
+    if (po->json) {
+        printf("{\"file\": ");
+        json_string(stdout, file);
+        printf(", \"top\": [");
+    } else {
+        printf("%s:", file);
+    }
+    for (int k = 0; k < po->top && k < classes; k++) {
+        int best = 0;
+        for (int c = 1; c < classes; c++)
+            if (logp[c] > logp[best]) best = c;
+        if (po->json) {
+            printf("%s{\"class\": ", k ? ", " : "");
+            json_string(stdout, names[best]);
+            printf(", \"index\": %d, \"prob\": %.6g}", best, exp(logp[best]));
+        } else {
+            printf("  %s %.1f%%", names[best], 100.0 * exp(logp[best]));
+        }
+        logp[best] = -INFINITY;
+    }
+    printf(po->json ? "]}\n" : "\n");
+}
+
+// ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] IMAGE|FOLDER...: the top
+// classes of each image, decoded and resized to the network's input as a folder data set
+// does and normalised with the cfg's mean and std, in batches of the cfg's batch size.
 // Plain weights take the input shape and the class names from the cfg's training data.
-static int predict(const char *weights, const char *cfg_path, int nfiles, char **files, Error *err) {
-    Model m;
-    int rc = -1;
+// A file that cannot be read or decoded is reported (on stderr, or as a JSON line with
+// "error") and the others go on. Returns the number of such files, or -1.
+static int predict(const char *weights, const PredictOptions *po, int nargs, char **args, Error *err) {
+    Model m = {0};
+    PathList files = {0};
+    int failed = -1;
     uint8_t *pixels = NULL;
-    float *probs = NULL;
-    if (model_open(&m, weights, cfg_path, 0, NULL, err)) goto done;
+    float *x = NULL, *logp = NULL;
+    int *slot_file = NULL;  // the file of each image of the batch
+    for (int i = 0; i < nargs; i++)
+        if (paths_collect(&files, args[i], true, 0, err)) goto done;
+    if (!files.n) {
+        err_set(err, "no image files in %s%s", args[0], nargs > 1 ? " and the other paths" : "");
+        goto done;
+    }
+    if (model_open(&m, weights, po->cfg, 0, NULL, err)) goto done;
     Shape input = m.info.input;
     int classes = m.info.classes;
     char *const *names = m.info.class_names;
@@ -901,7 +1155,8 @@ static int predict(const char *weights, const char *cfg_path, int nfiles, char *
         classes = m.data.classes;
         names = m.data.train->class_names;
     }
-    if (model_load(&m, weights, input, classes, 1, err)) goto done;
+    const int batch = m.o.batch < files.n ? m.o.batch : files.n;
+    if (model_load(&m, weights, input, classes, batch, err)) goto done;
     const int64_t numel = shape_numel(input);
     const DataConfig *dc = &m.o.data;
     if ((dc->nmean != 1 && dc->nmean != input.c) || (dc->nstd != 1 && dc->nstd != input.c)) {
@@ -909,34 +1164,61 @@ static int predict(const char *weights, const char *cfg_path, int nfiles, char *
         goto done;
     }
     if (!(pixels = xcalloc((size_t)numel, 1, err)) ||
-        !(probs = xcalloc((size_t)(numel > classes ? numel : classes), sizeof *probs, err)))
+        !(x = xcalloc((size_t)(batch * numel), sizeof *x, err)) ||
+        !(logp = xcalloc((size_t)batch * classes, sizeof *logp, err)) ||
+        !(slot_file = xcalloc((size_t)batch, sizeof *slot_file, err)))
         goto done;
-    for (int f = 0; f < nfiles; f++) {
-        if (image_load(files[f], input, pixels, err)) goto done;
-        for (int64_t i = 0; i < numel; i++) {  // (H, W, C): the channel is i % C
-            const int c = (int)(i % input.c);
-            probs[i] = ((float)pixels[i] / 255.0f - dc->mean[dc->nmean == 1 ? 0 : c]) /
-                       dc->std[dc->nstd == 1 ? 0 : c];
+    failed = 0;
+    for (int next = 0; next < files.n;) {
+        int n = 0;  // images of this batch that decoded
+        for (; n < batch && next < files.n; next++) {
+            Error why = {0};
+            const int r = image_load(files.paths[next], input, pixels, &why);
+            if (r < 0) {
+                *err = why;
+                failed = -1;
+                goto done;
+            }
+            if (r == DATASET_BAD) {
+                if (n) break;  // the batch so far first: the output keeps the files' order
+                failed++;
+                if (po->json) {
+                    printf("{\"file\": ");
+                    json_string(stdout, files.paths[next]);
+                    printf(", \"error\": ");
+                    json_string(stdout, why.msg);
+                    printf("}\n");
+                } else {
+                    fprintf(stderr, "train: %s\n", why.msg);
+                }
+                continue;
+            }
+            float *xi = x + (size_t)n * numel;
+            for (int64_t i = 0; i < numel; i++) {  // (H, W, C): the channel is i % C
+                const int c = (int)(i % input.c);
+                xi[i] = ((float)pixels[i] / 255.0f - dc->mean[dc->nmean == 1 ? 0 : c]) /
+                        dc->std[dc->nstd == 1 ? 0 : c];
+            }
+            slot_file[n++] = next;
         }
-        m.k->upload(m.net.input_buf, probs, (size_t)numel * sizeof(float));
-        net_forward(&m.net, 1, false, 0, 0, 0);
-        m.k->download(probs, net_output(&m.net), (size_t)classes * sizeof(float));
-        printf("%s:", files[f]);
-        for (int top = 0; top < 5 && top < classes; top++) {
-            int best = 0;
-            for (int c = 1; c < classes; c++)
-                if (probs[c] > probs[best]) best = c;
-            printf("  %s %.1f%%", names[best], 100.0 * exp(probs[best]));
-            probs[best] = -INFINITY;
-        }
-        printf("\n");
+        if (!n) continue;
+        m.k->upload(m.net.input_buf, x, (size_t)n * numel * sizeof *x);
+        net_forward(&m.net, n, false, 0, 0, 0);
+        m.k->download(logp, net_output(&m.net), (size_t)n * classes * sizeof *logp);
+        for (int j = 0; j < n; j++)
+            print_prediction(files.paths[slot_file[j]], logp + (size_t)j * classes, classes, names, po);
+        fflush(stdout);
     }
-    rc = 0;
+    if (failed)
+        fprintf(stderr, "train: %d of %d files could not be read as images\n", failed, files.n);
 done:
-    free(pixels);
-    free(probs);
     model_close(&m);
-    return rc;
+    paths_free(&files);
+    free(slot_file);
+    free(pixels);
+    free(x);
+    free(logp);
+    return failed;
 }
 
 // ---- resuming ----------------------------------------------------------------------------
@@ -1053,17 +1335,40 @@ int main(int argc, char **argv) {
     int rc = 1;
     if (strcmp(argv[1], "--predict") == 0 || strcmp(argv[1], "--eval") == 0) {
         const bool eval = argv[1][2] == 'e';
-        const char *cfg_path = NULL;
-        int i = 3;  // after WEIGHTS [--cfg CFG]
-        if (argc > 3 && strcmp(argv[3], "--cfg") == 0) cfg_path = argv[4], i = 5;
-        if (argc < 3 || i > argc || (!eval && i == argc)) {
-            usage(stderr);
+        // WEIGHTS, then the options (--cfg CFG, --json, --top K) anywhere among the rest:
+        // overrides for --eval, images and folders for --predict.
+        PredictOptions po = {.top = 5};
+        int nrest = 0;
+        char **rest = argv + 3;  // the other arguments, moved to the front
+        for (int i = 3; i < argc; i++) {
+            if (!strcmp(argv[i], "--json")) po.json = true;
+            else if (!strcmp(argv[i], "--cfg") && i + 1 < argc) po.cfg = argv[++i];
+            else if (!eval && !strcmp(argv[i], "--top") && i + 1 < argc) {
+                char *end;
+                const long k = strtol(argv[++i], &end, 10);
+                if (*end || end == argv[i] || k < 1 || k > 1000000) {
+                    err_set(&err, "--top %s: expected a number of classes >= 1", argv[i]);
+                    goto fail;
+                }
+                po.top = (int)k;
+            } else if (argv[i][0] == '-' && argv[i][1] == '-') {
+                err_set(&err, "unknown or incomplete option %s (see ./train --help)", argv[i]);
+                goto fail;
+            } else rest[nrest++] = argv[i];
+        }
+        if (argc < 3 || (!eval && !nrest)) {
+            fprintf(stderr, eval ? "usage: ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]\n"
+                                 : "usage: ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] "
+                                   "IMAGE|FOLDER...\n");
             return 2;
         }
-        if (eval ? eval_weights(argv[2], cfg_path, argc - i, argv + i, &err)
-                 : predict(argv[2], cfg_path, argc - i, argv + i, &err))
-            goto fail;
-        return 0;
+        if (eval) {
+            if (eval_weights(argv[2], po.cfg, po.json, nrest, rest, &err)) goto fail;
+            return 0;
+        }
+        const int failed = predict(argv[2], &po, nrest, rest, &err);
+        if (failed < 0) goto fail;
+        return failed ? 1 : 0;
     }
     bool plan = false, json = false;
     const char *cfg_path = NULL;

@@ -6,6 +6,7 @@
 #ifndef DATA_DATASET_H
 #define DATA_DATASET_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../nn/error.h"
@@ -68,6 +69,9 @@ typedef struct FolderOptions {
     const char *cache_name;  // file name in cache_dir ("train.cache")
 } FolderOptions;
 int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt, Error *err);
+
+// Whether a file name ends in one of the image extensions a folder dataset reads.
+bool image_name_has_ext(const char *name);
 
 // Decodes one image file as a folder dataset does: to shape.c channels, resized to
 // shape.w x shape.h, into out (H, W, C) bytes. Returns 0, or DATASET_BAD (the file cannot

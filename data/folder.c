@@ -87,16 +87,13 @@ typedef struct FolderImpl {
 
 // ---- small helpers ----------------------------------------------------------------------
 
-
-static int has_image_ext(const char *name) {
+bool image_name_has_ext(const char *name) {
     const char *dot = strrchr(name, '.');
-    if (!dot || dot == name) return 0;
+    if (!dot || dot == name) return false;
     for (size_t i = 0; i < sizeof image_exts / sizeof image_exts[0]; i++)
-        if (strcasecmp(dot + 1, image_exts[i]) == 0) return 1;
-    return 0;
+        if (strcasecmp(dot + 1, image_exts[i]) == 0) return true;
+    return false;
 }
-
-// Creates dir and its parents (mkdir -p).
 
 // The class of entry i: the last class whose first entry is <= i.
 static int class_of(const Dataset *ds, int64_t i) {
@@ -214,7 +211,7 @@ static int scan_dir(Scan *sc, char *path, size_t plen, size_t rel0, int depth, E
                 break;
             }
             if ((rc = scan_dir(sc, path, plen + 1 + nl, rel0, depth + 1, err))) break;
-        } else if (is_reg && has_image_ext(nm)) {
+        } else if (is_reg && image_name_has_ext(nm)) {
             if ((rc = scan_add(sc, path + rel0, err))) break;
         } else {
             if ((rc = scan_not_image(sc, path, is_reg ? "not an image (by its extension)"
@@ -259,7 +256,7 @@ static int scan_classes(const char *root, char ***out, int *nout, Error *err) {
             is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
         }
         if (!is_dir) {
-            if (has_image_ext(e->d_name)) {
+            if (image_name_has_ext(e->d_name)) {
                 rc = err_set(err, "%s: an image directly in the image folder has no class: put "
                              "each image in the subfolder of its class (%s/CLASS/%s)",
                              path, root, e->d_name);

@@ -337,6 +337,16 @@ int cfg_set(CfgSection *s, const char *key, const char *value, Error *err) {
     return 0;
 }
 
+void cfg_unset(CfgSection *s, const char *key) {
+    CfgEntry *e = cfg_entry(s, key);
+    if (!e) return;
+    free(e->key);
+    free(e->value);
+    const int i = (int)(e - s->entries);
+    memmove(e, e + 1, (size_t)(s->nentries - i - 1) * sizeof *e);
+    s->nentries--;
+}
+
 int cfg_check_keys(const Cfg *cfg, const CfgSection *s, const CfgKey *keys, int nkeys,
                    Error *err) {
     if (!s) return 0;

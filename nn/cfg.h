@@ -64,6 +64,10 @@ CfgEntry *cfg_entry(const CfgSection *s, const char *key);
 // from earlier cfg_entry/cfg_str calls on s are invalid afterwards.
 int cfg_set(CfgSection *s, const char *key, const char *value, Error *err);
 
+// Removes key from s (the key takes its default again); nothing if s has no such key.
+// Like cfg_set, it moves s's entries.
+void cfg_unset(CfgSection *s, const char *key);
+
 // Errors if s holds a key not in keys[0..nkeys): "FILE:LINE: unknown key 'k' in
 // [section]; known keys: a, b, c".
 int cfg_check_keys(const Cfg *cfg, const CfgSection *s, const CfgKey *keys, int nkeys, Error *err);

@@ -87,7 +87,12 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) { return test_remove_tree(dir); }
 
-static const char *g_cfg = "net.cfg";  // the cfg train() runs: net.cfg or resnet.cfg
+static const char *g_cfg;  // the cfg train() runs: net.cfg (each test's start) or resnet.cfg
+
+static int use_net_cfg(void **state) {
+    g_cfg = "net.cfg";
+    return 0;
+}
 
 // Runs ./train on the test cfg with extra arguments; returns its exit status.
 static int train(const char *args) {
@@ -214,7 +219,6 @@ static void test_resnet_resume(void **state) {
     assert_non_null(acc);
     print_message("resnet.cfg, epoch 2: %.14s\n", acc);
     assert_true(atof(acc + 8) > 80.0);
-    g_cfg = "net.cfg";
 }
 
 // Copies checkpoint `in` to the plain state_dict `out` (the model's tensors, no metadata),
@@ -248,9 +252,9 @@ static void test_plain_weights(void **state) {
     // The checkpoint's evaluation and the plain weights' with the cfg agree.
     assert_int_equal(run("./train --eval %s", ckpt), 0);
     char want[160];
-    const char *acc = strstr(read_output(), "test_acc ");
+    const char *acc = strstr(read_output(), "  acc ");
     assert_non_null(acc);
-    snprintf(want, sizeof want, "%.16s", acc);
+    snprintf(want, sizeof want, "%.18s", acc);
     assert_int_not_equal(run("./train --eval %s", plain), 0);
     assert_non_null(strstr(read_output(), "give the network's cfg with --cfg CFG"));
     assert_int_equal(run("./train --eval %s --cfg %s/resnet.cfg", plain, dir), 0);
@@ -278,7 +282,6 @@ static void test_plain_weights(void **state) {
     assert_int_equal(train("--plan layer2.0.filters=x"), 1);
     assert_non_null(strstr(read_output(), "[residual] key 'filters'"));
     assert_int_equal(train("--plan layer2.0.stride=1"), 0);
-    g_cfg = "net.cfg";
 }
 
 // profile=1 times every kernel through a wrapping table: the same bits as without it, and a
@@ -343,8 +346,51 @@ static void test_training_learns(void **state) {
     fprintf(stderr, "loss %.4f -> %.4f, val_acc %.2f%%\n", first, last, acc);
 }
 
-// The trained checkpoint evaluates to the accuracy the run printed, and classifies an
-// image file written from a test sample as that sample's class.
+// Sums the integers of the JSON array that follows key in text (nested arrays too), and
+// the diagonal of a square matrix of side n (n = 0: none).
+static long long json_matrix_sum(const char *text, const char *key, int n, long long *diagonal) {
+    const char *p = strstr(text, key);
+    assert_non_null(p);
+    p += strlen(key);
+    long long sum = 0;
+    int depth = 0, index = 0;
+    *diagonal = 0;
+    for (; *p; p++) {
+        if (*p == '[') depth++;
+        else if (*p == ']' && --depth == 0) break;
+        else if (*p >= '0' && *p <= '9') {
+            char *end;
+            const long long v = strtoll(p, &end, 10);
+            if (n && index / n == index % n) *diagonal += v;
+            sum += v, index++;
+            p = end - 1;
+        }
+    }
+    return sum;
+}
+
+// Sample i of a written IDX set as a PNG at path; returns its label.
+static int write_sample_png(const char *set, int i, const char *path) {
+    char file[PATH_MAX + 64];
+    uint8_t px[100], label;
+    snprintf(file, sizeof file, "%s/%s-images", dir, set);
+    FILE *f = fopen(file, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 16 + 100L * i, SEEK_SET), 0);
+    assert_int_equal(fread(px, 1, 100, f), 100);
+    fclose(f);
+    snprintf(file, sizeof file, "%s/%s-labels", dir, set);
+    assert_non_null(f = fopen(file, "rb"));
+    assert_int_equal(fseek(f, 8 + i, SEEK_SET), 0);
+    assert_int_equal(fread(&label, 1, 1, f), 1);
+    fclose(f);
+    assert_true(stbi_write_png(path, 10, 10, 1, px, 10));
+    return label;
+}
+
+// The trained checkpoint evaluates to the accuracy the run printed, its confusion matrix
+// holds every test image once, and it classifies an image file written from a test
+// sample as that sample's class.
 static void test_eval_and_predict(void **state) {
     if (access("./train", X_OK) != 0) skip();
     char args[2048], path[1024];
@@ -353,37 +399,89 @@ static void test_eval_and_predict(void **state) {
     const char *acc = strstr(strstr(read_output(), "epoch 2/2"), "val_acc ");
     assert_non_null(acc);
     char expected[32];
-    snprintf(expected, sizeof expected, "test_acc %.6s", acc + 8);  // "val_acc 98.67%"
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "./train --eval %s/ep/best.safetensors > %s/out.txt 2>&1", dir, dir);
-    assert_int_equal(system(cmd), 0);
+    snprintf(expected, sizeof expected, "acc %.6s", acc + 8);  // "val_acc 98.67%"
+    assert_int_equal(run("./train --eval %s/ep/best.safetensors", dir), 0);
     if (!strstr(read_output(), expected)) fail_msg("expected '%s' in: %s", expected, read_output());
+    assert_int_equal(run("./train --eval %s/ep/best.safetensors --json", dir), 0);
+    long long diagonal;
+    assert_int_equal(json_matrix_sum(read_output(), "\"confusion\": ", 3, &diagonal), 150);
+    assert_non_null(strstr(read_output(), "\"images\": 150,"));
+    const double eval_acc = atof(strstr(read_output(), "\"acc\": ") + 7);
+    assert_true(fabs(eval_acc - 100.0 * (double)diagonal / 150) < 1e-3);
+    assert_true(fabs(eval_acc - atof(acc + 8)) < 0.006);
     // Test sample 0 as a PNG: its class must come first.
-    snprintf(path, sizeof path, "%s/test-images", dir);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    uint8_t head[16], px[100], label[9];
-    assert_int_equal(fread(head, 1, 16, f), 16);
-    assert_int_equal(fread(px, 1, 100, f), 100);
-    fclose(f);
-    snprintf(path, sizeof path, "%s/test-labels", dir);
-    f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fread(label, 1, 9, f), 9);
-    fclose(f);
     snprintf(path, sizeof path, "%s/sample.png", dir);
-    assert_true(stbi_write_png(path, 10, 10, 1, px, 10));
-    snprintf(cmd, sizeof cmd, "./train --predict %s/ep/best.safetensors %s > %s/out.txt 2>&1", dir,
-             path, dir);
-    assert_int_equal(system(cmd), 0);
+    const int label = write_sample_png("test", 0, path);
+    assert_int_equal(run("./train --predict %s/ep/best.safetensors %s", dir, path), 0);
     char want[64];
-    snprintf(want, sizeof want, "sample.png:  %d ", label[8]);
+    snprintf(want, sizeof want, "sample.png:  %d ", label);
     if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
     // A file that is not an image: a message naming it, and a failure.
-    snprintf(cmd, sizeof cmd, "./train --predict %s/ep/best.safetensors %s/net.cfg > %s/out.txt 2>&1",
-             dir, dir, dir);
-    assert_int_not_equal(system(cmd), 0);
+    assert_int_not_equal(run("./train --predict %s/ep/best.safetensors %s/net.cfg", dir, dir), 0);
     assert_non_null(strstr(read_output(), "net.cfg"));
+}
+
+// --eval of a val_split run evaluates the part training held out (the same split, from the
+// stored cfg): the accuracy the run printed, over every held-out image once.
+static void test_eval_val_split(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2048];
+    snprintf(args, sizeof args, "epochs=1 val_split=0.2 test= test_labels= save=%s/vs", dir);
+    assert_int_equal(train(args), 0);
+    const char *acc = strstr(read_output(), "val_acc ");
+    assert_non_null(acc);
+    const double logged = atof(acc + 8);
+    assert_int_equal(run("./train --eval %s/vs/best.safetensors --json", dir), 0);
+    long long diagonal;
+    const long long images = json_matrix_sum(read_output(), "\"confusion\": ", 3, &diagonal);
+    assert_true(images >= 118 && images <= 122);  // 20% of each class of 600
+    char want[64];
+    snprintf(want, sizeof want, "\"images\": %lld,", images);
+    assert_non_null(strstr(read_output(), want));
+    assert_true(fabs(100.0 * (double)diagonal / (double)images - logged) < 0.006);
+}
+
+// --predict on a folder reads the images below it in path order, names each file, gives
+// --top classes, reports the file that does not decode and fails at the end.
+static void test_predict_folder(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char path[PATH_MAX + 64], args[2048];
+    snprintf(args, sizeof args, "epochs=1 save=%s/pf", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(path, sizeof path, "%s/pred", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/pred/sub", dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/pred/a.png", dir);
+    const int label_a = write_sample_png("test", 1, path);
+    snprintf(path, sizeof path, "%s/pred/sub/b.png", dir);
+    write_sample_png("test", 2, path);
+    snprintf(path, sizeof path, "%s/pred/bad.png", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("not a png", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/pred/notes.txt", dir);  // not an image: not read
+    assert_non_null(f = fopen(path, "w"));
+    fclose(f);
+    assert_int_equal(run("./train --predict %s/pf/best.safetensors %s/pred --json --top 2", dir, dir), 1);
+    const char *out = read_output();
+    char want[PATH_MAX + 128];
+    snprintf(want, sizeof want, "{\"file\": \"%s/pred/a.png\", \"top\": [{\"class\": \"%d\", \"index\": %d,",
+             dir, label_a, label_a);
+    const char *a = strstr(out, want);
+    if (!a) fail_msg("expected '%s' in: %s", want, out);
+    snprintf(want, sizeof want, "{\"file\": \"%s/pred/bad.png\", \"error\": ", dir);
+    const char *bad = strstr(out, want);
+    snprintf(want, sizeof want, "{\"file\": \"%s/pred/sub/b.png\", \"top\": [", dir);
+    const char *b = strstr(out, want);
+    assert_true(bad && b && a < bad && bad < b);
+    const char *line_end = strchr(a, '\n');
+    int classes = 0;
+    for (const char *p = a; (p = strstr(p, "\"class\"")) && p < line_end; p++) classes++;
+    assert_int_equal(classes, 2);
+    assert_null(strstr(out, "notes.txt"));
+    assert_non_null(strstr(out, "1 of 3 files"));
 }
 
 static void test_bad_input(void **state) {
@@ -406,16 +504,18 @@ static void test_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_training_learns),
-        cmocka_unit_test(test_profile),
-        cmocka_unit_test(test_resume_fp32),
-        cmocka_unit_test(test_resume_fp16),
-        cmocka_unit_test(test_resume_accumulate),
-        cmocka_unit_test(test_resnet_resume),
-        cmocka_unit_test(test_resume_alone),
-        cmocka_unit_test(test_plain_weights),
-        cmocka_unit_test(test_eval_and_predict),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test_setup(test_training_learns, use_net_cfg),
+        cmocka_unit_test_setup(test_profile, use_net_cfg),
+        cmocka_unit_test_setup(test_resume_fp32, use_net_cfg),
+        cmocka_unit_test_setup(test_resume_fp16, use_net_cfg),
+        cmocka_unit_test_setup(test_resume_accumulate, use_net_cfg),
+        cmocka_unit_test_setup(test_resnet_resume, use_net_cfg),
+        cmocka_unit_test_setup(test_resume_alone, use_net_cfg),
+        cmocka_unit_test_setup(test_plain_weights, use_net_cfg),
+        cmocka_unit_test_setup(test_eval_and_predict, use_net_cfg),
+        cmocka_unit_test_setup(test_eval_val_split, use_net_cfg),
+        cmocka_unit_test_setup(test_predict_folder, use_net_cfg),
+        cmocka_unit_test_setup(test_bad_input, use_net_cfg),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
