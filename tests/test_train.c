@@ -148,6 +148,22 @@ static void expect_same_tensors(const char *a_name, const char *b_name) {
     st_close(&b);
 }
 
+// SAVE/curves.svg of a run of `epochs` epochs: well-formed SVG (Python's XML parser
+// reads it) whose curves have one point per epoch, the validation curves included.
+static void expect_curves(const char *save, int epochs) {
+    assert_int_equal(run("/usr/bin/python3 -c \"import sys, xml.etree.ElementTree as E; "
+                         "ns = '{http://www.w3.org/2000/svg}'; r = E.parse(sys.argv[1]).getroot(); "
+                         "assert r.tag == ns + 'svg'; print(' '.join('%%s=%%d' %% (p.get('id'), "
+                         "len(p.get('points').split())) for p in r.iter(ns + 'polyline')))\" "
+                         "%s/%s/curves.svg", dir, save), 0);
+    const char *ids[] = {"train_loss", "val_loss", "train_acc", "val_acc", "lr"};
+    for (int i = 0; i < 5; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "%s=%d", ids[i], epochs);
+        if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
+    }
+}
+
 static void check_resume(const char *extra, const char *tag) {
     if (access("./train", X_OK) != 0) skip();
     char args[2048];
@@ -177,7 +193,11 @@ static void check_resume(const char *extra, const char *tag) {
     assert_int_equal(system(cmd), 0);
 }
 
-static void test_resume_fp32(void **state) { check_resume("", "fp32"); }
+// The resumed run's curves: one point per epoch, from the log of all three parts.
+static void test_resume_fp32(void **state) {
+    check_resume("", "fp32");
+    expect_curves("fp32-b", 2);
+}
 static void test_resume_fp16(void **state) { check_resume("precision=fp16", "fp16"); }
 static void test_resume_accumulate(void **state) { check_resume("accumulate=4", "acc"); }
 
@@ -344,6 +364,7 @@ static void test_training_learns(void **state) {
     assert_true(last < 0.5 * first);
     assert_true(acc > 90.0);
     fprintf(stderr, "loss %.4f -> %.4f, val_acc %.2f%%\n", first, last, acc);
+    expect_curves("learn", 3);
 }
 
 // Sums the integers of the JSON array that follows key in text (nested arrays too), and
