@@ -1,8 +1,9 @@
-// ckpt.c: the checkpoint tool. ./ckpt ls FILE | diff A B | rename IN OUT OLD=NEW ...
+// ckpt.c: the checkpoint tool. ./ckpt ls FILE | diff A B | rename IN OUT OLD=NEW ... |
+// export IN OUT
 //
-// Lists a checkpoint (or any safetensors file), compares two tensor by tensor, and renames
+// Lists a checkpoint (or any safetensors file), compares two tensor by tensor, renames
 // layers in one (keys, optimizer keys and the stored cfg) so that it loads into a renamed
-// model. Exit status: 0 ok; 1 "different" (diff) or "nothing renamed" (rename); 2 errors,
+// model, and exports its plain state_dict for PyTorch. Exit status: 0 ok; 1 "different" (diff) or "nothing renamed" (rename); 2 errors,
 // with "ckpt: <message>" on stderr.
 #include <math.h>
 #include <stdbool.h>
@@ -19,7 +20,8 @@
 #define SYNOPSIS               \
     "usage: ./ckpt ls FILE\n"  \
     "       ./ckpt diff A B\n" \
-    "       ./ckpt rename IN OUT OLD=NEW [OLD=NEW ...] [--prefix | --whole]\n"
+    "       ./ckpt rename IN OUT OLD=NEW [OLD=NEW ...] [--prefix | --whole]\n" \
+    "       ./ckpt export IN OUT\n"
 
 static void usage(FILE *f) {
     fprintf(
@@ -45,6 +47,11 @@ static void usage(FILE *f) {
         "               Refuses a renaming that makes two keys or two layers the same or a\n"
         "               name invalid, and OUT = IN; never modifies IN. Exit 1, writing\n"
         "               nothing, if no key matched.\n"
+        "  export IN OUT\n"
+        "               writes the model's state_dict of IN to OUT: the parameters and the\n"
+        "               batchnorm buffers as stored, no optimizer state and no metadata, the\n"
+        "               file PyTorch's load_state_dict(strict=True) takes as is. Refuses\n"
+        "               OUT = IN.\n"
         "  -h, --help   this text\n"
         "\n"
         "Exit status: 0 done; 1 the tensors differ (diff) or no key matched (rename);\n"
@@ -475,7 +482,15 @@ int main(int argc, char **argv) {
         return cmd_diff(argv[2], argv[3]);
     }
     if (!strcmp(cmd, "rename")) return cmd_rename(argc - 2, argv + 2);
+    if (!strcmp(cmd, "export")) {
+        if (argc != 4) return usage_error("export takes IN and OUT");
+        int n;
+        Error err = {{0}};
+        if (checkpoint_export(argv[2], argv[3], &n, &err)) return fail(err.msg);
+        printf("wrote %s: %d tensors, the state_dict without optimizer state or metadata\n", argv[3], n);
+        return 0;
+    }
     char msg[256];
-    snprintf(msg, sizeof msg, "unknown command '%.100s' (ls, diff, rename)", cmd);
+    snprintf(msg, sizeof msg, "unknown command '%.100s' (ls, diff, rename, export)", cmd);
     return usage_error(msg);
 }

@@ -920,14 +920,48 @@ done:
     return rc;
 }
 
+// Whether paths a and b name the same file (b may not exist yet).
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return !strcmp(a, b) ||
+           (!stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
+}
+
+int checkpoint_export(const char *in, const char *out, int *ntensors, Error *err) {
+    *ntensors = 0;
+    if (same_file(in, out))
+        return err_set(err, "'%s' is the input file: export to another file (the input is "
+                            "never modified)", out);
+    StFile f;
+    if (st_open(&f, in, err)) return -1;
+    int rc = -1, n = 0;
+    Tensor *t = xcalloc((size_t)f.count + 1, sizeof *t, err);
+    if (!t) goto done;
+    for (int i = 0; i < f.count; i++) {
+        const StEntry *e = &f.entries[i];
+        if (strncmp(e->name, CHECKPOINT_OPTIMIZER_PREFIX, strlen(CHECKPOINT_OPTIMIZER_PREFIX)) &&
+            st_as_tensor(&f, e, &t[n++], err))
+            goto done;
+    }
+    if (!n) {
+        err_set(err, "%s holds no model tensors (only optimizer state): nothing to export", in);
+        goto done;
+    }
+    if (st_write(out, t, n, NULL, NULL, 0, err)) goto done;
+    *ntensors = n;
+    rc = 0;
+done:
+    free(t);
+    st_close(&f);
+    return rc;
+}
+
 int checkpoint_rename(const char *in, const char *out, const RenameRule *rules, int nrules,
                       RenameMode mode, int *renamed, Error *err) {
     if (renamed) *renamed = 0;
     if (check_rules(rules, nrules, err)) return -1;
     if ((unsigned)mode > RENAME_WHOLE) return err_set(err, "unknown rename mode %d", (int)mode);
-    struct stat a, b;
-    if (!strcmp(in, out) ||
-        (!stat(in, &a) && !stat(out, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino))
+    if (same_file(in, out))
         return err_set(err,
                        "'%s' is the input file: write the renamed checkpoint to another file "
                        "(the input is never modified)",

@@ -12,7 +12,7 @@
 //                line; "input" = the input shape "C,H,W"; and the TrainState fields below
 //                under their own names.
 //
-// A PyTorch user drops the optimizer keys and calls load_state_dict (see README), and any
+// `./ckpt export` (checkpoint_export) writes the plain state_dict PyTorch loads, and any
 // state_dict PyTorch saves as safetensors loads as weights (DESIGN.md decision 13).
 // Loading is strict by name: a mismatch lists the missing keys, the unexpected keys and
 // the keys whose shapes differ, and names the `./ckpt rename` command when the
@@ -91,6 +91,12 @@ int checkpoint_load_all(const char *path, Net *net, TrainState *st, Error *err);
 // Opens path as a safetensors file (errors name it) and says whether it is a cnn.c
 // checkpoint (its metadata has a "format") or a plain state_dict.
 int checkpoint_probe(const char *path, bool *is_checkpoint, Error *err);
+
+// Writes the model's state_dict of checkpoint `in` (or any safetensors file) to `out`:
+// every tensor but the optimizer state, as stored (parameters, batchnorm buffers and
+// counters), and no metadata, the file PyTorch's load_state_dict(strict=True) takes as
+// is. Refuses out == in; never modifies in. *ntensors = the tensors written.
+int checkpoint_export(const char *in, const char *out, int *ntensors, Error *err);
 
 // The rename rules of `./ckpt rename`.
 typedef enum RenameMode {

@@ -964,6 +964,18 @@ static void test_ckpt_tool(void **state) {
     assert_contains(out, "already holds");
     free(out);
 
+    snprintf(a, sizeof a, "export %s %s", path("t1.safetensors"), path("t1plain.safetensors"));
+    assert_int_equal(run_ckpt(a, &out), 0);
+    assert_contains(out, "wrote");
+    free(out);
+    snprintf(a, sizeof a, "ls %s", path("t1plain.safetensors"));
+    assert_int_equal(run_ckpt(a, &out), 0);
+    assert_contains(out, "conv1.weight");
+    assert_true(!strstr(out, "optimizer.") && !strstr(out, CHECKPOINT_FORMAT));
+    free(out);
+    assert_int_equal(run_ckpt("export onlyone", &out), 2);
+    free(out);
+
     assert_int_equal(run_ckpt("", &out), 2);
     assert_contains(out, "usage");
     free(out);
@@ -1142,6 +1154,56 @@ static void test_plain_state_dict(void **state) {
     net_free(&b);
 }
 
+// ./ckpt export's state_dict: every model tensor of the checkpoint with its bytes (the
+// batchnorm buffers and I64 counters included), no optimizer tensor, no metadata; it
+// loads as weights to the same values; exporting onto the input is refused.
+static void test_export(void **state) {
+    Net a, b;
+    make_net_text(&a, resnet_text);
+    make_net_text(&b, resnet_text);
+    fill_random(&a, 31);
+    fill_random_buffers(&a, 32);
+    fill_random_buffers(&b, 33);
+    save("exsrc.safetensors", &a, resnet_text);
+    Error err = {{0}};
+    int n;
+    if (checkpoint_export(path("exsrc.safetensors"), path("exported.safetensors"), &n, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(n, 14 + 4 * 3);  // parameters, batchnorm buffers
+    StFile src, out;
+    if (st_open(&src, path("exsrc.safetensors"), &err) || st_open(&out, path("exported.safetensors"), &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(out.count, n);
+    assert_int_equal(out.nmeta, 0);
+    for (int i = 0; i < src.count; i++) {
+        const StEntry *e = &src.entries[i], *x = st_find(&out, e->name);
+        if (!strncmp(e->name, CHECKPOINT_OPTIMIZER_PREFIX, strlen(CHECKPOINT_OPTIMIZER_PREFIX))) {
+            assert_null(x);
+            continue;
+        }
+        assert_non_null(x);
+        assert_int_equal(x->dtype, e->dtype);
+        assert_int_equal(x->bytes, e->bytes);
+        assert_memory_equal(x->data, e->data, e->bytes);
+    }
+    st_close(&src);
+    st_close(&out);
+    if (checkpoint_load_weights(path("exported.safetensors"), &b, NULL, 0, &err)) fail_msg("%s", err.msg);
+    float *ha = snapshot(&a), *hb = snapshot(&b);
+    assert_memory_equal(ha, hb, (size_t)a.nparams * sizeof(float));
+    char ba[4096], bb[4096];
+    const size_t na = buffer_snapshot(&a, ba, sizeof ba);
+    assert_int_equal(buffer_snapshot(&b, bb, sizeof bb), na);
+    assert_memory_equal(ba, bb, na);
+    assert_int_equal(checkpoint_export(path("exsrc.safetensors"), path("exsrc.safetensors"), &n, &err), -1);
+    assert_contains(err.msg, "is the input file");
+    assert_int_equal(checkpoint_export(path("nothere.safetensors"), path("x.safetensors"), &n, &err), -1);
+    assert_contains(err.msg, "nothere.safetensors");
+    free(ha), free(hb);
+    net_free(&a);
+    net_free(&b);
+}
+
 // init_skip: the named layers keep their values and the file's tensors under those names
 // are neither needed nor checked (a 7-class head loads into a 5-class network).
 static void test_init_skip(void **state) {
@@ -1212,6 +1274,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rename_modes),      cmocka_unit_test(test_rename_key),
         cmocka_unit_test(test_ckpt_tool),         cmocka_unit_test(test_batchnorm_round_trip),
         cmocka_unit_test(test_plain_state_dict),  cmocka_unit_test(test_init_skip),
+        cmocka_unit_test(test_export),
     };
     return cmocka_run_group_tests(tests, suite_setup, suite_teardown);
 }

@@ -10,9 +10,10 @@
 //     within 1e-3 relative (the largest difference against the tensor's largest value),
 //     on 128x128 images whose ReLU inputs all stay away from 0 (the script says why);
 //     the running statistics after that forward within 1e-5 relative, and the counters;
-// and after one Adadelta step, the checkpoint cnn.c writes loads back into torchvision
-// with load_state_dict(strict=True), where it gives cnn.c's evaluation logits within 1e-4
-// and the same predictions (checked by the script).
+// and after one Adadelta step, the checkpoint cnn.c writes, exported (./ckpt export's
+// plain state_dict), loads back into torchvision as is with load_state_dict(strict=True),
+// where it gives cnn.c's evaluation logits within 1e-4 and the same predictions (checked
+// by the script).
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -176,7 +177,10 @@ static void test_resnet18_against_torchvision(void **state) {
     const Tensor logits = {.name = "logits", .dtype = DT_F32, .ndim = 2, .shape = {N, CLASSES},
                            .data = (void *)fc_out(&net)};
     if (st_write(in_dir("cnn_logits.safetensors"), &logits, 1, NULL, NULL, 0, &err)) fail_msg("%s", err.msg);
-    snprintf(args, sizeof args, "check '%s' '%s' '%s'", g_dir, in_dir("trained.safetensors"),
+    int exported;
+    if (checkpoint_export(in_dir("trained.safetensors"), in_dir("exported.safetensors"), &exported, &err))
+        fail_msg("%s", err.msg);
+    snprintf(args, sizeof args, "check '%s' '%s' '%s'", g_dir, in_dir("exported.safetensors"),
              in_dir("cnn_logits.safetensors"));
     assert_int_equal(script(args), 0);
     free(text);

@@ -21,8 +21,8 @@
       difference of the two forwards), at 128x128 where such seeds exist; the message
       says how far.
   torchvision_reference.py check DIR CHECKPOINT LOGITS
-      Loads a checkpoint that cnn.c wrote (optimizer keys dropped) into resnet18 with
-      load_state_dict(strict=True), evaluates x_train of DIR/input.safetensors and
+      Loads a plain state_dict that cnn.c wrote (./ckpt export of a checkpoint: no
+      metadata, no optimizer state) as is into resnet18 with load_state_dict(strict=True), evaluates x_train of DIR/input.safetensors and
       compares its logits with LOGITS (a safetensors file holding "logits", cnn.c's
       evaluation of the same images). Prints the largest difference; exits 1 if it
       exceeds 1e-4 or a prediction differs.
@@ -118,8 +118,10 @@ def make(out):
 
 
 def check(out, checkpoint, logits_path):
-    tensors, meta = st_torch.read(checkpoint)
-    state = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
+    state, meta = st_torch.read(checkpoint)
+    if meta:
+        print(f"torchvision: {checkpoint} has metadata {sorted(meta)}: not a plain state_dict")
+        return 1
     m = torchvision.models.resnet18(num_classes=10)
     m.load_state_dict(state, strict=True)
     m.eval()
@@ -129,8 +131,8 @@ def check(out, checkpoint, logits_path):
     theirs = st_torch.read(logits_path)[0]["logits"]
     diff = (logits - theirs).abs().max().item()
     same = bool((logits.argmax(1) == theirs.argmax(1)).all())
-    print(f"torchvision: {checkpoint} loaded with strict=True ({len(state)} tensors, format "
-          f"{meta.get('format')}); eval logits max |torchvision - cnn.c| = {diff:.3g}; "
+    print(f"torchvision: {checkpoint} loaded as is with strict=True ({len(state)} tensors); "
+          f"eval logits max |torchvision - cnn.c| = {diff:.3g}; "
           f"predictions {'equal' if same else 'DIFFER'}")
     return 0 if diff <= 1e-4 and same else 1
 
