@@ -3,13 +3,21 @@
 
 The network is bench/cfg_torch.py's build of the cfg (the same layers, names and initial
 weights, drawn after torch.manual_seed(seed)); the recipe is the cfg's [train]: the NLL
-loss averaged over each batch, Adadelta (lr, rho, eps, weight_decay), StepLR (lr_gamma)
-stepped each epoch; the data is its [data]: IDX files (raw or gzip), normalised as
-(x/255 - mean) / std, and the batches come in cnn.c's order: the loader's seeded
-Fisher-Yates shuffle (data/loader.c) is replayed here, so both see the same batches.
+loss averaged over each batch; the optimizer with cnn.c's defaults (adadelta: lr, rho,
+eps; sgd: momentum, dampening, nesterov; adamw: betas, eps; weight_decay, without decay
+for biases and batchnorm parameters with decay_skip_norm_bias = 1); the schedule: StepLR
+(lr_gamma) stepped each epoch, or CosineAnnealingLR to lr_min over the run stepped each
+batch, after `warmup` steps of LinearLR from warmup_start (SequentialLR). The data is its
+[data]: IDX files (raw or gzip), normalised as (x/255 - mean) / std, and the batches come
+in cnn.c's order: the loader's seeded Fisher-Yates shuffle (data/loader.c) is replayed
+here, so both see the same batches.
 
-  pytorch_cfg.py CFG [--epochs N] [--steps N] [--threads T] [--init-out FILE]
-                   [--save FILE] [--json]
+  pytorch_cfg.py CFG [key=value ...] [--epochs N] [--steps N] [--threads T]
+                   [--init-out FILE] [--save FILE] [--double] [--json]
+
+key=value overrides a key of [train] (or of [data] for its keys), as ./train's do.
+--double trains in float64 (--save writes F64 tensors then): the reference that says how
+far float32 rounding alone moves the parameters.
 
 --init-out writes the initial weights as a plain safetensors state_dict before training:
 ./train CFG init=FILE then starts from exactly them. --steps stops after N optimizer steps
@@ -25,6 +33,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -106,9 +115,60 @@ def load(data, split):
     return x.float().div_(255).sub_(mean).div_(std).unsqueeze(1).contiguous(), y
 
 
+DATA_KEYS = {"train", "train_labels", "test", "test_labels", "val_split", "width", "height",
+             "channels", "mean", "std", "shuffle", "drop_last", "workers", "prefetch",
+             "skip_bad", "cache", "crop_pad", "crop_scale", "flip"}
+
+
+def make_optimizer(net, tr):
+    """torch.optim's optimizer for [train], with cnn.c's defaults (train.c)."""
+    kind = tr.get("optimizer", "adadelta")
+    lr = float(tr.get("lr", {"adadelta": 1.0, "sgd": 0.01, "adamw": 0.001}[kind]))
+    wd = float(tr.get("weight_decay", 0.01 if kind == "adamw" else 0))
+    params = list(net.parameters())
+    if tr.get("decay_skip_norm_bias", "0") == "1":  # biases and batchnorm: ndim <= 1
+        params = [{"params": [q for q in params if q.dim() > 1], "weight_decay": wd},
+                  {"params": [q for q in params if q.dim() <= 1], "weight_decay": 0.0}]
+    if kind == "adadelta":
+        return torch.optim.Adadelta(params, lr=lr, rho=float(tr.get("rho", 0.9)),
+                                    eps=float(tr.get("eps", 1e-6)), weight_decay=wd)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(tr.get("momentum", 0)),
+                               dampening=float(tr.get("dampening", 0)),
+                               nesterov=tr.get("nesterov", "0") == "1", weight_decay=wd)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(floats(tr.get("betas", "0.9, 0.999"), 1)),
+                                 eps=float(tr.get("eps", 1e-8)), weight_decay=wd)
+    sys.exit(f"pytorch_cfg: optimizer {kind} is not known here")
+
+
+def make_schedule(opt, tr, total):
+    """(scheduler, per_batch): [train]'s schedule over `total` steps."""
+    warmup = int(tr.get("warmup", 0))
+    if tr.get("schedule", "step") == "cosine":
+        main = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total - warmup, 1),
+                                                          eta_min=float(tr.get("lr_min", 0)))
+        per_batch = True
+    else:
+        if warmup:
+            sys.exit("pytorch_cfg: warmup with the step schedule is not replayed here")
+        main = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=float(tr.get("lr_gamma", 0.7)))
+        per_batch = False
+    if not warmup:
+        return main, per_batch
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=float(tr.get("warmup_start", 1 / 3)),
+                                             total_iters=warmup)
+    return torch.optim.lr_scheduler.SequentialLR(opt, [warm, main], milestones=[warmup]), per_batch
+
+
 def main():
+    # SequentialLR steps its second schedule with an epoch argument (torch 1.13), which
+    # warns; the closed form it then uses is the one cnn.c computes.
+    warnings.filterwarnings("ignore", message="The epoch parameter")
     p = argparse.ArgumentParser(description="Train a cnn.c cfg network in PyTorch")
     p.add_argument("cfg")
+    p.add_argument("overrides", nargs="*", help="key=value: a key of [train] or [data]")
+    p.add_argument("--double", action="store_true", help="train in float64")
     p.add_argument("--epochs", type=int)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps")
@@ -120,39 +180,49 @@ def main():
     with open(args.cfg) as f:
         sections = cfg_torch.parse(f.read())
     tr, data = cfg_torch.section(sections, "train"), cfg_torch.section(sections, "data")
+    for o in args.overrides:
+        key, eq, value = o.partition("=")
+        if not eq:
+            sys.exit(f"pytorch_cfg: '{o}' is not key=value")
+        (data if key in DATA_KEYS else tr)[key] = value
     epochs = args.epochs or int(tr.get("epochs", 14))
     batch, seed = int(tr.get("batch", 64)), int(tr.get("seed", 1))
-    lr, gamma = float(tr.get("lr", 1.0)), float(tr.get("lr_gamma", 0.7))
     x, y = load(data, "train")
     xt, yt = load(data, "test") if data.get("test") else (None, None)
     classes = int(max(y.max(), yt.max() if yt is not None else 0)) + 1
     net = cfg_torch.build(sections, tuple(x.shape[1:]), classes, seed)
     if args.init_out:
         st_torch.write(args.init_out, net.state_dict())
-    opt = torch.optim.Adadelta(net.parameters(), lr=lr, rho=float(tr.get("rho", 0.9)),
-                               eps=float(tr.get("eps", 1e-6)),
-                               weight_decay=float(tr.get("weight_decay", 0)))
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=gamma)
-    shuffled = data.get("shuffle", "1") != "0"
+    if args.double:
+        net, x = net.double(), x.double()
+        xt = xt.double() if xt is not None else None
     n, steps = x.shape[0], 0
+    drop_last = data.get("drop_last", "0") == "1"
+    batches = n // batch if drop_last else -(-n // batch)
+    opt = make_optimizer(net, tr)
+    sched, per_batch = make_schedule(opt, tr, epochs * batches)
+    shuffled = data.get("shuffle", "1") != "0"
     for epoch in range(epochs):
         order = torch.tensor(shuffle(n, seed, epoch) if shuffled else list(range(n)))
         net.train()
         loss_sum, correct, t0 = 0.0, 0, time.perf_counter()
-        for b0 in range(0, n, batch):
+        for b0 in range(0, batches * batch, batch):
             idx = order[b0:b0 + batch]
             out = net(x[idx])
             loss = F.nll_loss(out, y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if per_batch:
+                sched.step()
             loss_sum += loss.item() * len(idx)
             correct += (out.argmax(1) == y[idx]).sum().item()
             steps += 1
             if steps == args.steps:
                 break
         seconds = time.perf_counter() - t0
-        sched.step()
+        if not per_batch:
+            sched.step()
         line = {"impl": "pytorch", "epoch": epoch + 1, "train_loss": loss_sum / n,
                 "train_acc": 100.0 * correct / n, "img_per_s": n / seconds}
         if xt is not None:

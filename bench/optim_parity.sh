@@ -1,0 +1,88 @@
+#!/bin/sh
+# Optimizer and schedule parity with PyTorch (issue 16): a smooth network trains 20 steps
+# from the same initial weights on the same batches in cnn.c and in PyTorch
+# (bench/pytorch_cfg.py, in float32 and in float64), with sgd (momentum 0.9, nesterov,
+# weight_decay 5e-4) and adamw (its defaults, weight_decay 0.01), each under a cosine
+# schedule after 5 warmup steps. After 10 and 20 steps it prints, per optimizer, the
+# largest relative difference of any parameter tensor, element-wise (max |a - b| / max |b|,
+# b the PyTorch tensor) and in norm (|a - b| / |b|): cnn.c against PyTorch float32, cnn.c
+# against float64, and PyTorch float32 against float64, the floor that rounding alone
+# sets. (AdamW divides each gradient by its own running size, so an element whose
+# gradient is near zero moves by up to lr in a direction its rounding decides: its
+# element-wise floor is far above sgd's.)
+# The network is models/mnist.cfg's layers without ReLU, max pooling and dropout (average
+# pooling instead): at a ReLU or a max, two float implementations' gradients jump apart
+# whenever an input sits within rounding of the kink, and dropout masks come from
+# different generators; a smooth network shows the optimizers' arithmetic alone.
+#   THREADS=2 sh bench/optim_parity.sh        (needs make data and python3-torch)
+set -e
+cd "$(dirname "$0")/.."
+THREADS=${THREADS:-2}
+OUT=bench/out/optim_parity
+rm -rf "$OUT"
+mkdir -p "$OUT"
+cat > "$OUT/parity.cfg" <<EOF
+[train]
+epochs = 1
+batch = 64
+seed = 1
+[data]
+train = data/mnist/train-images-idx3-ubyte
+train_labels = data/mnist/train-labels-idx1-ubyte
+mean = 0.1307
+std = 0.3081
+[conv]
+name = conv1
+filters = 32
+size = 3
+[conv]
+name = conv2
+filters = 64
+size = 3
+[avgpool]
+size = 2
+[flatten]
+[linear]
+name = fc1
+outputs = 64
+[linear]
+name = fc2
+outputs = 10
+[log_softmax]
+EOF
+run() {  # name overrides...
+    name=$1
+    shift
+    /usr/bin/python3 bench/pytorch_cfg.py "$OUT/parity.cfg" "$@" --threads "$THREADS" \
+        --init-out "$OUT/init.safetensors" --steps 1 > /dev/null
+    for steps in 10 20; do
+        /usr/bin/python3 bench/pytorch_cfg.py "$OUT/parity.cfg" "$@" --threads "$THREADS" \
+            --steps $steps --save "$OUT/$name-pt32-$steps.safetensors" > /dev/null
+        /usr/bin/python3 bench/pytorch_cfg.py "$OUT/parity.cfg" "$@" --threads "$THREADS" \
+            --steps $steps --double --save "$OUT/$name-pt64-$steps.safetensors" > /dev/null
+        ./train "$OUT/parity.cfg" "$@" threads="$THREADS" init="$OUT/init.safetensors" \
+            stop_after=$steps save="$OUT/$name-cnn-$steps" > "$OUT/$name-cnn-$steps.log" || [ $? -eq 130 ]
+    done
+    /usr/bin/python3 - "$OUT" "$name" <<'EOF'
+import os, sys
+sys.path.insert(0, "bench")
+import st_torch
+out, name = sys.argv[1], sys.argv[2]
+def read(path):
+    return {k: v.double() for k, v in st_torch.read(path)[0].items() if not k.startswith("optimizer.")}
+def rel(a, b):  # over tensors, the largest max |a - b| / max |b| and |a - b| / |b| (2-norms)
+    return (max(((a[k] - b[k]).abs().max() / b[k].abs().max()).item() for k in b),
+            max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b))
+for steps in (10, 20):
+    cnn = read(f"{out}/{name}-cnn-{steps}/last.safetensors")
+    pt32 = read(f"{out}/{name}-pt32-{steps}.safetensors")
+    pt64 = read(f"{out}/{name}-pt64-{steps}.safetensors")
+    pairs = [("cnn.c vs PyTorch f32", rel(cnn, pt32)), ("cnn.c vs PyTorch f64", rel(cnn, pt64)),
+             ("PyTorch f32 vs f64", rel(pt32, pt64))]
+    print(f"{name:5s} after {steps} steps, max-element (norm):  " +
+          "   ".join(f"{what} {m:.2e} ({n:.1e})" for what, (m, n) in pairs))
+EOF
+}
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), threads $THREADS"
+run sgd optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=cosine warmup=5
+run adamw optimizer=adamw schedule=cosine warmup=5
