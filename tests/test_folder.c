@@ -247,12 +247,12 @@ static void test_folder_formats_and_channels(void **state) {
 
 // ---- resizing against a reference ---------------------------------------------------------
 
-// One line of the triangle filter as stb_image_resize applies it: output pixel o is
-// centred at (o + 0.5) / scale in input coordinates; the filter's support grows by
-// 1 / scale when shrinking (so every input pixel counts); edges are clamped; the weights
-// are normalised.
-static void ref_line(const double *in, int n, int si, double *out, int m, int so) {
-    const double scale = (double)m / n, sup = scale < 1 ? 1 / scale : 1;
+// One line of the triangle filter as stb_image_resize applies it to the region [0, extent)
+// of the n input pixels: output pixel o is centred at (o + 0.5) / scale in input
+// coordinates, scale = m / extent; the filter's support grows by 1 / scale when shrinking
+// (so every input pixel counts); edges are clamped; the weights are normalised.
+static void ref_line(const double *in, int n, double extent, int si, double *out, int m, int so) {
+    const double scale = m / extent, sup = scale < 1 ? 1 / scale : 1;
     for (int o = 0; o < m; o++) {
         const double c = (o + 0.5) / scale;
         double acc = 0, ws = 0;
@@ -269,9 +269,10 @@ static void ref_line(const double *in, int n, int si, double *out, int m, int so
 
 // src (h, w, c) resized to (oh, ow, c), rounded to bytes. A reduction by a factor f >= 4
 // first averages boxes of floor(f / 2) pixels (rounded to bytes; the last box of a row
-// or column holds what is left), then filters the rest.
+// or column holds what is left, and covers that part of a pixel), then filters the rest.
 static void ref_resize(const uint8_t *src, int w, int h, int c, uint8_t *dst, int ow, int oh) {
     const int kx = w / ow / 2 > 1 ? w / ow / 2 : 1, ky = h / oh / 2 > 1 ? h / oh / 2 : 1;
+    const double ex = (double)w / kx, ey = (double)h / ky;  // the picture's extent, reduced
     uint8_t *red = NULL;
     if (kx > 1 || ky > 1) {
         const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
@@ -293,8 +294,8 @@ static void ref_resize(const uint8_t *src, int w, int h, int c, uint8_t *dst, in
     assert_true(a && b && r);
     for (int k = 0; k < c; k++) {
         for (int i = 0; i < w * h; i++) a[i] = src[(size_t)i * c + k] / 255.0;
-        for (int y = 0; y < h; y++) ref_line(a + (size_t)y * w, w, 1, b + (size_t)y * ow, ow, 1);
-        for (int x = 0; x < ow; x++) ref_line(b + x, h, ow, r + x, oh, ow);
+        for (int y = 0; y < h; y++) ref_line(a + (size_t)y * w, w, ex, 1, b + (size_t)y * ow, ow, 1);
+        for (int x = 0; x < ow; x++) ref_line(b + x, h, ey, ow, r + x, oh, ow);
         for (int i = 0; i < ow * oh; i++) dst[(size_t)i * c + k] = (uint8_t)(r[i] * 255 + 0.5);
     }
     free(a), free(b), free(r), free(red);
@@ -303,7 +304,7 @@ static void ref_resize(const uint8_t *src, int w, int h, int c, uint8_t *dst, in
 static void test_folder_resize_reference(void **state) {
     static const int cases[][4] = {{40, 30, 16, 12}, {40, 30, 20, 15}, {7, 5, 14, 10},
                                    {37, 23, 32, 32}, {90, 90, 28, 28}, {300, 250, 32, 24},
-                                   {203, 161, 20, 16}, {120, 40, 12, 40}};
+                                   {203, 161, 20, 16}, {120, 40, 12, 40}, {640, 480, 28, 28}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const int w = cases[k][0], h = cases[k][1], ow = cases[k][2], oh = cases[k][3];
         char rel[64], root[64];
