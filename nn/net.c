@@ -574,15 +574,23 @@ void net_print(const Net *net, FILE *f) {
     fprintf(f, "  %-3s %-14s %-12s %-16s %12s\n", "", "input", "", in, "");
     for (int i = 0; i < net->nlayers; i++) {
         const Layer *l = net->layers[i];
-        int64_t p = 0;
+        int64_t p = 0, frozen = 0;
         for (int m = 0; m < net->nmodules; m++) {  // the layer and its children
             const Layer *c = net->modules[m];
             if (c->index < l->index || c->index >= l->index + count_modules(l)) continue;
-            for (int j = 0; j < c->nparams; j++) p += tensor_numel(&c->params[j]);
+            for (int j = 0; j < c->nparams; j++) {
+                p += tensor_numel(&c->params[j]);
+                if (c->frozen) frozen += tensor_numel(&c->params[j]);
+            }
         }
         char shape[48];
         snprintf(shape, sizeof shape, "%dx%dx%d", l->out.c, l->out.h, l->out.w);
-        fprintf(f, "  %-3d %-14s %-12s %-16s %12lld\n", i, l->name, l->ops->type, shape, (long long)p);
+        fprintf(f, "  %-3d %-14s %-12s %-16s %12lld%s\n", i, l->name, l->ops->type, shape, (long long)p,
+                !frozen ? "" : frozen == p ? "  frozen" : "  partly frozen");
     }
-    fprintf(f, "  parameters: %lld\n", (long long)net->nparams);
+    if (net->ntrain < net->nparams)
+        fprintf(f, "  parameters: %lld, trained %lld, frozen %lld\n", (long long)net->nparams,
+                (long long)net->ntrain, (long long)(net->nparams - net->ntrain));
+    else
+        fprintf(f, "  parameters: %lld\n", (long long)net->nparams);
 }
