@@ -14,7 +14,7 @@ ARCH    ?= -march=x86-64-v3
 CFLAGS  ?= -O3 $(ARCH)
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP \
            -I/usr/include/x86_64-linux-gnu/openblas-pthread
-LDLIBS  += -lopenblas -lstb -lz -lm -lpthread -fopenmp
+LDLIBS  += -lopenblas -lstb -ljpeg -lz -lm -lpthread -fopenmp
 
 BUILD   := build
 ifeq ($(SAN),1)
@@ -92,7 +92,7 @@ $(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/testutil.o $(B
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
 
 # ---- set-up ----------------------------------------------------------------------------
-DEPS_BUILD := gcc make libopenblas-dev libcmocka-dev libstb-dev zlib1g-dev
+DEPS_BUILD := gcc make libopenblas-dev libcmocka-dev libstb-dev libjpeg62-turbo-dev zlib1g-dev
 # tests/test_torchvision.c checks models/resnet18.cfg against torchvision's ResNet-18.
 DEPS_TEST  := $(DEPS_BUILD) python3-torch python3-torchvision
 deps-test:

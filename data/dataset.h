@@ -55,9 +55,7 @@ void dataset_close(Dataset *ds);  // NULL is fine
 // An image folder: one subfolder per class (class index = subfolder names in strcmp
 // order), images anywhere below it (.png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd
 // .hdr .pic, any case), in strcmp order of their paths. Hidden entries (".name") are not
-// read. Open lists the files only; read decodes one with stb_image, converts it to
-// `channels` (1: luma, 3: gray replicated; alpha dropped) and resizes it to width x
-// height (stretched; stb_image_resize, triangle filter, clamped edges). Errors: no class
+// read. Open lists the files only; read decodes one with image_load. Errors: no class
 // subfolder, an empty class, an image directly in the root, a file without an image
 // extension (with skip_bad: left out and counted in info). With cache_dir, the decoded
 // samples go to cache_dir/cache_name (see folder.c) and are read from there once complete.
@@ -70,12 +68,18 @@ typedef struct FolderOptions {
 } FolderOptions;
 int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt, Error *err);
 
-// Whether a file name ends in one of the image extensions a folder dataset reads.
+// Whether a file name ends in one of the image extensions a folder dataset reads (IMAGE_EXTS).
+#define IMAGE_EXTS ".png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd .hdr .pic"
 bool image_name_has_ext(const char *name);
 
-// Decodes one image file as a folder dataset does: to shape.c channels, resized to
-// shape.w x shape.h, into out (H, W, C) bytes. Returns 0, or DATASET_BAD (the file cannot
-// be read or decoded) or -1 (out of memory) with err naming the file.
+// Decodes one image file as a folder dataset does (image.c): JPEG with libjpeg-turbo at the
+// smallest DCT scale that covers the target, the rest with stb_image; converted to shape.c
+// channels (1: luma, 3: gray replicated; alpha dropped) and resized to shape.w x shape.h
+// (stretched; box reduction, then a triangle filter, clamped edges), into out (H, W, C)
+// bytes. A header that declares more pixels than the file holds, a JPEG warning (premature
+// end, corrupt data) or an image of no pixels makes the file bad. Returns 0, or
+// DATASET_BAD (the file cannot be read or decoded) or -1 (out of memory) with err naming
+// the file.
 int image_load(const char *path, Shape shape, uint8_t *out, Error *err);
 
 // Splits ds into *train and *val: in each class, round(fraction * its samples) go to val

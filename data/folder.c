@@ -2,9 +2,9 @@
 //
 // Open lists the files, never the pixels: the index is the class boundaries and one
 // relative path per image (sorted, so the order is the same on every machine), a few
-// tens of bytes an image. read decodes one image with stb_image, converts its channels
-// and resizes it (stb_image_resize) into the caller's buffer; workers call it at once on
-// the same dataset, so it touches nothing shared except the cache below.
+// tens of bytes an image. read decodes one image (image.c: image_load) into the caller's
+// buffer; workers call it at once on the same dataset, so it touches nothing shared
+// except the cache below.
 //
 // The cache (cache_dir): one file of uint8 samples, (count, H, W, C) after a header and
 // a status byte per sample, written by read as samples are decoded (so the first epoch
@@ -28,28 +28,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <stb/stb_image.h>
-#include <stb/stb_image_resize.h>
-
 #include "../nn/rng.h"
 
 #define FOLDER_MAX_DEPTH 32             // subfolders below a class folder (symlink loops)
-#define FOLDER_MAX_PIXELS (1LL << 27)   // larger images are bad files: 134 MP, 400 MB RGB
-
-static const char *const image_exts[] = {"png", "jpg", "jpeg", "bmp", "gif", "tga", "pgm",
-                                         "ppm", "pnm", "psd", "hdr", "pic"};
-#define IMAGE_EXTS ".png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd .hdr .pic"
 
 // ---- the cache file --------------------------------------------------------------------
 
 enum { ST_MISSING = 0, ST_GOOD = 1, ST_BAD = 2 };  // a sample's status byte
 
 #define CACHE_MAGIC "CNNCACHE"
-// Version 2: stb_image 2.27 decode, box reduction then stbir triangle filter over the
-// region the boxes cover, clamped edges, linear colour space (resize below). A change of
-// how a sample is made must change the version. (Version 1 stretched a last partial box
-// to a whole pixel.)
-#define CACHE_VERSION 2
+// Version 3: the decoding of image.c (libjpeg-turbo for JPEG at a DCT scale, stb_image for
+// the rest; box reduction, then the triangle filter over the region the boxes cover). A
+// change of how a sample is made must change the version. (Version 1 stretched a last
+// partial box to a whole pixel; version 2 decoded JPEGs with stb_image at full size.)
+#define CACHE_VERSION 3
 #define CACHE_ALIGN 4096
 
 // The header, at offset 0, in the writer's byte order (checked by `endian`).
@@ -87,14 +79,6 @@ typedef struct FolderImpl {
 } FolderImpl;
 
 // ---- small helpers ----------------------------------------------------------------------
-
-bool image_name_has_ext(const char *name) {
-    const char *dot = strrchr(name, '.');
-    if (!dot || dot == name) return false;
-    for (size_t i = 0; i < sizeof image_exts / sizeof image_exts[0]; i++)
-        if (strcasecmp(dot + 1, image_exts[i]) == 0) return true;
-    return false;
-}
 
 // The class of entry i: the last class whose first entry is <= i.
 static int class_of(const Dataset *ds, int64_t i) {
@@ -559,97 +543,6 @@ static int cache_open(Dataset *ds, const char *dir, const char *name, char *note
 }
 
 // ---- reading a sample -------------------------------------------------------------------
-
-// src (h, w, C) averaged over boxes of kx x ky pixels into dst (ceil(h / ky), ceil(w / kx), C),
-// rounding to nearest; the last box of a row or column holds what is left.
-static void box_reduce(const uint8_t *src, int w, int h, int C, int kx, int ky, uint8_t *dst) {
-    const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
-    for (int oy = 0; oy < rh; oy++) {
-        const int y0 = oy * ky, y1 = y0 + ky < h ? y0 + ky : h;
-        for (int ox = 0; ox < rw; ox++) {
-            const int x0 = ox * kx, x1 = x0 + kx < w ? x0 + kx : w;
-            const uint32_t n = (uint32_t)((y1 - y0) * (x1 - x0));
-            for (int c = 0; c < C; c++) {
-                uint32_t sum = 0;
-                for (int y = y0; y < y1; y++)
-                    for (int x = x0; x < x1; x++) sum += src[((size_t)y * w + x) * C + c];
-                dst[((size_t)oy * rw + ox) * C + c] = (uint8_t)((sum + n / 2) / n);
-            }
-        }
-    }
-}
-
-// src (h, w, C) resized to dst (H, W, C): stb_image_resize's triangle filter (bilinear
-// when enlarging, widened to cover every input pixel when shrinking), clamped edges. A
-// large reduction is done in two steps, like PIL's reducing_gap: first averaging boxes of
-// k x k pixels, k = floor(factor / 2) in each direction, then the triangle filter over the
-// remaining factor of 2 to 4, on the region the boxes cover (a last, partial box is the
-// part of a pixel it holds, as PIL's box argument). The result differs from one triangle
-// pass by a byte here and there, and costs a fraction (600x600 to 64x64: 0.5 ms instead
-// of 3). Returns 0, or -1 when out of memory.
-static int resize(const uint8_t *src, int w, int h, int C, uint8_t *dst, int W, int H) {
-    if (w == W && h == H) {
-        memcpy(dst, src, (size_t)W * H * C);
-        return 0;
-    }
-    const int kx = w / W / 2 > 1 ? w / W / 2 : 1, ky = h / H / 2 > 1 ? h / H / 2 : 1;
-    uint8_t *tmp = NULL;
-    // The region of the (reduced) image that the picture covers, in [0, 1]: a last box that
-    // holds less than k pixels covers less than a whole reduced pixel.
-    float s1 = 1, t1 = 1;
-    if (kx > 1 || ky > 1) {
-        const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
-        if (!(tmp = malloc((size_t)rw * (size_t)rh * (size_t)C))) return -1;
-        box_reduce(src, w, h, C, kx, ky, tmp);
-        s1 = (float)w / (float)kx / (float)rw, t1 = (float)h / (float)ky / (float)rh;
-        src = tmp;
-        w = rw, h = rh;
-    }
-    int ok = w == W && h == H && s1 == 1 && t1 == 1
-                 ? (memcpy(dst, src, (size_t)W * H * C), 1)
-                 : stbir_resize_region(src, w, h, 0, dst, W, H, 0, STBIR_TYPE_UINT8, C,
-                                       STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_EDGE_CLAMP,
-                                       STBIR_FILTER_TRIANGLE, STBIR_FILTER_TRIANGLE,
-                                       STBIR_COLORSPACE_LINEAR, NULL, 0, 0, s1, t1);
-    free(tmp);
-    return ok ? 0 : -1;
-}
-
-// Decodes path into out (H, W, C). Returns 0, DATASET_BAD with err, or -1 (no memory).
-int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
-    const int W = shape.w, H = shape.h, C = shape.c;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return DATASET_BAD;
-    }
-    int w, h, n;
-    if (!stbi_info_from_file(f, &w, &h, &n)) {
-        err_set(err, "%s: not a readable image (stb_image: %s)", path, stbi_failure_reason());
-        fclose(f);
-        return DATASET_BAD;
-    }
-    if ((int64_t)w * h > FOLDER_MAX_PIXELS) {
-        err_set(err, "%s: %d x %d pixels, more than the %lld the loader decodes", path, w, h,
-                FOLDER_MAX_PIXELS);
-        fclose(f);
-        return DATASET_BAD;
-    }
-    uint8_t *px = stbi_load_from_file(f, &w, &h, &n, C);
-    fclose(f);
-    if (!px) {
-        const char *why = stbi_failure_reason();
-        if (why && strcmp(why, "outofmem") == 0)
-            return err_set(err, "%s: out of memory decoding %d x %d pixels", path, w, h);
-        err_set(err, "%s: cannot decode: %s (stb_image); the file is damaged or not an image",
-                path, why ? why : "unknown reason");
-        return DATASET_BAD;
-    }
-    int rc = resize(px, w, h, C, out, W, H);
-    stbi_image_free(px);
-    if (rc) return err_set(err, "%s: out of memory resizing %d x %d to %d x %d", path, w, h, W, H);
-    return 0;
-}
 
 static int folder_label(const Dataset *ds, int64_t i, int32_t *label, Error *err) {
     if (i < 0 || i >= ds->count)

@@ -1,0 +1,296 @@
+// test_image.c: one image file to input bytes (data/image.c: image_load).
+//
+// JPEGs, written here with libjpeg (baseline, progressive, grayscale, CMYK), decode at a
+// DCT scale within a stated tolerance of a full-size decode followed by the same resize;
+// images smaller than the target are enlarged from their full size. Files whose header
+// declares more than they hold, or nothing, are bad files with a message naming them, never
+// zero-filled pixels or an abort: PGMs of width 0 or -1, maxval 0 or no pixel data, BMPs
+// cut short or declaring 20000 x 6000 pixels in 102 bytes, truncated JPEGs, a JPEG whose
+// frame header says 1 x 65000 over 30 rows of data.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jpeglib.h>
+#include <stb/stb_image_write.h>
+
+#include "../data/dataset.h"
+#include "testutil.h"
+
+static char g_dir[512];
+
+static const char *path(const char *name) {
+    static char buf[4][PATH_MAX];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
+    return buf[i];
+}
+
+// A photo-like image: smooth waves and a little deterministic noise, c channels.
+static uint8_t *photo(int w, int h, int c) {
+    uint8_t *b = malloc((size_t)w * h * c);
+    assert_non_null(b);
+    uint32_t s = 12345;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int k = 0; k < c; k++) {
+                s = s * 1664525u + 1013904223u;
+                const double v = 128 + 90 * sin(x / 37.0 + k) * cos(y / 23.0 - k) + (double)(s >> 27) - 16;
+                b[((size_t)y * w + x) * c + k] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+            }
+    return b;
+}
+
+// Writes px (h, w, components) as a JPEG of the colour space `space` with libjpeg.
+static void write_jpeg(const char *file, const uint8_t *px, int w, int h, int components,
+                       J_COLOR_SPACE space, bool progressive) {
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr e;
+    c.err = jpeg_std_error(&e);
+    jpeg_create_compress(&c);
+    FILE *f = fopen(file, "wb");
+    assert_non_null(f);
+    jpeg_stdio_dest(&c, f);
+    c.image_width = (JDIMENSION)w, c.image_height = (JDIMENSION)h;
+    c.input_components = components, c.in_color_space = space;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 90, TRUE);
+    if (progressive) jpeg_simple_progression(&c);
+    jpeg_start_compress(&c, TRUE);
+    while (c.next_scanline < c.image_height) {
+        JSAMPROW r = (JSAMPROW)(px + (size_t)c.next_scanline * w * components);
+        jpeg_write_scanlines(&c, &r, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    assert_int_equal(fclose(f), 0);
+}
+
+// The JPEG decoded at full size to C channels (CMYK as image.c converts it), written as a
+// PNG: image_load of that PNG is the full-size decode followed by the same resize.
+static void full_decode_png(const char *jpg, int C, const char *png) {
+    struct jpeg_decompress_struct d;
+    struct jpeg_error_mgr e;
+    d.err = jpeg_std_error(&e);
+    jpeg_create_decompress(&d);
+    FILE *f = fopen(jpg, "rb");
+    assert_non_null(f);
+    jpeg_stdio_src(&d, f);
+    jpeg_read_header(&d, TRUE);
+    const bool cmyk = d.jpeg_color_space == JCS_CMYK || d.jpeg_color_space == JCS_YCCK;
+    d.out_color_space = cmyk ? JCS_CMYK : C == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_start_decompress(&d);
+    const int w = (int)d.output_width, h = (int)d.output_height, n = d.output_components;
+    uint8_t *raw = malloc((size_t)w * h * n), *out = malloc((size_t)w * h * C);
+    assert_true(raw && out);
+    while (d.output_scanline < d.output_height) {
+        JSAMPROW r = raw + (size_t)d.output_scanline * w * n;
+        jpeg_read_scanlines(&d, &r, 1);
+    }
+    for (int i = 0; i < w * h; i++) {
+        if (n == C) {
+            memcpy(out + (size_t)i * C, raw + (size_t)i * n, (size_t)C);
+            continue;
+        }
+        const uint8_t *q = raw + (size_t)i * 4;
+        int rgb[3];
+        for (int k = 0; k < 3; k++)
+            rgb[k] = d.saw_Adobe_marker ? q[k] * q[3] / 255 : (255 - q[k]) * (255 - q[3]) / 255;
+        if (C == 1) out[i] = (uint8_t)((rgb[0] * 77 + rgb[1] * 150 + rgb[2] * 29) >> 8);
+        else for (int k = 0; k < 3; k++) out[(size_t)i * 3 + k] = (uint8_t)rgb[k];
+    }
+    jpeg_finish_decompress(&d);
+    jpeg_destroy_decompress(&d);
+    fclose(f);
+    assert_true(stbi_write_png(png, w, h, C, out, w * C));
+    free(raw), free(out);
+}
+
+static void load_ok(const char *file, Shape s, uint8_t *out) {
+    Error err = {{0}};
+    if (image_load(file, s, out, &err)) fail_msg("%s", err.msg);
+}
+
+// The JPEG at a DCT scale against the full-size decode, both resized by image.c: the
+// largest and the mean byte difference over the target sizes, within the README's bounds.
+static void expect_close_to_full(const char *jpg, int C, const char *what) {
+    const int sizes[][2] = {{28, 28}, {64, 64}, {224, 224}, {100, 30}, {700, 650}};
+    full_decode_png(jpg, C, path("full.png"));
+    int worst = 0;
+    double worst_mean = 0;
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        const Shape s = {.c = C, .h = sizes[k][1], .w = sizes[k][0]};
+        const size_t n = (size_t)s.w * s.h * C;
+        uint8_t *a = malloc(n), *b = malloc(n);
+        assert_true(a && b);
+        load_ok(jpg, s, a);
+        load_ok(path("full.png"), s, b);
+        int mx = 0;
+        double sum = 0;
+        for (size_t i = 0; i < n; i++) {
+            const int d = abs(a[i] - b[i]);
+            mx = d > mx ? d : mx;
+            sum += d;
+        }
+        if (mx > worst) worst = mx;
+        if (sum / n > worst_mean) worst_mean = sum / n;
+        free(a), free(b);
+    }
+    print_message("%s, %d channel%s: at a DCT scale against full size, largest difference %d, "
+                  "largest mean %.2f\n", what, C, C > 1 ? "s" : "", worst, worst_mean);
+    assert_true(worst <= 24);
+    assert_true(worst_mean <= 2.5);
+}
+
+static void test_jpeg_scaled_decode(void **state) {
+    uint8_t *rgb = photo(600, 600, 3), *gray = photo(600, 600, 1);
+    write_jpeg(path("base.jpg"), rgb, 600, 600, 3, JCS_RGB, false);
+    write_jpeg(path("prog.jpg"), rgb, 600, 600, 3, JCS_RGB, true);
+    write_jpeg(path("gray.jpg"), gray, 600, 600, 1, JCS_GRAYSCALE, false);
+    uint8_t *cmyk = malloc(600 * 600 * 4);
+    assert_non_null(cmyk);
+    for (int i = 0; i < 600 * 600; i++)  // plain (not inverted) CMYK with some black
+        for (int k = 0; k < 4; k++) cmyk[i * 4 + k] = k < 3 ? (uint8_t)(255 - rgb[i * 3 + k]) : (uint8_t)(i % 64);
+    write_jpeg(path("cmyk.jpg"), cmyk, 600, 600, 4, JCS_CMYK, false);
+    for (int C = 1; C <= 3; C += 2) {
+        expect_close_to_full(path("base.jpg"), C, "baseline");
+        expect_close_to_full(path("prog.jpg"), C, "progressive");
+        expect_close_to_full(path("gray.jpg"), C, "grayscale");
+        expect_close_to_full(path("cmyk.jpg"), C, "CMYK");
+    }
+    // The progressive and the baseline file hold the same image: the same bytes.
+    uint8_t a[64 * 64 * 3], b[64 * 64 * 3];
+    load_ok(path("base.jpg"), (Shape){.c = 3, .h = 64, .w = 64}, a);
+    load_ok(path("prog.jpg"), (Shape){.c = 3, .h = 64, .w = 64}, b);
+    int differ = 0;
+    for (size_t i = 0; i < sizeof a; i++) differ += abs(a[i] - b[i]) > 2;
+    assert_true(differ * 100 < (int)sizeof a);
+    free(rgb), free(gray), free(cmyk);
+}
+
+// An image smaller than the target: decoded at full size, enlarged by the filter (no DCT
+// scale above 1), the same as its full-size decode.
+static void test_jpeg_smaller_than_target(void **state) {
+    uint8_t *rgb = photo(40, 30, 3);
+    write_jpeg(path("small.jpg"), rgb, 40, 30, 3, JCS_RGB, false);
+    full_decode_png(path("small.jpg"), 3, path("small.png"));
+    const Shape s = {.c = 3, .h = 64, .w = 64};
+    uint8_t a[64 * 64 * 3], b[64 * 64 * 3];
+    load_ok(path("small.jpg"), s, a);
+    load_ok(path("small.png"), s, b);
+    assert_memory_equal(a, b, sizeof a);
+    free(rgb);
+}
+
+static void write_bytes(const char *file, const void *data, size_t n) {
+    FILE *f = fopen(file, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+// image_load of the file must be DATASET_BAD with a message naming it and holding `why`.
+static void expect_bad(const char *file, const char *why) {
+    uint8_t out[8 * 8 * 3];
+    Error err = {{0}};
+    const int rc = image_load(file, (Shape){.c = 3, .h = 8, .w = 8}, out, &err);
+    if (rc != DATASET_BAD) fail_msg("%s: image_load gave %d, not DATASET_BAD (%s)", file, rc, err.msg);
+    if (!strstr(err.msg, file) || !strstr(err.msg, why))
+        fail_msg("message \"%s\" lacks the file or \"%s\"", err.msg, why);
+}
+
+static void test_declared_sizes(void **state) {
+    write_bytes(path("w0.pgm"), "P5\n0 5\n255\n", 11);
+    expect_bad(path("w0.pgm"), "width 0");
+    write_bytes(path("wm.pgm"), "P5\n-1 5\n255\n", 12);
+    expect_bad(path("wm.pgm"), "not an image");
+    write_bytes(path("max0.pgm"), "P5\n2 2\n0\n\1\2\3\4", 13);
+    expect_bad(path("max0.pgm"), "maxval 0");
+    write_bytes(path("nodata.pgm"), "P5\n# a comment\n4 4\n255\n", 23);
+    expect_bad(path("nodata.pgm"), "truncated");
+    write_bytes(path("short.ppm"), "P6\n4 4\n255\n0123456789", 21);
+    expect_bad(path("short.ppm"), "truncated");
+    // A whole PGM still reads, comments and all.
+    write_bytes(path("ok.pgm"), "P5\n# c\n2 2\n255\n\1\2\3\4", 19);
+    uint8_t out[4];
+    load_ok(path("ok.pgm"), (Shape){.c = 1, .h = 2, .w = 2}, out);
+    assert_memory_equal(out, "\1\2\3\4", 4);
+
+    // A BMP cut short, and one of 102 bytes that declares 20000 x 6000 pixels.
+    uint8_t *px = photo(16, 16, 3);
+    assert_true(stbi_write_bmp(path("full.bmp"), 16, 16, 3, px));
+    FILE *f = fopen(path("full.bmp"), "rb");
+    assert_non_null(f);
+    uint8_t bmp[2048];
+    const size_t n = fread(bmp, 1, sizeof bmp, f);
+    fclose(f);
+    assert_true(n > 102 && n < sizeof bmp);
+    write_bytes(path("cut.bmp"), bmp, n - 100);
+    expect_bad(path("cut.bmp"), "truncated");
+    uint8_t huge[102];
+    memcpy(huge, bmp, sizeof huge);
+    const uint32_t w = 20000, h = 6000;
+    for (int i = 0; i < 4; i++) huge[18 + i] = (uint8_t)(w >> 8 * i), huge[22 + i] = (uint8_t)(h >> 8 * i);
+    write_bytes(path("huge.bmp"), huge, sizeof huge);
+    expect_bad(path("huge.bmp"), "20000 x 6000");
+    free(px);
+}
+
+static void test_bad_jpegs(void **state) {
+    uint8_t *rgb = photo(64, 64, 3);
+    write_jpeg(path("whole.jpg"), rgb, 64, 64, 3, JCS_RGB, false);
+    FILE *f = fopen(path("whole.jpg"), "rb");
+    assert_non_null(f);
+    static uint8_t jpg[1 << 16];
+    const size_t n = fread(jpg, 1, sizeof jpg, f);
+    fclose(f);
+    write_bytes(path("half.jpg"), jpg, n / 2);
+    expect_bad(path("half.jpg"), "Premature end of JPEG file");
+    write_bytes(path("head.jpg"), jpg, 200);
+    expect_bad(path("head.jpg"), "libjpeg-turbo");
+    write_bytes(path("soi.jpg"), "\xFF\xD8\xFF", 3);
+    expect_bad(path("soi.jpg"), "libjpeg-turbo");
+    // Corrupt entropy-coded data in the middle: a warning, so a bad file.
+    memcpy(jpg + n / 2, "\xFF\x01\xFF\x02", 4);
+    write_bytes(path("corrupt.jpg"), jpg, n);
+    expect_bad(path("corrupt.jpg"), "libjpeg-turbo");
+    // A 1-pixel-wide JPEG of 30 rows whose frame header then says 65000 rows (libjpeg's
+    // limit is 65500; stb_image filled the rest).
+    uint8_t col[30 * 3];
+    memcpy(col, rgb, sizeof col);
+    write_jpeg(path("col.jpg"), col, 1, 30, 3, JCS_RGB, false);
+    assert_non_null(f = fopen(path("col.jpg"), "rb"));
+    const size_t m = fread(jpg, 1, sizeof jpg, f);
+    fclose(f);
+    size_t sof = 2;
+    while (sof + 4 < m && !(jpg[sof] == 0xFF && jpg[sof + 1] == 0xC0)) sof++;
+    assert_true(sof + 9 < m);
+    jpg[sof + 5] = 0xFD, jpg[sof + 6] = 0xE8;  // the height, after marker, length, precision
+    write_bytes(path("tall.jpg"), jpg, m);
+    expect_bad(path("tall.jpg"), "premature end of data segment");
+    free(rgb);
+}
+
+static int suite_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_image"); }
+static int suite_teardown(void **state) { return test_remove_tree(g_dir); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_jpeg_scaled_decode),
+        cmocka_unit_test(test_jpeg_smaller_than_target),
+        cmocka_unit_test(test_declared_sizes),
+        cmocka_unit_test(test_bad_jpegs),
+    };
+    return cmocka_run_group_tests(tests, suite_setup, suite_teardown);
+}
