@@ -929,7 +929,17 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         goto done;
     }
     if (o->resume[0]) {
-        if (checkpoint_load_all(o->resume, &net, &r.st, err)) goto done;
+        CheckpointInfo ci;
+        if (checkpoint_read_info(o->resume, &ci, NULL, err)) goto done;
+        const bool same_data = ci.classes == train->classes && ci.input.c == train->shape.c &&
+                               ci.input.h == train->shape.h && ci.input.w == train->shape.w;
+        if (!same_data)
+            err_set(err, "%s was trained on %d classes of %dx%dx%d images, but %s has %d classes of "
+                         "%dx%dx%d: resume continues the same run on the same data", o->resume,
+                    ci.classes, ci.input.c, ci.input.h, ci.input.w, train->source, train->classes,
+                    train->shape.c, train->shape.h, train->shape.w);
+        checkpoint_info_free(&ci);
+        if (!same_data || checkpoint_load_all(o->resume, &net, &r.st, err)) goto done;
         r.st.seed = o->seed;  // resume_check made them equal, or resume_force changed it
         r.scaler.scale = r.st.loss_scale;
         r.scaler.good_steps = r.st.scaler_good_steps;
@@ -1187,9 +1197,19 @@ static int eval_weights(const char *weights, const char *cfg_path, bool json, in
         goto done;
     }
     const int classes = m.is_checkpoint ? m.info.classes : m.data.classes;
+    const DataConfig *dc = &m.o.data;
+    const char *labels = split ? (dc->train_folder ? dc->train : dc->train_labels)
+                               : (dc->test_folder ? dc->test : dc->test_labels);
     if (m.data.test->classes > classes) {
-        err_set(err, "%s has labels up to %d but %s knows %d classes", m.data.test->source,
+        err_set(err, "%s has labels up to %d but %s knows %d classes", labels,
                 m.data.test->classes - 1, weights, classes);
+        goto done;
+    }
+    const Shape in = m.data.test->shape;
+    if (m.is_checkpoint && (in.c != m.info.input.c || in.h != m.info.input.h || in.w != m.info.input.w)) {
+        err_set(err, "%s holds %dx%dx%d images but %s was trained on %dx%dx%d (channels x height x "
+                     "width)", m.data.test->source, in.c, in.h, in.w, weights, m.info.input.c,
+                m.info.input.h, m.info.input.w);
         goto done;
     }
     if (model_load(&m, weights, m.data.test->shape, classes, m.o.batch, err) ||

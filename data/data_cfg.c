@@ -2,6 +2,7 @@
 #include "data_cfg.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -122,10 +123,20 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *er
         cfg_int(cfg, s, "flip", "0", 0, 1, &flip, err))
         return -1;
     char w[1100];
+    // (byte / 255 - mean) / std: values far outside these ranges are a slip (std = 1e-30
+    // trained to a loss of 1e28 without a word), not a normalisation.
     for (int i = 0; i < dc->nstd; i++)
-        if (!(dc->std[i] > 0.0f))
-            return err_set(err, "%s: [data] std: every value must be > 0",
-                           where(w, sizeof w, cfg, s, "std"));
+        if (!(dc->std[i] >= 1e-3f && dc->std[i] <= 1e3f))
+            return err_set(err, "%s: [data] std = %g: normalised pixels (byte / 255 - mean) / std "
+                                "would reach %.3g; std is the data's standard deviation in units of "
+                                "[0, 1] (0.3081 for MNIST), between 0.001 and 1000",
+                           where(w, sizeof w, cfg, s, "std"), dc->std[i],
+                           dc->std[i] > 0 ? 1.0 / dc->std[i] : INFINITY);
+    for (int i = 0; i < dc->nmean; i++)
+        if (!(fabsf(dc->mean[i]) <= 1e3f))
+            return err_set(err, "%s: [data] mean = %g: the mean of the pixels in units of [0, 1] "
+                                "(0.1307 for MNIST), between -1000 and 1000",
+                           where(w, sizeof w, cfg, s, "mean"), dc->mean[i]);
     if ((dc->train_folder = is_dir(cfg, s, "train", dc->train, err)) < 0) return -1;
     if (dc->test[0] && (dc->test_folder = is_dir(cfg, s, "test", dc->test, err)) < 0) return -1;
     if (check_labels(cfg, s, "train", dc->train, dc->train_folder, "train_labels",

@@ -32,7 +32,7 @@ enum {
     IDX_LABELS_HEADER = 8,          // magic + 1 big-endian uint32
 };
 
-#define IDX_INFLATE_CHUNK (1 << 20)  // bytes per gzread while inflating
+#define IDX_INFLATE_CHUNK (1 << 20)  // inflated bytes per step (and 1/8 of it read)
 #define IDX_SCAN_CHUNK (1 << 16)     // bytes per pread while scanning the labels
 
 // One opened IDX file: a raw file, or the unlinked inflated copy of a gzip file.
@@ -77,65 +77,87 @@ static int idx_inflate(int *out_fd, const char *path, Error *err) {
                        strerror(e));
     }
 
-    uint8_t *buf = NULL;
-    errno = 0;
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) {
-        err_set(err, "%s: cannot open the gzip file: %s", path,
-                errno ? strerror(errno) : "out of memory");
+    // zlib's inflate rather than gzread: gzread ignores bytes after the last gzip member,
+    // which here is a damaged file. Concatenated members (gzip's own format) are one file.
+    uint8_t *in = NULL, *out = NULL;
+    z_stream z = {0};
+    bool zinit = false;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err_set(err, "%s: cannot open the gzip file: %s", path, strerror(errno));
         goto fail;
     }
-    if (gzbuffer(gz, 1 << 17) != 0) {
-        err_set(err, "%s: cannot set zlib's buffer size", path);
+    in = xcalloc(IDX_INFLATE_CHUNK / 8, 1, err);
+    out = xcalloc(IDX_INFLATE_CHUNK, 1, err);
+    if (!in || !out) goto fail;
+    if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {  // gzip headers only
+        err_set(err, "%s: cannot start zlib: out of memory", path);
         goto fail;
     }
-    buf = xcalloc(IDX_INFLATE_CHUNK, 1, err);
-    if (!buf) goto fail;
-    int64_t total = 0;
+    zinit = true;
+    int64_t total = 0, read_bytes = 0;
+    bool member_done = false;
     for (;;) {
-        int n = gzread(gz, buf, IDX_INFLATE_CHUNK);
-        if (n < 0) break;  // the stream is bad; gzerror below says how
-        if (n == 0) break;
-        if (file_write_full(fd, buf, (size_t)n) != 0) {
+        if (z.avail_in == 0) {
+            const size_t n = fread(in, 1, IDX_INFLATE_CHUNK / 8, f);
+            if (n == 0) {
+                if (ferror(f)) {
+                    err_set(err, "%s: cannot read: %s", path, strerror(errno));
+                    goto fail;
+                }
+                break;
+            }
+            z.next_in = in, z.avail_in = (uInt)n;
+            read_bytes += (int64_t)n;
+        }
+        if (member_done) {  // bytes after a whole member: another member, or damage
+            if (z.next_in[0] != 0x1f) {
+                const int64_t at = read_bytes - z.avail_in;
+                fseek(f, 0, SEEK_END);
+                err_set(err, "%s: %lld bytes after the end of the gzip stream (from byte %" PRId64
+                             "): the file is damaged or more than a gzip file; fetch it again",
+                        path, (long long)(ftell(f) - at), at);
+                goto fail;
+            }
+            inflateReset(&z);
+            member_done = false;
+        }
+        z.next_out = out, z.avail_out = IDX_INFLATE_CHUNK;
+        const int r = inflate(&z, Z_NO_FLUSH);
+        const size_t produced = IDX_INFLATE_CHUNK - z.avail_out;
+        if (produced && file_write_full(fd, out, produced) != 0) {
             err_set(err,
                     "%s: cannot write the inflated copy (%" PRId64 " bytes so far) to a "
                     "temporary file in %s: %s; free space there or set TMPDIR to a "
                     "directory with room",
-                    path, total + n, dir, strerror(errno));
+                    path, total + (int64_t)produced, dir, strerror(errno));
             goto fail;
         }
-        total += n;
+        total += (int64_t)produced;
+        if (r == Z_STREAM_END) member_done = true;
+        else if (r != Z_OK && r != Z_BUF_ERROR) {
+            err_set(err, "%s: corrupt gzip stream (zlib: %s) after %" PRId64 " inflated bytes; "
+                         "fetch the file again", path, z.msg ? z.msg : "error", total);
+            goto fail;
+        }
     }
-    // A truncated stream makes gzread return what it could and record Z_BUF_ERROR;
-    // a corrupt one makes it return -1. Either way gzerror has zlib's reason.
-    int errnum = Z_OK;
-    const char *zmsg = gzerror(gz, &errnum);
-    if (errnum != Z_OK) {
-        // zlib starts its message with the path, which ours names already.
-        size_t plen = strlen(path);
-        if (strncmp(zmsg, path, plen) == 0 && strncmp(zmsg + plen, ": ", 2) == 0)
-            zmsg += plen + 2;
-        err_set(err,
-                "%s: corrupt or truncated gzip stream (zlib: %s%s%s) after %" PRId64
-                " inflated bytes; fetch the file again",
-                path, zmsg, errnum == Z_ERRNO ? ": " : "",
-                errnum == Z_ERRNO ? strerror(errno) : "", total);
+    if (!member_done) {
+        err_set(err, "%s: truncated gzip stream: the file ends after %" PRId64 " inflated bytes; "
+                     "fetch the file again", path, total);
         goto fail;
     }
-    int rc = gzclose(gz);
-    gz = NULL;
-    if (rc != Z_OK) {
-        err_set(err, "%s: closing the gzip file failed (zlib error %d); fetch the file again",
-                path, rc);
-        goto fail;
-    }
-    free(buf);
+    inflateEnd(&z);
+    fclose(f);
+    free(in);
+    free(out);
     *out_fd = fd;
     return 0;
 
 fail:
-    if (gz) gzclose(gz);
-    free(buf);
+    if (zinit) inflateEnd(&z);
+    if (f) fclose(f);
+    free(in);
+    free(out);
     close(fd);
     return -1;
 }

@@ -3,7 +3,9 @@
 #include "checkpoint.h"
 
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -291,11 +293,38 @@ static int meta_number(const StFile *f, const StateField *sf, void *out, Error *
     return 0;
 }
 
+// The training state must be one a run can reach: counts below 2^62 (the step keys the
+// dropout masks and the schedule), the epoch's totals consistent (its loss may be NaN: a
+// run that diverged), an accuracy in percent, a loss scale a scaler can hold. Anything else
+// is a damaged or forged file.
+static int check_state(const StFile *f, const TrainState *s, Error *err) {
+    const int64_t big = INT64_C(1) << 62;
+    const char *bad = s->epoch >= INT32_MAX                                ? "epoch"
+                      : s->batch >= big                                    ? "batch"
+                      : s->step >= (uint64_t)big                           ? "step"
+                      : !(s->best_val_acc == -1 || (s->best_val_acc >= 0 && s->best_val_acc <= 100))
+                          ? "best_val_acc"
+                      : s->epoch_seen >= big                               ? "epoch_seen"
+                      : s->epoch_loss < 0                                  ? "epoch_loss"
+                      : !(s->epoch_correct >= 0 && s->epoch_correct <= (double)s->epoch_seen)
+                          ? "epoch_correct"
+                      : !(s->loss_scale > 0 && s->loss_scale <= FLT_MAX)    ? "loss_scale"
+                      : s->scaler_good_steps >= big                        ? "scaler_good_steps"
+                      : (uint64_t)s->scaler_skipped > s->step              ? "scaler_skipped"
+                                                                           : NULL;
+    if (!bad) return 0;
+    return err_set(err, "%s: metadata \"%s\" = \"%.60s\" is not a training state a run can reach "
+                        "(counts below 2^62, best_val_acc -1 or 0 to 100, epoch_correct at most "
+                        "epoch_seen, loss_scale finite and above 0, scaler_skipped at most step); "
+                        "the file is damaged", f->path, bad, st_meta(f, bad));
+}
+
 static int read_state(const StFile *f, TrainState *st, Error *err) {
     TrainState s;
     memset(&s, 0, sizeof s);
     for (int i = 0; i < NSTATE; i++)
         if (meta_number(f, &state_fields[i], (char *)&s + state_fields[i].offset, err)) return -1;
+    if (check_state(f, &s, err)) return -1;
     *st = s;
     return 0;
 }

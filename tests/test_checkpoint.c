@@ -131,7 +131,10 @@ static TrainState sample_state(void) {
                         .best_val_acc = 0.1,
                         .epoch_loss = 1.0 / 3,
                         .epoch_correct = 2.0 / 7,
-                        .epoch_seen = 1088};
+                        .epoch_seen = 1088,
+                        .loss_scale = 32768,
+                        .scaler_good_steps = 5,
+                        .scaler_skipped = 2};
 }
 
 // Saves net with sample_state() and the cfg text to `file` in the suite's folder.
@@ -564,6 +567,16 @@ static void test_bad_metadata(void **state) {
         {"seed", NULL, "the checkpoint's metadata has no \"seed\""},
         {"epoch_seen", NULL, "the checkpoint's metadata has no \"epoch_seen\""},
         {"cfg", NULL, "the checkpoint's metadata has no \"cfg\""},
+        // Numbers that parse but that no run reaches (a resumed fp16 run skipped every step).
+        {"loss_scale", "0", "\"loss_scale\" = \"0\" is not a training state a run can reach"},
+        {"loss_scale", "-1", "\"loss_scale\" = \"-1\" is not a training state"},
+        {"loss_scale", "inf", "\"loss_scale\" = \"inf\" is not a training state"},
+        {"loss_scale", "nan", "\"loss_scale\" = \"nan\" is not a training state"},
+        {"step", "18446744073709551615", "\"step\" = \"18446744073709551615\" is not a training state"},
+        {"best_val_acc", "18446744073709551616", "\"best_val_acc\" = \"18446744073709551616\" is not a training"},
+        {"best_val_acc", "100.5", "\"best_val_acc\" = \"100.5\" is not a training state"},
+        {"epoch_correct", "1e9", "\"epoch_correct\" = \"1e9\" is not a training state"},
+        {"scaler_skipped", "4611686018427387904", "\"scaler_skipped\" = \"4611686018427387904\" is not"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         rewrite(path("std6.safetensors"), path("meta.safetensors"), NULL, cases[i].key,

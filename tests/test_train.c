@@ -22,25 +22,28 @@
 
 static char dir[512];  // short enough that every path built from it fits
 
-// count 10x10 images of 3 classes: noise and a bright bar whose position is the class.
-static void write_set(const char *name, int count, unsigned seed) {
+// count side x side images of `classes` classes: noise and a bright bar whose position
+// is the class.
+static void write_set_shaped(const char *name, int count, unsigned seed, int side, int classes) {
     char path[PATH_MAX + 64];
-    uint8_t *im = malloc(16 + (size_t)count * 100), *lb = malloc(8 + (size_t)count);
+    const size_t px_count = (size_t)side * side;
+    uint8_t *im = malloc(16 + (size_t)count * px_count), *lb = malloc(8 + (size_t)count);
     assert_true(im && lb);
-    put_be32(im, 0x803), put_be32(im + 4, (uint32_t)count), put_be32(im + 8, 10), put_be32(im + 12, 10);
+    put_be32(im, 0x803), put_be32(im + 4, (uint32_t)count), put_be32(im + 8, (uint32_t)side),
+        put_be32(im + 12, (uint32_t)side);
     put_be32(lb, 0x801), put_be32(lb + 4, (uint32_t)count);
     srand(seed);
     for (int i = 0; i < count; i++) {
-        const int k = rand() % 3;
-        uint8_t *px = im + 16 + (size_t)i * 100;
-        for (int p = 0; p < 100; p++) px[p] = (uint8_t)(rand() % 90);
-        for (int r = 0; r < 10; r++) px[r * 10 + 2 + 3 * k] = (uint8_t)(200 + rand() % 55);
+        const int k = rand() % classes;
+        uint8_t *px = im + 16 + (size_t)i * px_count;
+        for (size_t p = 0; p < px_count; p++) px[p] = (uint8_t)(rand() % 90);
+        for (int r = 0; r < side; r++) px[r * side + (2 + 3 * k) % side] = (uint8_t)(200 + rand() % 55);
         lb[8 + i] = (uint8_t)k;
     }
     snprintf(path, sizeof path, "%s/%s-images", dir, name);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
-    assert_int_equal(fwrite(im, 1, 16 + (size_t)count * 100, f), 16 + (size_t)count * 100);
+    assert_int_equal(fwrite(im, 1, 16 + (size_t)count * px_count, f), 16 + (size_t)count * px_count);
     assert_int_equal(fclose(f), 0);
     snprintf(path, sizeof path, "%s/%s-labels", dir, name);
     f = fopen(path, "wb");
@@ -49,6 +52,9 @@ static void write_set(const char *name, int count, unsigned seed) {
     assert_int_equal(fclose(f), 0);
     free(im), free(lb);
 }
+
+// count 10x10 images of 3 classes.
+static void write_set(const char *name, int count, unsigned seed) { write_set_shaped(name, count, seed, 10, 3); }
 
 static int group_setup(void **state) {
     if (test_tmpdir_make(dir, sizeof dir, "test_train")) return -1;
@@ -505,6 +511,55 @@ static void test_predict_folder(void **state) {
     assert_non_null(strstr(out, "1 of 3 files"));
 }
 
+// Copies checkpoint `in` to `out` with metadata key set to value.
+static void copy_with_meta(const char *in, const char *out, const char *key, const char *value) {
+    StFile f;
+    Error err = {{0}};
+    if (st_open(&f, in, &err)) fail_msg("%s", err.msg);
+    Tensor *t = calloc((size_t)f.count, sizeof *t);
+    const char **keys = calloc((size_t)f.nmeta, sizeof *keys), **values = calloc((size_t)f.nmeta, sizeof *values);
+    assert_true(t && keys && values);
+    for (int i = 0; i < f.count; i++)
+        if (st_as_tensor(&f, &f.entries[i], &t[i], &err)) fail_msg("%s", err.msg);
+    for (int i = 0; i < f.nmeta; i++)
+        keys[i] = f.meta[i].key, values[i] = strcmp(f.meta[i].key, key) ? f.meta[i].value : value;
+    if (st_write(out, t, f.count, keys, values, f.nmeta, &err)) fail_msg("%s", err.msg);
+    free(t), free(keys), free(values);
+    st_close(&f);
+}
+
+// Data that does not fit the checkpoint: evaluation names the input size or the labels
+// file; resuming on other classes (or from a checkpoint whose class list was altered) is
+// refused.
+static void test_data_mismatch(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX];
+    snprintf(args, sizeof args, "epochs=1 save=%s/mm", dir);
+    assert_int_equal(train(args), 0);
+    write_set_shaped("big", 40, 5, 12, 3);
+    write_set_shaped("six", 60, 6, 10, 6);
+    assert_int_equal(run("./train --eval %s/mm/last.safetensors test=%s/big-images test_labels=%s/big-labels",
+                         dir, dir, dir), 1);
+    assert_non_null(strstr(read_output(), "holds 1x12x12 images but"));
+    assert_non_null(strstr(read_output(), "was trained on 1x10x10"));
+    assert_int_equal(run("./train --eval %s/mm/last.safetensors test=%s/six-images test_labels=%s/six-labels",
+                         dir, dir, dir), 1);
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof want, "%s/six-labels has labels up to 5", dir);
+    if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
+    snprintf(args, sizeof args, "epochs=2 save=%s/mm train=%s/six-images train_labels=%s/six-labels "
+             "fc2.outputs=6 resume=%s/mm/last.safetensors resume_force=1", dir, dir, dir, dir);
+    assert_int_equal(train(args), 1);
+    assert_non_null(strstr(read_output(), "was trained on 3 classes of 1x10x10 images"));
+    char forged[PATH_MAX + 64], ckpt[PATH_MAX + 64];
+    snprintf(ckpt, sizeof ckpt, "%s/mm/last.safetensors", dir);
+    snprintf(forged, sizeof forged, "%s/mm/forged.safetensors", dir);
+    copy_with_meta(ckpt, forged, "classes", "-1");
+    snprintf(args, sizeof args, "epochs=2 save=%s/mm resume=%s", dir, forged);
+    assert_int_equal(train(args), 1);
+    assert_non_null(strstr(read_output(), "was trained on 1 classes"));
+}
+
 static void test_bad_input(void **state) {
     if (access("./train", X_OK) != 0) skip();
     assert_int_equal(train("epochs=0"), 1);
@@ -515,6 +570,10 @@ static void test_bad_input(void **state) {
     assert_non_null(strstr(read_output(), "unknown key 'bogus'"));
     assert_int_equal(train("fc2.outputs=4"), 1);
     assert_non_null(strstr(read_output(), "3 classes"));
+    assert_int_equal(train("std=1e-30"), 1);  // it trained to a loss of 1e28 without a word
+    assert_non_null(strstr(read_output(), "std = 1e-30: normalised pixels"));
+    assert_int_equal(train("std=0.2,0"), 1);
+    assert_non_null(strstr(read_output(), "between 0.001 and 1000"));
     assert_int_equal(train("train=/nonexistent/images"), 1);
     assert_non_null(strstr(read_output(), "/nonexistent/images"));
     char args[PATH_MAX + 64];
@@ -536,6 +595,7 @@ int main(void) {
         cmocka_unit_test_setup(test_eval_and_predict, use_net_cfg),
         cmocka_unit_test_setup(test_eval_val_split, use_net_cfg),
         cmocka_unit_test_setup(test_predict_folder, use_net_cfg),
+        cmocka_unit_test_setup(test_data_mismatch, use_net_cfg),
         cmocka_unit_test_setup(test_bad_input, use_net_cfg),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
