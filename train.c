@@ -798,13 +798,19 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     return 0;
 }
 
-static void print_plan(const MemPlan *p, size_t baseline, bool json) {
+// The plan, and with `available` (SIZE_MAX: unknown or not host memory) what the machine
+// can still give (`source` says whence).
+static void print_plan(const MemPlan *p, size_t baseline, size_t available, const char *source,
+                       bool json) {
     if (json) {
         printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"buffers\": %zu, "
                "\"activations\": %zu, \"activations_saved\": %zu, \"activations_scratch\": %zu, "
-               "\"workspace\": %zu, \"loader\": %zu, \"total\": %zu, \"baseline\": %zu}\n",
+               "\"workspace\": %zu, \"loader\": %zu, \"total\": %zu, \"baseline\": %zu, "
+               "\"available\": ",
                p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_saved,
                p->act_scratch, p->workspace, p->loader, mem_plan_total(p), baseline);
+        if (available == SIZE_MAX) printf("null}\n");
+        else printf("%zu}\n", available);
         return;
     }
     printf("memory plan (MB):\n");
@@ -820,6 +826,10 @@ static void print_plan(const MemPlan *p, size_t baseline, bool json) {
     printf("  %-34s %10.1f\n", "loader buffers", p->loader / 1e6);
     printf("  %-34s %10.1f\n", "total", mem_plan_total(p) / 1e6);
     printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);
+    if (available != SIZE_MAX)
+        printf("  %-34s %10.1f%s\n", "available", available / 1e6,
+               mem_plan_total(p) > available ? "  (the plan does not fit)" : "");
+    if (available != SIZE_MAX && mem_plan_total(p) > available) printf("  available is %s\n", source);
 }
 
 // With `memory = SIZE`: changes *opt and *accumulate to the first choice that fits, and
@@ -858,6 +868,29 @@ static int apply_budget(const Options *o, const Cfg *cfg, const Dataset *train, 
     return 0;
 }
 
+// The error for a plan larger than the machine can give: what would fit instead (the
+// choices of `memory =`, fp16 included), or that nothing does.
+static void refuse_too_big(const Options *o, const Cfg *cfg, const Dataset *train, int classes,
+                           NetOptions opt, int accumulate, const MemPlan *plan, size_t available,
+                           const char *source, Error *err) {
+    FitChoice c;
+    bool fits = false;
+    Error ignored = {{0}};
+    opt.plan_only = false;
+    const size_t budget = available / 10 * 9;  // room for the process's own memory
+    const bool searched = !fit_budget(cfg, train->shape, classes, o->batch, opt, accumulate,
+                                      plan->loader, budget, true, &c, &fits, &ignored);
+    char what[256] = "lower the batch";
+    if (searched && fits)
+        snprintf(what, sizeof what, "memory=%.0fM chooses what fits: checkpoint = %s, accumulate = "
+                 "%d (micro-batch %d), %s", budget / 1048576.0, c.net.segments ? "sqrt" : "none",
+                 c.accumulate, c.net.batch, c.net.precision == DT_F16 ? "fp16" : "fp32");
+    err_set(err, "the memory plan needs %.1f MB but %.1f MB is %s: the run cannot fit (it would "
+                 "be killed when memory runs out); %s%s", mem_plan_total(plan) / 1e6, available / 1e6,
+            source, what, searched && !fits ? " (even checkpointing, accumulation to a micro-batch "
+                                              "of 1 and fp16 do not fit)" : "");
+}
+
 // Whether the network has a layer called name, or layers below a module of that name.
 static bool has_module(const Net *net, const char *name) {
     const size_t n = strlen(name);
@@ -894,14 +927,25 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (o->memory && apply_budget(o, cfg, train, data.classes, data_loader_bytes(&data) + baseline,
                                   &net_opt, &accumulate, err))
         goto done;
+    // The plan before anything of it is allocated, against what the machine can still give:
+    // a run that cannot fit stops here, not in the kernel's OOM killer minutes later.
+    net_opt.plan_only = true;
+    if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
+    net.plan.loader = data_loader_bytes(&data);
+    const char *source;
+    const size_t available = k->host_memory ? budget_machine_bytes(&source) : SIZE_MAX;
     if (o->plan) {
-        net_opt.plan_only = true;
-        if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
-        net.plan.loader = data_loader_bytes(&data);
-        print_plan(&net.plan, baseline, o->json);
+        print_plan(&net.plan, baseline, available, source, o->json);
         rc = 0;
         goto done;
     }
+    if (mem_plan_total(&net.plan) > available) {
+        refuse_too_big(o, cfg, train, data.classes, net_opt, accumulate, &net.plan, available,
+                       source, err);
+        goto done;
+    }
+    net_free(&net);
+    net_opt.plan_only = false;
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     if (!net.ntrain) {
         err_set(err, "%s: freeze leaves no parameter to train", cfg->path);
@@ -964,7 +1008,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (train->info) printf("       train: %s\n", train->info);
     if (test && test->info) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
-    print_plan(&net.plan, baseline, false);
+    print_plan(&net.plan, baseline, available, source, false);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     if (file_mkdirs(o->save, err)) goto done;

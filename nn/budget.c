@@ -1,5 +1,10 @@
 #include "budget.h"
 
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
 static int plan_of(const Cfg *cfg, Shape input, int classes, NetOptions opt, MemPlan *plan,
                    Error *err) {
     Net net;
@@ -61,4 +66,57 @@ int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions b
     c.net.precision = DT_F16;
     r = try_accumulations(&s, c, err);  // 4. then fp16
     return r < 0 ? -1 : 0;
+}
+
+// The value of `field` (in kB) in a /proc file such as /proc/meminfo, in bytes; 0 if absent.
+static size_t proc_kb(const char *file, const char *field) {
+    FILE *f = fopen(file, "r");
+    if (!f) return 0;
+    char line[256];
+    size_t v = 0;
+    const size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n)) {
+            unsigned long long kb;
+            if (sscanf(line + n, " %llu", &kb) == 1) v = (size_t)kb * 1024;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+// One number from a cgroup file ("max" and unreadable files give SIZE_MAX).
+static size_t cgroup_value(const char *file) {
+    FILE *f = fopen(file, "r");
+    if (!f) return SIZE_MAX;
+    unsigned long long v;
+    const int ok = fscanf(f, "%llu", &v) == 1;
+    fclose(f);
+    return ok ? (size_t)v : SIZE_MAX;
+}
+
+size_t budget_machine_bytes(const char **source) {
+    size_t best = SIZE_MAX;
+    *source = "unknown";
+    const size_t avail = proc_kb("/proc/meminfo", "MemAvailable:");
+    if (avail) best = avail, *source = "the machine's available memory (MemAvailable)";
+    const size_t max = cgroup_value("/sys/fs/cgroup/memory.max"),
+                 cur = cgroup_value("/sys/fs/cgroup/memory.current");
+    if (max != SIZE_MAX && cur != SIZE_MAX) {
+        const size_t left = max > cur ? max - cur : 0;
+        if (left < best) best = left, *source = "the cgroup's memory.max less its use";
+    }
+    const struct {
+        int resource;
+        const char *status, *name;
+    } limits[] = {{RLIMIT_AS, "VmSize:", "the address-space limit (ulimit -v) less the mapped"},
+                  {RLIMIT_DATA, "VmData:", "the data limit (ulimit -d) less the data in use"}};
+    for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
+        struct rlimit rl;
+        if (getrlimit(limits[i].resource, &rl) || rl.rlim_cur == RLIM_INFINITY) continue;
+        const size_t used = proc_kb("/proc/self/status", limits[i].status);
+        const size_t left = rl.rlim_cur > used ? (size_t)rl.rlim_cur - used : 0;
+        if (left < best) best = left, *source = limits[i].name;
+    }
+    return best;
 }

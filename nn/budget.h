@@ -24,4 +24,10 @@ int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions b
                int base_accumulate, size_t overhead, size_t budget, bool allow_fp16,
                FitChoice *out, bool *fits, Error *err);
 
+// The memory this process can still take on this machine, in bytes: the least of the
+// kernel's MemAvailable, the cgroup's memory.max less its memory.current, and the address
+// space and data limits (ulimit -v, -d) less what the process maps; SIZE_MAX when none of
+// them can be read. *source names the one that decided ("MemAvailable", ...).
+size_t budget_machine_bytes(const char **source);
+
 #endif

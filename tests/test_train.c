@@ -574,6 +574,13 @@ static void test_bad_input(void **state) {
     assert_non_null(strstr(read_output(), "std = 1e-30: normalised pixels"));
     assert_int_equal(train("std=0.2,0"), 1);
     assert_non_null(strstr(read_output(), "between 0.001 and 1000"));
+    // A plan larger than any machine: refused before anything is allocated (it was planned,
+    // allocated and killed by the OOM killer after a minute).
+    assert_int_equal(train("conv1.filters=4096 conv1.pad=500 batch=1024"), 1);
+    assert_non_null(strstr(read_output(), "the memory plan needs"));
+    assert_non_null(strstr(read_output(), "the run cannot fit"));
+    assert_int_equal(train("--plan --json"), 0);
+    assert_non_null(strstr(read_output(), "\"available\": "));
     assert_int_equal(train("train=/nonexistent/images"), 1);
     assert_non_null(strstr(read_output(), "/nonexistent/images"));
     char args[PATH_MAX + 64];
