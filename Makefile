@@ -87,6 +87,13 @@ ckpt: $(BUILD)/ckpt.o $(BUILD)/libcnn.a $(BIN_FLAGS)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+# The fault-injection library that tests/test_faults.c preloads into ./train: never
+# sanitized (with SAN=1, the files-only build; ASan's allocator is limited by its options).
+$(BUILD)/tests/libfault.so: tests/fault_inject.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -std=c11 -Wall -Wextra -fPIC -shared $(if $(filter 1,$(SAN)),-DFAULT_FILES_ONLY) $< -o $@ -ldl
+$(BUILD)/tests/test_faults: | $(BUILD)/tests/libfault.so
+
 # Every suite links the shared helpers of tests/testutil.c.
 $(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/testutil.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcmocka

@@ -510,10 +510,10 @@ static void svg_panel(FILE *f, double x0, const char *title, const EpochPoint *p
 // epoch, one point per epoch, a plain SVG file any browser shows. Written to a temporary
 // file and renamed, so that a browser never reads half of it.
 static int write_curves(const char *save, const char *title, Error *err) {
-    char log[1100], svg[1100], tmp[1120];
+    char log[1100], svg[1100], tmp[1140];
     snprintf(log, sizeof log, "%s/metrics.jsonl", save);
     snprintf(svg, sizeof svg, "%s/curves.svg", save);
-    snprintf(tmp, sizeof tmp, "%s.tmp", svg);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", svg, (long)getpid());
     EpochPoint *pts;
     int n;
     if (read_epoch_points(log, &pts, &n, err)) return -1;
@@ -694,6 +694,29 @@ static int evaluate(Net *net, Loader *loader, Totals *t, EvalStats *stats, Error
 }
 
 // ---- checkpoints and signals ---------------------------------------------------------------
+
+// Removes the temporary files that a trainer killed while writing left in the save folder:
+// NAME.tmp.PID (st_write's and curves.svg's pattern) of a process that no longer runs.
+// Other files are never touched.
+static void remove_stale_temporaries(const char *save) {
+    DIR *d = opendir(save);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t || t == e->d_name) continue;
+        char *end;
+        const long pid = strtol(t + 5, &end, 10);
+        const bool ours = !strncmp(e->d_name, "last.safetensors.tmp.", 21) ||
+                          !strncmp(e->d_name, "best.safetensors.tmp.", 21) ||
+                          !strncmp(e->d_name, "curves.svg.tmp.", 15);
+        if (!ours || *end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/%s", save, e->d_name) < (int)sizeof path && !unlink(path))
+            printf("removed %s, left by process %ld, which no longer runs\n", path, pid);
+    }
+    closedir(d);
+}
 
 // The first SIGINT or SIGTERM asks the training loop to finish its step, write a
 // checkpoint and stop; a second one kills as usual (SA_RESETHAND).
@@ -1012,6 +1035,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     if (file_mkdirs(o->save, err)) goto done;
+    remove_stale_temporaries(o->save);
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->save);
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);
@@ -1076,7 +1100,11 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                 "\"skipped_steps\": %lld}\n",
                 lr, img_s, seconds, rss, ls.wait_seconds, (long long)ls.skipped, r.scaler.scale,
                 (long long)r.scaler.skipped);
-        fflush(log);
+        if (fflush(log) || ferror(log)) {
+            err_set(err, "cannot write %s/metrics.jsonl: %s; the checkpoints are as before", o->save,
+                    strerror(errno));
+            goto done;
+        }
         char title[1200];
         snprintf(title, sizeof title, "%s: %s", cfg->path, o->save);
         if (write_curves(o->save, title, err)) goto done;

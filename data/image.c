@@ -312,9 +312,11 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
             err_set(err, "%s: %d x %d pixels: %s", path, w, h,
                     w < 1 || h < 1 ? "not an image" : "more than the 134 million the loader decodes");
             rc = DATASET_BAD;
-        } else if (!(px = stbi_load_from_memory(buf, (int)size, &w, &h, &n, C))) {
+        } else if (errno = 0, !(px = stbi_load_from_memory(buf, (int)size, &w, &h, &n, C))) {
+            // stb_image's reason is the last of the formats it tried; an allocation that
+            // failed leaves ENOMEM.
             const char *why = stbi_failure_reason();
-            if (why && !strcmp(why, "outofmem")) {
+            if (errno == ENOMEM || (why && !strcmp(why, "outofmem"))) {
                 rc = err_set(err, "%s: out of memory decoding %d x %d pixels", path, w, h);
             } else {
                 err_set(err, "%s: cannot decode: %s (stb_image); the file is damaged or not an image",

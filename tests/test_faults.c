@@ -1,0 +1,263 @@
+// test_faults.c: the trainer under faults from outside (issue 20), run as a user runs it.
+//
+//   - SIGKILL at random moments while it writes a checkpoint every batch, 20 times: the
+//     last checkpoint always loads (the writes are atomic), and the temporary files of the
+//     killed processes are removed at the next start (only the trainer's own pattern);
+//   - a full disk and a read-only save folder (tests/fault_inject.c, preloaded: root
+//     ignores permissions, so chmod cannot make one): a clear error, exit status 1, the old
+//     checkpoint unchanged byte for byte;
+//   - an allocation that fails (the network's blocks, an image to decode): a message with
+//     the size asked for, exit status 1, never an abort, and before any training.
+// Under AddressSanitizer the preloaded library is the files-only build and ASan's own
+// allocator limit (max_allocation_size_mb) makes the allocations fail.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <stb/stb_image_write.h>
+
+#include "testutil.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
+static char dir[512], shim[PATH_MAX + 16], cfg[PATH_MAX + 16];
+
+// Runs a shell command line (environment assignments allowed first) with its output in
+// dir/out.txt; returns the exit status.
+static int run(const char *fmt, ...) {
+    char cmd[4 * PATH_MAX], full[5 * PATH_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "%s > %s/out.txt 2>&1", cmd, dir);
+    const int rc = system(full);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static const char *output(void) {
+    static char buf[1 << 16];
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void expect_output(const char *s) {
+    if (!strstr(output(), s)) fail_msg("expected \"%s\" in:\n%s", s, output());
+}
+
+// The preload prefix of a faulty run: the library, and under ASan its options.
+static const char *preload(void) {
+    static char p[PATH_MAX + 128];
+    snprintf(p, sizeof p, "LD_PRELOAD=%s%s", shim,
+             SANITIZED ? " ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0" : "");
+    return p;
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(*n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+// The files of folder d whose names hold ".tmp.".
+static int count_temporaries(const char *d) {
+    DIR *dd = opendir(d);
+    if (!dd) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dd));) n += strstr(e->d_name, ".tmp.") != NULL;
+    closedir(dd);
+    return n;
+}
+
+static int group_setup(void **state) {
+    if (access("./train", X_OK) != 0) return 0;  // the tests skip
+    if (test_tmpdir_make(dir, sizeof dir, "test_faults")) return -1;
+    char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
+    write_squares(dir, "train", 512, 1, images, labels);
+    write_squares(dir, "test", 128, 2, timages, tlabels);
+    snprintf(cfg, sizeof cfg, "%s/net.cfg", dir);
+    FILE *f = fopen(cfg, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "[train]\nepochs = 1\nbatch = 16\nseed = 3\nthreads = 1\n"
+            "[data]\ntrain = %s\ntrain_labels = %s\ntest = %s\ntest_labels = %s\nmean = 0.25\n"
+            "std = 0.35\n"
+            "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nactivation = relu\n"
+            "[maxpool]\n[flatten]\n[linear]\nname = fc1\noutputs = 4\n[log_softmax]\n",
+            images, labels, timages, tlabels);
+    if (fclose(f)) return -1;
+    // The library next to this suite's binary: build/tests or build/san/tests.
+    char self[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = 0;
+    *strrchr(self, '/') = 0;
+    snprintf(shim, sizeof shim, "%s/libfault.so", self);
+    return 0;
+}
+
+static int group_teardown(void **state) { return dir[0] ? test_remove_tree(dir) : 0; }
+
+static void need_train(void) {
+    if (access("./train", X_OK) != 0 || access(shim, R_OK) != 0) {
+        print_message("skipped: ./train or %s is not built (make test builds them)\n", shim);
+        skip();
+    }
+}
+
+// SIGKILL at random moments of a run that writes a checkpoint after every batch, resumed
+// each time from what the last one left: the checkpoint always loads.
+static void test_kill_loop(void **state) {
+    need_train();
+    char save[PATH_MAX], last[PATH_MAX + 32];
+    snprintf(save, sizeof save, "%s/kill", dir);
+    snprintf(last, sizeof last, "%s/last.safetensors", save);
+    srand((unsigned)time(NULL));
+    int loaded = 0;
+    pid_t pids[20];
+    for (int i = 0; i < 20; i++) {
+        char cmd[4 * PATH_MAX];
+        snprintf(cmd, sizeof cmd, "exec ./train %s epochs=1000 save_every=1 save=%s%s%s > /dev/null 2>&1",
+                 cfg, save, access(last, R_OK) ? "" : " resume=", access(last, R_OK) ? "" : last);
+        const pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (!pid) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        pids[i] = pid;
+        usleep((useconds_t)((SANITIZED ? 300000 : 100000) + rand() % 400000));
+        kill(pid, SIGKILL);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+        if (access(last, R_OK)) continue;  // killed before its first checkpoint
+        if (run("./train --eval %s", last) != 0) fail_msg("kill %d: %s does not load:\n%s", i, last, output());
+        loaded++;
+    }
+    print_message("20 kills: the last checkpoint loaded after %d of them (the others came before "
+                  "the first)\n", loaded);
+    assert_true(loaded >= 15);
+    // A temporary file of a dead process (the killed ones may have left some): removed at the
+    // next start; another file that only looks like one is not the trainer's and stays.
+    char stale[PATH_MAX + 64], other[PATH_MAX + 64];
+    snprintf(stale, sizeof stale, "%s/last.safetensors.tmp.%ld", save, (long)pids[0]);
+    snprintf(other, sizeof other, "%s/notes.tmp.%ld", save, (long)pids[0]);
+    FILE *f = fopen(stale, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_non_null(f = fopen(other, "w"));
+    fclose(f);
+    assert_int_equal(run("./train %s epochs=1000 stop_after=1 save=%s resume=%s", cfg, save, last), 130);
+    expect_output("which no longer runs");
+    assert_int_equal(count_temporaries(save), 1);
+    assert_int_equal(access(other, F_OK), 0);
+}
+
+// A full disk and a read-only folder: exit status 1, a message saying so, and the last
+// checkpoint as it was.
+static void test_full_disk_and_read_only(void **state) {
+    need_train();
+    char save[PATH_MAX], last[PATH_MAX + 32];
+    snprintf(save, sizeof save, "%s/full", dir);
+    snprintf(last, sizeof last, "%s/last.safetensors", save);
+    assert_int_equal(run("./train %s save=%s", cfg, save), 0);
+    size_t n0, n1;
+    char *before = slurp(last, &n0);
+    assert_non_null(before);
+    // The epoch's log line, then the checkpoint: the first write fails.
+    assert_int_equal(run("FAULT_ENOSPC_DIR=%s %s ./train %s epochs=2 save=%s resume=%s", save,
+                         preload(), cfg, save, last), 1);
+    expect_output("No space left on device");
+    // A checkpoint every batch: st_write fails first.
+    assert_int_equal(run("FAULT_ENOSPC_DIR=%s %s ./train %s epochs=2 save_every=1 save=%s resume=%s",
+                         save, preload(), cfg, save, last), 1);
+    expect_output("No space left on device");
+    expect_output("last.safetensors");
+    assert_int_equal(run("FAULT_EROFS_DIR=%s %s ./train %s epochs=2 save=%s resume=%s", save,
+                         preload(), cfg, save, last), 1);
+    expect_output("Read-only file system");
+    char *after = slurp(last, &n1);
+    assert_non_null(after);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(before, after, n0);
+    assert_int_equal(count_temporaries(save), 0);
+    free(before), free(after);
+}
+
+// Allocations that fail: the network's blocks (batch 4096: 8 MB of activations, over a
+// limit of 4 MB), and an image of 2000 x 2000 RGB (12 MB) under a limit of 8 MB. A message
+// naming the size, exit status 1, no epoch started.
+static void test_allocation_failure(void **state) {
+    need_train();
+    char limit4[PATH_MAX + 64], limit8[PATH_MAX + 64];
+    if (SANITIZED) {
+        snprintf(limit4, sizeof limit4, "ASAN_OPTIONS=allocator_may_return_null=1:max_allocation_size_mb=4:detect_leaks=0");
+        snprintf(limit8, sizeof limit8, "ASAN_OPTIONS=allocator_may_return_null=1:max_allocation_size_mb=8:detect_leaks=0");
+    } else {
+        snprintf(limit4, sizeof limit4, "LD_PRELOAD=%s FAULT_MALLOC_LIMIT=%d", shim, 4 << 20);
+        snprintf(limit8, sizeof limit8, "LD_PRELOAD=%s FAULT_MALLOC_LIMIT=%d", shim, 8 << 20);
+    }
+    assert_int_equal(run("%s ./train %s batch=4096 conv1.filters=32 save=%s/alloc", limit4, cfg, dir), 1);
+    expect_output("out of cpu memory");
+    expect_output(" MB");
+    if (strstr(output(), "epoch 1/")) fail_msg("training started:\n%s", output());
+    // An image folder whose one image is too large to decode under the limit.
+    char img[PATH_MAX + 64];
+    snprintf(img, sizeof img, "%s/photos", dir);
+    mkdir(img, 0777);
+    snprintf(img, sizeof img, "%s/photos/a", dir);
+    mkdir(img, 0777);
+    snprintf(img, sizeof img, "%s/photos/b", dir);
+    mkdir(img, 0777);
+    uint8_t *px = calloc(2000 * 2000, 3);
+    assert_non_null(px);
+    snprintf(img, sizeof img, "%s/photos/a/big.png", dir);
+    assert_true(stbi_write_png(img, 2000, 2000, 3, px, 2000 * 3));
+    snprintf(img, sizeof img, "%s/photos/b/small.png", dir);
+    assert_true(stbi_write_png(img, 8, 8, 3, px, 8 * 3));
+    free(px);
+    assert_int_equal(run("%s ./train %s train=%s/photos train_labels= test= test_labels= width=8 "
+                         "height=8 channels=1 workers=0 fc1.outputs=2 save=%s/alloc", limit8, cfg, dir, dir), 1);
+    expect_output("out of memory decoding 2000 x 2000 pixels");
+    expect_output("big.png");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kill_loop),
+        cmocka_unit_test(test_full_disk_and_read_only),
+        cmocka_unit_test(test_allocation_failure),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
