@@ -50,7 +50,7 @@ BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all run test test-gpu test-gpu-replay bench deps deps-test deps-bench data clean
+.PHONY: all run test test-gpu test-gpu-replay bench deps deps-test deps-bench deps-fuzz fuzz data clean
 all: $(BINS) $(CUDA_LIB)
 
 $(BUILD)/%.o: %.c
@@ -119,8 +119,40 @@ run: deps
 	./train models/mnist.cfg
 
 test: deps-test
-	$(MAKE) $(TEST_BINS) $(BINS) $(CUDA_LIB)
+	$(MAKE) $(TEST_BINS) $(BINS) $(CUDA_LIB) $(FUZZ_REPLAY) $(BUILD)/tests/fuzz_seeds
 	@sh tests/run_all.sh $(TEST_BINS)
+	@$(BUILD)/tests/fuzz_seeds $(BUILD)/tests/fuzz_seeds_out models/*.cfg > /dev/null
+	@for t in $(FUZZ_TARGETS); do \
+	    $(BUILD)/tests/fuzz_replay_$$t $(BUILD)/tests/fuzz_seeds_out/$$t tests/fuzz/regress/$$t || exit 1; done
+
+# Fuzzing (tests/fuzz/, README "Fuzzing"): each target under libFuzzer with ASan and UBSan
+# (clang) for FUZZ_SECONDS; a crash fails and names its reproducer. `make test` runs the
+# same targets over their seeds and tests/fuzz/regress/ (the crashes found before).
+FUZZ_TARGETS := cfg safetensors idx image rename
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build/fuzz
+FUZZ_FLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=undefined -std=c11 -D_GNU_SOURCE -fopenmp -Wno-pass-failed \
+                -I/usr/include/x86_64-linux-gnu/openblas-pthread
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz_replay_%)
+.SECONDARY: $(FUZZ_LIB_OBJ) $(patsubst %,$(FUZZ_BUILD)/tests/fuzz/%.o,$(FUZZ_TARGETS) fuzz_util) \
+            $(patsubst %,$(BUILD)/tests/fuzz/%.o,$(FUZZ_TARGETS) fuzz_util replay seeds)
+$(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/tests/fuzz/%.o $(FUZZ_BUILD)/tests/fuzz/fuzz_util.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $^ -o $@ -lopenblas -lstb -ljpeg -lz -lm -lpthread -ldl
+$(BUILD)/tests/fuzz_replay_%: $(BUILD)/tests/fuzz/%.o $(BUILD)/tests/fuzz/fuzz_util.o $(BUILD)/tests/fuzz/replay.o $(BUILD)/libcnn.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/tests/fuzz_seeds: $(BUILD)/tests/fuzz/seeds.o $(BUILD)/libcnn.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+deps-fuzz:
+	@sh data/install_packages.sh $(DEPS_BUILD) clang libomp-dev
+fuzz: deps-fuzz
+	$(MAKE) $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%) $(BUILD)/tests/fuzz_seeds
+	@sh tests/fuzz/run.sh $(FUZZ_SECONDS) $(BUILD)/tests/fuzz_seeds $(FUZZ_TARGETS)
 
 # The GPU suite (tests/test_gpu.c) on a machine with an NVIDIA GPU: every kernel and a
 # training step against the CPU. Fails where `make test` would skip it (no CUDA, no GPU).

@@ -6,10 +6,11 @@
 // image to fill with zeros); JPEGs are decoded by libjpeg-turbo at the smallest DCT scale
 // (M/8) that still covers the target size, any warning of the library (premature end,
 // corrupt data) making the file bad; the other formats by stb_image. The pixels are
-// converted to the channels asked for and resized by the project's filter (resize).
+// converted to the channels asked for and resized by the project's triangle filter (resize).
 #include "dataset.h"
 
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,6 @@
 
 #include <jpeglib.h>
 #include <stb/stb_image.h>
-#include <stb/stb_image_resize.h>
 
 #define IMAGE_MAX_PIXELS (1LL << 27)      // decoded: larger images are bad files (134 MP)
 #define IMAGE_MAX_FILE_BYTES (1LL << 30)  // a larger file is not an image to train on
@@ -56,14 +56,89 @@ static void box_reduce(const uint8_t *src, int w, int h, int C, int kx, int ky, 
     }
 }
 
-// src (h, w, C) resized to dst (H, W, C): stb_image_resize's triangle filter (bilinear
-// when enlarging, widened to cover every input pixel when shrinking), clamped edges. A
-// large reduction is done in two steps, like PIL's reducing_gap: first averaging boxes of
-// k x k pixels, k = floor(factor / 2) in each direction, then the triangle filter over the
-// remaining factor of 2 to 4, on the region the boxes cover (a last, partial box is the
-// part of a pixel it holds, as PIL's box argument). The result differs from one triangle
-// pass by a byte here and there, and costs a fraction (600x600 to 64x64: 0.5 ms instead
-// of 3). Returns 0, or -1 when out of memory.
+// One axis of the triangle filter: output pixel o is centred at (o + 0.5) / scale in input
+// coordinates, scale = n_out / extent (the input's region [0, extent) is the picture); its
+// weights are 1 - |d| / r over the input pixel centres at distance d, r = 1 when enlarging
+// (bilinear) and 1 / scale when shrinking (every input pixel counts), on pixels clamped to
+// the edges, normalised to sum 1: stb_image_resize's and PIL's bilinear filter.
+typedef struct Taps {
+    int n;          // taps per output pixel
+    int *index;     // (n_out * n) input pixels
+    float *weight;  // (n_out * n)
+} Taps;
+
+static void taps_free(Taps *t) {
+    free(t->index);
+    free(t->weight);
+}
+
+static int taps_make(Taps *t, int n_in, double extent, int n_out) {
+    const double scale = n_out / extent, r = scale < 1 ? 1 / scale : 1;
+    t->n = (int)ceil(2 * r) + 2;
+    t->index = malloc((size_t)n_out * t->n * sizeof *t->index);
+    t->weight = malloc((size_t)n_out * t->n * sizeof *t->weight);
+    if (!t->index || !t->weight) {
+        taps_free(t);
+        return -1;
+    }
+    for (int o = 0; o < n_out; o++) {
+        const double c = (o + 0.5) / scale;
+        const int first = (int)floor(c - r - 0.5);
+        double sum = 0, w[t->n];
+        for (int k = 0; k < t->n; k++) {
+            const double d = fabs(first + k + 0.5 - c) / r;
+            w[k] = d < 1 ? 1 - d : 0;
+            sum += w[k];
+        }
+        for (int k = 0; k < t->n; k++) {
+            const int i = first + k;
+            t->index[o * t->n + k] = i < 0 ? 0 : i >= n_in ? n_in - 1 : i;
+            t->weight[o * t->n + k] = (float)(w[k] / sum);
+        }
+    }
+    return 0;
+}
+
+// src (h, w, C) resized to dst (H, W, C) with the triangle filter, the picture being the
+// region [0, ew) x [0, eh) of src: rows first into floats, then columns, rounded to bytes.
+static int triangle_resize(const uint8_t *src, int w, int h, double ew, double eh, int C,
+                           uint8_t *dst, int W, int H) {
+    Taps tx = {0}, ty = {0};
+    float *rows = malloc((size_t)h * W * C * sizeof *rows);
+    int rc = -1;
+    if (!rows || taps_make(&tx, w, ew, W) || taps_make(&ty, h, eh, H)) goto done;
+    for (int y = 0; y < h; y++)
+        for (int o = 0; o < W; o++)
+            for (int c = 0; c < C; c++) {
+                float v = 0;
+                for (int k = 0; k < tx.n; k++)
+                    v += tx.weight[o * tx.n + k] * src[((size_t)y * w + tx.index[o * tx.n + k]) * C + c];
+                rows[((size_t)y * W + o) * C + c] = v;
+            }
+    for (int o = 0; o < H; o++)
+        for (int x = 0; x < W * C; x++) {
+            float v = 0;
+            for (int k = 0; k < ty.n; k++)
+                v += ty.weight[o * ty.n + k] * rows[(size_t)ty.index[o * ty.n + k] * W * C + x];
+            dst[(size_t)o * W * C + x] = (uint8_t)(v <= 0 ? 0 : v >= 255 ? 255 : (int)(v + 0.5f));
+        }
+    rc = 0;
+done:
+    free(rows);
+    taps_free(&tx);
+    taps_free(&ty);
+    return rc;
+}
+
+// src (h, w, C) resized to dst (H, W, C) by the triangle filter (bilinear when enlarging,
+// widened to cover every input pixel when shrinking), clamped edges. A large reduction is
+// done in two steps, like PIL's reducing_gap: first averaging boxes of k x k pixels,
+// k = floor(factor / 2) in each direction, then the triangle filter over the remaining
+// factor of 2 to 4, on the region the boxes cover (a last, partial box is the part of a
+// pixel it holds, as PIL's box argument). The result differs from one triangle pass by a
+// byte here and there, and costs a fraction. (stb_image_resize's version of this filter
+// aborts on some sizes, 13 x 9 to 11 x 11 among them: stb issue 1449.) Returns 0, or -1
+// when out of memory.
 static int resize(const uint8_t *src, int w, int h, int C, uint8_t *dst, int W, int H) {
     if (w == W && h == H) {
         memcpy(dst, src, (size_t)W * H * C);
@@ -71,25 +146,18 @@ static int resize(const uint8_t *src, int w, int h, int C, uint8_t *dst, int W, 
     }
     const int kx = w / W / 2 > 1 ? w / W / 2 : 1, ky = h / H / 2 > 1 ? h / H / 2 : 1;
     uint8_t *tmp = NULL;
-    // The region of the (reduced) image that the picture covers, in [0, 1]: a last box that
-    // holds less than k pixels covers less than a whole reduced pixel.
-    float s1 = 1, t1 = 1;
+    double ew = w, eh = h;  // the picture's extent in the (reduced) pixels
     if (kx > 1 || ky > 1) {
         const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
         if (!(tmp = malloc((size_t)rw * (size_t)rh * (size_t)C))) return -1;
         box_reduce(src, w, h, C, kx, ky, tmp);
-        s1 = (float)w / (float)kx / (float)rw, t1 = (float)h / (float)ky / (float)rh;
+        ew = (double)w / kx, eh = (double)h / ky;
         src = tmp;
         w = rw, h = rh;
     }
-    int ok = w == W && h == H && s1 == 1 && t1 == 1
-                 ? (memcpy(dst, src, (size_t)W * H * C), 1)
-                 : stbir_resize_region(src, w, h, 0, dst, W, H, 0, STBIR_TYPE_UINT8, C,
-                                       STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, STBIR_EDGE_CLAMP,
-                                       STBIR_FILTER_TRIANGLE, STBIR_FILTER_TRIANGLE,
-                                       STBIR_COLORSPACE_LINEAR, NULL, 0, 0, s1, t1);
+    const int rc = triangle_resize(src, w, h, ew, eh, C, dst, W, H);
     free(tmp);
-    return ok ? 0 : -1;
+    return rc;
 }
 
 // ---- headers checked against the file's size ----------------------------------------------

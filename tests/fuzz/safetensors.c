@@ -1,0 +1,64 @@
+// The safetensors reader, and a file loaded as weights, as a checkpoint and as its metadata
+// into a small ResNet (a stem without bias, batchnorm buffers with I64 counters, a
+// downsampling block, a classifier), strictly: what does not fit is an error, never a crash.
+#include "fuzz.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../nn/checkpoint.h"
+#include "../../nn/kernels.h"
+#include "../../nn/net.h"
+#include "../../nn/safetensors.h"
+
+static const char *resnet =
+    "[train]\nbatch = 2\n"
+    "[conv]\nname = conv1\nfilters = 3\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nfilters = 4\nstride = 2\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 5\n[log_softmax]\n";
+
+static Net *network(void) {
+    static Net net;
+    static bool made;
+    if (!made) {
+        Cfg cfg;
+        Error err = {{0}};
+        static const char *const states[] = {"square_avg", "acc_delta"};  // Adadelta's
+        const NetOptions opt = {.batch = 2, .opt_states = 2, .opt_state_names = states};
+        if (cfg_parse(&cfg, resnet, "fuzz", &err) ||
+            net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, 5, &opt, &cpu_kernels, &err))
+            abort();
+        cfg_free(&cfg);
+        made = true;
+    }
+    return &net;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    StFile f;
+    Error err = {{0}};
+    if (st_open_buffer(&f, data, size, "fuzz.safetensors", &err) == 0) {
+        for (int i = 0; i < f.count; i++) {
+            Tensor t;
+            st_as_tensor(&f, &f.entries[i], &t, &err);
+            (void)st_find(&f, f.entries[i].name);
+        }
+        (void)st_meta(&f, "format");
+        st_close(&f);
+    }
+    const char *path = fuzz_file(0, "in.safetensors", data, size);
+    Net *net = network();
+    checkpoint_load_weights(path, net, NULL, 0, &err);
+    const char *skip[] = {"fc", "layer1"};
+    checkpoint_load_weights(path, net, skip, 2, &err);
+    TrainState st;
+    checkpoint_load_all(path, net, &st, &err);
+    CheckpointInfo info;
+    if (checkpoint_read_info(path, &info, &st, &err) == 0) checkpoint_info_free(&info);
+    bool is_checkpoint;
+    checkpoint_probe(path, &is_checkpoint, &err);
+    return 0;
+}
