@@ -7,6 +7,7 @@
 #define DATA_DATASET_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../nn/error.h"
@@ -67,6 +68,11 @@ typedef struct FolderOptions {
     const char *cache_name;  // file name in cache_dir ("train.cache")
 } FolderOptions;
 int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt, Error *err);
+
+// Resizes src (h, w, C; rows `stride` bytes apart) to dst (H, W, C) as image_load does: a
+// triangle filter (bilinear when enlarging, widened when shrinking; boxes averaged first
+// when shrinking by 4 or more), clamped edges. Returns 0, or -1 when out of memory.
+int image_resize(const uint8_t *src, int w, int h, size_t stride, int C, uint8_t *dst, int W, int H);
 
 // Whether a file name ends in one of the image extensions a folder dataset reads (IMAGE_EXTS).
 #define IMAGE_EXTS ".png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd .hdr .pic"

@@ -6,7 +6,8 @@
 // image to fill with zeros); JPEGs are decoded by libjpeg-turbo at the smallest DCT scale
 // (M/8) that still covers the target size, any warning of the library (premature end,
 // corrupt data) making the file bad; the other formats by stb_image. The pixels are
-// converted to the channels asked for and resized by the project's triangle filter (resize).
+// converted to the channels asked for and resized by the project's triangle filter
+// (image_resize).
 #include "dataset.h"
 
 #include <errno.h>
@@ -37,9 +38,11 @@ bool image_name_has_ext(const char *name) {
 
 // ---- resizing ---------------------------------------------------------------------------
 
-// src (h, w, C) averaged over boxes of kx x ky pixels into dst (ceil(h / ky), ceil(w / kx), C),
-// rounding to nearest; the last box of a row or column holds what is left.
-static void box_reduce(const uint8_t *src, int w, int h, int C, int kx, int ky, uint8_t *dst) {
+// src (h, w, C; rows `stride` bytes apart) averaged over boxes of kx x ky pixels into dst
+// (ceil(h / ky), ceil(w / kx), C), rounding to nearest; the last box of a row or column holds
+// what is left.
+static void box_reduce(const uint8_t *src, int w, int h, size_t stride, int C, int kx, int ky,
+                       uint8_t *dst) {
     const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
     for (int oy = 0; oy < rh; oy++) {
         const int y0 = oy * ky, y1 = y0 + ky < h ? y0 + ky : h;
@@ -49,7 +52,7 @@ static void box_reduce(const uint8_t *src, int w, int h, int C, int kx, int ky, 
             for (int c = 0; c < C; c++) {
                 uint32_t sum = 0;
                 for (int y = y0; y < y1; y++)
-                    for (int x = x0; x < x1; x++) sum += src[((size_t)y * w + x) * C + c];
+                    for (int x = x0; x < x1; x++) sum += src[(size_t)y * stride + (size_t)x * C + c];
                 dst[((size_t)oy * rw + ox) * C + c] = (uint8_t)((sum + n / 2) / n);
             }
         }
@@ -99,10 +102,11 @@ static int taps_make(Taps *t, int n_in, double extent, int n_out) {
     return 0;
 }
 
-// src (h, w, C) resized to dst (H, W, C) with the triangle filter, the picture being the
-// region [0, ew) x [0, eh) of src: rows first into floats, then columns, rounded to bytes.
-static int triangle_resize(const uint8_t *src, int w, int h, double ew, double eh, int C,
-                           uint8_t *dst, int W, int H) {
+// src (h, w, C; rows `stride` bytes apart) resized to dst (H, W, C) with the triangle
+// filter, the picture being the region [0, ew) x [0, eh) of src: rows first into floats,
+// then columns, rounded to bytes.
+static int triangle_resize(const uint8_t *src, int w, int h, size_t stride, double ew, double eh,
+                           int C, uint8_t *dst, int W, int H) {
     Taps tx = {0}, ty = {0};
     float *rows = malloc((size_t)h * W * C * sizeof *rows);
     int rc = -1;
@@ -112,7 +116,7 @@ static int triangle_resize(const uint8_t *src, int w, int h, double ew, double e
             for (int c = 0; c < C; c++) {
                 float v = 0;
                 for (int k = 0; k < tx.n; k++)
-                    v += tx.weight[o * tx.n + k] * src[((size_t)y * w + tx.index[o * tx.n + k]) * C + c];
+                    v += tx.weight[o * tx.n + k] * src[(size_t)y * stride + (size_t)tx.index[o * tx.n + k] * C + c];
                 rows[((size_t)y * W + o) * C + c] = v;
             }
     for (int o = 0; o < H; o++)
@@ -130,18 +134,17 @@ done:
     return rc;
 }
 
-// src (h, w, C) resized to dst (H, W, C) by the triangle filter (bilinear when enlarging,
-// widened to cover every input pixel when shrinking), clamped edges. A large reduction is
-// done in two steps, like PIL's reducing_gap: first averaging boxes of k x k pixels,
-// k = floor(factor / 2) in each direction, then the triangle filter over the remaining
-// factor of 2 to 4, on the region the boxes cover (a last, partial box is the part of a
-// pixel it holds, as PIL's box argument). The result differs from one triangle pass by a
-// byte here and there, and costs a fraction. (stb_image_resize's version of this filter
-// aborts on some sizes, 13 x 9 to 11 x 11 among them: stb issue 1449.) Returns 0, or -1
-// when out of memory.
-static int resize(const uint8_t *src, int w, int h, int C, uint8_t *dst, int W, int H) {
+// The triangle filter (bilinear when enlarging, widened to cover every input pixel when
+// shrinking), clamped edges. A large reduction is done in two steps, like PIL's
+// reducing_gap: first averaging boxes of k x k pixels, k = floor(factor / 2) in each
+// direction, then the triangle filter over the remaining factor of 2 to 4, on the region the
+// boxes cover (a last, partial box is the part of a pixel it holds, as PIL's box argument).
+// The result differs from one triangle pass by a byte here and there, and costs a fraction.
+// (stb_image_resize's version of this filter aborts on some sizes, 13 x 9 to 11 x 11 among
+// them: stb issue 1449.)
+int image_resize(const uint8_t *src, int w, int h, size_t stride, int C, uint8_t *dst, int W, int H) {
     if (w == W && h == H) {
-        memcpy(dst, src, (size_t)W * H * C);
+        for (int y = 0; y < H; y++) memcpy(dst + (size_t)y * W * C, src + (size_t)y * stride, (size_t)W * C);
         return 0;
     }
     const int kx = w / W / 2 > 1 ? w / W / 2 : 1, ky = h / H / 2 > 1 ? h / H / 2 : 1;
@@ -150,12 +153,12 @@ static int resize(const uint8_t *src, int w, int h, int C, uint8_t *dst, int W, 
     if (kx > 1 || ky > 1) {
         const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
         if (!(tmp = malloc((size_t)rw * (size_t)rh * (size_t)C))) return -1;
-        box_reduce(src, w, h, C, kx, ky, tmp);
+        box_reduce(src, w, h, stride, C, kx, ky, tmp);
         ew = (double)w / kx, eh = (double)h / ky;
-        src = tmp;
+        src = tmp, stride = (size_t)rw * C;
         w = rw, h = rh;
     }
-    const int rc = triangle_resize(src, w, h, ew, eh, C, dst, W, H);
+    const int rc = triangle_resize(src, w, h, stride, ew, eh, C, dst, W, H);
     free(tmp);
     return rc;
 }
@@ -395,7 +398,7 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
     }
     free(buf);
     if (rc) return rc;
-    if (resize(px, w, h, C, out, W, H))
+    if (image_resize(px, w, h, (size_t)w * C, C, out, W, H))
         rc = err_set(err, "%s: out of memory resizing %d x %d to %d x %d", path, w, h, W, H);
     if (jpeg) free(px);
     else stbi_image_free(px);

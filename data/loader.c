@@ -31,7 +31,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <stb/stb_image_resize.h>
 
 #include "../nn/rng.h"
 
@@ -268,10 +267,7 @@ static int augment(const LoaderConfig *cfg, Shape sh, uint64_t key, const uint8_
         }
         if (ch == H && cw == W)
             memcpy(dst, src, (size_t)H * row);
-        else if (!stbir_resize_uint8_generic(src + (size_t)cy * row + (size_t)cx * C, cw, ch,
-                                             (int)row, dst, W, H, 0, C, STBIR_ALPHA_CHANNEL_NONE,
-                                             0, STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
-                                             STBIR_COLORSPACE_LINEAR, NULL))
+        else if (image_resize(src + (size_t)cy * row + (size_t)cx * C, cw, ch, row, C, dst, W, H))
             return -1;
     } else {
         memcpy(dst, src, (size_t)H * row);
