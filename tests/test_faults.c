@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -253,11 +254,31 @@ static void test_allocation_failure(void **state) {
     expect_output("big.png");
 }
 
+// A plan is arithmetic: --plan at batch 1,048,576 (a 2 TB plan) allocates nothing of it
+// (it took 81 s and 818 MB once).
+static void test_plan_allocates_nothing(void **state) {
+    need_train();
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (!pid) {
+        if (!freopen("/dev/null", "w", stdout)) _exit(126);
+        execl("./train", "./train", cfg, "batch=1048576", "conv1.filters=512", "--plan", (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    struct rusage ru;
+    assert_int_equal(wait4(pid, &status, 0, &ru), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    print_message("--plan at batch 1048576: peak RSS %.1f MB\n", ru.ru_maxrss / 1024.0);
+    assert_true(ru.ru_maxrss < (SANITIZED ? 300 : 100) * 1024);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_loop),
         cmocka_unit_test(test_full_disk_and_read_only),
         cmocka_unit_test(test_allocation_failure),
+        cmocka_unit_test(test_plan_allocates_nothing),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
