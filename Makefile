@@ -50,7 +50,7 @@ BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all run test test-gpu test-gpu-replay bench deps deps-test deps-bench deps-fuzz fuzz data clean
+.PHONY: all run test test-gpu test-gpu-replay bench deps deps-test deps-bench deps-fuzz fuzz data photos clean
 all: $(BINS) $(CUDA_LIB)
 
 $(BUILD)/%.o: %.c
@@ -109,6 +109,13 @@ deps:
 	   $(if $(shell command -v npm 2>/dev/null),,nodejs npm)
 deps-bench: deps
 	@sh data/install_packages.sh python3-torch python3-torchvision
+
+# A demo folder of photo-like JPEGs for models/folder.cfg: 3,000 Fashion-MNIST images
+# upscaled to 600x600 and coloured, one subfolder per class (bench/make_folders.c).
+photos: data/photos/.complete
+data/photos/.complete:
+	$(MAKE) deps $(BUILD)/bench/make_folders
+	$(BUILD)/bench/make_folders data/photos jpg600 3000
 
 data: data/mnist/train-images-idx3-ubyte
 data/mnist/train-images-idx3-ubyte:

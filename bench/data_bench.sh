@@ -24,19 +24,12 @@
 set -e
 cd "$(dirname "$0")/.."
 OUT=bench/out
-BIN=$OUT/bin
+BIN=build/bench
 STEPS=${STEPS:-150}
-CC=${CC:-gcc}
-CFLAGS="-std=c11 -D_GNU_SOURCE -O2 -march=x86-64-v3 -Wall -Wextra -Wno-unused-parameter"
 FM=/usr/share/datasets/fashion-mnist
-mkdir -p $BIN
 
-echo "== building"
-$CC $CFLAGS bench/make_folders.c data/idx.c data/split.c nn/error.c -lstb -lz -lpthread -lm \
-    -o $BIN/make_folders
-$CC $CFLAGS bench/loader_bench.c data/*.c nn/error.c nn/tensor.c nn/cfg.c -lstb -lz -lpthread \
-    -lm -o $BIN/loader_bench
-make -s train
+echo "== building (through the Makefile: the tools link build/libcnn.a)"
+make -s train $BIN/make_folders $BIN/loader_bench
 
 echo "== image folders (bench/out; delete one to write it again)"
 $BIN/make_folders $OUT/png28_t10k png28 10000 60000

@@ -27,7 +27,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <stb/stb_image_resize.h>
 #include <stb/stb_image_write.h>
 
 #include "../data/dataset.h"
@@ -122,9 +121,7 @@ static void *work(void *arg) {
         if (png) {
             ok = stbi_write_png(p, 28, 28, 1, src, 28);
         } else {
-            stbir_resize_uint8_generic(src, 28, 28, 0, gray, BIG, BIG, 0, 1, -1, 0,
-                                       STBIR_EDGE_CLAMP, STBIR_FILTER_TRIANGLE,
-                                       STBIR_COLORSPACE_LINEAR, NULL);
+            if (image_resize(src, 28, 28, 28, 1, gray, BIG, BIG)) goto fail;
             // Colour by class, with a little deterministic grain so the JPEG is not
             // unrealistically smooth (photos have texture).
             const uint64_t key = rng_key(7, 9, (uint64_t)j, 0);

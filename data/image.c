@@ -24,6 +24,9 @@
 
 #define IMAGE_MAX_PIXELS (1LL << 27)      // decoded: larger images are bad files (134 MP)
 #define IMAGE_MAX_FILE_BYTES (1LL << 30)  // a larger file is not an image to train on
+// Pixels a file byte can decode to, at most: a 1-bit PNG at deflate's limit is about 8,300
+// (stb_image's formats: PNG, BMP, GIF, TGA, PSD, HDR, PIC, PNM).
+#define IMAGE_MAX_PIXELS_PER_BYTE 16384
 
 static const char *const image_exts[] = {"png", "jpg", "jpeg", "bmp", "gif", "tga", "pgm",
                                          "ppm", "pnm", "psd", "hdr", "pic"};
@@ -382,6 +385,12 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
         } else if (w < 1 || h < 1 || (int64_t)w * h > IMAGE_MAX_PIXELS) {
             err_set(err, "%s: %d x %d pixels: %s", path, w, h,
                     w < 1 || h < 1 ? "not an image" : "more than the 134 million the loader decodes");
+            rc = DATASET_BAD;
+        } else if ((int64_t)w * h > IMAGE_MAX_PIXELS_PER_BYTE * (int64_t)size + 65536) {
+            // A header that promises far more than the file can hold (a 28-byte RLE TGA of
+            // 65280 x 1220 pixels took seconds to expand): no format compresses that much.
+            err_set(err, "%s: %d x %d pixels declared in %zu bytes, more than any image format "
+                         "compresses to: a damaged or forged file", path, w, h, size);
             rc = DATASET_BAD;
         } else if (errno = 0, !(px = stbi_load_from_memory(buf, (int)size, &w, &h, &n, C))) {
             // stb_image's reason is the last of the formats it tried; an allocation that

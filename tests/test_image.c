@@ -280,6 +280,11 @@ static void test_declared_sizes(void **state) {
     write_bytes(path("huge.bmp"), huge, sizeof huge);
     expect_bad(path("huge.bmp"), "20000 x 6000");
     free(px);
+    // A 28-byte run-length TGA of 65280 x 1220 pixels (found by the fuzzer: it expanded for
+    // seconds): more pixels than any format packs into so few bytes.
+    static const uint8_t bomb[] = {0x00, 0x00, 0x0a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x00, 0x00, 0x00, 0xff, 0xc4, 0x04, 0x20, 0x0a, 0xe5, 0x41, 0x47, 0x49, 0x46, 0x39, 0x37, 0x61, 0xd0, 0x14};
+    write_bytes(path("bomb.tga"), bomb, sizeof bomb);
+    expect_bad(path("bomb.tga"), "more than any image format compresses to");
 }
 
 static void test_bad_jpegs(void **state) {
