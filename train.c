@@ -846,7 +846,7 @@ static void print_plan(const MemPlan *p, size_t baseline, size_t available, cons
     printf("  %-34s %10.1f\n", "  scratch (recomputed in backward)", p->act_scratch / 1e6);
     printf("  %-34s %10.1f\n", "  gradients, block scratch, loss", (p->activations - p->act_saved - p->act_scratch) / 1e6);
     printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
-    printf("  %-34s %10.1f\n", "loader buffers", p->loader / 1e6);
+    printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);
     printf("  %-34s %10.1f\n", "total", mem_plan_total(p) / 1e6);
     printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);
     if (available != SIZE_MAX)

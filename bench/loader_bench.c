@@ -1,7 +1,7 @@
 // loader_bench.c: the data pipeline alone, with a simulated trainer.
 //
 //   loader_bench CFG [key=value ...] [--compute-ms X] [--compute-threads T] [--epochs E]
-//                [--max-batches B]
+//                [--max-batches B] [--stb]
 //
 // Opens the [data] section of CFG (key=value overrides go to [data], batch= and seed= to
 // [train]) exactly as the trainer does (data_cfg_read, data_open), then runs epochs of the
@@ -10,6 +10,10 @@
 // Per epoch it prints images/s, the time loader_next waited (LoaderStats) and its share
 // of the epoch, the skipped samples and the peak RSS so far; at the end the best epoch
 // after the first (on a shared machine the least disturbed one).
+//
+// --stb measures the path before libjpeg-turbo instead (issue 21's reference): every file
+// of the folder decoded at full size by stb_image, resized by the same filter and
+// normalised, on `workers` threads; images/s over the whole folder, per epoch.
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,6 +21,10 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+
+#include <dirent.h>
+#include <limits.h>
+#include <stb/stb_image.h>
 
 #include "../data/data_cfg.h"
 
@@ -96,6 +104,86 @@ static void compute(double ms, int nthreads) {
     pthread_mutex_unlock(&g_spin.mu);
 }
 
+// ---- --stb: stb_image at full size, then the same resize --------------------------------
+
+typedef struct StbJob {
+    char **files;
+    int nfiles, thread, threads, W, H, C;
+    float mean[3], std[3];
+    int failed;
+} StbJob;
+
+static void list_files(const char *dir, char ***files, int *n, int *cap) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (e->d_type == DT_DIR) {
+            list_files(p, files, n, cap);
+        } else if (image_name_has_ext(e->d_name)) {
+            if (*n == *cap) *cap = *cap ? 2 * *cap : 1024, *files = realloc(*files, (size_t)*cap * sizeof **files);
+            (*files)[(*n)++] = strdup(p);
+        }
+    }
+    closedir(d);
+}
+
+static void *stb_work(void *arg) {
+    StbJob *j = arg;
+    uint8_t *small = malloc((size_t)j->W * j->H * j->C);
+    float *x = malloc((size_t)j->W * j->H * j->C * sizeof *x);
+    for (int i = j->thread; i < j->nfiles && small && x; i += j->threads) {
+        int w, h, n;
+        uint8_t *px = stbi_load(j->files[i], &w, &h, &n, j->C);
+        if (!px || image_resize(px, w, h, (size_t)w * j->C, j->C, small, j->W, j->H)) {
+            j->failed = 1;
+            stbi_image_free(px);
+            break;
+        }
+        stbi_image_free(px);
+        for (int k = 0; k < j->W * j->H * j->C; k++)
+            x[k] = (small[k] / 255.0f - j->mean[k % j->C]) / j->std[k % j->C];
+    }
+    free(small), free(x);
+    return NULL;
+}
+
+static int stb_bench(const DataConfig *dc, int epochs) {
+    char **files = NULL;
+    int n = 0, cap = 0;
+    list_files(dc->train, &files, &n, &cap);
+    const int threads = dc->workers > 0 ? dc->workers : 1;
+    double best = 0;
+    for (int e = 0; e < epochs; e++) {
+        StbJob jobs[64];
+        pthread_t th[64];
+        const double t0 = now();
+        for (int t = 0; t < threads && t < 64; t++) {
+            jobs[t] = (StbJob){.files = files, .nfiles = n, .thread = t, .threads = threads,
+                               .W = dc->width, .H = dc->height, .C = dc->channels};
+            for (int c = 0; c < 3; c++)
+                jobs[t].mean[c] = dc->mean[dc->nmean == 1 ? 0 : c], jobs[t].std[c] = dc->std[dc->nstd == 1 ? 0 : c];
+            pthread_create(&th[t], NULL, stb_work, &jobs[t]);
+        }
+        int failed = 0;
+        for (int t = 0; t < threads && t < 64; t++) pthread_join(th[t], NULL), failed |= jobs[t].failed;
+        const double secs = now() - t0;
+        if (failed) {
+            fprintf(stderr, "loader_bench: stb_image could not decode a file of %s\n", dc->train);
+            return 1;
+        }
+        printf("stb epoch %d: %d images in %.2f s = %.0f img/s; peak RSS %.1f MB\n", e + 1, n, secs,
+               n / secs, peak_rss_mb());
+        if (e > 0 && n / secs > best) best = n / secs;
+    }
+    if (epochs > 1) printf("best epoch after the first: %.0f img/s (stb_image path)\n", best);
+    for (int i = 0; i < n; i++) free(files[i]);
+    free(files);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: loader_bench CFG [key=value ...] [--compute-ms X] "
@@ -103,7 +191,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     double compute_ms = 0;
-    int compute_threads = 2, epochs = 2;
+    int compute_threads = 2, epochs = 2, stb = 0;
     int64_t max_batches = INT64_MAX;
     Error err = {{0}};
     Cfg cfg = {0};
@@ -120,6 +208,8 @@ int main(int argc, char **argv) {
             compute_threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--epochs") && i + 1 < argc) {
             epochs = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--stb")) {
+            stb = 1;
         } else if (!strcmp(argv[i], "--max-batches") && i + 1 < argc) {
             max_batches = atoll(argv[++i]);
         } else {
@@ -141,6 +231,7 @@ int main(int argc, char **argv) {
         cfg_int(&cfg, t, "seed", "1", 0, INT64_MAX, &seed, &err) ||
         data_cfg_read(&dc, &cfg, d, &err))
         goto fail;
+    if (stb) return stb_bench(&dc, epochs);
     pthread_t spin[64];
     if (compute_threads < 1 || compute_threads > 64) compute_threads = 1;
     for (int i = 0; i < compute_threads - 1; i++) pthread_create(&spin[i], NULL, spinner, NULL);

@@ -313,6 +313,8 @@ void data_close(Data *d) {
 }
 
 size_t data_loader_bytes(const Data *d) {
-    // loader_bytes needs the config the loader was made with; the loaders keep it.
-    return loader_size(d->train_loader) + loader_size(d->test_loader);  // NULL counts 0
+    // loader_bytes needs the config the loader was made with; the loaders keep it. The two
+    // loaders never decode at once (the test set is read between training epochs).
+    const size_t train = loader_read_bytes(d->train_loader), test = loader_read_bytes(d->test_loader);
+    return loader_size(d->train_loader) + loader_size(d->test_loader) + (train > test ? train : test);
 }

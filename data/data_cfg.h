@@ -46,7 +46,7 @@ int data_open(Data *d, const DataConfig *dc, int batch, uint64_t seed, Error *er
 // Opens the test set only (for evaluating a checkpoint): d->train stays NULL.
 int data_open_test(Data *d, const DataConfig *dc, int batch, Error *err);
 void data_close(Data *d);
-// Bytes of the loaders' buffers, for the memory plan.
+// Bytes of the loaders' buffers and of their readers' decoding, for the memory plan.
 size_t data_loader_bytes(const Data *d);
 
 #endif

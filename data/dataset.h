@@ -41,6 +41,8 @@ struct Dataset {
     char *source;   // what it was opened from, for messages
     char **class_names;  // (classes) owned: folder names for image folders, "0".."9" for IDX
     char *info;     // owned; one line on how it was opened (cache state, split), or NULL
+    size_t read_bytes;  // the most heap one read holds while it decodes (0: none), planned
+                        // for each reader (image folders: from every image's header)
     void *impl;
 };
 
@@ -73,6 +75,11 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
 // triangle filter (bilinear when enlarging, widened when shrinking; boxes averaged first
 // when shrinking by 4 or more), clamped edges. Returns 0, or -1 when out of memory.
 int image_resize(const uint8_t *src, int w, int h, size_t stride, int C, uint8_t *dst, int W, int H);
+
+// The heap image_load holds at its peak for this file, from its header alone (the file, the
+// decoded pixels, the decoders' and the resize's buffers; an estimate from above); 0 when
+// the header cannot be read (the read will report the file).
+size_t image_load_bytes(const char *path, Shape target);
 
 // Whether a file name ends in one of the image extensions a folder dataset reads (IMAGE_EXTS).
 #define IMAGE_EXTS ".png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd .hdr .pic"
@@ -142,6 +149,9 @@ void loader_destroy(Loader *l);  // NULL is fine
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg);
 // loader_bytes of an existing loader; 0 for NULL.
 size_t loader_size(const Loader *l);
+// The heap its readers (each worker, or the caller) hold at most while they decode:
+// readers x the data set's read_bytes. Not part of loader_size's block.
+size_t loader_read_bytes(const Loader *l);
 // Batches per epoch.
 int64_t loader_batches(const Loader *l);
 // Starts epoch `epoch` (0-based): computes its order; the next call to loader_next

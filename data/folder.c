@@ -681,6 +681,16 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
             goto fail;
         snprintf(info + len, sizeof info - (size_t)len, "; %s", note);
     }
+    // What a read decodes at most, from every image's header (not needed once the cache
+    // holds every sample: reads come from it).
+    if (!fi->cache || fi->cache->tmp) {
+        for (int64_t i = 0; i < ds->count; i++) {
+            char path[PATH_MAX];
+            if (entry_path(ds, i, path, err)) goto fail;
+            const size_t b = image_load_bytes(path, ds->shape);
+            if (b > ds->read_bytes) ds->read_bytes = b;
+        }
+    }
     if (!(ds->info = xstrdup(info, err))) goto fail;
     free(sc);
     *out = ds;

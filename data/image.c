@@ -367,6 +367,79 @@ static int read_file(const char *path, uint8_t **out, size_t *size, Error *err) 
     return 0;
 }
 
+// ---- what a decode holds, from the header alone ------------------------------------------
+
+// The frame header of a JPEG in buf: width, height, components, progressive. 0, or -1 if
+// the bytes end first or are not a JPEG.
+static int jpeg_frame(const uint8_t *buf, size_t size, int *w, int *h, int *comps, bool *progressive) {
+    size_t p = 2;
+    while (p + 4 <= size) {
+        if (buf[p] != 0xFF) return -1;
+        const uint8_t m = buf[p + 1];
+        if (m == 0xFF) {  // fill bytes
+            p++;
+            continue;
+        }
+        const size_t len = (size_t)buf[p + 2] << 8 | buf[p + 3];
+        if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+            if (p + 10 > size) return -1;
+            *h = buf[p + 5] << 8 | buf[p + 6], *w = buf[p + 7] << 8 | buf[p + 8], *comps = buf[p + 9];
+            *progressive = m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE;
+            return 0;
+        }
+        if (m == 0xD9 || m == 0xDA || len < 2) return -1;  // no frame before the scan
+        p += 2 + len;
+    }
+    return -1;
+}
+
+// The heap image_load takes for an image of w x h with n components (the file, the decoded
+// pixels, stb_image's or libjpeg's own buffers), then for resizing it (the boxes, the
+// filter's float rows): the larger of the two phases.
+static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progressive, Shape t) {
+    const size_t C = (size_t)t.c;
+    size_t decode = file;
+    if (jpeg) {
+        int M = 1;
+        while (M < 8 && ((int64_t)w * M + 7) / 8 < t.w) M++;
+        while (M < 8 && ((int64_t)h * M + 7) / 8 < t.h) M++;
+        const int ow = (int)(((int64_t)w * M + 7) / 8), oh = (int)(((int64_t)h * M + 7) / 8);
+        // libjpeg: a few rows of each component at full width (the 2 x 8 row contexts and the
+        // upsampling), and a progressive file's coefficients of the whole image.
+        decode += (size_t)ow * oh * C + (size_t)ow * 4 + (size_t)w * n * 48 + 65536;
+        if (progressive) decode += (size_t)((w + 7) / 8) * ((h + 7) / 8) * n * 128;
+        w = ow, h = oh;
+    } else {
+        // stb_image: its decode at the file's components, then converted to C; a PNG also
+        // inflates its rows (16-bit at most) before unfiltering them.
+        decode += (size_t)w * h * (size_t)n * 4 + (size_t)w * h * C;
+    }
+    const int kx = w / t.w / 2 > 1 ? w / t.w / 2 : 1, ky = h / t.h / 2 > 1 ? h / t.h / 2 : 1;
+    const size_t rw = (size_t)(w + kx - 1) / kx, rh = (size_t)(h + ky - 1) / ky;
+    const size_t resize = (size_t)w * h * C + (kx > 1 || ky > 1 ? rw * rh * C : 0) +
+                          rh * (size_t)t.w * C * sizeof(float) + ((size_t)t.w + t.h) * 10 * 8;
+    return decode > resize ? decode : resize;
+}
+
+size_t image_load_bytes(const char *path, Shape target) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    struct stat st;
+    uint8_t head[1 << 16];
+    size_t n = 0, bytes = 0;
+    if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode)) n = fread(head, 1, sizeof head, f);
+    int w, h, comps;
+    bool progressive = false;
+    if (n >= 2 && head[0] == 0xFF && head[1] == 0xD8) {
+        if (!jpeg_frame(head, n, &w, &h, &comps, &progressive))
+            bytes = load_bytes((size_t)st.st_size, w, h, comps, true, progressive, target);
+    } else if (n && stbi_info_from_memory(head, (int)n, &w, &h, &comps) && w > 0 && h > 0) {
+        bytes = load_bytes((size_t)st.st_size, w, h, comps, false, false, target);
+    }
+    fclose(f);
+    return bytes;
+}
+
 int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
     const int W = shape.w, H = shape.h, C = shape.c;
     uint8_t *buf, *px = NULL;

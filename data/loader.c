@@ -155,6 +155,10 @@ static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayou
 // 0 when the configuration is invalid; loader_create then says why.
 size_t loader_size(const Loader *l) { return l ? loader_bytes(l->ds, &l->cfg) : 0; }
 
+size_t loader_read_bytes(const Loader *l) {
+    return l ? (size_t)(l->cfg.workers > 0 ? l->cfg.workers : 1) * l->ds->read_bytes : 0;
+}
+
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg) {
     LoaderLayout lay;
     if (!ds || !cfg || loader_layout(ds, cfg, &lay) != 0) return 0;

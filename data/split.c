@@ -113,6 +113,7 @@ static Dataset *part_new(SplitBase *base, int64_t *map, int64_t n, const char *w
     ds->count = n;
     ds->shape = b->shape;
     ds->classes = b->classes;
+    ds->read_bytes = b->read_bytes;
     size_t len = strlen(b->source) + strlen(what) + 4;
     size_t ilen = strlen(info) + 1;
     if (!(ds->source = xcalloc(len, 1, err)) || !(ds->info = xcalloc(ilen, 1, err)) ||
