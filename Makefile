@@ -46,6 +46,16 @@ endif
 $(BUILD)/nn/cuda_loader.o: CFLAGS += -DCNN_CUDA_LIB='"$(abspath $(CUDA_LIB))"'
 LDLIBS  += -ldl
 
+# Data parallelism over MPI (nn/dist.c) when mpicc is found (or MPI=1); MPI=0 builds without.
+MPICC   ?= $(shell command -v mpicc 2>/dev/null)
+ifeq ($(MPI),)
+  MPI := $(if $(MPICC),1,0)
+endif
+ifeq ($(MPI),1)
+  $(BUILD)/nn/dist.o: CFLAGS += -DCNN_MPI $(shell $(MPICC) --showme:compile)
+  LDLIBS += $(shell $(MPICC) --showme:link)
+endif
+
 BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -101,7 +111,7 @@ $(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/testutil.o $(B
 # ---- set-up ----------------------------------------------------------------------------
 DEPS_BUILD := gcc make libopenblas-dev libcmocka-dev libstb-dev libjpeg62-turbo-dev zlib1g-dev
 # tests/test_torchvision.c checks models/resnet18.cfg against torchvision's ResNet-18.
-DEPS_TEST  := $(DEPS_BUILD) python3-torch python3-torchvision
+DEPS_TEST  := $(DEPS_BUILD) python3-torch python3-torchvision libopenmpi-dev openmpi-bin
 deps-test:
 	@sh data/install_packages.sh $(DEPS_TEST)
 deps:

@@ -21,11 +21,16 @@
 #include "nn/file.h"
 #include "nn/budget.h"
 #include "nn/checkpoint.h"
+#include "nn/dist.h"
 #include "nn/kernels.h"
 #include "nn/net.h"
 #include "nn/optim.h"
 #include "nn/profile.h"
 #include "nn/scaler.h"
+
+// The processes of a data-parallel run (nn/dist.h): rank 0 of 1 without mpirun.
+static Dist dist;
+static int train_main(int argc, char **argv);
 
 // ---- the [train] and [data] sections -------------------------------------------------------
 
@@ -569,11 +574,25 @@ static void put_batch(Net *net, const Batch *b, int first, int n) {
     net->k->upload(net->labels, b->y + first, (size_t)n * sizeof(int32_t));
 }
 
+// Every process takes rank 0's batchnorm statistics and counters (PyTorch DDP's
+// broadcast_buffers): each normalised its own part of the batch.
+static int sync_buffers(Net *net, Error *err) {
+    for (int m = 0; m < net->nmodules; m++)
+        for (int j = 0; j < net->modules[m]->nbuffers; j++) {
+            const Tensor *t = &net->modules[m]->buffers[j];
+            if (dist_broadcast(&dist, t->data, tensor_bytes(t), err)) return -1;
+        }
+    return 0;
+}
+
 // One optimizer step on a batch: forward and backward over micro-batches of net->batch
-// samples, the loss averaged over the whole batch; then, with loss scaling, the gradients
-// are unscaled and checked, and the step is skipped if they are not finite.
-static void train_step(Net *net, const Batch *b, const Options *o, uint64_t step, double lr,
-                       LossScaler *scaler) {
+// samples, the loss averaged over the whole batch (`total` samples across the processes;
+// this one's part starts at b->offset, which keys its dropout masks); the gradients are
+// summed across the processes; then, with loss scaling, they are unscaled and checked, and
+// the step is skipped if they are not finite (the same sum on every process: the same
+// decision).
+static int train_step(Net *net, const Batch *b, int64_t total, const Options *o, uint64_t step,
+                      double lr, LossScaler *scaler, Error *err) {
     const int64_t taken = (int64_t)step - scaler->skipped;  // steps the optimizer took
     net_zero_grads(net);
     net->loss_scale = (float)scaler->scale;
@@ -581,27 +600,40 @@ static void train_step(Net *net, const Batch *b, const Options *o, uint64_t step
         const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
         profile_enter(PROF_STEP);
         put_batch(net, b, m0, n);
-        net_forward(net, n, true, o->seed, step, m0);
+        net_forward(net, n, true, o->seed, step, b->offset + m0);
         profile_enter(PROF_LOSS);
-        net_loss(net, n, b->n, true);
-        net_backward(net, n, o->seed, step, m0);
+        net_loss(net, n, (int)total, true);
+        net_backward(net, n, o->seed, step, b->offset + m0);
     }
     profile_enter(PROF_OPTIMIZER);
+    if (dist.size > 1 && (dist_sum_floats(&dist, net->grads, (size_t)net->ntrain, err) ||
+                          sync_buffers(net, err)))
+        return -1;
     if (net->precision == DT_F16) {
         float nonfinite;
         net->k->scale_check(net->grads, net->ntrain, (float)(1.0 / scaler->scale),
                             &net->metrics[NET_NONFINITE]);
         net->k->download(&nonfinite, &net->metrics[NET_NONFINITE], sizeof nonfinite);
         if (nonfinite) net->k->zero(&net->metrics[NET_NONFINITE], sizeof nonfinite);
-        if (!scaler_update(scaler, nonfinite != 0.0f)) return;
+        if (!scaler_update(scaler, nonfinite != 0.0f)) return 0;
     }
     optim_step(net, &o->optim, lr, taken);
+    return 0;
 }
 
 static void read_metrics(Net *net, Totals *t) {
     float m[2];
     net->k->download(m, net->metrics, sizeof m);
     t->loss = m[0], t->correct = m[1];
+}
+
+// The loss and correct count of every process summed (of this one alone without MPI).
+static int read_metrics_all(Net *net, Totals *t, Error *err) {
+    read_metrics(net, t);
+    double v[2] = {t->loss, t->correct};
+    if (dist_sum_doubles(&dist, v, 2, err)) return -1;
+    t->loss = v[0], t->correct = v[1];
+    return 0;
 }
 
 // What an evaluation finds beyond loss and accuracy: the confusion matrix (rows: the
@@ -689,7 +721,23 @@ static int evaluate(Net *net, Loader *loader, Totals *t, EvalStats *stats, Error
         }
         t->seen += b->n;
     }
-    read_metrics(net, t);
+    // Each process evaluated its part of every batch: the totals of all of them.
+    if (read_metrics_all(net, t, err)) return -1;
+    double seen = (double)t->seen;
+    if (dist_sum_doubles(&dist, &seen, 1, err)) return -1;
+    t->seen = (int64_t)seen;
+    if (stats && dist.size > 1) {
+        const size_t n = (size_t)stats->classes * stats->classes + 1;
+        double *v = xcalloc(n, sizeof *v, err);
+        if (!v) return -1;
+        for (size_t i = 0; i + 1 < n; i++) v[i] = (double)stats->confusion[i];
+        v[n - 1] = (double)stats->top5;
+        const int rc = dist_sum_doubles(&dist, v, n, err);
+        for (size_t i = 0; i + 1 < n; i++) stats->confusion[i] = (int64_t)v[i];
+        stats->top5 = (int64_t)v[n - 1];
+        free(v);
+        if (rc) return -1;
+    }
     return 0;
 }
 
@@ -747,11 +795,13 @@ typedef struct Run {
     double lr;                      // of the last step
 } Run;
 
-// Writes the run's state to path (the epoch totals so far come from the device).
+// Writes the run's state to path (the epoch totals so far come from the device, summed
+// over the processes); every process calls it, rank 0 writes.
 static int save_checkpoint(Run *r, const char *path, Error *err) {
-    float m[2];
-    r->net->k->download(m, r->net->metrics, sizeof m);
-    r->st.epoch_loss = m[0], r->st.epoch_correct = m[1];
+    Totals t;
+    if (read_metrics_all(r->net, &t, err)) return -1;
+    if (dist.rank != 0) return 0;
+    r->st.epoch_loss = t.loss, r->st.epoch_correct = t.correct;
     r->st.loss_scale = r->scaler.scale;
     r->st.scaler_good_steps = r->scaler.good_steps;
     r->st.scaler_skipped = r->scaler.skipped;
@@ -766,11 +816,13 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     const int epoch = (int)r->st.epoch;
     const int64_t nbatches = loader_batches(r->loader);
     const bool live = isatty(STDOUT_FILENO);
-    // A resumed epoch goes on from the totals of its first part.
-    const float totals[2] = {(float)r->st.epoch_loss, (float)r->st.epoch_correct};
+    // A resumed epoch goes on from the totals of its first part (rank 0 holds them).
+    const float totals[2] = {dist.rank ? 0.0f : (float)r->st.epoch_loss,
+                             dist.rank ? 0.0f : (float)r->st.epoch_correct};
     net->k->upload(net->metrics, totals, sizeof totals);
     if (loader_start_epoch(r->loader, epoch, r->st.batch, err)) return -1;
     const int64_t seen0 = r->st.epoch_seen;
+    int64_t mine = 0;  // samples this process trained this epoch (its loss in the progress line)
     const double t0 = now();
     double last_print = t0;
     const Batch *b;
@@ -778,21 +830,35 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
         profile_enter(PROF_LOADER);
         if (loader_next(r->loader, &b, err)) return -1;
         if (!b) break;
-        r->lr = schedule_lr(&r->schedule, o->optim.lr, (int64_t)r->st.step, epoch);
-        train_step(net, b, o, r->st.step, r->lr, &r->scaler);
-        profile_enter(PROF_STEP);
-        r->steps_now++, r->images_now += b->n;
-        r->st.step++;
+        // Every process's part of the batch, and whether any was asked to stop: all of them
+        // take the same steps and stop at the same one.
+        int64_t total = b->n;
+        bool stop = stop_signal != 0;
+        if (dist.size > 1) {
+            double v[2] = {b->n, stop};
+            if (dist_sum_doubles(&dist, v, 2, err)) return -1;
+            total = (int64_t)v[0], stop = v[1] > 0;
+        }
         r->st.batch = b->index + 1;
-        r->st.epoch_seen += b->n;
+        if (!total) continue;  // every sample of the batch was bad and skipped
+        r->lr = schedule_lr(&r->schedule, o->optim.lr, (int64_t)r->st.step, epoch);
+        if (train_step(net, b, total, o, r->st.step, r->lr, &r->scaler, err)) return -1;
+        profile_enter(PROF_STEP);
+        r->steps_now++, r->images_now += total;
+        r->st.step++;
+        r->st.epoch_seen += total;
+        mine += b->n;
         const double tn = now();
         const bool step_limit = o->stop_after && r->st.step >= (uint64_t)o->stop_after;
-        if (stop_signal || step_limit) {
+        if (stop || step_limit) {
             if (live) printf("\r\033[K");
             if (save_checkpoint(r, r->last, err)) return -1;
             printf("stopped %s in epoch %d after batch %lld/%lld; wrote %s\n"
                    "resume with: ./train resume=%s\n",
-                   step_limit ? "at stop_after" : stop_signal == SIGINT ? "by SIGINT" : "by SIGTERM",
+                   step_limit               ? "at stop_after"
+                   : stop_signal == SIGINT  ? "by SIGINT"
+                   : stop_signal == SIGTERM ? "by SIGTERM"
+                                            : "by a signal to another process",
                    epoch + 1, (long long)r->st.batch, (long long)nbatches, r->last, r->last);
             return 1;
         }
@@ -806,7 +872,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
             const double rate = (r->st.epoch_seen - seen0) / (tn - t0);
             format_eta(eta, sizeof eta, (nbatches - b->index - 1) * (double)o->batch / rate);
             printf("\r\033[K  epoch %d  %lld/%lld  loss %.4f  %.0f img/s  ETA %s", epoch + 1,
-                   (long long)b->index + 1, (long long)nbatches, t->loss / r->st.epoch_seen,
+                   (long long)b->index + 1, (long long)nbatches, t->loss / (double)(dist.size > 1 ? (mine ? mine : 1) : r->st.epoch_seen),
                    rate, eta);
             fflush(stdout);
         }
@@ -815,7 +881,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     profile_enter(PROF_IDLE);
     *seconds = now() - t0;
     if (live) printf("\r\033[K");
-    read_metrics(net, t);
+    if (read_metrics_all(net, t, err)) return -1;
     t->seen = r->st.epoch_seen;
     t->trained_now = r->st.epoch_seen - seen0;
     return 0;
@@ -935,19 +1001,43 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (!k) return -1;
     cpu_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
 
+    // Several processes (mpirun): each reads, computes and holds its part of every batch.
+    Options mine = *o;  // this process's share of the run
+    mine.batch = o->batch / dist.size;
+    if (dist.size > 1) {
+        if (o->batch % dist.size) {
+            const int lo = o->batch / dist.size * dist.size, hi = lo + dist.size;
+            err_set(err, "batch = %d does not divide among %d processes: use %d or %d", o->batch,
+                    dist.size, lo ? lo : hi, hi);
+            goto done;
+        }
+        if (mine.batch % o->accumulate) {
+            err_set(err, "accumulate = %d does not divide the %d samples each of the %d processes "
+                         "takes of batch = %d", o->accumulate, mine.batch, dist.size, o->batch);
+            goto done;
+        }
+        if (!k->host_memory) {
+            err_set(err, "device = %s with %d processes: data parallelism runs on the CPU only so "
+                         "far (NCCL for GPUs is not built yet)", o->device, dist.size);
+            goto done;
+        }
+    }
+    DataConfig dc = o->data;
+    dc.shard = dist.rank, dc.nshards = dist.size;
+
     // The process's own memory (libraries, OpenBLAS) before anything of the plan exists.
     const size_t baseline = proc_status_bytes("VmRSS:");
-    if (data_open(&data, &o->data, o->batch, o->seed, err)) goto done;
+    if (data_open(&data, &dc, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
     r.loader = data.train_loader;
     r.schedule = o->schedule;
     r.schedule.total = (int64_t)o->epochs * loader_batches(r.loader);
-    NetOptions net_opt = {.batch = o->batch / o->accumulate, .precision = o->precision,
+    NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
                           .segments = o->segments, .freeze = o->freeze.names,
                           .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
-    if (o->memory && apply_budget(o, cfg, train, data.classes, data_loader_bytes(&data) + baseline,
+    if (o->memory && apply_budget(&mine, cfg, train, data.classes, data_loader_bytes(&data) + baseline,
                                   &net_opt, &accumulate, err))
         goto done;
     // The plan before anything of it is allocated, against what the machine can still give:
@@ -963,7 +1053,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         goto done;
     }
     if (mem_plan_total(&net.plan) > available) {
-        refuse_too_big(o, cfg, train, data.classes, net_opt, accumulate, &net.plan, available,
+        refuse_too_big(&mine, cfg, train, data.classes, net_opt, accumulate, &net.plan, available,
                        source, err);
         goto done;
     }
@@ -1023,6 +1113,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
              k->host_memory ? cpu_blas_core() : "", k->host_memory ? " kernels)" : "");
     printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", cfg->path, device,
            (long long)train->count, test ? "" : " (no test set)", data.classes, o->batch);
+    if (dist.size > 1) printf(" over %d processes (%d samples each)", dist.size, mine.batch);
     if (accumulate > 1) printf(" as %d micro-batches of %d", accumulate, net.batch);
     printf(", %s", net.precision == DT_F16 ? "fp16 activations" : "fp32");
     if (net.nsegments > 1) printf(", %d checkpoint segments", net.nsegments);
@@ -1034,22 +1125,25 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     print_plan(&net.plan, baseline, available, source, false);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
-    if (file_mkdirs(o->save, err)) goto done;
-    remove_stale_temporaries(o->save);
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->save);
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);
     snprintf(r.best, sizeof r.best, "%s/best.safetensors", o->save);
-    // A resumed run appends to the log of the run it continues.
-    if (!(log = fopen(path, o->resume[0] ? "a" : "w"))) {
-        err_set(err, "cannot write %s: %s", path, strerror(errno));
-        goto done;
+    // Rank 0 writes the files; a resumed run appends to the log of the run it continues.
+    if (dist.rank == 0) {
+        if (file_mkdirs(o->save, err)) goto done;
+        remove_stale_temporaries(o->save);
+        if (!(log = fopen(path, o->resume[0] ? "a" : "w"))) {
+            err_set(err, "cannot write %s: %s", path, strerror(errno));
+            goto done;
+        }
     }
     catch_stop_signals();
     while (r.st.epoch < o->epochs) {
         const int epoch = (int)r.st.epoch;
         Totals tr = {0}, te = {0};
         double seconds;
+        const double comm0 = dist.comm_seconds;
         const int stopped = train_epoch(&r, &tr, &seconds, err);
         if (stopped < 0) goto done;
         if (stopped) {
@@ -1072,10 +1166,14 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         snprintf(wait, sizeof wait, "  data wait %.1f s (%.0f%%)", ls.wait_seconds,
                  seconds > 0 ? 100.0 * ls.wait_seconds / seconds : 0.0);
         if (ls.skipped) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "  skipped %lld bad", (long long)ls.skipped);
-        char scale[64] = "";
+        char scale[96] = "";
         if (net.precision == DT_F16)
             snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r.scaler.scale,
                      (long long)r.scaler.skipped);
+        if (dist.size > 1)
+            snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  comm %.1f s (%.0f%%)",
+                     dist.comm_seconds - comm0,
+                     seconds > 0 ? 100.0 * (dist.comm_seconds - comm0) / seconds : 0.0);
         printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
                "peak %.0f MB%s%s\n",
                epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
@@ -1083,31 +1181,31 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
         fflush(stdout);
         char val_loss[32] = "null", val_acc_s[32] = "null", val_top5[32] = "null";
-        if (test) {
+        if (dist.rank == 0 && test) {
             snprintf(val_loss, sizeof val_loss, "%.6f", te.loss / te.seen);
             snprintf(val_acc_s, sizeof val_acc_s, "%.4f", val_acc);
             snprintf(val_top5, sizeof val_top5, "%.4f", 100.0 * (double)r.eval.top5 / (double)te.seen);
         }
-        fprintf(log,
+        if (dist.rank == 0) fprintf(log,
                 "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
                 "\"val_acc\": %s, \"val_top5\": %s, \"val_per_class\": ",
                 epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc_s,
                 val_top5);
-        write_per_class(log, test ? &r.eval : NULL);
-        fprintf(log,
+        if (dist.rank == 0) write_per_class(log, test ? &r.eval : NULL);
+        if (dist.rank == 0) fprintf(log,
                 ", \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
                 "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
                 "\"skipped_steps\": %lld}\n",
                 lr, img_s, seconds, rss, ls.wait_seconds, (long long)ls.skipped, r.scaler.scale,
                 (long long)r.scaler.skipped);
-        if (fflush(log) || ferror(log)) {
+        if (dist.rank == 0 && (fflush(log) || ferror(log))) {
             err_set(err, "cannot write %s/metrics.jsonl: %s; the checkpoints are as before", o->save,
                     strerror(errno));
             goto done;
         }
         char title[1200];
         snprintf(title, sizeof title, "%s: %s", cfg->path, o->save);
-        if (write_curves(o->save, title, err)) goto done;
+        if (dist.rank == 0 && write_curves(o->save, title, err)) goto done;
 
         // The epoch is done: the checkpoint starts the next one from scratch.
         r.st.epoch = epoch + 1;
@@ -1585,6 +1683,20 @@ static int cfg_from_checkpoint(Cfg *cfg, char *name, size_t cap, int argc, char 
 }
 
 int main(int argc, char **argv) {
+    Error err = {0};
+    if (dist_init(&dist, &argc, &argv, &err)) {
+        fprintf(stderr, "train: %s\n", err.msg);
+        return 1;
+    }
+    const int rc = train_main(argc, argv);
+    dist_finalize(&dist);
+    return rc;
+}
+
+// main, once the processes of a data-parallel run know their ranks: rank 0 prints, the
+// others print only their errors, and an error ends every process.
+static int train_main(int argc, char **argv) {
+    if (dist.rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -1600,6 +1712,10 @@ int main(int argc, char **argv) {
     int rc = 1;
     if (strcmp(argv[1], "--predict") == 0 || strcmp(argv[1], "--eval") == 0) {
         const bool eval = argv[1][2] == 'e';
+        if (dist.size > 1) {
+            err_set(&err, "%s runs as one process: start it without mpirun", argv[1]);
+            goto fail;
+        }
         // WEIGHTS, then the options (--cfg CFG, --json, --top K) anywhere among the rest:
         // overrides for --eval, images and folders for --predict.
         PredictOptions po = {.top = 5};
@@ -1669,7 +1785,12 @@ int main(int argc, char **argv) {
     rc = ran ? 130 : 0;  // stopped by a signal: the checkpoint is written, resume is possible
     goto out;
 fail:
-    fprintf(stderr, "train: %s\n", err.msg);
+    if (dist.size > 1) {
+        fprintf(stderr, "train: rank %d of %d: %s\n", dist.rank, dist.size, err.msg);
+        dist_abort(&dist, 1);  // the others would wait for this one forever
+    } else {
+        fprintf(stderr, "train: %s\n", err.msg);
+    }
 out:
     cfg_free(&cfg);
     return rc;

@@ -196,7 +196,8 @@ static int loader_config(LoaderConfig *lc, const DataConfig *dc, const Dataset *
     *lc = (LoaderConfig){.batch = batch, .shuffle = train ? dc->shuffle : 0,
                          .drop_last = train ? dc->drop_last : 0, .seed = seed,
                          .workers = dc->workers, .prefetch = dc->prefetch,
-                         .skip_bad = dc->skip_bad, .fill_bad = train};
+                         .skip_bad = dc->skip_bad, .fill_bad = train, .shard = dc->shard,
+                         .nshards = dc->nshards};
     if (train) {
         lc->crop_pad = dc->crop_pad;
         lc->crop_scale = (float)dc->crop_scale;

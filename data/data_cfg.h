@@ -24,6 +24,8 @@ typedef struct DataConfig {
     const char *cache;                 // folders: cache folder, "" = none
     int crop_pad, flip;                // training augmentation
     double crop_scale;
+    int shard, nshards;                // set by the trainer: this process's part of each batch
+                                       // of both loaders (LoaderConfig), nshards <= 1: all
 } DataConfig;
 
 // Reads and checks [data] (s may not be NULL). Errors name the file, line and key.

@@ -123,12 +123,18 @@ typedef struct LoaderConfig {
     float crop_scale;  // > 0: random resized crop of area fraction in [crop_scale, 1],
                        // aspect ratio in [3/4, 4/3], resized back to H x W
     int flip;          // 1: horizontal flip with probability 1/2
+    int shard, nshards;  // nshards > 1: this process reads only part `shard` of each batch:
+                         // positions [shard * batch / nshards, (shard + 1) * batch / nshards)
+                         // of it, the epochs and their order being the same for all; an
+                         // empty part is handed out too (every process takes every step);
+                         // fill_bad borrows nothing. batch must divide by nshards.
 } LoaderConfig;
 
 typedef struct Batch {
     float *x;       // (n, H, W, C), normalised; owned by the loader
     int32_t *y;     // (n) labels
-    int n;          // samples in this batch (== batch except a last partial one)
+    int n;          // samples in this batch (== batch except a last partial one; a shard's part)
+    int offset;     // where they start in the whole batch (0 without shards)
     int64_t index;  // batch number within the epoch
 } Batch;
 

@@ -46,6 +46,7 @@ typedef struct Slot {
     int64_t batch;     // the batch it holds or is being filled with; -1: none
     int state;         // SLOT_*
     int n;             // samples in it
+    int offset;        // where they start in the whole batch (a shard's part)
     int64_t skipped;   // bad samples skipped while filling it
     Error err;         // SLOT_FAILED: why
 } Slot;
@@ -112,6 +113,11 @@ typedef struct LoaderLayout {
 // Lays out the block: order first (8-byte aligned at offset 0), then x, then the slots'
 // y, then their pixels, then scratch; each at an offset that is a multiple of its
 // element size. Returns -1 if the sizes overflow.
+// The samples of each batch that this process reads: the whole batch, or its shard's part.
+static int loader_part(const LoaderConfig *cfg) {
+    return cfg->nshards > 1 ? cfg->batch / cfg->nshards : cfg->batch;
+}
+
 static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayout *lay) {
     int64_t sample = shape_numel(ds->shape);
     size_t values, order_b, all;
@@ -120,10 +126,11 @@ static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayou
         return -1;
     const size_t slots = (size_t)loader_nslots(cfg);
     const size_t fillers = (size_t)(cfg->workers > 0 ? cfg->workers : 1);
-    if (__builtin_mul_overflow((size_t)cfg->batch, (size_t)sample, &values)) return -1;
+    const size_t part = (size_t)loader_part(cfg);  // the samples of a batch this process takes
+    if (__builtin_mul_overflow(part, (size_t)sample, &values)) return -1;
     if (__builtin_mul_overflow((size_t)ds->count, sizeof(int64_t), &order_b)) return -1;
     if (__builtin_mul_overflow(values, sizeof(float), &lay->x_b)) return -1;
-    lay->y_b = (size_t)cfg->batch * sizeof(int32_t);
+    lay->y_b = part * sizeof(int32_t);
     lay->px_b = values;
     size_t per_slot = lay->y_b + lay->px_b, scratch_b = 0;
     if (per_slot < lay->px_b) return -1;
@@ -337,8 +344,13 @@ static int fill_error(const Loader *l, int epoch, int64_t k, int bad, Error *err
 static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch, uint64_t gen,
                       Error *err) {
     const Dataset *ds = l->ds;
-    const int64_t sample = l->sample, count = ds->count, start = k * l->cfg.batch;
-    const int n = (int)(count - start < l->cfg.batch ? count - start : l->cfg.batch);
+    const int64_t sample = l->sample, count = ds->count, begin = k * l->cfg.batch;
+    const int all = (int)(count - begin < l->cfg.batch ? count - begin : l->cfg.batch);
+    // This shard's part of the batch: positions [offset, offset + n) of it.
+    const int part = loader_part(&l->cfg), offset = l->cfg.nshards > 1 ? l->cfg.shard * part : 0;
+    const int n = offset >= all ? 0 : all - offset < part ? all - offset : part;
+    const int64_t start = begin + offset;
+    s->offset = offset;
     int64_t t = 0;  // the next position to borrow from: (start + n + t) % count
     int m = 0;      // samples placed
     s->skipped = 0;
@@ -353,7 +365,7 @@ static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch
         if (rc != DATASET_BAD || !l->cfg.skip_bad)
             return fill_error(l, epoch, k, rc == DATASET_BAD, err);
         s->skipped++;
-        if (!l->cfg.fill_bad) continue;
+        if (!l->cfg.fill_bad || l->cfg.nshards > 1) continue;  // shards: no borrowing across parts
         while (t < count - n) {
             int64_t p = (start + n + t++) % count;
             rc = read_sample(l, epoch, l->order[p], dst, &s->y[m], scratch, err);
@@ -443,6 +455,9 @@ int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err
     if (cfg->batch <= 0)
         return err_set(err, "%s: batch = %d; the batch size must be at least 1", ds->source,
                        cfg->batch);
+    if (cfg->nshards > 1 && (cfg->shard < 0 || cfg->shard >= cfg->nshards || cfg->batch % cfg->nshards))
+        return err_set(err, "%s: shard %d of %d with batch = %d: the batch must divide among the "
+                       "shards", ds->source, cfg->shard, cfg->nshards, cfg->batch);
     int C = ds->shape.c;
     if (C < 1 || C > DATASET_MAX_CHANNELS || ds->shape.h < 1 || ds->shape.w < 1)
         return err_set(err, "%s: sample shape (%d, %d, %d) (H, W, C) is not supported: the "
@@ -603,11 +618,14 @@ static int loader_get(Loader *l, const Batch **out, Error *err) {
         }
         l->stats.skipped += s->skipped;
         const int64_t k = l->next++;
-        if (s->n == 0) continue;  // every sample of the batch was bad and skipped
+        // Every sample of the batch was bad and skipped: the next batch (a shard hands out
+        // its empty part, so every process takes part in every step).
+        if (s->n == 0 && l->cfg.nshards <= 1) continue;
         normalise(l, s);
         l->batch.x = l->x;
         l->batch.y = s->y;
         l->batch.n = s->n;
+        l->batch.offset = s->offset;
         l->batch.index = k;
         l->delivered += s->n;
         *out = &l->batch;

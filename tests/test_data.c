@@ -726,6 +726,57 @@ static void test_loader_bytes(void **state) {
     dataset_close(f.ds);
 }
 
+// Shards (data-parallel processes): for every batch, the parts of shards 0..2 side by side are
+// the whole loader's batch, in order, with their offsets; a shard whose part of the last
+// batch is empty hands out an empty batch; a batch that does not divide is refused.
+static void test_loader_shards(void **state) {
+    Fixture f = fixture("shards", 70, 6, 1, 0, 9);  // 11 batches: the last of 4 samples
+    f.cfg.workers = 2;
+    Loader *whole = make_loader(&f);
+    Loader *part[3];
+    for (int s = 0; s < 3; s++) {
+        Fixture g = f;
+        g.cfg.shard = s, g.cfg.nshards = 3;
+        part[s] = make_loader(&g);
+        assert_int_equal(loader_batches(part[s]), loader_batches(whole));
+    }
+    const int64_t sample = shape_numel(f.ds->shape);
+    Error err = {{0}};
+    for (int epoch = 0; epoch < 2; epoch++) {
+        assert_int_equal(loader_start_epoch(whole, epoch, 0, &err), 0);
+        for (int s = 0; s < 3; s++) assert_int_equal(loader_start_epoch(part[s], epoch, 0, &err), 0);
+        for (;;) {
+            const Batch *w, *b;
+            assert_int_equal(loader_next(whole, &w, &err), 0);
+            int64_t ids[6];
+            for (int k = 0; w && k < w->n; k++) ids[k] = batch_sample_id(w, k, sample);
+            int at = 0;
+            for (int s = 0; s < 3; s++) {
+                assert_int_equal(loader_next(part[s], &b, &err), 0);
+                if (!w) {
+                    assert_null(b);
+                    continue;
+                }
+                assert_non_null(b);
+                assert_int_equal(b->index, w->index);
+                assert_int_equal(b->offset, 2 * s);
+                assert_int_equal(b->n, w->n - 2 * s >= 2 ? 2 : w->n > 2 * s ? w->n - 2 * s : 0);
+                for (int k = 0; k < b->n; k++) assert_int_equal(batch_sample_id(b, k, sample), ids[at++]);
+            }
+            if (!w) break;
+            assert_int_equal(at, w->n);
+        }
+    }
+    for (int s = 0; s < 3; s++) loader_destroy(part[s]);
+    loader_destroy(whole);
+    Fixture g = f;
+    g.cfg.shard = 0, g.cfg.nshards = 4;  // 6 does not divide by 4
+    Loader *l = (Loader *)1;
+    assert_int_equal(loader_create(&l, g.ds, &g.cfg, &err), -1);
+    assert_non_null(strstr(err.msg, "must divide among the shards"));
+    dataset_close(f.ds);
+}
+
 static void test_loader_bad_config(void **state) {
     Fixture f = fixture("badcfg", 10, 4, 1, 0, 1);
     Loader *l = (Loader *)1;
@@ -828,6 +879,7 @@ int main(void) {
         cmocka_unit_test(test_loader_normalisation),
         cmocka_unit_test(test_loader_resume_mid_epoch),
         cmocka_unit_test(test_loader_bytes),
+        cmocka_unit_test(test_loader_shards),
         cmocka_unit_test(test_loader_bad_config),
         cmocka_unit_test(test_loader_read_error),
         cmocka_unit_test(test_loader_shuffle_uniform),

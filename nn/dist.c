@@ -1,0 +1,187 @@
+// dist.c: dist.h over MPI (CNN_MPI, set by the Makefile when mpicc is found), or alone.
+#include "dist.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef CNN_MPI
+#include <mpi.h>
+#endif
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+int dist_available(void) {
+#ifdef CNN_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// The number of ranks the launcher says this process is one of (1 when started alone).
+static int launched_size(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 1) return atoi(v);
+    }
+    return 1;
+}
+
+int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
+    memset(d, 0, sizeof *d);
+    d->size = 1;
+#ifdef CNN_MPI
+    if (launched_size() <= 1 && !getenv("OMPI_COMM_WORLD_SIZE")) return 0;  // alone: no MPI at all
+    int provided;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return err_set(err, "MPI_Init failed");
+    MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &d->size);
+    return 0;
+#else
+    (void)argc, (void)argv;
+    const int n = launched_size();
+    if (n > 1)
+        return err_set(err, "started as one of %d processes (mpirun), but this build has no MPI: "
+                            "install it (apt-get install libopenmpi-dev openmpi-bin) and rebuild "
+                            "(make clean && make, or make MPI=1)", n);
+    return 0;
+#endif
+}
+
+void dist_finalize(Dist *d) {
+#ifdef CNN_MPI
+    int started = 0, done = 0;
+    MPI_Initialized(&started);
+    MPI_Finalized(&done);
+    if (started && !done) MPI_Finalize();
+#endif
+    free(d->scratch);
+    d->scratch = NULL;
+}
+
+void dist_abort(const Dist *d, int code) {
+#ifdef CNN_MPI
+    if (d->size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#else
+    (void)d, (void)code;
+#endif
+}
+
+#ifdef CNN_MPI
+static int grow(Dist *d, size_t bytes, Error *err) {
+    if (d->scratch_bytes >= bytes) return 0;
+    void *p = realloc(d->scratch, bytes);
+    if (!p) return err_set(err, "out of memory for the gradient exchange (%zu bytes)", bytes);
+    d->scratch = p, d->scratch_bytes = bytes;
+    return 0;
+}
+
+// Rank r sums slice r (of `size` near-equal slices) of everyone's x in rank order; then
+// every rank gathers the summed slices. elem: 4 (float) or 8 (double).
+static int sum_in_order(Dist *d, void *x, size_t n, size_t elem, Error *err) {
+    const int P = d->size;
+    int counts[P], displs[P];
+    for (int r = 0, at = 0; r < P; r++) {
+        counts[r] = (int)(n / (size_t)P + ((size_t)r < n % (size_t)P));
+        displs[r] = at, at += counts[r];
+    }
+    if (n > (size_t)0x7fffffff) return err_set(err, "dist: %zu values are too many for one exchange", n);
+    const int mine = counts[d->rank];
+    if (grow(d, (size_t)P * (size_t)(mine ? mine : 1) * elem, err)) return -1;
+    // Everyone's slice r goes to rank r: recv[q * mine ...] holds rank q's part.
+    int scounts[P], sdispls[P], rcounts[P], rdispls[P];
+    for (int r = 0; r < P; r++) {
+        scounts[r] = counts[r], sdispls[r] = displs[r];
+        rcounts[r] = mine, rdispls[r] = r * mine;
+    }
+    const MPI_Datatype t = elem == 4 ? MPI_FLOAT : MPI_DOUBLE;
+    if (MPI_Alltoallv(x, scounts, sdispls, t, d->scratch, rcounts, rdispls, t, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        return err_set(err, "MPI_Alltoallv failed");
+    char *out = (char *)x + (size_t)displs[d->rank] * elem;
+    if (elem == 4) {
+        const float *in = d->scratch;
+        float *o = (float *)out;
+        for (int i = 0; i < mine; i++) {
+            float s = in[i];
+            for (int q = 1; q < P; q++) s += in[(size_t)q * mine + i];
+            o[i] = s;
+        }
+    } else {
+        const double *in = d->scratch;
+        double *o = (double *)out;
+        for (int i = 0; i < mine; i++) {
+            double s = in[i];
+            for (int q = 1; q < P; q++) s += in[(size_t)q * mine + i];
+            o[i] = s;
+        }
+    }
+    if (MPI_Allgatherv(MPI_IN_PLACE, 0, t, x, counts, displs, t, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return err_set(err, "MPI_Allgatherv failed");
+    return 0;
+}
+#endif
+
+int dist_sum_floats(Dist *d, float *x, size_t n, Error *err) {
+    if (d->size == 1) return 0;
+#ifdef CNN_MPI
+    const double t0 = now();
+    const int rc = sum_in_order(d, x, n, sizeof *x, err);
+    d->comm_seconds += now() - t0;
+    return rc;
+#else
+    (void)x, (void)n, (void)err;
+    return 0;
+#endif
+}
+
+int dist_sum_doubles(Dist *d, double *x, size_t n, Error *err) {
+    if (d->size == 1) return 0;
+#ifdef CNN_MPI
+    const double t0 = now();
+    const int rc = sum_in_order(d, x, n, sizeof *x, err);
+    d->comm_seconds += now() - t0;
+    return rc;
+#else
+    (void)x, (void)n, (void)err;
+    return 0;
+#endif
+}
+
+int dist_broadcast(Dist *d, void *buf, size_t bytes, Error *err) {
+    if (d->size == 1) return 0;
+#ifdef CNN_MPI
+    const double t0 = now();
+    int rc = 0;
+    for (size_t at = 0; at < bytes && !rc; at += 1 << 30) {
+        const size_t n = bytes - at < (1u << 30) ? bytes - at : 1u << 30;
+        if (MPI_Bcast((char *)buf + at, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+            rc = err_set(err, "MPI_Bcast failed");
+    }
+    d->comm_seconds += now() - t0;
+    return rc;
+#else
+    (void)buf, (void)bytes, (void)err;
+    return 0;
+#endif
+}
+
+int dist_barrier(Dist *d, Error *err) {
+    if (d->size == 1) return 0;
+#ifdef CNN_MPI
+    const double t0 = now();
+    const int rc = MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS ? 0 : err_set(err, "MPI_Barrier failed");
+    d->comm_seconds += now() - t0;
+    return rc;
+#else
+    (void)err;
+    return 0;
+#endif
+}

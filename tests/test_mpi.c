@@ -1,0 +1,163 @@
+// test_mpi.c: data-parallel training over MPI, as a user runs it (mpirun -np 2 ./train),
+// on this machine (--oversubscribe; --allow-run-as-root as CI runs as root). Skipped where
+// mpirun is missing or ./train was built without MPI (it says so).
+//   - 2 processes at batch 32 give, after 10 steps, the parameters of one process at batch
+//     32 with accumulate = 2 within float rounding (the network has dropout: its masks are
+//     keyed by the sample's place in the whole batch);
+//   - two 2-process runs give identical tensors;
+//   - a 2-process run stopped after 5 steps resumes with 2 processes to the same bits as
+//     the uninterrupted run, and with 1 process to within float rounding;
+//   - a batch that does not divide among the processes is refused, naming those that do.
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../nn/safetensors.h"
+#include "testutil.h"
+
+static char dir[512], cfg[PATH_MAX + 16];
+static bool usable;  // mpirun and an MPI build of ./train are here
+
+#define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 -np"
+
+static int run(const char *fmt, ...) {
+    char cmd[4 * PATH_MAX], full[5 * PATH_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "%s > %s/out.txt 2>&1", cmd, dir);
+    const int rc = system(full);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static const char *output(void) {
+    static char buf[1 << 16];
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return "";
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static int group_setup(void **state) {
+    if (access("./train", X_OK) != 0 || system("command -v mpirun > /dev/null 2>&1") != 0) return 0;
+    if (test_tmpdir_make(dir, sizeof dir, "test_mpi")) return -1;
+    char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
+    write_squares(dir, "train", 512, 1, images, labels);
+    write_squares(dir, "test", 128, 2, timages, tlabels);
+    snprintf(cfg, sizeof cfg, "%s/net.cfg", dir);
+    FILE *f = fopen(cfg, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "[train]\nepochs = 1\nbatch = 32\nseed = 3\nthreads = 1\n"
+            "[data]\ntrain = %s\ntrain_labels = %s\ntest = %s\ntest_labels = %s\nmean = 0.25\n"
+            "std = 0.35\n"
+            "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nactivation = relu\n"
+            "[maxpool]\n[dropout]\np = 0.3\n[flatten]\n"
+            "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
+            "[linear]\nname = fc2\noutputs = 4\n[log_softmax]\n",
+            images, labels, timages, tlabels);
+    if (fclose(f)) return -1;
+    run(MPIRUN " 2 ./train %s stop_after=1 save=%s/probe", cfg, dir);
+    usable = !strstr(output(), "this build has no MPI");
+    if (!usable) print_message("skipped: ./train has no MPI (make with mpicc found, or MPI=1)\n");
+    return 0;
+}
+
+static int group_teardown(void **state) { return dir[0] ? test_remove_tree(dir) : 0; }
+
+// The largest relative difference of any tensor of a against b's (max |a - b| / max |b|);
+// optimizer state included. 0 when every byte is equal.
+static double max_rel_diff(const char *a_name, const char *b_name) {
+    char pa[PATH_MAX + 64], pb[PATH_MAX + 64];
+    snprintf(pa, sizeof pa, "%s/%s/last.safetensors", dir, a_name);
+    snprintf(pb, sizeof pb, "%s/%s/last.safetensors", dir, b_name);
+    StFile a, b;
+    Error err = {{0}};
+    if (st_open(&a, pa, &err) || st_open(&b, pb, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(a.count, b.count);
+    double worst = 0;
+    for (int i = 0; i < a.count; i++) {
+        const StEntry *x = &a.entries[i], *y = st_find(&b, x->name);
+        assert_non_null(y);
+        assert_int_equal(x->bytes, y->bytes);
+        if (x->dtype != ST_F32 || !memcmp(x->data, y->data, x->bytes)) continue;
+        const float *p = x->data, *q = y->data;
+        double diff = 0, scale = 0;
+        for (size_t k = 0; k < x->bytes / 4; k++) {
+            diff = fmax(diff, fabs((double)p[k] - q[k]));
+            scale = fmax(scale, fabs((double)q[k]));
+        }
+        worst = fmax(worst, scale > 0 ? diff / scale : diff);
+        if (diff == 0) worst = fmax(worst, 1e-300);  // bytes differ (signed zeros)
+    }
+    assert_string_equal(st_meta(&a, "step"), st_meta(&b, "step"));
+    st_close(&a);
+    st_close(&b);
+    return worst;
+}
+
+static void need_mpi(void) {
+    if (!usable) skip();
+}
+
+static void test_two_processes_as_accumulation(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 save=%s/dp", cfg, dir), 130);
+    if (!strstr(output(), "over 2 processes (16 samples each)")) fail_msg("%s", output());
+    assert_int_equal(run("./train %s stop_after=10 accumulate=2 save=%s/acc", cfg, dir), 130);
+    const double d = max_rel_diff("dp", "acc");
+    print_message("2 processes against accumulate = 2 after 10 steps: largest relative "
+                  "difference %.3g\n", d);
+    assert_true(d < 1e-5);
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 save=%s/dp_again", cfg, dir), 130);
+    assert_true(max_rel_diff("dp", "dp_again") == 0);
+}
+
+static void test_resume_any_count(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=5 save=%s/half", cfg, dir), 130);
+    assert_int_equal(run(MPIRUN " 2 ./train resume=%s/half/last.safetensors stop_after=10 save=%s/two",
+                         dir, dir), 130);
+    assert_true(max_rel_diff("dp", "two") == 0);
+    assert_int_equal(run("./train resume=%s/half/last.safetensors stop_after=10 save=%s/one", dir, dir), 130);
+    const double d = max_rel_diff("dp", "one");
+    print_message("resumed with 1 process instead of 2: largest relative difference %.3g\n", d);
+    assert_true(d < 1e-5);
+    // And the whole epoch with its evaluation, from the half-way checkpoint.
+    assert_int_equal(run(MPIRUN " 2 ./train resume=%s/half/last.safetensors save=%s/end", dir, dir), 0);
+    if (!strstr(output(), "epoch 1/1") || !strstr(output(), "comm ")) fail_msg("%s", output());
+}
+
+static void test_batch_must_divide(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s batch=33 save=%s/odd", cfg, dir), 1);
+    if (!strstr(output(), "batch = 33 does not divide among 2 processes: use 32 or 34"))
+        fail_msg("%s", output());
+    assert_int_equal(run(MPIRUN " 2 ./train --eval %s/dp/last.safetensors", dir), 1);
+    if (!strstr(output(), "runs as one process")) fail_msg("%s", output());
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_processes_as_accumulation),
+        cmocka_unit_test(test_resume_any_count),
+        cmocka_unit_test(test_batch_must_divide),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
