@@ -7,6 +7,7 @@
 //   - two 2-process runs give identical tensors;
 //   - a 2-process run stopped after 5 steps resumes with 2 processes to the same bits as
 //     the uninterrupted run, and with 1 process to within float rounding;
+//   - a process killed mid-epoch ends the run within 30 s, and the last checkpoint loads;
 //   - a batch that does not divide among the processes is refused, naming those that do.
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,6 +145,26 @@ static void test_resume_any_count(void **state) {
     if (!strstr(output(), "epoch 1/1") || !strstr(output(), "comm ")) fail_msg("%s", output());
 }
 
+// A process killed mid-epoch: mpirun ends the other within 30 s, naming the rank, and the
+// last checkpoint (written every 5 batches) loads.
+static void test_killed_process(void **state) {
+    need_mpi();
+    char cmd[4 * PATH_MAX];
+    snprintf(cmd, sizeof cmd,
+             "(" MPIRUN " 2 ./train %s epochs=1000 save_every=5 save=%s/kill > %s/kill.txt 2>&1 &) ; "
+             "for i in $(seq 300); do [ -f %s/kill/last.safetensors ] && break; sleep 0.1; done; "
+             "victim=$(pgrep -f '^./train .*save=%s/kill' | tail -n 1); kill -9 $victim; "
+             "start=$(date +%%s); while pgrep -f '^(mpirun|./train) .*save=%s/kill' > /dev/null; do "
+             "[ $(($(date +%%s) - start)) -gt 30 ] && exit 1; sleep 0.2; done; "
+             "echo ended after $(($(date +%%s) - start)) s",
+             cfg, dir, dir, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/kill.txt", dir);
+    assert_int_equal(run("grep -a 'exited on signal 9' %s", path), 0);
+    assert_int_equal(run("./train --eval %s/kill/last.safetensors", dir), 0);
+}
+
 static void test_batch_must_divide(void **state) {
     need_mpi();
     assert_int_equal(run(MPIRUN " 2 ./train %s batch=33 save=%s/odd", cfg, dir), 1);
@@ -157,6 +178,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
         cmocka_unit_test(test_resume_any_count),
+        cmocka_unit_test(test_killed_process),
         cmocka_unit_test(test_batch_must_divide),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
