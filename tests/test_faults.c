@@ -39,31 +39,8 @@
 #endif
 
 static char dir[512], shim[PATH_MAX + 16], cfg[PATH_MAX + 16];
-
-// Runs a shell command line (environment assignments allowed first) with its output in
-// dir/out.txt; returns the exit status.
-static int run(const char *fmt, ...) {
-    char cmd[4 * PATH_MAX], full[5 * PATH_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "%s > %s/out.txt 2>&1", cmd, dir);
-    const int rc = system(full);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static const char *output(void) {
-    static char buf[1 << 16];
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    const size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
+#define run(...) test_sh(dir, __VA_ARGS__)
+#define output() test_sh_output(dir)
 
 static void expect_output(const char *s) {
     if (!strstr(output(), s)) fail_msg("expected \"%s\" in:\n%s", s, output());

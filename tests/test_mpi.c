@@ -28,32 +28,11 @@
 #include "testutil.h"
 
 static char dir[512], cfg[PATH_MAX + 16];
+#define run(...) test_sh(dir, __VA_ARGS__)
+#define output() test_sh_output(dir)
 static bool usable;  // mpirun and an MPI build of ./train are here
 
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 -np"
-
-static int run(const char *fmt, ...) {
-    char cmd[4 * PATH_MAX], full[5 * PATH_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "%s > %s/out.txt 2>&1", cmd, dir);
-    const int rc = system(full);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static const char *output(void) {
-    static char buf[1 << 16];
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return "";
-    const size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
 
 static int group_setup(void **state) {
     if (access("./train", X_OK) != 0 || system("command -v mpirun > /dev/null 2>&1") != 0) return 0;

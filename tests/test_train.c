@@ -21,6 +21,8 @@
 #include "testutil.h"
 
 static char dir[512];  // short enough that every path built from it fits
+#define run(...) test_sh(dir, __VA_ARGS__)
+#define read_output() test_sh_output(dir)
 
 // count side x side images of `classes` classes: noise and a bright bar whose position
 // is the class.
@@ -106,31 +108,6 @@ static int train(const char *args) {
     snprintf(cmd, sizeof cmd, "./train %s/%s %s > %s/out.txt 2>&1", dir, g_cfg, args, dir);
     const int rc = system(cmd);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-// Runs a shell command with its output in out.txt; returns its exit status.
-static int run(const char *fmt, ...) {
-    char cmd[4 * PATH_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    char full[5 * PATH_MAX];
-    snprintf(full, sizeof full, "%s > %s/out.txt 2>&1", cmd, dir);
-    const int rc = system(full);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static char *read_output(void) {
-    static char buf[65536];
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
 }
 
 // Every tensor of the two checkpoints has the same bytes.

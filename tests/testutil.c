@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../nn/rng.h"
@@ -95,4 +96,28 @@ Loader *open_squares_loader(const char *images, const char *labels, Dataset **ds
     Loader *l = NULL;
     if (loader_create(&l, *ds, &lc, &err)) fail_msg("%s", err.msg);
     return l;
+}
+
+int test_sh(const char *dir, const char *fmt, ...) {
+    char cmd[4 * PATH_MAX], full[5 * PATH_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "%s > %s/out.txt 2>&1", cmd, dir);
+    const int rc = system(full);
+    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+const char *test_sh_output(const char *dir) {
+    static char buf[1 << 16];
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return buf;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
 }

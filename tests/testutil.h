@@ -16,6 +16,12 @@ int test_tmpdir_make(char *dir, size_t size, const char *name);
 // Removes path and everything under it; -1 on failure.
 int test_remove_tree(const char *path);
 
+// Runs a shell command line (printf-style, environment assignments allowed first) with its
+// stdout and stderr in DIR/out.txt; returns its exit status (-1 if it did not exit).
+int test_sh(const char *dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// DIR/out.txt as text (one static buffer of 64 KB; "" when there is none).
+const char *test_sh_output(const char *dir);
+
 // The repository root, for suites that read its files: left as it is when `probe` (a
 // path relative to the root) is readable from the working directory (make test runs
 // there), else the part of argv0's real path before its last "/build/"
