@@ -53,6 +53,11 @@ static int group_setup(void **state) {
             "[linear]\nname = fc2\noutputs = 4\n[log_softmax]\n",
             images, labels, timages, tlabels);
     if (fclose(f)) return -1;
+    // mpirun must be able to start two processes here at all (a container may forbid it).
+    if (run(MPIRUN " 2 /bin/true")) {
+        print_message("skipped: mpirun cannot start 2 processes on this machine:\n%s\n", output());
+        return 0;
+    }
     run(MPIRUN " 2 ./train %s stop_after=1 save=%s/probe", cfg, dir);
     usable = !strstr(output(), "this build has no MPI");
     if (!usable) print_message("skipped: ./train has no MPI (make with mpicc found, or MPI=1)\n");
