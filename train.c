@@ -575,13 +575,31 @@ static void put_batch(Net *net, const Batch *b, int first, int n) {
 }
 
 // Every process takes rank 0's batchnorm statistics and counters (PyTorch DDP's
-// broadcast_buffers): each normalised its own part of the batch.
+// broadcast_buffers): each normalised its own part of the batch. The F32 buffers lie
+// together at the start of the buffer block: one broadcast for them, one for the counters.
 static int sync_buffers(Net *net, Error *err) {
+    size_t f32 = 0;
+    int ncounters = 0;
     for (int m = 0; m < net->nmodules; m++)
         for (int j = 0; j < net->modules[m]->nbuffers; j++) {
             const Tensor *t = &net->modules[m]->buffers[j];
-            if (dist_broadcast(&dist, t->data, tensor_bytes(t), err)) return -1;
+            if (t->dtype != DT_F32) ncounters++;
+            else if ((size_t)((char *)t->data - (char *)net->buffers) + tensor_bytes(t) > f32)
+                f32 = (size_t)((char *)t->data - (char *)net->buffers) + tensor_bytes(t);
         }
+    if (!ncounters) return 0;  // no batchnorm
+    int64_t counters[ncounters];
+    for (int m = 0, i = 0; m < net->nmodules; m++)
+        for (int j = 0; j < net->modules[m]->nbuffers; j++)
+            if (net->modules[m]->buffers[j].dtype != DT_F32)
+                counters[i++] = *(int64_t *)net->modules[m]->buffers[j].data;
+    if (dist_broadcast(&dist, net->buffers, f32, err) ||
+        dist_broadcast(&dist, counters, sizeof counters, err))
+        return -1;
+    for (int m = 0, i = 0; m < net->nmodules; m++)
+        for (int j = 0; j < net->modules[m]->nbuffers; j++)
+            if (net->modules[m]->buffers[j].dtype != DT_F32)
+                *(int64_t *)net->modules[m]->buffers[j].data = counters[i++];
     return 0;
 }
 

@@ -1056,6 +1056,18 @@ static size_t buffer_snapshot(const Net *net, char *out, size_t cap) {
     return n;
 }
 
+// The two networks hold the same bytes: the first `values` floats of their parameter blocks
+// (nparams, or 3 x nparams with the optimizer state) and every buffer, counters included.
+static void expect_same_model(const Net *a, const Net *b, size_t values) {
+    float *ha = snapshot(a), *hb = snapshot(b);
+    assert_memory_equal(ha, hb, values * sizeof(float));
+    char ba[4096], bb[4096];
+    const size_t na = buffer_snapshot(a, ba, sizeof ba);
+    assert_int_equal(buffer_snapshot(b, bb, sizeof bb), na);
+    assert_memory_equal(ba, bb, na);
+    free(ha), free(hb);
+}
+
 // Copies checkpoint `in` to `out` as a plain state_dict, as PyTorch's save_file writes it:
 // the model's tensors only (no optimizer, no metadata), except `drop` (a name, or NULL);
 // `as_f32` (a name, or NULL) is stored as F32 instead of its dtype; `extra` adds a tensor.
@@ -1113,13 +1125,7 @@ static void test_batchnorm_round_trip(void **state) {
 
     TrainState st;
     if (checkpoint_load_all(path("bn.safetensors"), &b, &st, &err)) fail_msg("%s", err.msg);
-    float *ha = snapshot(&a), *hb = snapshot(&b);
-    assert_memory_equal(ha, hb, 3 * (size_t)a.nparams * sizeof(float));
-    char ba[4096], bb[4096];
-    const size_t na = buffer_snapshot(&a, ba, sizeof ba), nb = buffer_snapshot(&b, bb, sizeof bb);
-    assert_int_equal(na, nb);
-    assert_memory_equal(ba, bb, na);
-    free(ha), free(hb);
+    expect_same_model(&a, &b, 3 * (size_t)a.nparams);
     net_free(&a);
     net_free(&b);
 }
@@ -1138,12 +1144,7 @@ static void test_plain_state_dict(void **state) {
     write_plain(path("bnsrc.safetensors"), path("plain_sd.safetensors"), NULL, NULL, NULL);
     Error err = {{0}};
     if (checkpoint_load_weights(path("plain_sd.safetensors"), &b, NULL, 0, &err)) fail_msg("%s", err.msg);
-    float *ha = snapshot(&a), *hb = snapshot(&b);
-    assert_memory_equal(ha, hb, (size_t)a.nparams * sizeof(float));
-    char ba[4096], bb[4096];
-    const size_t na = buffer_snapshot(&a, ba, sizeof ba);
-    assert_int_equal(buffer_snapshot(&b, bb, sizeof bb), na);
-    assert_memory_equal(ba, bb, na);
+    expect_same_model(&a, &b, (size_t)a.nparams);
     TrainState st;
     assert_int_equal(checkpoint_load_all(path("plain_sd.safetensors"), &b, &st, &err), -1);
     assert_contains(err.msg, "not a cnn.c checkpoint");
@@ -1162,7 +1163,6 @@ static void test_plain_state_dict(void **state) {
                 NULL, NULL);
     assert_int_equal(checkpoint_load_weights(path("novar.safetensors"), &b, NULL, 0, &err), -1);
     assert_contains(err.msg, "missing keys (1): layer1.0.bn2.running_var");
-    free(ha), free(hb);
     net_free(&a);
     net_free(&b);
 }
@@ -1202,17 +1202,11 @@ static void test_export(void **state) {
     st_close(&src);
     st_close(&out);
     if (checkpoint_load_weights(path("exported.safetensors"), &b, NULL, 0, &err)) fail_msg("%s", err.msg);
-    float *ha = snapshot(&a), *hb = snapshot(&b);
-    assert_memory_equal(ha, hb, (size_t)a.nparams * sizeof(float));
-    char ba[4096], bb[4096];
-    const size_t na = buffer_snapshot(&a, ba, sizeof ba);
-    assert_int_equal(buffer_snapshot(&b, bb, sizeof bb), na);
-    assert_memory_equal(ba, bb, na);
+    expect_same_model(&a, &b, (size_t)a.nparams);
     assert_int_equal(checkpoint_export(path("exsrc.safetensors"), path("exsrc.safetensors"), &n, &err), -1);
     assert_contains(err.msg, "is the input file");
     assert_int_equal(checkpoint_export(path("nothere.safetensors"), path("x.safetensors"), &n, &err), -1);
     assert_contains(err.msg, "nothere.safetensors");
-    free(ha), free(hb);
     net_free(&a);
     net_free(&b);
 }

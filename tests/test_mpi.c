@@ -7,6 +7,8 @@
 //   - two 2-process runs give identical tensors;
 //   - a 2-process run stopped after 5 steps resumes with 2 processes to the same bits as
 //     the uninterrupted run, and with 1 process to within float rounding;
+//   - with batchnorm, the evaluation the run logs is the checkpoint's own (rank 0's running
+//     statistics everywhere);
 //   - a process killed mid-epoch ends the run within 30 s, and the last checkpoint loads;
 //   - a batch that does not divide among the processes is refused, naming those that do.
 #include <stdarg.h>
@@ -27,7 +29,7 @@
 #include "../nn/safetensors.h"
 #include "testutil.h"
 
-static char dir[512], cfg[PATH_MAX + 16];
+static char dir[512], cfg[PATH_MAX + 16], resnet[PATH_MAX + 16];
 #define run(...) test_sh(dir, __VA_ARGS__)
 #define output() test_sh_output(dir)
 static bool usable;  // mpirun and an MPI build of ./train are here
@@ -51,6 +53,19 @@ static int group_setup(void **state) {
             "[maxpool]\n[dropout]\np = 0.3\n[flatten]\n"
             "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
             "[linear]\nname = fc2\noutputs = 4\n[log_softmax]\n",
+            images, labels, timages, tlabels);
+    if (fclose(f)) return -1;
+    snprintf(resnet, sizeof resnet, "%s/resnet.cfg", dir);
+    if (!(f = fopen(resnet, "w"))) return -1;
+    fprintf(f,
+            "[train]\nepochs = 1\nbatch = 32\nseed = 3\nthreads = 1\n"
+            "[data]\ntrain = %s\ntrain_labels = %s\ntest = %s\ntest_labels = %s\nmean = 0.25\n"
+            "std = 0.35\n"
+            "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+            "[batchnorm]\nname = bn1\nactivation = relu\n"
+            "[residual]\nname = layer1.0\nfilters = 8\nstride = 2\n"
+            "[global_avgpool]\nname = avgpool\n[flatten]\n"
+            "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n",
             images, labels, timages, tlabels);
     if (fclose(f)) return -1;
     // mpirun must be able to start two processes here at all (a container may forbid it).
@@ -129,6 +144,20 @@ static void test_resume_any_count(void **state) {
     if (!strstr(output(), "epoch 1/1") || !strstr(output(), "comm ")) fail_msg("%s", output());
 }
 
+// Batchnorm: every process takes rank 0's running statistics, so the evaluation each does of
+// its part of the test set is the one a single process does with the checkpoint (rank 1's
+// own statistics gave another loss).
+static void test_batchnorm_statistics(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s save=%s/bn", resnet, dir), 0);
+    const char *v = strstr(output(), "val_loss ");
+    assert_non_null(v);
+    char logged[32];
+    snprintf(logged, sizeof logged, "loss %.6s", v + 9);
+    assert_int_equal(run("./train --eval %s/bn/last.safetensors", dir), 0);
+    if (!strstr(output(), logged)) fail_msg("expected '%s' in: %s", logged, output());
+}
+
 // A process killed mid-epoch: mpirun ends the other within 30 s, naming the rank, and the
 // last checkpoint (written every 5 batches) loads.
 static void test_killed_process(void **state) {
@@ -162,6 +191,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
         cmocka_unit_test(test_resume_any_count),
+        cmocka_unit_test(test_batchnorm_statistics),
         cmocka_unit_test(test_killed_process),
         cmocka_unit_test(test_batch_must_divide),
     };

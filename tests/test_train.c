@@ -17,6 +17,7 @@
 
 #include <stb/stb_image_write.h>
 
+#include "../nn/checkpoint.h"
 #include "../nn/safetensors.h"
 #include "testutil.h"
 
@@ -224,23 +225,6 @@ static void test_resnet_resume(void **state) {
     assert_true(atof(acc + 8) > 80.0);
 }
 
-// Copies checkpoint `in` to the plain state_dict `out` (the model's tensors, no metadata),
-// as PyTorch's safetensors.torch.save_file writes one.
-static void write_plain(const char *in, const char *out) {
-    StFile f;
-    Error err = {{0}};
-    if (st_open(&f, in, &err)) fail_msg("%s", err.msg);
-    Tensor *t = calloc((size_t)f.count, sizeof *t);
-    assert_non_null(t);
-    int n = 0;
-    for (int i = 0; i < f.count; i++)
-        if (strncmp(f.entries[i].name, "optimizer.", 10) && st_as_tensor(&f, &f.entries[i], &t[n++], &err))
-            fail_msg("%s", err.msg);
-    if (st_write(out, t, n, NULL, NULL, 0, &err)) fail_msg("%s", err.msg);
-    free(t);
-    st_close(&f);
-}
-
 // Plain weights (a PyTorch state_dict) with a cfg: --eval and --predict take them with
 // --cfg, init= starts a run from them, init_skip leaves layers fresh.
 static void test_plain_weights(void **state) {
@@ -251,7 +235,9 @@ static void test_plain_weights(void **state) {
     assert_int_equal(train(args), 0);
     snprintf(ckpt, sizeof ckpt, "%s/res1/last.safetensors", dir);
     snprintf(plain, sizeof plain, "%s/plain.safetensors", dir);
-    write_plain(ckpt, plain);
+    int exported;
+    Error err = {{0}};
+    if (checkpoint_export(ckpt, plain, &exported, &err)) fail_msg("%s", err.msg);
     // The checkpoint's evaluation and the plain weights' with the cfg agree.
     assert_int_equal(run("./train --eval %s", ckpt), 0);
     char want[160];
