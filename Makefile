@@ -193,8 +193,9 @@ test-gpu-replay: deps-test
 	$(BUILD)/tests/test_gpu_replay
 
 bench: deps-bench
-	$(MAKE) all $(BUILD)/bench/sgemm
+	$(MAKE) all $(BUILD)/bench/sgemm $(BUILD)/bench/make_folders
 	sh bench/run.sh
+	sh bench/resnet_bench.sh
 
 clean:
 	rm -rf build $(BINS) libcnn_cuda.so

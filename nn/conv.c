@@ -40,9 +40,11 @@ static bool conv_is_pointwise(const Conv *c) { return c->size == 1 && c->stride 
 
 // Few inputs per output (an image's first layer: conv1 of the seed network has 9): the
 // direct kernels, because a GEMM over K = 9 runs far below its speed and im2col would
-// write 9 floats for every output pixel, twice a step.
+// write 9 floats for every output pixel, twice a step. Not a 1x1 convolution (a ResNet's
+// strided downsample): its im2col is a gather of one pixel in `stride`, and the GEMM beat
+// the direct kernels 4x there (bench/PROFILE.md).
 static bool conv_is_direct(const Conv *c) {
-    return !conv_is_pointwise(c) && c->base.in.c * c->size * c->size <= CONV_DIRECT_MAX_TAPS &&
+    return c->size > 1 && c->base.in.c * c->size * c->size <= CONV_DIRECT_MAX_TAPS &&
            c->filters <= CONV_DIRECT_MAX_FILTERS;
 }
 
