@@ -27,6 +27,8 @@ NN_SRC    := $(wildcard nn/*.c)
 DATA_SRC  := $(wildcard data/*.c)
 LIB_SRC   := $(NN_SRC) $(DATA_SRC)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+# The AVX-512 GEMM alone may use AVX-512: cpu_gemm calls it only where the CPU has it.
+$(BUILD)/nn/gemm_avx512.o: CFLAGS += -mavx512f
 
 # CUDA backend, when the toolkit is here: a shared library that nn/cuda_loader.c loads
 # on the first use of device=cuda, so CPU runs never map the CUDA libraries.

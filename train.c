@@ -1127,8 +1127,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     r.info.classes = train->classes;
 
     char device[64];
-    snprintf(device, sizeof device, "%s%s%s%s", k->name, k->host_memory ? " (OpenBLAS " : "",
-             k->host_memory ? cpu_blas_core() : "", k->host_memory ? " kernels)" : "");
+    snprintf(device, sizeof device, "%s%s%s%s", k->name, k->host_memory ? " (" : "",
+             k->host_memory ? cpu_gemm_kernels() : "", k->host_memory ? " kernels)" : "");
     printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", cfg->path, device,
            (long long)train->count, test ? "" : " (no test set)", data.classes, o->batch);
     if (dist.size > 1) printf(" over %d processes (%d samples each)", dist.size, mine.batch);

@@ -215,8 +215,10 @@ const Kernels *kernels_for_device(const char *device, Error *err);
 
 // Threads for the CPU backend (OpenBLAS and the project's own loops).
 void cpu_set_threads(int n);
-// The OpenBLAS kernels in use ("Haswell", "Cooperlake", ...): OpenBLAS picks them for the
+// The GEMM kernels in use: "AVX-512 + OpenBLAS Haswell" where the CPU has AVX-512 (the
+// project's own kernels, nn/gemm_avx512.h, with OpenBLAS for some shapes), else
+// "OpenBLAS Haswell". OpenBLAS picks its kernels ("Haswell", "Cooperlake", ...) for the
 // CPU when it loads, unless OPENBLAS_CORETYPE names them.
-const char *cpu_blas_core(void);
+const char *cpu_gemm_kernels(void);
 
 #endif

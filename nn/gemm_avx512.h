@@ -1,0 +1,21 @@
+// gemm_avx512.h: the project's own SGEMM for CPUs with AVX-512 (nn/gemm_avx512.c).
+//
+// OpenBLAS picks its kernels for the CPU when it loads, and the environment can pin them
+// (OPENBLAS_CORETYPE=Haswell runs its AVX2 kernels on an AVX-512 CPU, at half the peak).
+// cpu_gemm uses this one where the CPU has AVX-512, OpenBLAS elsewhere (bench/PROFILE.md
+// measures the two). Row-major, single-threaded: cpu_gemm cuts the threads' slabs.
+#ifndef NN_GEMM_AVX512_H
+#define NN_GEMM_AVX512_H
+
+#include <stdbool.h>
+
+// Whether this CPU runs gemm_avx512.
+bool gemm_avx512_available(void);
+
+// C (M, N; row stride ldc) = alpha * op(A) @ op(B) + beta * C, as cblas_sgemm with
+// CblasRowMajor: op(A) is (M, K), stored (K, M) when ta; op(B) is (K, N), stored (N, K)
+// when tb. Returns -1 when this thread's packing buffers (4.1 MB) cannot be allocated.
+int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc);
+
+#endif
