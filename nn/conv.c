@@ -137,8 +137,8 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
     float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
     const float *w = l->params[0].data;  // (OC, K*K*C) after the permute
-    if (conv_permutes(c)) {
-        conv_to_khkwc(c, k, ctx->workspace, w);
+    if (conv_permutes(c)) {  // once per pass: a chunked pass keeps it (LayerCtx.after_first)
+        if (!ctx->after_first) conv_to_khkwc(c, k, ctx->workspace, w);
         w = ctx->workspace;
     }
     const int chunk = conv_chunk(c, N);
@@ -171,10 +171,10 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
     const float *w = l->params[0].data;
     float *dw = l->grads[0];
-    if (conv_permutes(c)) {
+    if (conv_permutes(c)) {  // permuted on a pass's first chunk, back on its last
         float *wp = ctx->workspace, *dwp = wp + conv_weight_floats(c);
-        if (din) conv_to_khkwc(c, k, wp, w);
-        if (dw) conv_to_khkwc(c, k, dwp, dw);
+        if (din && !ctx->after_first) conv_to_khkwc(c, k, wp, w);
+        if (dw && !ctx->after_first) conv_to_khkwc(c, k, dwp, dw);
         w = wp, dw = dw ? dwp : NULL;
     }
     k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * pixels, c->filters, c->act);
@@ -201,7 +201,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
                   l->out.w);
     }
     // (OC, K*K*C) back to PyTorch's (OC, C, K*K).
-    if (dw && conv_permutes(c))
+    if (dw && conv_permutes(c) && !ctx->before_last)
         k->nhwc_to_nchw(l->grads[0], dw, c->filters, 1, c->size * c->size, l->in.c);
 }
 

@@ -17,9 +17,23 @@ static void store(const LayerCtx *ctx, void *dst, const float *src, int64_t nume
     ctx->k->f32_to_f16((uint16_t *)dst + n0 * numel, src, n * numel);
 }
 
-static int chunk_len(const LayerCtx *ctx, int n0, int N) {
-    const int c = ctx->exec->chunk;
-    return N - n0 < c ? N - n0 : c;
+int exec_chunk(const Exec *e, const Layer *l, int N) {
+    if (e->precision != DT_F16) return N;
+    const int64_t in = shape_numel(l->in), out = shape_numel(l->out);
+    const int64_t fit = e->slot_values / (in > out ? in : out);
+    return fit < 1 ? 1 : fit < N ? (int)fit : N;
+}
+
+// The length of the chunk that starts at n0, of chunks of `chunk` samples over N.
+static int chunk_len(int chunk, int n0, int N) { return N - n0 < chunk ? N - n0 : chunk; }
+
+// The context of the chunk [n0, n0 + n) of a pass over N samples.
+static LayerCtx chunk_ctx(const LayerCtx *ctx, int n0, int n, int N) {
+    LayerCtx c = *ctx;
+    c.sample0 = ctx->sample0 + n0;
+    c.after_first = n0 > 0;
+    c.before_last = n0 + n < N;
+    return c;
 }
 
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
@@ -35,15 +49,15 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
         return;
     }
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+    const int chunk = exec_chunk(ctx->exec, l, N);
     if (reduce)
-        for (int n0 = 0; n0 < N; n0 += ctx->exec->chunk) {
-            const int n = chunk_len(ctx, n0, N);
+        for (int n0 = 0; n0 < N; n0 += chunk) {
+            const int n = chunk_len(chunk, n0, N);
             ops->forward_reduce(l, ctx, view(ctx, in, nin, n0, n, 0), n0, n, N);
         }
-    for (int n0 = 0; n0 < N; n0 += ctx->exec->chunk) {
-        const int n = chunk_len(ctx, n0, N);
-        LayerCtx c = *ctx;
-        c.sample0 = ctx->sample0 + n0;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = chunk_len(chunk, n0, N);
+        LayerCtx c = chunk_ctx(ctx, n0, n, N);
         const float *x = view(ctx, in, nin, n0, n, 0);
         float *y = out.f32 ? (float *)out.p + n0 * nout : ctx->exec->scratch[1];
         ops->forward(l, &c, y, x, n);
@@ -64,18 +78,18 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
         return;
     }
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+    const int chunk = exec_chunk(ctx->exec, l, N);
     if (ops->backward_reduce)
-        for (int n0 = 0; n0 < N; n0 += ctx->exec->chunk) {
-            const int n = chunk_len(ctx, n0, N);
+        for (int n0 = 0; n0 < N; n0 += chunk) {
+            const int n = chunk_len(chunk, n0, N);
             LayerCtx c = *ctx;
             c.sample0 = ctx->sample0 + n0;
             ops->backward_reduce(l, &c, view(ctx, dout, nout, n0, n, 2), view(ctx, in, nin, n0, n, 0),
                                  view(ctx, out, nout, n0, n, 1), n0, n, N);
         }
-    for (int n0 = 0; n0 < N; n0 += ctx->exec->chunk) {
-        const int n = chunk_len(ctx, n0, N);
-        LayerCtx c = *ctx;
-        c.sample0 = ctx->sample0 + n0;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = chunk_len(chunk, n0, N);
+        LayerCtx c = chunk_ctx(ctx, n0, n, N);
         const float *x = view(ctx, in, nin, n0, n, 0);
         const float *y = view(ctx, out, nout, n0, n, 1);
         float *dy = view(ctx, dout, nout, n0, n, 2);
@@ -88,6 +102,12 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
 // ---- layer_run_*: containers' children, all stored in the executor's precision -------------
 
 static Stored stored(const LayerCtx *ctx, const void *p) { return (Stored){(void *)p, !exec_f16(ctx)}; }
+
+// Samples per chunk of an elementwise pass over `values` a sample (F16).
+static int values_chunk(const LayerCtx *ctx, int64_t values, int N) {
+    const int64_t fit = ctx->exec->slot_values / values;
+    return fit < 1 ? 1 : fit < N ? (int)fit : N;
+}
 
 void layer_run_forward(const LayerCtx *ctx, Layer *l, void *out, const void *in, int N) {
     exec_forward(ctx, l, stored(ctx, out), stored(ctx, in), N);
@@ -104,8 +124,9 @@ void layer_run_add_act(const LayerCtx *ctx, void *out, const void *a, const void
         ctx->k->add_act(out, a, b, N * values, act);
         return;
     }
-    for (int n0 = 0; n0 < N; n0 += ctx->exec->chunk) {
-        const int n = chunk_len(ctx, n0, N);
+    const int chunk = values_chunk(ctx, values, N);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = chunk_len(chunk, n0, N);
         const float *x = view(ctx, stored(ctx, a), values, n0, n, 0);
         float *y = view(ctx, stored(ctx, b), values, n0, n, 1);
         ctx->k->add_act(y, x, y, n * values, act);
@@ -120,8 +141,9 @@ void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, in
         ctx->k->relu_backward(dout, dout, out, N * values);
         return;
     }
-    for (int n0 = 0; n0 < N; n0 += ctx->exec->chunk) {
-        const int n = chunk_len(ctx, n0, N);
+    const int chunk = values_chunk(ctx, values, N);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = chunk_len(chunk, n0, N);
         const float *y = view(ctx, stored(ctx, out), values, n0, n, 1);
         float *dy = view(ctx, stored(ctx, dout), values, n0, n, 2);
         ctx->k->relu_backward(dy, dy, y, n * values);

@@ -13,10 +13,16 @@
 
 struct Exec {
     DType precision;      // of stored activations: DT_F32 or DT_F16
-    int chunk;            // F16: samples per layer call through the scratch
-    float *scratch[4];    // F16: (chunk, largest activation of any layer) F32 each
+    int64_t slot_values;  // F16: fp32 values in each scratch slot
+    float *scratch[4];    // F16: slot_values F32 each
     void *block_scratch;  // (batch, the largest LayerOps.scratch_values) stored values
 };
+
+// Samples per call of leaf l in a pass over N: in F16 as many as a scratch slot holds of
+// the larger of its input and output (at least 1, at most N), so a layer with small
+// activations runs on large chunks (a GEMM over one sample of a 7x7 layer would pack the
+// whole weight for 49 rows); N in F32.
+int exec_chunk(const Exec *e, const Layer *l, int N);
 
 // A stored activation: in the executor's precision, or F32 where f32 is set (the
 // network's input and its output, the log-probabilities).

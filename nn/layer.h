@@ -40,6 +40,12 @@ typedef struct LayerCtx {
     bool recompute;    // this forward recomputes a checkpointed segment during backward: it
                        // must give the first forward's outputs, so batchnorm reuses the
                        // batch statistics it saved and its running statistics do not move
+    // A pass over the batch in chunks of samples (fp16, nn/exec.h) calls forward or backward
+    // once per chunk, in order, with nothing else using the workspace in between:
+    bool after_first;  // an earlier chunk of this pass ran: what the layer prepared in the
+                       // workspace on the first (conv's permuted weight) is still there
+    bool before_last;  // chunks of this pass follow: what the layer finishes on the last
+                       // (conv's weight gradient, permuted back) waits for it
 } LayerCtx;
 
 typedef struct Layer Layer;

@@ -193,20 +193,20 @@ static void net_layout(Net *net, char *act_base) {
     for (int i = 0; i <= last; i++)
         if (largest_of(net->layers[i]) > largest_any) largest_any = largest_of(net->layers[i]);
     net->exec.precision = net->precision;
-    net->exec.chunk = B;
+    net->exec.slot_values = 0;
     size_t ws = 0;
-    if (net->precision == DT_F16) {
+    if (net->precision == DT_F16) {  // a slot holds `fit` samples of the largest activation
         const size_t per_sample = 4 * largest_any * sizeof(float);
-        const size_t fit = FP16_SCRATCH_BYTES / per_sample;
-        net->exec.chunk = fit < (size_t)B ? (int)fit : B;
-        if (net->exec.chunk < 1) net->exec.chunk = 1;
-        ws = 4 * align64((size_t)net->exec.chunk * largest_any * sizeof(float));
+        size_t fit = FP16_SCRATCH_BYTES / per_sample;
+        fit = fit < 1 ? 1 : fit > (size_t)B ? (size_t)B : fit;
+        net->exec.slot_values = (int64_t)(fit * largest_any);
+        ws = 4 * align64(fit * largest_any * sizeof(float));
     }
     net->scratch_bytes = ws;
     size_t layer_ws = 0;
     for (int i = 0; i < net->nmodules; i++) {
         const Layer *l = net->modules[i];
-        const size_t w = layer_workspace_bytes(l, net->exec.chunk);
+        const size_t w = layer_workspace_bytes(l, exec_chunk(&net->exec, l, B));
         if (w > layer_ws) layer_ws = w;
     }
     net->plan.workspace = ws + layer_ws;

@@ -178,7 +178,6 @@ static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, 
     // Exactly the bytes the layer asks for, so that ASan sees any overrun.
     c->ws = xmalloc(case_workspace(c->l, N));
     c->exec.precision = DT_F32;
-    c->exec.chunk = N;
     if (c->l->ops->inner_values)
         c->l->inner = case_mem(c, (size_t)N * c->l->ops->inner_values(c->l) * sizeof(float));
     if (c->l->ops->scratch_values)
