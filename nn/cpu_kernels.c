@@ -168,28 +168,30 @@ static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, 
 
 static void cpu_col2im(float *din, const float *col, int N, int H, int W, int C, int K,
                        int stride, int pad, int OH, int OW) {
-    const int64_t kc = (int64_t)K * C, ckk = K * kc, image = (int64_t)H * W * C;
-    // One image per iteration: images write disjoint parts of din. Each pixel sums its
-    // patches in the order (oh, ow) ascending, as the CUDA kernel does.
+    const int64_t kc = (int64_t)K * C, ckk = K * kc;
+    // Gathered by rows of din, in parallel (a convolution's chunk is often one image): each
+    // pixel sums the patches that cover it in the order (oh, ow) ascending, as the CUDA
+    // kernel does, so kh and kw run downwards. Measured on resnet-small, where a chunk is
+    // one image: col2im 46-54 -> 35-37 ms a step against one image per thread.
 #pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * ckk > PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        float *dimg = din + n * image;
-        memset(dimg, 0, (size_t)image * sizeof(float));
-        for (int oh = 0; oh < OH; oh++)
-            for (int ow = 0; ow < OW; ow++) {
-                const float *src = col + (((int64_t)n * OH + oh) * OW + ow) * ckk;
-                for (int kh = 0; kh < K; kh++) {
-                    const int ih = oh * stride - pad + kh;
-                    if (ih < 0 || ih >= H) continue;
-                    for (int kw = 0; kw < K; kw++) {
-                        const int iw = ow * stride - pad + kw;
-                        if (iw < 0 || iw >= W) continue;
-                        float *d = dimg + ((int64_t)ih * W + iw) * C;
-                        const float *sp = src + kh * kc + kw * C;
-                        for (int c = 0; c < C; c++) d[c] += sp[c];
-                    }
+    for (int64_t r = 0; r < (int64_t)N * H; r++) {
+        const int n = (int)(r / H), ih = (int)(r % H);
+        float *drow = din + r * W * C;
+        memset(drow, 0, (size_t)W * C * sizeof(float));
+        for (int kh = K - 1; kh >= 0; kh--) {
+            const int t = ih + pad - kh;  // oh * stride
+            if (t < 0 || t % stride || t / stride >= OH) continue;
+            const float *crow = col + ((int64_t)n * OH + t / stride) * OW * ckk + kh * kc;
+            for (int iw = 0; iw < W; iw++) {
+                float *d = drow + (int64_t)iw * C;
+                for (int kw = K - 1; kw >= 0; kw--) {
+                    const int u = iw + pad - kw;  // ow * stride
+                    if (u < 0 || u % stride || u / stride >= OW) continue;
+                    const float *sp = crow + (int64_t)(u / stride) * ckk + kw * C;
+                    for (int c = 0; c < C; c++) d[c] += sp[c];
                 }
             }
+        }
     }
 }
 
@@ -518,7 +520,7 @@ static inline void window_range(int o, int stride, int pad, int K, int H, int *a
 
 static void cpu_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
                                 int stride, int pad, int OH, int OW) {
-#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++)
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
@@ -583,7 +585,7 @@ static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
 static void cpu_avgpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
                                 int stride, int pad, int OH, int OW) {
     const float div = (float)(K * K);
-#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++)
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
@@ -606,7 +608,7 @@ static void cpu_avgpool_forward(float *out, const float *in, int N, int H, int W
 static void cpu_avgpool_backward(float *din, const float *dout, int N, int H, int W, int C, int K,
                                  int stride, int pad, int OH, int OW) {
     const float div = (float)(K * K);
-#pragma omp parallel for schedule(static) if ((int64_t)N * H * W * C * K * K > PAR_MIN)
+#pragma omp parallel for collapse(2) schedule(static) if ((int64_t)N * H * W * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++)
         for (int ih = 0; ih < H; ih++) {
             // Windows oh with oh * stride - pad <= ih < oh * stride - pad + K.

@@ -151,14 +151,8 @@ static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha, flo
 MICRO_KERNEL(kernel_12x32, 12, 2)
 MICRO_KERNEL(kernel_24x16, 24, 1)
 
-bool gemm_avx512_available(void) {
-    static int have = -1;
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx512f") != 0;
-    }
-    return have;
-}
+// libgcc reads the CPU's features in a constructor: the test is a load, safe from any thread.
+bool gemm_avx512_available(void) { return __builtin_cpu_supports("avx512f") != 0; }
 
 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc) {
