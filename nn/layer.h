@@ -103,10 +103,12 @@ typedef struct LayerOps {
 
     // ---- containers ---------------------------------------------------------------------
     // In place of forward and backward: in, out, din and dout are stored activations in
-    // the network's precision (a container is never the first or the last layer).
+    // the network's precision (a container is never the first or the last layer). Nothing
+    // reads a layer's output after its backward, so run_backward may use out as scratch
+    // once it has read it (the residual block recomputes an inner activation there).
     void (*run_forward)(Layer *l, const LayerCtx *ctx, void *out, const void *in, int N);
     void (*run_backward)(Layer *l, const LayerCtx *ctx, void *din, void *dout, const void *in,
-                         const void *out, int N);
+                         void *out, int N);
     // Stored values per sample kept from forward to backward (the inner activations):
     // l->inner holds batch * inner_values of them.
     int64_t (*inner_values)(const Layer *l);

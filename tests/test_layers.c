@@ -103,6 +103,7 @@ struct Case {
     bool fd;      // check against finite differences (small cases only)
     // What the layer sees (plain malloc: the CPU backend's pointers are host pointers).
     float *in, *out, *dout, *din, *p[MAXP], *g[MAXP], *rf;  // rf: R in float
+    float *out_fwd;  // the forward's out: a backward may use out as scratch (LayerOps)
     void *ws;
     Exec exec;     // fp32: the layer runs as the network runs it (batch passes, children)
     void *mem[3 * MAXP];  // buffers, state, inner activations, block scratch
@@ -171,6 +172,7 @@ static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, 
     c->din = xmalloc((size_t)c->nin * sizeof(float));
     c->x = xmalloc((size_t)c->nin * sizeof(double));
     c->out = xmalloc((size_t)c->nout * sizeof(float));
+    c->out_fwd = xmalloc((size_t)c->nout * sizeof(float));
     c->dout = xmalloc((size_t)c->nout * sizeof(float));
     c->rf = xmalloc((size_t)c->nout * sizeof(float));
     c->R = xmalloc((size_t)c->nout * sizeof(double));
@@ -185,7 +187,7 @@ static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, 
 }
 
 static void case_free(Case *c) {
-    void *bufs[] = {c->in, c->din, c->x, c->out, c->dout, c->rf, c->R, c->ws};
+    void *bufs[] = {c->in, c->din, c->x, c->out, c->out_fwd, c->dout, c->rf, c->R, c->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     for (int i = 0; i < c->nmem; i++) free(c->mem[i]);
     for (int i = 0; i < MAXP; i++) {
@@ -305,12 +307,14 @@ static void check_forward(Case *c) {
     for (int64_t i = 0; i < c->nout; i++) big = fmax(big, fabs(ref[i]));
     assert_true(big > 0);  // a test whose output is all zeros checks nothing
     expect_close("forward", c->out, ref, c->nout, FWD_TOL, 0.0);
+    memcpy(c->out_fwd, c->out, (size_t)c->nout * sizeof(float));
     free(ref);
 }
 
 static void run_backward(Case *c, float *din) {
     LayerCtx ctx = case_ctx(c);
     memcpy(c->dout, c->rf, (size_t)c->nout * sizeof(float));  // backward may overwrite dout
+    memcpy(c->out, c->out_fwd, (size_t)c->nout * sizeof(float));  // and out
     case_backward(c, &ctx, din, c->dout);
 }
 
