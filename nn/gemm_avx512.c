@@ -5,9 +5,9 @@
 // The classic blocking (Goto's): a KC x NC block of op(B) is packed into panels of NR
 // columns, an MC x KC block of op(A) into panels of MR rows, and a micro-kernel
 // multiplies one A panel by one B panel into an MR x NR tile of C held in registers
-// (MR x NR / 16 = 24 of the 32 zmm registers). Two tile shapes: 12 x 32, and 24 x 16 for
-// products with at most 16 columns (a ResNet's 16-channel layers), where the wide tile
-// would multiply zeros half the time. Edges are padded with zeros in the packed panels
+// (MR x NR / 16 = 24 of the 32 zmm registers). Three tile shapes: 12 x 32; 8 x 32 where
+// it pads fewer rows; and 24 x 16 for products with at most 16 columns (a ResNet's
+// 16-channel layers), where the wide tile would multiply zeros half the time. Edges are padded with zeros in the packed panels
 // and masked when C is written. Each element of C sums its K products in the same
 // order whatever the cut into threads' slabs of rows or columns, so the bits depend on
 // the slab only through alpha and beta, which are applied per element.
@@ -149,6 +149,7 @@ static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha, flo
     }
 
 MICRO_KERNEL(kernel_12x32, 12, 2)
+MICRO_KERNEL(kernel_8x32, 8, 2)
 MICRO_KERNEL(kernel_24x16, 24, 1)
 
 // libgcc reads the CPU's features in a constructor: the test is a load, safe from any thread.
@@ -164,8 +165,10 @@ int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float 
             return -1;
         }
     }
+    // 12 x 32 tiles, or 8 x 32 where they pad fewer rows (a weight gradient's 16, 32 or 64
+    // filters: 12 rows a tile would multiply 11-50% zeros).
     const bool narrow = N <= 16;
-    const int MR = narrow ? 24 : 12, NR = narrow ? 16 : 32;
+    const int MR = narrow ? 24 : (M + 7) / 8 * 8 < (M + 11) / 12 * 12 ? 8 : 12, NR = narrow ? 16 : 32;
     if (K <= 0) {  // C = beta * C
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(int64_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(int64_t)i * ldc + j];
@@ -188,6 +191,8 @@ int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float 
                         const int mr = imin(MR, mc - ir), nr = imin(NR, nc - jr);
                         if (narrow)
                             kernel_24x16(kc, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                        else if (MR == 8)
+                            kernel_8x32(kc, ap, bp, c, ldc, mr, nr, alpha, b_beta);
                         else
                             kernel_12x32(kc, ap, bp, c, ldc, mr, nr, alpha, b_beta);
                     }
