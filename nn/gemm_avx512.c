@@ -1,6 +1,7 @@
 // gemm_avx512.c: the project's own single-threaded SGEMM for CPUs with AVX-512 (see
-// gemm_avx512.h). Built with -mavx512f for this file alone; cpu_gemm calls it only where
-// the CPU has AVX-512, so the binaries still run on AVX2 machines.
+// gemm_avx512.h). Its functions alone are compiled for AVX-512 (AVX512 below, whatever the
+// build's -march); cpu_gemm calls them only where the CPU has AVX-512, so the binaries
+// still run on AVX2 machines.
 //
 // The classic blocking (Goto's): a KC x NC block of op(B) is packed into panels of NR
 // columns, an MC x KC block of op(A) into panels of MR rows, and a micro-kernel
@@ -14,21 +15,41 @@
 #include "gemm_avx512.h"
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #define KC 256   // k-block: an A panel (MR x KC) and a B panel (KC x NR) stay in L1/L2
 #define MC 144   // rows of A packed at a time (a multiple of both MRs), about 144 KB
 #define NC 4096  // columns of B packed at a time, at most KC x NC x 4 = 4 MB
 
-// The packing buffers of this thread, allocated at its first product.
-static _Thread_local float *pack_a, *pack_b;
+// The packing buffers of each thread (MC x KC floats for A, then KC x NC for B), allocated
+// at its first product and freed when the thread ends (a thread-specific value with a
+// destructor: OpenMP's threads come and go with the thread count).
+static pthread_key_t pack_key;
+static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
+static void pack_key_make(void) { pthread_key_create(&pack_key, free); }
+
+static float *pack_buffers(void) {
+    pthread_once(&pack_once, pack_key_make);
+    float *p = pthread_getspecific(pack_key);
+    if (!p) {
+        if (posix_memalign((void **)&p, 64, ((size_t)MC * KC + (size_t)KC * NC) * sizeof(float))) return NULL;
+        if (pthread_setspecific(pack_key, p)) {
+            free(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+#define AVX512 __attribute__((target("avx512f")))
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
 // Rows src[0..3] (row stride lda), k 0..15, to dst[k * MR + r]: each k's four values are
 // one 16-byte store. Measured (one thread, GFLOP/s) against a scalar loop: 4096 x 16 over
 // K = 144 (a 16-channel 3x3 convolution) 67 -> 96-132, 4096 x 32 over K = 288 113 -> 160.
-static inline void pack_4x16(float *dst, int MR, const float *src, int lda) {
+AVX512 static inline void pack_4x16(float *dst, int MR, const float *src, int lda) {
     const __m512 a0 = _mm512_loadu_ps(src), a1 = _mm512_loadu_ps(src + lda);
     const __m512 a2 = _mm512_loadu_ps(src + 2 * lda), a3 = _mm512_loadu_ps(src + 3 * lda);
     const __m512 t0 = _mm512_unpacklo_ps(a0, a1), t1 = _mm512_unpackhi_ps(a0, a1);
@@ -46,7 +67,7 @@ static inline void pack_4x16(float *dst, int MR, const float *src, int lda) {
 
 // op(A)(i, k) for rows [i0, i0 + mc) and k [k0, k0 + kc) into panels of MR rows:
 // dst[panel][k][r], zero rows past the edge.
-static void pack_a_block(float *dst, const float *A, int lda, bool ta, int i0, int mc, int k0,
+AVX512 static void pack_a_block(float *dst, const float *A, int lda, bool ta, int i0, int mc, int k0,
                          int kc, int MR) {
     for (int p = 0; p < mc; p += MR) {
         const int mr = imin(MR, mc - p);
@@ -84,7 +105,7 @@ static void pack_a_block(float *dst, const float *A, int lda, bool ta, int i0, i
 
 // op(B)(k, j) for k [k0, k0 + kc) and columns [j0, j0 + nc) into panels of NR columns:
 // dst[panel][k][j], zero columns past the edge.
-static void pack_b_block(float *dst, const float *B, int ldb, bool tb, int k0, int kc, int j0,
+AVX512 static void pack_b_block(float *dst, const float *B, int ldb, bool tb, int k0, int kc, int j0,
                          int nc, int NR) {
     for (int p = 0; p < nc; p += NR) {
         const int nr = imin(NR, nc - p);
@@ -113,7 +134,7 @@ static void pack_b_block(float *dst, const float *B, int ldb, bool tb, int k0, i
 }
 
 // Writes tile row r: C = alpha * acc + beta * C over the columns in mask m.
-static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha, float beta) {
+AVX512 static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha, float beta) {
     __m512 v = alpha == 1.0f ? acc : _mm512_mul_ps(acc, _mm512_set1_ps(alpha));
     if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c), v);
     if (m == 0xffff)
@@ -124,8 +145,8 @@ static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha, flo
 
 // The MR x (16 * NV) micro-kernel: C tile (mr x nr of it) = alpha * a @ b + beta * C.
 #define MICRO_KERNEL(NAME, MR, NV)                                                            \
-    static void NAME(int kc, const float *a, const float *b, float *c, int ldc, int mr, int nr, \
-                     float alpha, float beta) {                                               \
+    AVX512 static void NAME(int kc, const float *a, const float *b, float *c, int ldc, int mr, \
+                            int nr, float alpha, float beta) {                                \
         __m512 acc[MR][NV];                                                                   \
         _Pragma("GCC unroll 24") for (int r = 0; r < MR; r++)                                 \
             _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps(); \
@@ -155,16 +176,12 @@ MICRO_KERNEL(kernel_24x16, 24, 1)
 // libgcc reads the CPU's features in a constructor: the test is a load, safe from any thread.
 bool gemm_avx512_available(void) { return __builtin_cpu_supports("avx512f") != 0; }
 
-int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return 0;
-    if (!pack_a) {
-        if (posix_memalign((void **)&pack_a, 64, (size_t)MC * KC * sizeof(float))) return -1;
-        if (posix_memalign((void **)&pack_b, 64, (size_t)KC * NC * sizeof(float))) {
-            free(pack_a), pack_a = NULL;
-            return -1;
-        }
-    }
+    float *const pack_a = pack_buffers();
+    if (!pack_a) return -1;
+    float *const pack_b = pack_a + (size_t)MC * KC;  // 64-byte aligned: MC * KC * 4 is
     // 12 x 32 tiles, or 8 x 32 where they pad fewer rows (a weight gradient's 16, 32 or 64
     // filters: 12 rows a tile would multiply 11-50% zeros).
     const bool narrow = N <= 16;
