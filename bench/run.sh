@@ -1,7 +1,7 @@
 #!/bin/sh
 # make bench: the seed network on Fashion-MNIST, cnn.c against PyTorch (Debian's
-# python3-torch) on the same cores in the same run, and against the OpenBLAS sgemm
-# ceiling measured in the same run.
+# python3-torch) on the same cores in the same run, and against the sgemm ceiling of the
+# project's GEMM (bench/sgemm.c) measured in the same run.
 #   THREADS=2 EPOCHS=1 ROUNDS=2 CONFIGS="fp32:64 fp16:64 fp32:256 fp16:256" sh bench/run.sh
 # Each configuration trains ROUNDS times, in rounds that alternate which of cnn.c and
 # PyTorch goes first (ABBA), and the mean of each side is compared: a shared machine's
