@@ -6,12 +6,12 @@
 // The classic blocking (Goto's): a KC x NC block of op(B) is packed into panels of NR
 // columns, an MC x KC block of op(A) into panels of MR rows, and a micro-kernel
 // multiplies one A panel by one B panel into an MR x NR tile of C held in registers
-// (MR x NR / 16 = 24 of the 32 zmm registers). Three tile shapes: 12 x 32; 8 x 32 where
-// it pads fewer rows; and 24 x 16 for products with at most 16 columns (a ResNet's
-// 16-channel layers), where the wide tile would multiply zeros half the time. Edges are padded with zeros in the packed panels
-// and masked when C is written. Each element of C sums its K products in the same
-// order whatever the cut into threads' slabs of rows or columns, so the bits depend on
-// the slab only through alpha and beta, which are applied per element.
+// (MR x NR / 16 of the 32 zmm registers). Three tile shapes: 12 x 32; 8 x 32 where it
+// pads fewer rows; and 24 x 16 for products with at most 16 columns (a ResNet's 16-channel
+// layers), where the wide tile would multiply zeros half the time. Edges are padded with
+// zeros in the packed panels and masked when C is written. Each element of C sums its K
+// products in k order, in blocks of KC added to C, whatever the tile or the slab of rows
+// or columns it lies in.
 #include "gemm_avx512.h"
 
 #include <immintrin.h>
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 
 #define KC 256   // k-block: an A panel (MR x KC) and a B panel (KC x NR) stay in L1/L2
-#define MC 144   // rows of A packed at a time (a multiple of both MRs), about 144 KB
+#define MC 144   // rows of A packed at a time (a multiple of every MR), 144 KB
 #define NC 4096  // columns of B packed at a time, at most KC x NC x 4 = 4 MB
 
 // The packing buffers of each thread (MC x KC floats for A, then KC x NC for B), allocated
@@ -176,19 +176,22 @@ MICRO_KERNEL(kernel_24x16, 24, 1)
 // libgcc reads the CPU's features in a constructor: the test is a load, safe from any thread.
 bool gemm_avx512_available(void) { return __builtin_cpu_supports("avx512f") != 0; }
 
-AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                const float *B, int ldb, float beta, float *C, int ldc) {
+AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return 0;
     float *const pack_a = pack_buffers();
     if (!pack_a) return -1;
-    float *const pack_b = pack_a + (size_t)MC * KC;  // 64-byte aligned: MC * KC * 4 is
+    float *const pack_b = pack_a + (size_t)MC * KC;  // 64-byte aligned, as MC * KC * 4 bytes
     // 12 x 32 tiles, or 8 x 32 where they pad fewer rows (a weight gradient's 16, 32 or 64
     // filters: 12 rows a tile would multiply 11-50% zeros).
     const bool narrow = N <= 16;
     const int MR = narrow ? 24 : (M + 7) / 8 * 8 < (M + 11) / 12 * 12 ? 8 : 12, NR = narrow ? 16 : 32;
     if (K <= 0) {  // C = beta * C
         for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) C[(int64_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(int64_t)i * ldc + j];
+            for (int j = 0; j < N; j++) {
+                float *c = C + (int64_t)i * ldc + j;
+                *c = beta == 0.0f ? 0.0f : beta * *c;
+            }
         return 0;
     }
     for (int j0 = 0; j0 < N; j0 += NC) {
