@@ -94,12 +94,9 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
     }
     const bool by_rows = M >= N;
     const int len = by_rows ? M : N;
-    // Small products run as one call; slabs are multiples of 16 rows, or of 32 columns (the
-    // AVX-512 kernels' tile width: a conv weight gradient's 288 columns cut 160 + 128, not
-    // 144 + 144, which pads both slabs' last tiles to 160).
-    const int unit = by_rows ? 16 : 32;
+    // Small products run as one call; slabs are multiples of 16 rows or columns.
     int slab = (int64_t)M * N * K < (1 << 18) ? len : (len + threads - 1) / threads;
-    slab = (slab + unit - 1) / unit * unit;
+    slab = (slab + 15) / 16 * 16;
     const int nslabs = (len + slab - 1) / slab;
 #pragma omp parallel for schedule(static) if (nslabs > 1)
     for (int t = 0; t < nslabs; t++) {
