@@ -660,9 +660,26 @@ static void cpu_global_avgpool_backward(float *din, const float *dout, int N, in
 #define BN_ROW_BLOCKS 16
 #define BN_COLS_BLOCK 128
 
-// Adds to acc[c] and acc[C + c] the column sums of two terms of each element: with dout
-// NULL, x and x^2; else dy = dout * act'(out) and dy * xhat, xhat = (x - mean) * invstd.
-// Products are taken in double.
+// The two terms of element j of row r: with dout NULL, x and x^2; else dy = dout * act'(out)
+// and dy * xhat, xhat = (x - mean) * invstd. Products in double.
+static inline void bn_terms(double *t1, double *t2, const float *x, const float *dout,
+                            const float *out, const float *mean, const float *invstd, bool relu,
+                            int64_t e, int j) {
+    if (!dout) {
+        *t1 = x[e];
+        *t2 = (double)x[e] * x[e];
+        return;
+    }
+    const float dy = relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+    *t1 = dy;
+    *t2 = (double)dy * ((x[e] - mean[j]) * invstd[j]);
+}
+
+// Adds to acc[c] and acc[C + c] the column sums of bn_terms over the rows. Each of
+// BN_ROW_BLOCKS fixed blocks of rows sums four interleaved rows at a time into four
+// partial sums (one would chain every row's add to the previous row's store: the backward
+// sums of a 16-channel layer 10.3-11.8 -> 8.7-9.4 ms over 67 MB), adds them, and the
+// blocks are added in order: the same bits for any number of threads.
 static void bn_column_sums(double *acc, int64_t rows, int C, const float *x, const float *dout,
                            const float *out, const float *mean, const float *invstd, bool relu) {
     const int64_t per = (rows + BN_ROW_BLOCKS - 1) / BN_ROW_BLOCKS;
@@ -671,25 +688,24 @@ static void bn_column_sums(double *acc, int64_t rows, int C, const float *x, con
         double part[BN_ROW_BLOCKS][2][BN_COLS_BLOCK];
 #pragma omp parallel for schedule(static) if (rows * nc > PAR_MIN)
         for (int b = 0; b < BN_ROW_BLOCKS; b++) {
-            double *s1 = part[b][0], *s2 = part[b][1];
-            for (int j = 0; j < nc; j++) s1[j] = s2[j] = 0.0;
+            double s1[4][BN_COLS_BLOCK], s2[4][BN_COLS_BLOCK];
+            for (int q = 0; q < 4; q++)
+                for (int j = 0; j < nc; j++) s1[q][j] = s2[q][j] = 0.0;
+            const int64_t r0 = b * per < rows ? b * per : rows;
             const int64_t r1 = (b + 1) * per < rows ? (b + 1) * per : rows;
-            for (int64_t r = b * per; r < r1; r++) {
-                const float *xr = x + r * C + c0;
-                if (!dout) {
-                    for (int j = 0; j < nc; j++) {
-                        s1[j] += xr[j];
-                        s2[j] += (double)xr[j] * xr[j];
-                    }
-                    continue;
-                }
-                const float *d = dout + r * C + c0, *y = out + r * C + c0;
+            for (int64_t r = r0; r < r1; r++) {
+                const int q = (int)((r - r0) & 3);
+                const int64_t e0 = r * C + c0;
                 for (int j = 0; j < nc; j++) {
-                    const float dy = relu && !(y[j] > 0.0f) ? 0.0f : d[j];
-                    const float xhat = (xr[j] - mean[c0 + j]) * invstd[c0 + j];
-                    s1[j] += dy;
-                    s2[j] += (double)dy * xhat;
+                    double t1, t2;
+                    bn_terms(&t1, &t2, x, dout, out, mean + c0, invstd + c0, relu, e0 + j, j);
+                    s1[q][j] += t1;
+                    s2[q][j] += t2;
                 }
+            }
+            for (int j = 0; j < nc; j++) {
+                part[b][0][j] = (s1[0][j] + s1[1][j]) + (s1[2][j] + s1[3][j]);
+                part[b][1][j] = (s2[0][j] + s2[1][j]) + (s2[2][j] + s2[3][j]);
             }
         }
         for (int b = 0; b < BN_ROW_BLOCKS; b++)
