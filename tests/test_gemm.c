@@ -92,6 +92,25 @@ static void test_avx512_kernels(void **state) {
                       ab[j][1], s % 3 == 0 ? 0 : (int)s);
 }
 
+// beta = 0 does not read C (the network's buffers start as whatever was there): NaN in C
+// must not reach the result.
+static void test_beta_zero_ignores_c(void **state) {
+    (void)state;
+    test_rng_seed(3);
+    static const int sizes[][3] = {{13, 33, 17}, {30, 16, 40}, {64, 288, 300}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const int M = sizes[s][0], N = sizes[s][1], K = sizes[s][2];
+        float *A = random_floats((size_t)M * K), *B = random_floats((size_t)K * N);
+        float *C = malloc((size_t)M * N * sizeof *C);
+        assert_non_null(C);
+        for (int i = 0; i < M * N; i++) C[i] = NAN;
+        cpu_kernels.gemm(C, A, B, M, N, K, false, false, 1.0f, 0.0f);
+        for (int i = 0; i < M * N; i++)
+            if (!isfinite(C[i])) fail_msg("%dx%dx%d: C[%d] = %g with beta = 0", M, N, K, i, C[i]);
+        free(A), free(B), free(C);
+    }
+}
+
 // The table's GEMM over threads' slabs and its split-K path (a small C over a long K).
 static void test_cpu_gemm(void **state) {
     (void)state;
@@ -108,6 +127,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_avx512_kernels),
         cmocka_unit_test(test_cpu_gemm),
+        cmocka_unit_test(test_beta_zero_ignores_c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
