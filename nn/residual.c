@@ -8,16 +8,18 @@
 // layer2.0.bn1, layer2.0.conv2, layer2.0.bn2, layer2.0.downsample.0, layer2.0.downsample.1.
 //
 // Storage (the network plans both, in its precision):
-//   inner          kept from forward to backward: c1 = conv1(x), c2 = conv2(r1), and with a
-//                  downsample d1 = its conv's output; each (N, out). bn2's output goes
-//                  straight into out, where the sum replaces it.
-//   block scratch  A (N, out) and B (N, max(out, in)): the shortcut's batchnorm output in
-//                  forward, the chain of gradients in backward.
+//   inner          kept from forward to backward: c1 = conv1(x) and c2 = conv2(r1), each
+//                  (N, out). bn2's output goes straight into out, where the sum replaces it.
+//   block scratch  A (N, out) and B (N, max(out, in)): in forward the downsample's conv
+//                  output d1 (B) and batchnorm output (A), in backward the chain of
+//                  gradients.
 // r1 = bn1(c1) with ReLU, conv2's input, is not kept: forward writes it into out, which bn2
 // overwrites after conv2 has read it, and backward, once it has read out (the sum's ReLU)
 // and nobody needs out any more, recomputes it there from c1 with the forward's batch
-// statistics (LayerCtx.recompute): the same bits, for one batchnorm pass, and a third less
-// stored per block (resnet18 at batch 32: 838 -> 768 MB of activations).
+// statistics (LayerCtx.recompute). d1 is not kept either: backward recomputes it into out
+// (from x, a 1x1 convolution) once bn1's backward is done with r1. The same bits, for one
+// batchnorm pass and one 1x1 convolution, and two activations stored per block instead of
+// three or four (resnet18 at batch 32: 838 -> 720 MB of activations).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,16 +99,14 @@ fail:
     return -1;
 }
 
-static int64_t residual_inner_values(const Layer *l) {
-    return shape_numel(l->out) * (((const Residual *)l)->downsample ? 3 : 2);
-}
+static int64_t residual_inner_values(const Layer *l) { return 2 * shape_numel(l->out); }
 
 static int64_t residual_scratch_values(const Layer *l) {
     const int64_t o = shape_numel(l->out), i = shape_numel(l->in);
     return o + (o > i ? o : i);
 }
 
-// The inner activations of N samples: c1, c2, d1, one after another.
+// The inner activations of N samples: c1, then c2.
 static void *inner_at(const Layer *l, const LayerCtx *ctx, int which, int N) {
     return (char *)l->inner + layer_stored_bytes(ctx, (int64_t)which * N * shape_numel(l->out));
 }
@@ -120,7 +120,7 @@ static void residual_forward(Layer *l, const LayerCtx *ctx, void *out, const voi
     layer_run_forward(ctx, r->bn2, out, c2, N);
     const void *shortcut = in;
     if (r->downsample) {
-        void *d1 = inner_at(l, ctx, 2, N), *a = layer_block_scratch(ctx);
+        void *a = layer_block_scratch(ctx), *d1 = (char *)a + layer_stored_bytes(ctx, N * shape_numel(l->out));
         layer_run_forward(ctx, r->ds_conv, d1, in, N);
         layer_run_forward(ctx, r->ds_bn, a, d1, N);
         shortcut = a;
@@ -131,7 +131,7 @@ static void residual_forward(Layer *l, const LayerCtx *ctx, void *out, const voi
 // bn2 and the shortcut's batchnorm have no activation, so the `out` they are given (the
 // block's, by then r1) is not read; their backward leaves dout as it is, so the sum's
 // gradient serves both paths. din is NULL when the block is the first layer that learns
-// (the layers before it are frozen). out is r1 afterwards (LayerOps.run_backward).
+// (the layers before it are frozen). out holds r1, then d1, afterwards (LayerOps.run_backward).
 static void residual_backward(Layer *l, const LayerCtx *ctx, void *din, void *dout,
                               const void *in, void *out, int N) {
     const Residual *r = (const Residual *)l;
@@ -139,30 +139,22 @@ static void residual_backward(Layer *l, const LayerCtx *ctx, void *din, void *do
     void *c1 = inner_at(l, ctx, 0, N), *c2 = inner_at(l, ctx, 1, N), *r1 = out;
     void *a = layer_block_scratch(ctx), *b = (char *)a + layer_stored_bytes(ctx, N * no);
     layer_run_act_backward(ctx, dout, out, no, N, ACT_RELU);  // the gradient of the sum
-    LayerCtx redo = *ctx;  // r1 again, as the forward made it
+    LayerCtx redo = *ctx;  // r1 (and d1) again, as the forward made them
     redo.recompute = true;
     layer_run_forward(&redo, r->bn1, r1, c1, N);
     layer_run_backward(ctx, r->bn2, a, dout, c2, out, N);
     layer_run_backward(ctx, r->conv2, b, a, r1, c2, N);
     layer_run_backward(ctx, r->bn1, a, b, c1, r1, N);
-    if (!din) {  // the parameter gradients only
-        layer_run_backward(ctx, r->conv1, NULL, a, in, c1, N);
-        if (r->downsample) {
-            void *d1 = inner_at(l, ctx, 2, N);
-            layer_run_backward(ctx, r->ds_bn, a, dout, d1, out, N);
-            layer_run_backward(ctx, r->ds_conv, NULL, a, in, d1, N);
-        }
-        return;
-    }
-    layer_run_backward(ctx, r->conv1, b, a, in, c1, N);
-    if (!r->downsample) {
+    layer_run_backward(ctx, r->conv1, din ? b : NULL, a, in, c1, N);
+    if (r->downsample) {  // d1 again, in out (r1 is done with)
+        void *d1 = out;
+        layer_run_forward(&redo, r->ds_conv, d1, in, N);
+        layer_run_backward(ctx, r->ds_bn, a, dout, d1, d1, N);
+        layer_run_backward(ctx, r->ds_conv, din, a, in, d1, N);
+        if (din) layer_run_add_act(ctx, din, din, b, shape_numel(l->in), N, ACT_NONE);
+    } else if (din) {
         layer_run_add_act(ctx, din, b, dout, shape_numel(l->in), N, ACT_NONE);
-        return;
     }
-    void *d1 = inner_at(l, ctx, 2, N);
-    layer_run_backward(ctx, r->ds_bn, a, dout, d1, out, N);
-    layer_run_backward(ctx, r->ds_conv, din, a, in, d1, N);
-    layer_run_add_act(ctx, din, din, b, shape_numel(l->in), N, ACT_NONE);
 }
 
 const LayerOps residual_ops = {

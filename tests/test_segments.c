@@ -278,7 +278,8 @@ static void test_resnet18_cfg_saving(void **state) {
     assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .plan_only = true}, &cpu_kernels, &err), 0);
     assert_int_equal(a.nparams, 11181642);  // torchvision.models.resnet18(num_classes=10)
     assert_int_equal(b.nsegments, 4);
-    assert_int_equal(b.seg_first[1], 3);  // conv1, bn1, maxpool
+    // conv1 and bn1 (whose 112x112 outputs are the largest), with or without the max pooling
+    assert_true(b.seg_first[1] == 2 || b.seg_first[1] == 3);
     const size_t stored_a = a.plan.act_saved + a.plan.act_scratch;
     const size_t stored_b = b.plan.act_saved + b.plan.act_scratch;
     print_message("resnet18.cfg at batch 32: cut after layers %d, %d, %d; stored activations "
