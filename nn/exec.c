@@ -17,11 +17,16 @@ static void store(const LayerCtx *ctx, void *dst, const float *src, int64_t nume
     ctx->k->f32_to_f16((uint16_t *)dst + n0 * numel, src, n * numel);
 }
 
+// Samples of `values` each that a scratch slot holds, at least 1, at most N.
+static int slot_chunk(const Exec *e, int64_t values, int N) {
+    const int64_t fit = e->slot_values / values;
+    return fit < 1 ? 1 : fit < N ? (int)fit : N;
+}
+
 int exec_chunk(const Exec *e, const Layer *l, int N) {
     if (e->precision != DT_F16) return N;
     const int64_t in = shape_numel(l->in), out = shape_numel(l->out);
-    const int64_t fit = e->slot_values / (in > out ? in : out);
-    return fit < 1 ? 1 : fit < N ? (int)fit : N;
+    return slot_chunk(e, in > out ? in : out, N);
 }
 
 // The length of the chunk that starts at n0, of chunks of `chunk` samples over N.
@@ -103,12 +108,6 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
 
 static Stored stored(const LayerCtx *ctx, const void *p) { return (Stored){(void *)p, !exec_f16(ctx)}; }
 
-// Samples per chunk of an elementwise pass over `values` a sample (F16).
-static int values_chunk(const LayerCtx *ctx, int64_t values, int N) {
-    const int64_t fit = ctx->exec->slot_values / values;
-    return fit < 1 ? 1 : fit < N ? (int)fit : N;
-}
-
 void layer_run_forward(const LayerCtx *ctx, Layer *l, void *out, const void *in, int N) {
     exec_forward(ctx, l, stored(ctx, out), stored(ctx, in), N);
 }
@@ -124,7 +123,7 @@ void layer_run_add_act(const LayerCtx *ctx, void *out, const void *a, const void
         ctx->k->add_act(out, a, b, N * values, act);
         return;
     }
-    const int chunk = values_chunk(ctx, values, N);
+    const int chunk = slot_chunk(ctx->exec, values, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
         const float *x = view(ctx, stored(ctx, a), values, n0, n, 0);
@@ -141,7 +140,7 @@ void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, in
         ctx->k->relu_backward(dout, dout, out, N * values);
         return;
     }
-    const int chunk = values_chunk(ctx, values, N);
+    const int chunk = slot_chunk(ctx->exec, values, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
         const float *y = view(ctx, stored(ctx, out), values, n0, n, 1);
