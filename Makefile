@@ -169,7 +169,7 @@ $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/tests/fuzz/%.o $(FUZZ_BUILD)/tests/fuzz/fuzz
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $^ -o $@ -lopenblas -ljpeg -lz -lm -lpthread -ldl
 $(BUILD)/tests/fuzz_replay_%: $(BUILD)/tests/fuzz/%.o $(BUILD)/tests/fuzz/fuzz_util.o $(BUILD)/tests/fuzz/replay.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/tests/fuzz_seeds: $(BUILD)/tests/fuzz/seeds.o $(BUILD)/libcnn.a
+$(BUILD)/tests/fuzz_seeds: $(BUILD)/tests/fuzz/seeds.o $(BUILD)/tests/fuzz/fuzz_util.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 deps-fuzz:
 	@sh data/install_packages.sh $(DEPS_BUILD) clang libomp-dev

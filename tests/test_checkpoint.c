@@ -60,13 +60,7 @@ static float frand(void) {  // [-1, 1), any bits in the mantissa
 }
 
 // A path in the suite's folder (one of 4 rotating buffers, so a call may use several).
-static const char *path(const char *name) {
-    static char buf[4][PATH_MAX];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
-    return buf[i];
-}
+static const char *path(const char *name) { return test_path(g_dir, name); }
 
 // The test network's cfg: conv (filters) 8x8 -> 6x6, conv 4 -> 4x4, maxpool -> 2x2,
 // flatten 16, linear 5, log_softmax. conv1 == NULL leaves the first conv its default name
@@ -217,23 +211,6 @@ static void rewrite(const char *in, const char *out, const char *drop, const cha
     free(keys);
     free(values);
     st_close(&f);
-}
-
-// Reads a whole file (caller frees); *size its length.
-static char *slurp(const char *p, size_t *size) {
-    FILE *f = fopen(p, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = '\0';
-    fclose(f);
-    *size = (size_t)n;
-    return b;
 }
 
 static bool exists(const char *p) { return access(p, F_OK) == 0; }
@@ -650,7 +627,7 @@ static void test_rename(void **state) {
     fill_random(&a, 14);
     save("orig.safetensors", &a, text);
     size_t n0, n1;
-    char *before = slurp(path("orig.safetensors"), &n0);
+    char *before = test_read_file(path("orig.safetensors"), &n0);
 
     RenameRule r = {"conv1", "embed1"};
     int renamed = -1;
@@ -658,7 +635,7 @@ static void test_rename(void **state) {
     if (rename_file("orig.safetensors", "emb.safetensors", RENAME_SUBSTRING, 1, &r, &renamed, &err))
         fail_msg("%s", err.msg);
     assert_int_equal(renamed, 6);
-    char *after = slurp(path("orig.safetensors"), &n1);
+    char *after = test_read_file(path("orig.safetensors"), &n1);
     assert_int_equal(n0, n1);
     assert_memory_equal(before, after, n0);
     free(before);
@@ -743,7 +720,7 @@ static void test_rename_two_layers(void **state) {
 static void test_rename_refusals(void **state) {
     save_standard("orig3.safetensors", 17, NULL);
     size_t n0, n1;
-    char *before = slurp(path("orig3.safetensors"), &n0);
+    char *before = test_read_file(path("orig3.safetensors"), &n0);
     Error err = {{0}};
     int renamed = -1;
     struct {
@@ -812,7 +789,7 @@ static void test_rename_refusals(void **state) {
     assert_contains(err.msg, "is not a cnn.c checkpoint");
     assert_false(exists(path("x.safetensors")));
 
-    char *after = slurp(path("orig3.safetensors"), &n1);
+    char *after = test_read_file(path("orig3.safetensors"), &n1);
     assert_int_equal(n0, n1);
     assert_memory_equal(before, after, n0);
     free(before);
@@ -917,7 +894,7 @@ static int run_ckpt(const char *args, char **text) {
     int rc = system(cmd);
     assert_true(rc != -1 && WIFEXITED(rc));
     size_t n;
-    *text = slurp(path("ckpt.out"), &n);
+    *text = test_read_file(path("ckpt.out"), &n);
     return WEXITSTATUS(rc);
 }
 

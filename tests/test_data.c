@@ -81,21 +81,6 @@ static void write_gz(const char *path, const void *buf, size_t n) {
     assert_int_equal(gzclose(gz), Z_OK);
 }
 
-static uint8_t *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long len = ftell(f);
-    assert_true(len >= 0);
-    rewind(f);
-    uint8_t *b = malloc((size_t)len + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
 // Writes images and labels files named name-images / name-labels (raw or gzip) and
 // returns their paths.
 static void make_set(const char *name, uint32_t count, uint32_t rows, uint32_t cols, int gz,
@@ -319,7 +304,7 @@ static void test_idx_truncated_gzip(void **state) {
     char images[PATH_MAX], labels[PATH_MAX];
     make_set("gztrunc", 200, 10, 10, 1, images, labels);
     size_t n;
-    uint8_t *b = read_all(images, &n);
+    uint8_t *b = test_read_file(images, &n);
     write_raw(images, b, n / 2);
     free(b);
     expect_open_error(images, labels, images, "truncated gzip stream", NULL);
@@ -329,7 +314,7 @@ static void test_idx_corrupt_gzip(void **state) {
     char images[PATH_MAX], labels[PATH_MAX];
     make_set("gzbad", 200, 10, 10, 1, images, labels);
     size_t n;
-    uint8_t *b = read_all(images, &n);
+    uint8_t *b = test_read_file(images, &n);
     // A wrong CRC-32 in the trailer: the data inflates but fails zlib's check.
     b[n - 8] ^= 0xff;
     write_raw(images, b, n);
@@ -348,7 +333,7 @@ static void test_idx_gzip_trailing(void **state) {
     char images[PATH_MAX], labels[PATH_MAX];
     make_set("gztrail", 50, 4, 4, 1, images, labels);
     size_t n;
-    uint8_t *b = read_all(images, &n);
+    uint8_t *b = test_read_file(images, &n);
     uint8_t *c = malloc(n + 7);
     assert_non_null(c);
     memcpy(c, b, n);
@@ -368,7 +353,7 @@ static void test_idx_gzip_trailing(void **state) {
     tpath(two, "gzhalf2.gz");
     write_gz(two, bi + si / 2, si - si / 2);
     size_t n1, n2;
-    uint8_t *m1 = read_all(raw, &n1), *m2 = read_all(two, &n2), *cat = malloc(n1 + n2);
+    uint8_t *m1 = test_read_file(raw, &n1), *m2 = test_read_file(two, &n2), *cat = malloc(n1 + n2);
     assert_non_null(cat);
     memcpy(cat, m1, n1);
     memcpy(cat + n1, m2, n2);

@@ -54,19 +54,6 @@ static const char *preload(void) {
     return p;
 }
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(*n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
-}
-
 // The files of folder d whose names hold ".tmp.".
 static int count_temporaries(const char *d) {
     DIR *dd = opendir(d);
@@ -80,20 +67,14 @@ static int count_temporaries(const char *d) {
 static int group_setup(void **state) {
     if (access("./train", X_OK) != 0) return 0;  // the tests skip
     if (test_tmpdir_make(dir, sizeof dir, "test_faults")) return -1;
-    char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
+    char images[PATH_MAX], labels[PATH_MAX];
     write_squares(dir, "train", 512, 1, images, labels);
-    write_squares(dir, "test", 128, 2, timages, tlabels);
+    write_squares(dir, "test", 128, 2, images, labels);
     snprintf(cfg, sizeof cfg, "%s/net.cfg", dir);
-    FILE *f = fopen(cfg, "w");
-    if (!f) return -1;
-    fprintf(f,
-            "[train]\nepochs = 1\nbatch = 16\nseed = 3\nthreads = 1\n"
-            "[data]\ntrain = %s\ntrain_labels = %s\ntest = %s\ntest_labels = %s\nmean = 0.25\n"
-            "std = 0.35\n"
-            "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nactivation = relu\n"
-            "[maxpool]\n[flatten]\n[linear]\nname = fc1\noutputs = 4\n[log_softmax]\n",
-            images, labels, timages, tlabels);
-    if (fclose(f)) return -1;
+    if (write_squares_cfg(cfg, dir, 16,
+                          "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nactivation = relu\n"
+                          "[maxpool]\n[flatten]\n[linear]\nname = fc1\noutputs = 4\n[log_softmax]\n"))
+        return -1;
     // The library next to this suite's binary: build/tests or build/san/tests.
     char self[PATH_MAX];
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -171,7 +152,7 @@ static void test_full_disk_and_read_only(void **state) {
     snprintf(last, sizeof last, "%s/last.safetensors", save);
     assert_int_equal(run("./train %s save=%s", cfg, save), 0);
     size_t n0, n1;
-    char *before = slurp(last, &n0);
+    char *before = test_read_file(last, &n0);
     assert_non_null(before);
     // The epoch's log line, then the checkpoint: the first write fails.
     assert_int_equal(run("FAULT_ENOSPC_DIR=%s %s ./train %s epochs=2 save=%s resume=%s", save,
@@ -185,7 +166,7 @@ static void test_full_disk_and_read_only(void **state) {
     assert_int_equal(run("FAULT_EROFS_DIR=%s %s ./train %s epochs=2 save=%s resume=%s", save,
                          preload(), cfg, save, last), 1);
     expect_output("Read-only file system");
-    char *after = slurp(last, &n1);
+    char *after = test_read_file(last, &n1);
     assert_non_null(after);
     assert_int_equal(n0, n1);
     assert_memory_equal(before, after, n0);

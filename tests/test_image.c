@@ -29,13 +29,7 @@
 
 static char g_dir[512];
 
-static const char *path(const char *name) {
-    static char buf[4][PATH_MAX];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", g_dir, name);
-    return buf[i];
-}
+static const char *path(const char *name) { return test_path(g_dir, name); }
 
 // A photo-like image: smooth waves and a little deterministic noise, c channels.
 static uint8_t *photo(int w, int h, int c) {

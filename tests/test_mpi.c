@@ -39,35 +39,23 @@ static bool usable;  // mpirun and an MPI build of ./train are here
 static int group_setup(void **state) {
     if (access("./train", X_OK) != 0 || system("command -v mpirun > /dev/null 2>&1") != 0) return 0;
     if (test_tmpdir_make(dir, sizeof dir, "test_mpi")) return -1;
-    char images[PATH_MAX], labels[PATH_MAX], timages[PATH_MAX], tlabels[PATH_MAX];
+    char images[PATH_MAX], labels[PATH_MAX];
     write_squares(dir, "train", 512, 1, images, labels);
-    write_squares(dir, "test", 128, 2, timages, tlabels);
+    write_squares(dir, "test", 128, 2, images, labels);
     snprintf(cfg, sizeof cfg, "%s/net.cfg", dir);
-    FILE *f = fopen(cfg, "w");
-    if (!f) return -1;
-    fprintf(f,
-            "[train]\nepochs = 1\nbatch = 32\nseed = 3\nthreads = 1\n"
-            "[data]\ntrain = %s\ntrain_labels = %s\ntest = %s\ntest_labels = %s\nmean = 0.25\n"
-            "std = 0.35\n"
-            "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nactivation = relu\n"
-            "[maxpool]\n[dropout]\np = 0.3\n[flatten]\n"
-            "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
-            "[linear]\nname = fc2\noutputs = 4\n[log_softmax]\n",
-            images, labels, timages, tlabels);
-    if (fclose(f)) return -1;
     snprintf(resnet, sizeof resnet, "%s/resnet.cfg", dir);
-    if (!(f = fopen(resnet, "w"))) return -1;
-    fprintf(f,
-            "[train]\nepochs = 1\nbatch = 32\nseed = 3\nthreads = 1\n"
-            "[data]\ntrain = %s\ntrain_labels = %s\ntest = %s\ntest_labels = %s\nmean = 0.25\n"
-            "std = 0.35\n"
-            "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
-            "[batchnorm]\nname = bn1\nactivation = relu\n"
-            "[residual]\nname = layer1.0\nfilters = 8\nstride = 2\n"
-            "[global_avgpool]\nname = avgpool\n[flatten]\n"
-            "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n",
-            images, labels, timages, tlabels);
-    if (fclose(f)) return -1;
+    if (write_squares_cfg(cfg, dir, 32,
+                          "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nactivation = relu\n"
+                          "[maxpool]\n[dropout]\np = 0.3\n[flatten]\n"
+                          "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
+                          "[linear]\nname = fc2\noutputs = 4\n[log_softmax]\n") ||
+        write_squares_cfg(resnet, dir, 32,
+                          "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+                          "[batchnorm]\nname = bn1\nactivation = relu\n"
+                          "[residual]\nname = layer1.0\nfilters = 8\nstride = 2\n"
+                          "[global_avgpool]\nname = avgpool\n[flatten]\n"
+                          "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n"))
+        return -1;
     // mpirun must be able to start two processes here at all (a container may forbid it).
     if (run(MPIRUN " 2 /bin/true")) {
         print_message("skipped: mpirun cannot start 2 processes on this machine:\n%s\n", output());

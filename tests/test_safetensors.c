@@ -60,20 +60,6 @@ static const char *path_in(const char *name) {
     return p;
 }
 
-static unsigned char *read_all(const char *path, size_t *size) {
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, fp), (size_t)n);
-    fclose(fp);
-    *size = (size_t)n;
-    return buf;
-}
-
 static void write_bytes(const char *path, const void *buf, size_t n) {
     FILE *fp = fopen(path, "wb");
     assert_non_null(fp);
@@ -219,7 +205,7 @@ static void test_round_trip(void **state) {
         assert_int_equal((uintptr_t)f.entries[i].data % st_dtype_sizes[f.entries[i].dtype], 0);
     uint64_t hn = 0;
     size_t size;
-    unsigned char *raw = read_all(p, &size);
+    unsigned char *raw = test_read_file(p, &size);
     for (int i = 7; i >= 0; i--) hn = hn << 8 | raw[i];
     assert_int_equal(hn, f.header_bytes);
     assert_int_equal(size, f.file_bytes);
@@ -286,7 +272,7 @@ static void test_round_trip(void **state) {
 
 static void expect_file(const char *path, const char *expected, size_t n) {
     size_t size;
-    unsigned char *raw = read_all(path, &size);
+    unsigned char *raw = test_read_file(path, &size);
     if (size != n || memcmp(raw, expected, n)) {
         fprintf(stderr, "got %zu bytes: ", size);
         fwrite(raw, 1, size, stderr);
@@ -727,7 +713,7 @@ static unsigned char *sample_file(size_t *size) {
     int n = make_tensors(t);
     const char *p = path_in("sample.safetensors");
     write_ok(p, t, n, mkeys, mvals, 6);
-    unsigned char *buf = read_all(p, size);
+    unsigned char *buf = test_read_file(p, size);
     unlink(p);
     return buf;
 }
@@ -910,7 +896,7 @@ static void test_write_errors(void **state) {
     const char *q = path_in("keep.safetensors");
     write_ok(q, t, n, mkeys, mvals, 6);
     size_t size0, size1;
-    unsigned char *before = read_all(q, &size0);
+    unsigned char *before = test_read_file(q, &size0);
 
     Tensor bad[8];
     memcpy(bad, t, sizeof bad);
@@ -974,7 +960,7 @@ static void test_write_errors(void **state) {
     assert_contains(err.msg, "File too large; '");
     assert_contains(err.msg, "keep.safetensors' is unchanged");
 
-    unsigned char *after = read_all(q, &size1);
+    unsigned char *after = test_read_file(q, &size1);
     assert_int_equal(size0, size1);
     assert_memory_equal(before, after, size0);
     assert_int_equal(count_files(), 1);

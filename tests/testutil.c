@@ -33,6 +33,30 @@ static int remove_one(const char *path, const struct stat *st, int flag, struct 
 
 int test_remove_tree(const char *path) { return nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) ? -1 : 0; }
 
+const char *test_path(const char *dir, const char *name) {
+    static char buf[4][PATH_MAX];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+void *test_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    const long len = ftell(f);
+    assert_true(len >= 0);
+    rewind(f);
+    char *b = malloc((size_t)len + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
+    b[len] = '\0';
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
 void test_find_root(char *root, size_t size, const char *argv0, const char *probe) {
     if (access(probe, R_OK) == 0) return;
     char real[PATH_MAX];
@@ -85,6 +109,17 @@ void write_squares(const char *dir, const char *name, int count, uint64_t seed, 
     write_file(labels, lb, 8 + (size_t)count);
     free(im);
     free(lb);
+}
+
+int write_squares_cfg(const char *path, const char *dir, int batch, const char *layers) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "[train]\nepochs = 1\nbatch = %d\nseed = 3\nthreads = 1\n"
+            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
+            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.25\nstd = 0.35\n%s",
+            batch, dir, dir, dir, dir, layers);
+    return fclose(f) ? -1 : 0;
 }
 
 Loader *open_squares_loader(const char *images, const char *labels, Dataset **ds, int shuffle) {

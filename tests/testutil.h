@@ -15,6 +15,11 @@ void put_be32(uint8_t *p, uint32_t v);
 int test_tmpdir_make(char *dir, size_t size, const char *name);
 // Removes path and everything under it; -1 on failure.
 int test_remove_tree(const char *path);
+// "DIR/NAME" in one of 4 rotating static buffers (so one call may take several).
+const char *test_path(const char *dir, const char *name);
+// The whole file (malloc'ed, with a NUL after its *n bytes); fails the test when it
+// cannot be read.
+void *test_read_file(const char *path, size_t *n);
 
 // Runs a shell command line (printf-style, environment assignments allowed first) with its
 // stdout and stderr in DIR/out.txt; returns its exit status (-1 if it did not exit).
@@ -39,6 +44,10 @@ double test_urand(void);  // [0, 1)
 // jittered by a pixel. Draws from test_rng_seed(seed).
 void write_squares(const char *dir, const char *name, int count, uint64_t seed, char *images,
                    char *labels);
+// Writes a cfg at `path` that trains the squares sets of DIR ("train", "test": write_squares)
+// with `batch`, one thread and seed 3, normalised as open_squares_loader does, through the
+// layer sections `layers`. Returns 0, or -1 if it cannot be written.
+int write_squares_cfg(const char *path, const char *dir, int batch, const char *layers);
 
 // A squares set opened (into *ds, 4 classes checked) and its loader: batches of
 // SQUARES_BATCH (30, which does not divide 512: an epoch ends with a partial batch),

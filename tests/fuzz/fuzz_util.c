@@ -1,10 +1,12 @@
-// fuzz_util.c: files for the fuzz targets (fuzz.h).
+// fuzz_util.c: files and the small ResNet for the fuzz targets (fuzz.h).
 #include "fuzz.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#include "../../nn/kernels.h"
 
 static char dir[64];
 
@@ -31,4 +33,22 @@ const char *fuzz_file(int slot, const char *name, const void *data, size_t size)
     FILE *f = fopen(path[slot], "wb");
     if (!f || fwrite(data, 1, size, f) != size || fclose(f)) abort();
     return path[slot];
+}
+
+const char fuzz_resnet_cfg[] =
+    "[train]\nbatch = 2\n"
+    "[conv]\nname = conv1\nfilters = 3\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nfilters = 4\nstride = 2\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 5\n[log_softmax]\n";
+
+int fuzz_resnet_create(Net *net, Error *err) {
+    Cfg cfg;
+    static const char *const states[] = {"square_avg", "acc_delta"};  // Adadelta's
+    const NetOptions opt = {.batch = 2, .opt_states = 2, .opt_state_names = states};
+    if (cfg_parse(&cfg, fuzz_resnet_cfg, "fuzz", err)) return -1;
+    const int rc = net_create(net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, 5, &opt, &cpu_kernels, err);
+    cfg_free(&cfg);
+    return rc;
 }

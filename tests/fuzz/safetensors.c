@@ -1,6 +1,5 @@
 // The safetensors reader, and a file loaded as weights, as a checkpoint and as its metadata
-// into a small ResNet (a stem without bias, batchnorm buffers with I64 counters, a
-// downsampling block, a classifier), strictly: what does not fit is an error, never a crash.
+// into a small ResNet (fuzz.h's), strictly: what does not fit is an error, never a crash.
 #include "fuzz.h"
 
 #include <stdbool.h>
@@ -12,26 +11,12 @@
 #include "../../nn/net.h"
 #include "../../nn/safetensors.h"
 
-static const char *resnet =
-    "[train]\nbatch = 2\n"
-    "[conv]\nname = conv1\nfilters = 3\nsize = 3\npad = 1\nbias = 0\n"
-    "[batchnorm]\nname = bn1\nactivation = relu\n"
-    "[residual]\nname = layer1.0\nfilters = 4\nstride = 2\n"
-    "[global_avgpool]\nname = avgpool\n[flatten]\n"
-    "[linear]\nname = fc\noutputs = 5\n[log_softmax]\n";
-
 static Net *network(void) {
     static Net net;
     static bool made;
     if (!made) {
-        Cfg cfg;
         Error err = {{0}};
-        static const char *const states[] = {"square_avg", "acc_delta"};  // Adadelta's
-        const NetOptions opt = {.batch = 2, .opt_states = 2, .opt_state_names = states};
-        if (cfg_parse(&cfg, resnet, "fuzz", &err) ||
-            net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, 5, &opt, &cpu_kernels, &err))
-            abort();
-        cfg_free(&cfg);
+        if (fuzz_resnet_create(&net, &err)) abort();
         made = true;
     }
     return &net;

@@ -12,6 +12,8 @@
 
 #include <stb/stb_image_write.h>
 
+#include "fuzz.h"
+
 #include "../../nn/checkpoint.h"
 #include "../../nn/kernels.h"
 #include "../../nn/net.h"
@@ -63,28 +65,16 @@ static void cfg_seeds(int n, char **cfgs) {
     }
 }
 
-static const char *resnet =
-    "[train]\nbatch = 2\n"
-    "[conv]\nname = conv1\nfilters = 3\nsize = 3\npad = 1\nbias = 0\n"
-    "[batchnorm]\nname = bn1\nactivation = relu\n"
-    "[residual]\nname = layer1.0\nfilters = 4\nstride = 2\n"
-    "[global_avgpool]\nname = avgpool\n[flatten]\n"
-    "[linear]\nname = fc\noutputs = 5\n[log_softmax]\n";
-
 static void safetensors_seeds(void) {
-    Cfg cfg;
     Net net;
     Error err = {{0}};
-    static const char *const states[] = {"square_avg", "acc_delta"};
-    const NetOptions opt = {.batch = 2, .opt_states = 2, .opt_state_names = states};
-    if (cfg_parse(&cfg, resnet, "seeds", &err) ||
-        net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, 5, &opt, &cpu_kernels, &err)) {
+    if (fuzz_resnet_create(&net, &err)) {
         fprintf(stderr, "seeds: %s\n", err.msg);
         exit(1);
     }
     char *names[5] = {"a", "b", "c", "d", "e"};
     const TrainState st = {.epoch = 1, .step = 7, .loss_scale = 1, .best_val_acc = 50};
-    const CheckpointInfo info = {.cfg_text = (char *)resnet, .class_names = names, .classes = 5};
+    const CheckpointInfo info = {.cfg_text = (char *)fuzz_resnet_cfg, .class_names = names, .classes = 5};
     int n;
     char ckpt[PATH_MAX];
     snprintf(ckpt, sizeof ckpt, "%s", seed_path("safetensors", "checkpoint"));
@@ -107,7 +97,6 @@ static void safetensors_seeds(void) {
         exit(1);
     }
     net_free(&net);
-    cfg_free(&cfg);
 }
 
 static void be32(uint8_t *p, uint32_t v) { p[0] = v >> 24, p[1] = v >> 16, p[2] = v >> 8, p[3] = v; }
