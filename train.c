@@ -911,11 +911,11 @@ static void print_plan(const MemPlan *p, size_t baseline, size_t available, cons
                        bool json) {
     if (json) {
         printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"buffers\": %zu, "
-               "\"activations\": %zu, \"activations_saved\": %zu, \"activations_scratch\": %zu, "
+               "\"activations\": %zu, \"activations_kept\": %zu, "
                "\"workspace\": %zu, \"loader\": %zu, \"total\": %zu, \"baseline\": %zu, "
                "\"available\": ",
-               p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_saved,
-               p->act_scratch, p->workspace, p->loader, mem_plan_total(p), baseline);
+               p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_kept,
+               p->workspace, p->loader, mem_plan_total(p), baseline);
         if (available == SIZE_MAX) printf("null}\n");
         else printf("%zu}\n", available);
         return;
@@ -926,9 +926,7 @@ static void print_plan(const MemPlan *p, size_t baseline, size_t available, cons
     printf("  %-34s %10.1f\n", "optimizer state", p->optimizer / 1e6);
     printf("  %-34s %10.1f\n", "buffers (batchnorm statistics)", p->buffers / 1e6);
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
-    printf("  %-34s %10.1f\n", "  saved (input, segment outputs)", p->act_saved / 1e6);
-    printf("  %-34s %10.1f\n", "  scratch (recomputed in backward)", p->act_scratch / 1e6);
-    printf("  %-34s %10.1f\n", "  gradients, block scratch, loss", (p->activations - p->act_saved - p->act_scratch) / 1e6);
+    printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
     printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
     printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);
     printf("  %-34s %10.1f\n", "total", mem_plan_total(p) / 1e6);

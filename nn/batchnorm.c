@@ -117,6 +117,10 @@ static void batchnorm_backward(Layer *l, const LayerCtx *ctx, float *din, float 
                             bn_acc(l), bn_rows(l, N), l->in.c, b->count, b->act);
 }
 
+static unsigned batchnorm_backward_reads(const Layer *l) {
+    return layer_reads_with_act(((const BatchNorm *)l)->act);
+}
+
 const LayerOps batchnorm_ops = {
     .type = "batchnorm",
     .summary = "batch normalisation (PyTorch BatchNorm2d / BatchNorm1d), optionally followed by an activation",
@@ -127,6 +131,7 @@ const LayerOps batchnorm_ops = {
     .forward = batchnorm_forward,
     .backward = batchnorm_backward,
     .backward_in_place = true,
+    .backward_reads = batchnorm_backward_reads,
     .forward_reduces = batchnorm_forward_reduces,
     .forward_reduce = batchnorm_forward_reduce,
     .backward_reduce = batchnorm_backward_reduce,

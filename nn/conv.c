@@ -205,6 +205,10 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         k->nhwc_to_nchw(l->grads[0], dw, c->filters, 1, c->size * c->size, l->in.c);
 }
 
+static unsigned conv_backward_reads(const Layer *l) {
+    return layer_reads_with_act(((const Conv *)l)->act);
+}
+
 const LayerOps conv_ops = {
     .type = "conv",
     .summary = "2-D convolution (PyTorch Conv2d), optionally followed by an activation",
@@ -214,4 +218,5 @@ const LayerOps conv_ops = {
     .workspace_bytes = conv_workspace_bytes,
     .forward = conv_forward,
     .backward = conv_backward,
+    .backward_reads = conv_backward_reads,
 };

@@ -4,8 +4,9 @@
 static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
 
 // fp32 view of samples [n0, n0 + n) of a stored activation of `numel` values a sample: in
-// place when it is F32, else converted into scratch slot `slot`.
+// place when it is F32, else converted into scratch slot `slot`; NULL for NULL.
 static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, int slot) {
+    if (!s.p) return NULL;  // not read (LayerOps.backward_reads)
     if (s.f32) return (float *)s.p + n0 * numel;
     float *dst = ctx->exec->scratch[slot];
     ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);

@@ -27,6 +27,24 @@ size_t layer_workspace_bytes(const Layer *l, int N) {
     return l->ops->workspace_bytes ? l->ops->workspace_bytes(l, N) : 0;
 }
 
+unsigned layer_backward_reads(const Layer *l) {
+    return l->ops->backward_reads ? l->ops->backward_reads(l) : BACKWARD_READS_IN | BACKWARD_READS_OUT;
+}
+
+unsigned layer_reads_with_act(Activation act) {
+    return BACKWARD_READS_IN | (act == ACT_NONE ? 0 : BACKWARD_READS_OUT);
+}
+
+unsigned layer_reads_nothing(const Layer *l) {
+    (void)l;
+    return 0;
+}
+
+unsigned layer_reads_out(const Layer *l) {
+    (void)l;
+    return BACKWARD_READS_OUT;
+}
+
 const char *layer_name_problem(const char *name) {
     if (!*name) return "it is empty";
     if (strlen(name) >= LAYER_NAME_MAX) return "it is longer than a layer name may be";

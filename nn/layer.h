@@ -27,6 +27,8 @@
 #define LAYER_MAX_BUFFERS 3
 #define LAYER_NAME_MAX 64
 
+enum { BACKWARD_READS_IN = 1, BACKWARD_READS_OUT = 2 };
+
 typedef struct Exec Exec;  // nn/exec.h
 
 typedef struct LayerCtx {
@@ -92,6 +94,10 @@ typedef struct LayerOps {
     // din may be the same buffer as dout (an elementwise backward): the network then saves
     // a gradient buffer by passing the same one.
     bool backward_in_place;
+    // Which of in and out backward reads (BACKWARD_READS_IN | BACKWARD_READS_OUT); NULL:
+    // both. The network plans an activation that no backward reads to live only until
+    // the forward of its consumer, so its memory serves others during backward.
+    unsigned (*backward_reads)(const Layer *l);
     // Optional passes over the whole batch, for layers whose output depends on all of it
     // (batchnorm's statistics): called on the chunks [n0, n0 + n) of the N samples in
     // order before forward (backward) runs on any of them; in fp32 the batch is one chunk.
@@ -152,6 +158,16 @@ const LayerOps *layer_type(const char *section);
 void layer_free(Layer *l);
 // ops->workspace_bytes(l, N), or 0 for a layer without one.
 size_t layer_workspace_bytes(const Layer *l, int N);
+// ops->backward_reads(l), or both for a layer without one.
+unsigned layer_backward_reads(const Layer *l);
+// BACKWARD_READS_IN, with BACKWARD_READS_OUT when an activation follows (its mask is
+// read from the output): conv, linear and batchnorm.
+unsigned layer_reads_with_act(Activation act);
+// backward_reads for layers whose backward reads nothing of the forward's (dropout
+// regenerates its mask; flatten and average pooling only route the gradient), and for
+// those that read only the output (relu, log_softmax).
+unsigned layer_reads_nothing(const Layer *l);
+unsigned layer_reads_out(const Layer *l);
 
 // Helpers for layer implementations.
 // Allocates a layer struct of `size` bytes (zeroed), sets ops, in, and the name from the

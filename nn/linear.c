@@ -67,6 +67,10 @@ static void linear_backward(Layer *l, const LayerCtx *ctx, float *din, float *do
     if (din) k->gemm(din, dout, l->params[0].data, N, l->in.c, f->outputs, false, false, 1.0f, 0.0f);
 }
 
+static unsigned linear_backward_reads(const Layer *l) {
+    return layer_reads_with_act(((const Linear *)l)->act);
+}
+
 const LayerOps linear_ops = {
     .type = "linear",
     .summary = "fully connected layer (PyTorch Linear), optionally followed by an activation",
@@ -75,4 +79,5 @@ const LayerOps linear_ops = {
     .create = linear_create,
     .forward = linear_forward,
     .backward = linear_backward,
+    .backward_reads = linear_backward_reads,
 };

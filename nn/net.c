@@ -119,74 +119,303 @@ static size_t largest_of(const Layer *l) {
     return m;
 }
 
-// Computes net->plan and the offsets of everything; with `act_base` non-NULL also sets
-// the pointers. The same function plans and carves, so the plan is the allocation.
-static void net_layout(Net *net, char *act_base) {
-    const int B = net->batch, last = net->nlayers - 1;
-    const size_t es = dtype_sizes[net->precision];
-    size_t off = 0;
-    if (act_base) net->input_buf = (float *)(act_base + off);
-    off += align64((size_t)B * shape_numel(net->input) * sizeof(float));
-    // Saved outputs: the last layer of each segment (the network's output is one, in F32).
-    for (int g = 0; g < net->nsegments; g++) {
-        const int i = net->seg_first[g + 1] - 1;
-        if (act_base) net->acts[i] = act_base + off;
-        off += align64((size_t)B * shape_numel(net->layers[i]->out) * (i == last ? sizeof(float) : es));
-    }
-    net->plan.act_saved = off;
-    // The scratch region: the other outputs of one segment at a time, laid out in order,
-    // and the inner activations of its containers (the last one's too: backward recomputes
-    // it when it has them).
-    size_t scratch = 0;
-    for (int g = 0; g < net->nsegments; g++) {
-        size_t o = 0;
-        for (int i = net->seg_first[g]; i < net->seg_first[g + 1]; i++) {
-            Layer *l = net->layers[i];
-            if (i < net->seg_first[g + 1] - 1) {
-                if (act_base) net->acts[i] = act_base + off + o;
-                o += align64((size_t)B * shape_numel(l->out) * es);
-            }
-            if (inner_values(l)) {
-                if (act_base) l->inner = act_base + off + o;
-                o += align64((size_t)B * (size_t)inner_values(l) * es);
-            }
+// ---- the activation block: buffers planned by lifetime ------------------------------------
+//
+// The step is a fixed schedule (net->events): every layer's forward, the loss, then
+// backward, segment by segment from the last: the recomputation of the segment's layers
+// (checkpointing), then the backward of each. Each buffer of the activation block (the
+// input, every layer's output, the inner activations of containers, the block scratch,
+// every input gradient, the loss's) is live over the spans of events from a write that
+// fills it to the last event that reads what that write left; between spans its bytes
+// serve other buffers. Offsets are assigned greedily, largest buffer first, at the lowest
+// offset that no buffer live at the same time occupies (the greedy-by-size placement of
+// TFLite's memory planner). The block is as large as the highest end.
+
+// Buffer ids: five fixed ones, then per layer its output, its inner activations and the
+// input gradient that its backward writes (in-place layers share their successor's).
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_BLOCK, BUF_LAYERS };
+static int buf_out(int i) { return BUF_LAYERS + 3 * i; }
+static int buf_inner(int i) { return BUF_LAYERS + 3 * i + 1; }
+static int buf_grad(int i) { return BUF_LAYERS + 3 * i + 2; }
+
+// Which buffer holds the input gradient of each layer that writes one (-1: none).
+static void grad_buffers(const Net *net, int *gid) {
+    const int last = net->nlayers - 1;
+    for (int i = 0; i <= last; i++) gid[i] = -1;
+    for (int i = last; i > net->first_trained; i--)
+        gid[i] = net->layers[i]->ops->backward_in_place && i < last ? gid[i + 1] : buf_grad(i);
+}
+
+// Builds net->events from the segments and the first trained layer.
+static int net_schedule(Net *net, Error *err) {
+    const int n = net->nlayers, S = net->nsegments, stop = net->first_trained;
+    free(net->events);
+    net->events = xcalloc(3 * (size_t)n + 1, sizeof *net->events, err);
+    if (!net->events) return -1;
+    int e = 0;
+    for (int i = 0; i < n; i++) net->events[e++] = (Event){EV_FORWARD, i};
+    net->events[e++] = (Event){EV_LOSS, n - 1};
+    for (int g = S - 1; g >= 0 && net->seg_first[g + 1] > stop; g--) {
+        const int first = net->seg_first[g] > stop ? net->seg_first[g] : stop;
+        const int end = net->seg_first[g + 1];
+        // Later segments reused this one's buffers: recompute them from its saved input.
+        // The last output is saved; that layer runs again only for its inner activations.
+        if (g < S - 1) {
+            for (int i = net->seg_first[g]; i < end - 1; i++) net->events[e++] = (Event){EV_RECOMPUTE, i};
+            if (inner_values(net->layers[end - 1])) net->events[e++] = (Event){EV_RECOMPUTE, end - 1};
         }
-        if (o > scratch) scratch = o;
+        for (int i = end - 1; i >= first; i--) net->events[e++] = (Event){EV_BACKWARD, i};
     }
-    off += scratch;
-    net->plan.act_scratch = scratch;
-    if (net->nsegments == 1) {  // nothing is recomputed: every output is kept
-        net->plan.act_saved += scratch;
-        net->plan.act_scratch = 0;
+    net->nevents = e;
+    return 0;
+}
+
+// Spans being built: per buffer the open one (from < 0: none), and the closed ones.
+typedef struct SpanBuilder {
+    ActSpan *open;
+    int *owner;  // (cap) the buffer of each closed span
+    ActSpan *closed;
+    int n, cap;
+    Error *err;
+    bool failed;
+} SpanBuilder;
+
+static void span_close(SpanBuilder *sb, int b) {
+    if (sb->open[b].from < 0) return;
+    if (sb->n == sb->cap) {
+        const int cap = sb->cap ? 2 * sb->cap : 64;
+        ActSpan *c = realloc(sb->closed, (size_t)cap * sizeof *c);
+        int *o = realloc(sb->owner, (size_t)cap * sizeof *o);
+        if (c) sb->closed = c;
+        if (o) sb->owner = o;
+        if (!c || !o) {
+            sb->failed = true;
+            return;
+        }
+        sb->cap = cap;
     }
-    size_t block_scratch = 0;
+    sb->closed[sb->n] = sb->open[b];
+    sb->owner[sb->n++] = b;
+    sb->open[b].from = -1;
+}
+
+// Event t fills buffer b (what it held before is not needed).
+static void span_write(SpanBuilder *sb, int b, int t) {
+    span_close(sb, b);
+    sb->open[b] = (ActSpan){t, t};
+}
+
+// Event t reads (or updates) buffer b.
+static void span_read(SpanBuilder *sb, int b, int t) {
+    if (sb->open[b].from < 0) sb->open[b].from = t;  // not written in the step (the input)
+    sb->open[b].to = t;
+}
+
+// Layer i's forward (or recomputation) at event t.
+static void spans_forward(const Net *net, SpanBuilder *sb, int i, int t) {
+    const Layer *l = net->layers[i];
+    span_read(sb, i ? buf_out(i - 1) : BUF_INPUT, t);
+    span_write(sb, buf_out(i), t);
+    if (inner_values(l)) span_write(sb, buf_inner(i), t);
+    if (l->ops->scratch_values) span_write(sb, BUF_BLOCK, t);
+}
+
+// Bytes of each buffer (0: not used).
+static void buffer_bytes(const Net *net, const int *gid, size_t *bytes) {
+    const size_t B = (size_t)net->batch, es = dtype_sizes[net->precision];
+    const int last = net->nlayers - 1;
+    size_t block = 0;
+    bytes[BUF_INPUT] = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
+    bytes[BUF_LABELS] = align64(B * sizeof(int32_t));
+    bytes[BUF_METRICS] = align64(NET_METRICS * sizeof(float));
+    bytes[BUF_DLOGP] = align64(B * (size_t)shape_numel(net->layers[last]->out) * sizeof(float));
     for (int i = 0; i <= last; i++) {
         const Layer *l = net->layers[i];
-        if (l->ops->scratch_values && (size_t)l->ops->scratch_values(l) > block_scratch)
-            block_scratch = (size_t)l->ops->scratch_values(l);
+        bytes[buf_out(i)] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
+        bytes[buf_inner(i)] = align64(B * (size_t)inner_values(l) * es);
+        bytes[buf_grad(i)] = gid[i] == buf_grad(i) ? align64(B * (size_t)shape_numel(l->in) * es) : 0;
+        if (l->ops->scratch_values && (size_t)l->ops->scratch_values(l) > block)
+            block = (size_t)l->ops->scratch_values(l);
     }
-    // The gradient buffers, each as large as the largest input gradient written into it
-    // (backward stops at the first trained layer, which writes none).
-    net->grad_bytes[0] = net->grad_bytes[1] = 0;
-    for (int i = last, cur = -1; i > net->first_trained; i--) {
-        cur = net_din_slot(net, i, cur);
-        const size_t b = align64((size_t)B * (size_t)shape_numel(net->layers[i]->in) * es);
-        if (b > net->grad_bytes[cur]) net->grad_bytes[cur] = b;
-    }
-    for (int i = 0; i < 2; i++) {
-        if (act_base) net->grad_buf[i] = net->grad_bytes[i] ? act_base + off : NULL;
-        off += net->grad_bytes[i];
-    }
-    if (act_base) net->exec.block_scratch = block_scratch ? act_base + off : NULL;
-    off += align64((size_t)B * block_scratch * es);
-    if (act_base) net->dlogp = (float *)(act_base + off);
-    off += align64((size_t)B * shape_numel(net->layers[last]->out) * sizeof(float));
-    if (act_base) net->labels = (int32_t *)(act_base + off);
-    off += align64((size_t)B * sizeof(int32_t));
-    if (act_base) net->metrics = (float *)(act_base + off);
-    off += align64(NET_METRICS * sizeof(float));
-    net->plan.activations = off;
+    bytes[BUF_BLOCK] = align64(B * block * es);
+}
 
+// The spans of every buffer over net->events, into net->spans (grouped by buffer) and
+// net->bufs[b].span0 / nspans.
+static int buffer_spans(Net *net, const int *gid, Error *err) {
+    const int n = net->nlayers, nb = BUF_LAYERS + 3 * n, after = net->nevents;
+    SpanBuilder sb = {.open = xcalloc((size_t)nb, sizeof *sb.open, err), .err = err};
+    if (!sb.open) return -1;
+    for (int b = 0; b < nb; b++) sb.open[b].from = -1;
+    for (int t = 0; t < net->nevents; t++) {
+        const int i = net->events[t].layer;
+        const Layer *l = net->layers[i];
+        switch (net->events[t].kind) {
+        case EV_FORWARD:
+        case EV_RECOMPUTE: spans_forward(net, &sb, i, t); break;
+        case EV_LOSS:
+            span_read(&sb, buf_out(i), t);
+            span_read(&sb, BUF_LABELS, t);
+            span_read(&sb, BUF_METRICS, t);
+            span_write(&sb, BUF_DLOGP, t);
+            break;
+        case EV_BACKWARD: {
+            const unsigned reads = layer_backward_reads(l);
+            span_read(&sb, i == n - 1 ? BUF_DLOGP : gid[i + 1], t);
+            if (gid[i] >= 0) {
+                if (gid[i] == buf_grad(i)) span_write(&sb, gid[i], t);
+                else span_read(&sb, gid[i], t);  // in place
+            }
+            if (reads & BACKWARD_READS_IN) span_read(&sb, i ? buf_out(i - 1) : BUF_INPUT, t);
+            if (reads & BACKWARD_READS_OUT) span_read(&sb, buf_out(i), t);
+            if (inner_values(l)) span_read(&sb, buf_inner(i), t);
+            if (l->ops->scratch_values) span_write(&sb, BUF_BLOCK, t);
+            break;
+        }
+        }
+    }
+    // Kept through the step: the batch and its labels (the loader fills them before the
+    // step), the metrics, and the output that the trainer reads after it.
+    const int kept[] = {BUF_INPUT, BUF_LABELS, BUF_METRICS, buf_out(n - 1)};
+    for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++) {
+        if (sb.open[kept[k]].from < 0) sb.open[kept[k]].from = 0;
+        span_read(&sb, kept[k], after);
+        sb.open[kept[k]].from = 0;
+    }
+    for (int b = 0; b < nb; b++) span_close(&sb, b);
+    int rc = -1;
+    if (sb.failed) {
+        err_set(err, "out of host memory planning the activations");
+        goto done;
+    }
+    free(net->spans);
+    net->spans = xcalloc((size_t)sb.n + 1, sizeof *net->spans, err);
+    if (!net->spans) goto done;
+    int m = 0;
+    for (int b = 0; b < nb; b++) {
+        net->bufs[b].span0 = m;
+        for (int k = 0; k < sb.n; k++)
+            if (sb.owner[k] == b) net->spans[m++] = sb.closed[k];
+        net->bufs[b].nspans = m - net->bufs[b].span0;
+    }
+    net->nspans = m;
+    rc = 0;
+done:
+    free(sb.open), free(sb.owner), free(sb.closed);
+    return rc;
+}
+
+static bool buffers_meet(const Net *net, const ActBuffer *a, const ActBuffer *b) {
+    for (int i = 0; i < a->nspans; i++)
+        for (int j = 0; j < b->nspans; j++) {
+            const ActSpan x = net->spans[a->span0 + i], y = net->spans[b->span0 + j];
+            if (x.from <= y.to && y.from <= x.to) return true;
+        }
+    return false;
+}
+
+// Whether buffer b is live at event t.
+bool net_buffer_live(const Net *net, int b, int t) {
+    const ActBuffer *a = &net->bufs[b];
+    for (int i = 0; i < a->nspans; i++)
+        if (net->spans[a->span0 + i].from <= t && t <= net->spans[a->span0 + i].to) return true;
+    return false;
+}
+
+// Places every used buffer (bytes > 0), largest first, at the lowest offset where it
+// overlaps no placed buffer that is live with it; sets plan.activations (the highest
+// end) and plan.act_kept (the bytes live at the loss).
+static int place_buffers(Net *net, Error *err) {
+    const int nb = net->nbufs;
+    int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
+    int rc = -1;
+    if (!order || !placed) goto done;
+    int used = 0;
+    for (int b = 0; b < nb; b++)
+        if (net->bufs[b].bytes) order[used++] = b;
+    for (int a = 1; a < used; a++)  // by size, largest first; ties in id order
+        for (int c = a; c > 0 && net->bufs[order[c]].bytes > net->bufs[order[c - 1]].bytes; c--) {
+            const int t = order[c];
+            order[c] = order[c - 1], order[c - 1] = t;
+        }
+    size_t top = 0;
+    for (int k = 0; k < used; k++) {
+        ActBuffer *x = &net->bufs[order[k]];
+        int nconf = 0;  // the placed buffers live with x, by offset
+        for (int j = 0; j < k; j++) {
+            const ActBuffer *y = &net->bufs[order[j]];
+            if (!buffers_meet(net, x, y)) continue;
+            int c = nconf++;
+            for (; c > 0 && net->bufs[placed[c - 1]].offset > y->offset; c--) placed[c] = placed[c - 1];
+            placed[c] = order[j];
+        }
+        size_t off = 0;
+        for (int c = 0; c < nconf; c++) {
+            const ActBuffer *y = &net->bufs[placed[c]];
+            if (off + x->bytes <= y->offset) break;
+            if (y->offset + y->bytes > off) off = y->offset + y->bytes;
+        }
+        x->offset = off;
+        if (off + x->bytes > top) top = off + x->bytes;
+    }
+    net->plan.activations = top;
+    net->plan.act_kept = 0;
+    for (int b = 0; b < nb; b++)
+        if (net->bufs[b].bytes && net_buffer_live(net, b, net->nlayers)) net->plan.act_kept += net->bufs[b].bytes;
+    rc = 0;
+done:
+    free(order), free(placed);
+    return rc;
+}
+
+// Plans the activation block for the current segments: schedule, spans, offsets.
+static int net_plan_activations(Net *net, Error *err) {
+    const int n = net->nlayers;
+    int *gid = xcalloc((size_t)n, sizeof *gid, err);
+    if (!gid || net_schedule(net, err)) goto fail;
+    free(net->bufs);
+    net->nbufs = BUF_LAYERS + 3 * n;
+    net->bufs = xcalloc((size_t)net->nbufs, sizeof *net->bufs, err);
+    size_t *bytes = net->bufs ? xcalloc((size_t)net->nbufs, sizeof *bytes, err) : NULL;
+    if (!bytes) goto fail;
+    grad_buffers(net, gid);
+    buffer_bytes(net, gid, bytes);
+    for (int b = 0; b < net->nbufs; b++) net->bufs[b].bytes = bytes[b];
+    free(bytes);
+    if (buffer_spans(net, gid, err)) goto fail;
+    for (int b = 0; b < net->nbufs; b++)  // a buffer nothing uses needs no bytes
+        if (!net->bufs[b].nspans) net->bufs[b].bytes = 0;
+    if (place_buffers(net, err)) goto fail;
+    free(gid);
+    return 0;
+fail:
+    free(gid);
+    return -1;
+}
+
+// Points every activation buffer into the block at `base`.
+static void net_carve_activations(Net *net, char *base) {
+    const int n = net->nlayers;
+    int gid[n];
+    grad_buffers(net, gid);
+    char *at[net->nbufs];
+    for (int b = 0; b < net->nbufs; b++) at[b] = net->bufs[b].bytes ? base + net->bufs[b].offset : NULL;
+    net->input_buf = (float *)at[BUF_INPUT];
+    net->labels = (int32_t *)at[BUF_LABELS];
+    net->metrics = (float *)at[BUF_METRICS];
+    net->dlogp = (float *)at[BUF_DLOGP];
+    net->exec.block_scratch = at[BUF_BLOCK];
+    for (int i = 0; i < n; i++) {
+        net->acts[i] = at[buf_out(i)];
+        if (inner_values(net->layers[i])) net->layers[i]->inner = at[buf_inner(i)];
+        net->din[i] = gid[i] >= 0 ? at[gid[i]] : NULL;
+    }
+}
+
+// Computes the rest of net->plan (workspace, parameters, gradients, optimizer state) and
+// the fp16 scratch of the executor.
+static void net_layout(Net *net) {
+    const int B = net->batch, last = net->nlayers - 1;
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16. The
     // workspace block holds the scratch (fp16 only) and then the layers' workspace.
     size_t largest_any = 0;
@@ -238,11 +467,13 @@ static void net_layout_buffers(Net *net, char *base) {
 }
 
 // Checkpoint segments (DESIGN.md decision 6). Segment [s, e) keeps its last output
-// (saved) and lays the others, with the inner activations of all its layers, in the
-// scratch region that the segments share; the activation bytes a segmentation costs are
-// the saved outputs plus the largest segment's scratch (net_layout). S segments are cut
-// where that sum is smallest: the big early activations of an image network (ResNet's
-// 112x112 stem) then get segments of their own instead of an equal share of layers.
+// (saved) from forward to backward; the others, with the inner activations of all its
+// layers, are recomputed in backward. A cut is judged by the activation block its plan
+// needs (net_plan_activations). The candidates come from a simpler model: the saved
+// outputs plus the largest segment's recomputed bytes, for each limit on the latter the
+// cut of the fewest saved bytes (seg_fit). So the big early activations of an image
+// network (ResNet's 112x112 stem) get segments of their own instead of an equal share of
+// layers.
 typedef struct SegCost {
     int n;
     const size_t *out;    // (n) bytes of each layer's output
@@ -283,8 +514,8 @@ static int cmp_size(const void *a, const void *b) {
 }
 
 // Splits the layers into `segments` segments (NET_SEGMENTS_SQRT: round(sqrt(layers)); at
-// most one segment per layer) at the cut of the fewest activation bytes: for each limit
-// on the scratch, the cut with the fewest saved bytes (seg_fit); the best sum wins.
+// most one segment per layer) at the candidate cut whose activation block is smallest,
+// and plans the activations for it.
 static int net_segments(Net *net, int segments, Error *err) {
     const int n = net->nlayers, last = n - 1;
     int S = segments == NET_SEGMENTS_SQRT ? (int)lround(sqrt((double)n)) : segments;
@@ -294,14 +525,15 @@ static int net_segments(Net *net, int segments, Error *err) {
     net->seg_first = xcalloc((size_t)S + 1, sizeof *net->seg_first, err);
     if (!net->seg_first) return -1;
     net->seg_first[S] = n;
-    if (S == 1) return 0;
+    if (S == 1) return net_plan_activations(net, err);
     const size_t es = dtype_sizes[net->precision], B = (size_t)net->batch;
     const size_t npairs = (size_t)n * (n + 1) / 2, cells = (size_t)(S + 1) * (n + 1);
     size_t *out = xcalloc((size_t)n, sizeof *out, err), *above = xcalloc((size_t)n + 1, sizeof *above, err);
     size_t *limits = xcalloc(npairs, sizeof *limits, err), *dp = xcalloc(cells, sizeof *dp, err);
     int *from = xcalloc(cells, sizeof *from, err), *cut = xcalloc((size_t)S + 1, sizeof *cut, err);
+    int *best_cut = xcalloc((size_t)S + 1, sizeof *best_cut, err);
     int rc = -1;
-    if (!out || !above || !limits || !dp || !from || !cut) goto done;
+    if (!out || !above || !limits || !dp || !from || !cut || !best_cut) goto done;
     for (int i = 0; i < n; i++) {
         const Layer *l = net->layers[i];
         out[i] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
@@ -313,17 +545,21 @@ static int net_segments(Net *net, int segments, Error *err) {
         for (int e = s + 1; e <= n; e++) limits[m++] = seg_scratch(&c, s, e);
     qsort(limits, m, sizeof *limits, cmp_size);
     size_t best = SIZE_MAX;
-    for (size_t t = 0; t < m && limits[t] < best; t++) {
-        if (t && limits[t] == limits[t - 1]) continue;
-        const size_t saved = seg_fit(&c, S, limits[t], dp, from, cut);
-        if (saved != SIZE_MAX && saved + limits[t] < best) {
-            best = saved + limits[t];
-            memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
+    for (size_t t = 0; t < m; t++) {
+        if ((t && limits[t] == limits[t - 1]) || seg_fit(&c, S, limits[t], dp, from, cut) == SIZE_MAX ||
+            (best != SIZE_MAX && !memcmp(cut, best_cut, ((size_t)S + 1) * sizeof *cut)))
+            continue;
+        memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
+        if (net_plan_activations(net, err)) goto done;
+        if (net->plan.activations < best) {
+            best = net->plan.activations;
+            memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
         }
     }
-    rc = 0;
+    memcpy(net->seg_first, best_cut, ((size_t)S + 1) * sizeof *cut);
+    rc = net_plan_activations(net, err);
 done:
-    free(out), free(above), free(limits), free(dp), free(from), free(cut);
+    free(out), free(above), free(limits), free(dp), free(from), free(cut), free(best_cut);
     return rc;
 }
 
@@ -395,12 +631,13 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
             if (!net->modules[i]->frozen) net->ntrain += n;
         }
     if (net_segments(net, opt->segments, err)) goto fail;
-    net_layout(net, NULL);
+    net_layout(net);
     net_layout_buffers(net, NULL);
     if (opt->plan_only) return 0;
 
     net->acts = xcalloc((size_t)net->nlayers, sizeof *net->acts, err);
-    if (!net->acts) goto fail;
+    net->din = xcalloc((size_t)net->nlayers, sizeof *net->din, err);
+    if (!net->acts || !net->din) goto fail;
     if (!(net->params = device_block(k, net->plan.params, "parameter", err)) ||
         !(net->grads = device_block(k, net->plan.grads, "gradient", err)) ||
         !(net->optimizer = device_block(k, net->plan.optimizer, "optimizer state", err)) ||
@@ -408,7 +645,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         !(net->activations = device_block(k, net->plan.activations, "activation", err)) ||
         !(net->workspace = device_block(k, net->plan.workspace, "workspace", err)))
         goto fail;
-    net_layout(net, net->activations);
+    net_carve_activations(net, net->activations);
     net_layout_buffers(net, net->buffers);
     for (int i = 0; i < 4 && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
@@ -441,7 +678,11 @@ void net_free(Net *net) {
     free(net->layers);
     free(net->modules);
     free(net->acts);
+    free(net->din);
     free(net->seg_first);
+    free(net->events);
+    free(net->bufs);
+    free(net->spans);
     memset(net, 0, sizeof *net);
 }
 
@@ -535,34 +776,25 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
-    LayerCtx redo = ctx;
+    LayerCtx redo = ctx;  // recomputations: the same dropout masks and batch statistics
     redo.recompute = true;
-    Stored dout = {net->dlogp, true};  // the gradient of layer i's output
-    int cur = -1;                      // its grad_buf (-1: dlogp)
-    const int stop = net->first_trained;  // the layers before it have nothing to learn
-    for (int g = net->nsegments - 1; g >= 0 && net->seg_first[g + 1] > stop; g--) {
-        const int first = net->seg_first[g] > stop ? net->seg_first[g] : stop;
-        const int end = net->seg_first[g + 1];
-        // Later segments overwrote this one's outputs and inner activations in the shared
-        // scratch: recompute them from its saved input, with the same dropout masks and
-        // batch statistics (same step and samples). The last layer's output is saved; the
-        // layer runs again only when it has inner activations, and then writes the same bits.
-        if (g < net->nsegments - 1) {
-            for (int i = net->seg_first[g]; i < end - 1; i++) forward_layer(net, i, &redo, N);
-            if (inner_values(net->layers[end - 1])) forward_layer(net, end - 1, &redo, N);
+    const int last = net->nlayers - 1;
+    const bool f32 = net->precision == DT_F32;
+    for (int e = net->nlayers + 1; e < net->nevents; e++) {
+        const int i = net->events[e].layer;
+        if (net->events[e].kind == EV_RECOMPUTE) {
+            forward_layer(net, i, &redo, N);
+            continue;
         }
-        for (int i = end - 1; i >= first; i--) {
-            if (i > stop) cur = net_din_slot(net, i, cur);
-            const Stored din = {i > stop ? net->grad_buf[cur] : NULL, net->precision == DT_F32};
-            if (net->on_layer) net->on_layer(i, true);
-            exec_backward(&ctx, net->layers[i], din, dout, net_in(net, i), net_out(net, i), N);
-            dout = din;
-        }
+        // What backward does not read is not passed: its buffer may hold another's by now.
+        const unsigned reads = layer_backward_reads(net->layers[i]);
+        const Stored none = {NULL, true};
+        const Stored dout = i == last ? (Stored){net->dlogp, true} : (Stored){net->din[i + 1], f32};
+        if (net->on_layer) net->on_layer(i, true);
+        exec_backward(&ctx, net->layers[i], (Stored){net->din[i], f32}, dout,
+                      reads & BACKWARD_READS_IN ? net_in(net, i) : none,
+                      reads & BACKWARD_READS_OUT ? net_out(net, i) : none, N);
     }
-}
-
-int net_din_slot(const Net *net, int i, int cur) {
-    return net->layers[i]->ops->backward_in_place && cur >= 0 ? cur : (cur == 0 ? 1 : 0);
 }
 
 void net_zero_grads(Net *net) { net->k->zero(net->grads, (size_t)net->ntrain * sizeof(float)); }

@@ -24,10 +24,10 @@
 // Bytes per category. `loader` is filled in by the trainer (the data side plans it).
 typedef struct MemPlan {
     size_t params, grads, optimizer, buffers, activations, workspace, loader;
-    // Parts of `activations`: outputs kept through forward (segment outputs, the input)
-    // and the region that the layers inside a segment share and recompute in backward
-    // (their outputs and the inner activations of its containers).
-    size_t act_saved, act_scratch;
+    // Of `activations`: the bytes live at the loss, what forward keeps for backward (the
+    // input and labels, every output that a backward reads, or with checkpointing each
+    // segment's last).
+    size_t act_kept;
 } MemPlan;
 
 size_t mem_plan_total(const MemPlan *p);
@@ -55,6 +55,26 @@ typedef struct NetOptions {
 
 enum { NET_LOSS, NET_CORRECT, NET_NONFINITE, NET_METRICS };
 
+// The step's schedule: every layer's forward (events 0 .. nlayers - 1), the loss (event
+// nlayers), then backward: per segment from the last, the recomputation of its layers
+// (checkpointing) and the backward of each.
+typedef enum EventKind { EV_FORWARD, EV_LOSS, EV_RECOMPUTE, EV_BACKWARD } EventKind;
+typedef struct Event {
+    EventKind kind;
+    int layer;
+} Event;
+
+// A buffer of the activation block (the input, a layer's output or inner activations, an
+// input gradient, ...) holds something over spans of events [from, to] (nevents: after
+// the step); buffers live at the same event never overlap, others may (nn/net.c).
+typedef struct ActSpan {
+    int from, to;
+} ActSpan;
+typedef struct ActBuffer {
+    size_t offset, bytes;  // in the activation block; bytes 0: not used
+    int span0, nspans;     // its spans: spans[span0 .. span0 + nspans)
+} ActBuffer;
+
 typedef struct Net {
     const Kernels *k;
     Layer **layers;  // the top-level layers: host structs whose tensors point into the blocks
@@ -76,6 +96,12 @@ typedef struct Net {
                         // stops there (nlayers when everything is frozen)
     float loss_scale; // multiplies the loss gradient (dynamic loss scaling); 1 by default
     MemPlan plan;
+    Event *events;  // the schedule of a step
+    int nevents;
+    ActBuffer *bufs;  // the activation block's buffers and their spans
+    int nbufs;
+    ActSpan *spans;
+    int nspans;
 
     // Device blocks (one allocation each) and pointers into them.
     float *params;     // (nparams): every layer's tensors, in layer order
@@ -88,12 +114,12 @@ typedef struct Net {
     void *layer_workspace;  // what layers get as LayerCtx.workspace
     float *input_buf;  // (batch, H, W, C) F32: the batch to forward
     void **acts;       // acts[i]: (batch, layers[i]->out) output of layer i, in precision;
-                       // the last layer's (the log-probabilities) is F32. With segments,
-                       // only each segment's last output has its own buffer; the others
-                       // share the scratch region and are recomputed in backward
-    void *grad_buf[2];   // ping-pong activation gradients in precision (net_din_slot says
-                         // which layer writes where)
-    size_t grad_bytes[2];
+                       // the last layer's (the log-probabilities) is F32. Valid while the
+                       // schedule has it live: the output after the step, an output that
+                       // no backward reads only until the next layer's forward
+    void **din;        // din[i]: (batch, layers[i]->in) where layer i's backward writes its
+                       // input gradient, in precision (NULL: none; an in-place layer's is
+                       // its successor's)
     float *dlogp;        // (batch, classes) F32: the loss gradient
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to
@@ -141,10 +167,8 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
 
 void net_zero_grads(Net *net);
 
-// Which of grad_buf layer i's backward writes its input gradient into, when its output
-// gradient is in grad_buf[cur] (cur = -1: dlogp): the same one for a layer that works in
-// place, else the other. Layer 0 writes none.
-int net_din_slot(const Net *net, int i, int cur);
+// Whether activation buffer b is live at event t (nevents: after the step).
+bool net_buffer_live(const Net *net, int b, int t);
 
 // Prints the layer table (name, type, output shape, parameters) and the total.
 void net_print(const Net *net, FILE *f);

@@ -36,6 +36,7 @@ const LayerOps relu_ops = {
     .forward = relu_forward,
     .backward = relu_backward,
     .backward_in_place = true,
+    .backward_reads = layer_reads_out,
 };
 
 // ---- dropout ----------------------------------------------------------------------------------
@@ -98,6 +99,7 @@ const LayerOps dropout_ops = {
     .forward = dropout_forward,
     .backward = dropout_backward,
     .backward_in_place = true,
+    .backward_reads = layer_reads_nothing,
 };
 
 // ---- flatten ----------------------------------------------------------------------------------
@@ -124,6 +126,7 @@ const LayerOps flatten_ops = {
     .create = flatten_create,
     .forward = flatten_forward,
     .backward = flatten_backward,
+    .backward_reads = layer_reads_nothing,
 };
 
 // ---- log_softmax ------------------------------------------------------------------------------
@@ -154,4 +157,5 @@ const LayerOps log_softmax_ops = {
     .create = log_softmax_create,
     .forward = log_softmax_forward,
     .backward = log_softmax_backward,
+    .backward_reads = layer_reads_out,
 };

@@ -109,6 +109,7 @@ const LayerOps avgpool_ops = {
     .create = avgpool_create,
     .forward = avgpool_forward,
     .backward = avgpool_backward,
+    .backward_reads = layer_reads_nothing,
 };
 
 // ---- global_avgpool ---------------------------------------------------------------------------
@@ -141,4 +142,5 @@ const LayerOps global_avgpool_ops = {
     .create = global_avgpool_create,
     .forward = global_avgpool_forward,
     .backward = global_avgpool_backward,
+    .backward_reads = layer_reads_nothing,
 };

@@ -897,25 +897,18 @@ static const size_t mnist_out[] = {32 * 26 * 26, 64 * 24 * 24, 64 * 12 * 12, 64 
                                    9216, 64, 64, 10, 10};
 #define MNIST_NLAYERS ((int)(sizeof mnist_out / sizeof mnist_out[0]))
 
-// activations = align64(B * 784 * 4)                    the input batch (F32)
-//             + sum over layers but the last of align64(B * numel(out) * es)
-//             + align64(B * 10 * 4)                     the log-probabilities (F32)
-//             + 2 * align64(B * 36,864 * es)            two gradient buffers of the largest
-//             + align64(B * 10 * 4)                     dlogp (F32)
-//             + align64(B * 4) + align64(3 * 4)         labels, metrics
+// The activations kept from forward for backward (live at the loss):
+//   align64(B * 784 * 4)                                  the input batch (F32)
+//   + align64(B * numel(out) * es) for conv1, conv2, maxpool, flatten, fc1 and the second
+//     dropout (the outputs a backward reads; test_net.c)
+//   + 2 * align64(B * 10 * 4)                             log-probabilities, dlogp (F32)
+//   + align64(B * 4) + align64(3 * 4)                     labels, metrics
 // with es = 2 in fp16 and 4 in fp32.
-static size_t mnist_activations(int B, size_t es) {
-    size_t act = align64((size_t)B * 784 * 4), largest = 784;
-    for (int i = 0; i < MNIST_NLAYERS; i++) {
-        act += align64((size_t)B * mnist_out[i] * (i == MNIST_NLAYERS - 1 ? 4 : es));
-        if (mnist_out[i] > largest) largest = mnist_out[i];
-    }
-    assert_int_equal(largest, 36864);
-    // The two gradient buffers (net_din_slot): one takes maxpool's input gradient (conv2's
-    // output, 36,864 a sample), the other conv2's (conv1's output, 21,632); the dropouts
-    // work in place.
-    return act + align64((size_t)B * largest * es) + align64((size_t)B * 21632 * es) +
-           align64((size_t)B * 10 * 4) + align64((size_t)B * 4) + align64(NET_METRICS * 4);
+static size_t mnist_kept(int B, size_t es) {
+    size_t kept = align64((size_t)B * 784 * 4);
+    const int read_back[] = {0, 1, 2, 4, 5, 6};
+    for (int k = 0; k < 6; k++) kept += align64((size_t)B * mnist_out[read_back[k]] * es);
+    return kept + 2 * align64((size_t)B * 10 * 4) + align64((size_t)B * 4) + align64(NET_METRICS * 4);
 }
 
 // workspace: fp16's four fp32 scratch buffers of `chunk` samples of the largest activation,
@@ -944,11 +937,11 @@ static size_t mnist_workspace(int B, bool fp16, int *chunk_out) {
 }
 
 static void test_memory_plan_fp16(void **state) {
-    // The formula, pinned at the seed's batch of 64: fp16 18,737,728 bytes = 200,704 input
-    // + 11,046,656 layer outputs + 4,718,592 + 2,768,896 gradient buffers + 2,560 dlogp +
-    // 256 labels + 64 metrics; fp32 37,269,312.
-    assert_int_equal(mnist_activations(64, 2), 18737728);
-    assert_int_equal(mnist_activations(64, 4), 37269312);
+    // The formula, pinned at the seed's batch of 64: fp16 10,069,312 bytes = 200,704 input
+    // + 9,863,168 layer outputs + 5,120 log-probabilities and dlogp + 256 labels + 64
+    // metrics; fp32 19,932,480.
+    assert_int_equal(mnist_kept(64, 2), 10069312);
+    assert_int_equal(mnist_kept(64, 4), 19932480);
     Cfg cfg;
     load_mnist_cfg(&cfg);
     const Shape in = {.c = 1, .h = 28, .w = 28};
@@ -961,8 +954,8 @@ static void test_memory_plan_fp16(void **state) {
             net_create(&f, &cfg, in, 10, &(NetOptions){.batch = B, .precision = DT_F32}, &cpu_kernels, &err))
             fail_msg("%s", err.msg);
         assert_int_equal(h.precision, DT_F16);
-        assert_int_equal(f.plan.activations, mnist_activations(B, 4));
-        assert_int_equal(h.plan.activations, mnist_activations(B, 2));
+        assert_int_equal(f.plan.act_kept, mnist_kept(B, 4));
+        assert_int_equal(h.plan.act_kept, mnist_kept(B, 2));
         const double ratio = (double)h.plan.activations / f.plan.activations;
         print_message("batch %d: activations fp16 %zu bytes, fp32 %zu bytes (ratio %.4f); "
                       "workspace fp16 %zu (chunk %d), fp32 %zu\n", B, h.plan.activations,
@@ -979,25 +972,8 @@ static void test_memory_plan_fp16(void **state) {
         assert_int_equal(h.plan.params, 609354 * 4);
         assert_int_equal(h.plan.grads, f.plan.grads);
         assert_int_equal(h.plan.optimizer, f.plan.optimizer);
-        // Every buffer in the activation block: inside, aligned, disjoint.
-        typedef struct { const char *p; size_t bytes; } Piece;
-        Piece pc[32];
-        int n = 0;
-        pc[n++] = (Piece){(const char *)h.input_buf, (size_t)B * 784 * 4};
-        for (int i = 0; i < h.nlayers; i++)
-            pc[n++] = (Piece){(const char *)h.acts[i], B * mnist_out[i] * (i == h.nlayers - 1 ? 4 : 2)};
-        pc[n++] = (Piece){(const char *)h.grad_buf[0], (size_t)B * 36864 * 2};
-        pc[n++] = (Piece){(const char *)h.grad_buf[1], (size_t)B * 21632 * 2};
-        pc[n++] = (Piece){(const char *)h.dlogp, (size_t)B * 10 * 4};
-        pc[n++] = (Piece){(const char *)h.labels, (size_t)B * 4};
-        pc[n++] = (Piece){(const char *)h.metrics, NET_METRICS * 4};
-        const char *lo = h.activations, *hi = lo + h.plan.activations;
-        for (int i = 0; i < n; i++) {
-            assert_true(pc[i].p >= lo && pc[i].p + pc[i].bytes <= hi);
-            assert_int_equal((uintptr_t)pc[i].p % 64, 0);
-            for (int j = 0; j < i; j++)
-                assert_true(pc[i].p >= pc[j].p + pc[j].bytes || pc[j].p >= pc[i].p + pc[i].bytes);
-        }
+        expect_activation_layout(&h);
+        expect_activation_layout(&f);
         // The scratch buffers at the start of the workspace, the layers' after them.
         for (int i = 0; i < 4; i++)
             assert_ptr_equal(h.exec.scratch[i], (char *)h.workspace + i * h.scratch_bytes / 4);

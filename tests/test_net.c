@@ -251,35 +251,35 @@ static void test_init_matches_pytorch(void **state) {
 
 // The plan of the seed network for a batch of B, from its shapes alone:
 //   params = grads = 609,354 * 4 bytes; optimizer = 2 * params (square_avg, acc_delta);
-//   activations = align64(B * 784 * 4)                       the input batch
-//               + sum over layers of align64(B * numel(out) * 4)
-//               + align64(B * 36,864 * 4)                     two gradient buffers: for
-//               + align64(B * 21,632 * 4)                     maxpool's and conv2's input
-//                                                             gradients (net_din_slot;
-//                                                             the dropouts work in place)
-//               + align64(B * 10 * 4)                         the loss gradient dlogp
-//               + align64(B * 4) + align64(2 * 4)             labels, metrics
+//   activations kept from forward for backward (live at the loss):
+//               align64(B * 784 * 4)                  the input batch
+//             + align64(B * numel(out) * 4)           the outputs that a backward reads:
+//               for conv1, conv2, maxpool, flatten,   conv1's and conv2's (their relu and
+//               fc1 and the second dropout            the next layer's input), ...; not
+//                                                     the first dropout's (flatten reads
+//                                                     nothing back) nor fc2's
+//             + 2 * align64(B * 10 * 4)               the log-probabilities and dlogp
+//             + align64(B * 4) + align64(3 * 4)       labels, metrics
 //   workspace = the largest conv im2col chunk: images per chunk = min(B, max(1,
 //               2 MB / (OH*OW*C*K*K*4))), times that per-image size; conv1's image takes
 //               26*26*1*9*4 = 24,336 bytes, conv2's 24*24*32*9*4 = 663,552 (3 a chunk);
 //               conv2 also holds its weight and weight gradient permuted to (OC, K, K, C),
 //               2 * 64*32*9*4 = 147,456 bytes (conv1, with one channel, needs no permute).
+// The block itself is checked by expect_activation_layout and the poisoned steps of
+// test_segments.c.
 static void expect_mnist_plan(const Net *net, int B) {
     const size_t f = sizeof(float);
     assert_int_equal(net->plan.params, 609354 * f);
     assert_int_equal(net->plan.grads, 609354 * f);
     assert_int_equal(net->plan.optimizer, 2 * 609354 * f);
-    size_t act = align64((size_t)B * 784 * f);
-    size_t largest = 784;
-    for (int i = 0; i < MNIST_NLAYERS; i++) {
-        const size_t n = (size_t)mnist_layers[i].c * mnist_layers[i].h * mnist_layers[i].w;
-        act += align64(B * n * f);
-        if (n > largest) largest = n;
+    size_t kept = align64((size_t)B * 784 * f);
+    const int read_back[] = {0, 1, 2, 4, 5, 6};
+    for (int k = 0; k < 6; k++) {
+        const LayerWant *w = &mnist_layers[read_back[k]];
+        kept += align64((size_t)B * w->c * w->h * w->w * f);
     }
-    assert_int_equal(largest, 36864);
-    act += align64(B * largest * f) + align64(B * 21632 * f) + align64(B * 10 * f) +
-           align64(B * sizeof(int32_t)) + align64(2 * f);
-    assert_int_equal(net->plan.activations, act);
+    kept += 2 * align64((size_t)B * 10 * f) + align64((size_t)B * sizeof(int32_t)) + align64(NET_METRICS * f);
+    assert_int_equal(net->plan.act_kept, kept);
     const size_t col = (size_t)2 << 20, img1 = 24336, img2 = 663552, w2 = 147456;
     const size_t chunk1 = col / img1 < (size_t)B ? col / img1 : (size_t)B;
     const size_t chunk2 = col / img2 < (size_t)B ? col / img2 : (size_t)B;
@@ -287,35 +287,7 @@ static void expect_mnist_plan(const Net *net, int B) {
     assert_int_equal(net->plan.workspace, ws);
     assert_int_equal(net->plan.loader, 0);  // the trainer fills it in
     assert_int_equal(mem_plan_total(&net->plan),
-                     4 * 609354 * f + act + ws);
-}
-
-// Every buffer carved from the activation block lies inside it, 64-byte aligned, and no
-// two overlap.
-static void expect_activation_layout(const Net *net) {
-    const int B = net->batch;
-    typedef struct { const char *p; size_t bytes; } Piece;
-    Piece pieces[64];
-    int n = 0;
-    size_t largest = (size_t)shape_numel(net->input);
-    pieces[n++] = (Piece){(const char *)net->input_buf, (size_t)B * shape_numel(net->input) * 4};
-    for (int i = 0; i < net->nlayers; i++) {
-        const size_t e = (size_t)shape_numel(net->layers[i]->out);
-        if (e > largest) largest = e;
-        pieces[n++] = (Piece){(const char *)net->acts[i], B * e * 4};
-    }
-    pieces[n++] = (Piece){(const char *)net->grad_buf[0], B * largest * 4};
-    pieces[n++] = (Piece){(const char *)net->grad_buf[1], (size_t)B * 21632 * 4};
-    pieces[n++] = (Piece){(const char *)net->labels, (size_t)B * 4};
-    pieces[n++] = (Piece){(const char *)net->metrics, 8};
-    const char *lo = net->activations, *hi = lo + net->plan.activations;
-    for (int i = 0; i < n; i++) {
-        assert_true(pieces[i].p >= lo && pieces[i].p + pieces[i].bytes <= hi);
-        assert_int_equal((uintptr_t)pieces[i].p % 64, 0);
-        for (int j = 0; j < i; j++)
-            assert_true(pieces[i].p >= pieces[j].p + pieces[j].bytes ||
-                        pieces[j].p >= pieces[i].p + pieces[i].bytes);
-    }
+                     4 * 609354 * f + net->plan.activations + ws);
 }
 
 static void test_memory_plan(void **state) {

@@ -156,3 +156,40 @@ const char *test_sh_output(const char *dir) {
     fclose(f);
     return buf;
 }
+
+size_t expect_activation_layout(const Net *net) {
+    size_t end_to_end = 0, most_live = 0;
+    for (int x = 0; x < net->nbufs; x++) {
+        const ActBuffer *a = &net->bufs[x];
+        if (!a->bytes) continue;
+        end_to_end += a->bytes;
+        assert_true(a->nspans > 0);
+        assert_true(a->offset + a->bytes <= net->plan.activations);
+        assert_int_equal(a->offset % 64, 0);
+        for (int y = 0; y < x; y++) {
+            const ActBuffer *c = &net->bufs[y];
+            if (!c->bytes || a->offset >= c->offset + c->bytes || c->offset >= a->offset + a->bytes)
+                continue;
+            for (int t = 0; t <= net->nevents; t++)
+                if (net_buffer_live(net, x, t) && net_buffer_live(net, y, t))
+                    fail_msg("activation buffers %d and %d overlap and are both live at event %d", x, y, t);
+        }
+    }
+    for (int t = 0; t <= net->nevents; t++) {
+        size_t live = 0;
+        for (int x = 0; x < net->nbufs; x++)
+            if (net->bufs[x].bytes && net_buffer_live(net, x, t)) live += net->bufs[x].bytes;
+        if (live > most_live) most_live = live;
+    }
+    assert_true(most_live <= net->plan.activations && net->plan.activations < end_to_end);
+    // Each pointer is a buffer's start, and those read after the step are live then.
+    const void *after[] = {net->input_buf, net->labels, net->metrics, net_output(net)};
+    for (size_t k = 0; k < sizeof after / sizeof after[0]; k++) {
+        bool found = false;
+        for (int x = 0; x < net->nbufs && !found; x++)
+            found = net->bufs[x].bytes && (const char *)net->activations + net->bufs[x].offset == after[k] &&
+                    net_buffer_live(net, x, net->nevents);
+        assert_true(found);
+    }
+    return most_live;
+}

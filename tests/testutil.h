@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../data/dataset.h"
+#include "../nn/net.h"
 
 // Big-endian 32-bit, as IDX headers store their magic and dimensions.
 void put_be32(uint8_t *p, uint32_t v);
@@ -54,5 +55,12 @@ int write_squares_cfg(const char *path, const char *dir, int batch, const char *
 // shuffled or not, normalised by mean 0.25 and std 0.35. Fails the test on error.
 enum { SQUARES_BATCH = 30 };
 Loader *open_squares_loader(const char *images, const char *labels, Dataset **ds, int shuffle);
+
+// The activation block of net is sound: every buffer lies inside it, 64-byte aligned,
+// apart from every buffer live at an event it is live at; the block holds the most bytes
+// live at once, and (sharing by lifetime) is smaller than the buffers end to end; the
+// input, labels, metrics and output are live through the step. Returns the most bytes
+// live at once.
+size_t expect_activation_layout(const Net *net);
 
 #endif
