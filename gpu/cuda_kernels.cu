@@ -15,7 +15,7 @@
 //   - Results match the CPU bit for bit wherever the CPU's arithmetic can be replayed in
 //     the same order: im2col, col2im (each pixel sums its patches in the CPU's order),
 //     the direct convolution (the CPU's sums in its order, block sums included),
-//     bias + activation, ReLU, maxpool (first maximum), dropout (the counter RNG of
+//     bias + activation, ReLU, maxpool (first maximum, argmax), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
 //     NaN payloads included), scale_check, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
 //     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either), the
@@ -390,9 +390,10 @@ __host__ __device__ static inline void window_range(int o, int stride, int pad, 
     *b = lo + K < H ? lo + K : H;
 }
 
-// out element i = (n, oh, ow, c); a NaN in the window wins, as on the CPU; padding never.
-__host__ __device__ static inline void maxpool_forward_at(int64_t i, float *out, const float *in,
-                                                          Window w) {
+// out element i = (n, oh, ow, c) and its argmax (kh * K + kw from the padded window's
+// corner): the first maximum, or the last NaN, as on the CPU; padding never wins.
+__host__ __device__ static inline void maxpool_forward_at(int64_t i, float *out, uint8_t *argmax,
+                                                          const float *in, Window w) {
     const int c = (int)(i % w.C);
     const int64_t t = i / w.C;
     const int ow = (int)(t % w.OW), oh = (int)(t / w.OW % w.OH);
@@ -400,21 +401,22 @@ __host__ __device__ static inline void maxpool_forward_at(int64_t i, float *out,
     int h0, h1, w0, w1;
     window_range(oh, w.stride, w.pad, w.K, w.H, &h0, &h1);
     window_range(ow, w.stride, w.pad, w.K, w.W, &w0, &w1);
+    const int top = oh * w.stride - w.pad, left = ow * w.stride - w.pad;
     float m = -INFINITY;
+    int a = 0;
     for (int ih = h0; ih < h1; ih++)
         for (int iw = w0; iw < w1; iw++) {
             const float v = in[((n * w.H + ih) * w.W + iw) * w.C + c];
-            if (v > m || isnan(v)) m = v;
+            if (v > m || isnan(v)) m = v, a = (ih - top) * w.K + iw - left;
         }
     out[i] = m;
+    argmax[i] = (uint8_t)a;
 }
 
 // din element i = (n, ih, iw, c): the sum, in the CPU's order from 0, of the output
-// gradients of the windows that hold it and whose first maximum it is (found again from
-// in and out, scanning the window's pixels inside the image in order).
+// gradients of the windows that hold it and whose argmax it is.
 __host__ __device__ static inline void maxpool_backward_at(int64_t i, float *din, const float *dout,
-                                                           const float *in, const float *out,
-                                                           Window w) {
+                                                           const uint8_t *argmax, Window w) {
     const int c = (int)(i % w.C);
     const int64_t t = i / w.C;
     const int iw = (int)(t % w.W), ih = (int)(t / w.W % w.H);
@@ -422,25 +424,11 @@ __host__ __device__ static inline void maxpool_backward_at(int64_t i, float *din
     const int y = ih + w.pad, x = iw + w.pad;  // in padded coordinates
     const int oh0 = first_window(y, w.K, w.stride), oh1 = last_window(y, w.stride, w.OH);
     const int ow0 = first_window(x, w.K, w.stride), ow1 = last_window(x, w.stride, w.OW);
-    const float *img = in + n * w.H * w.W * w.C + c;
     float acc = 0.0f;
     for (int oh = oh0; oh <= oh1; oh++)
         for (int ow = ow0; ow <= ow1; ow++) {
             const int64_t o = ((n * w.OH + oh) * w.OW + ow) * w.C + c;
-            const float m = out[o];
-            int h0, h1, w0, w1;
-            window_range(oh, w.stride, w.pad, w.K, w.H, &h0, &h1);
-            window_range(ow, w.stride, w.pad, w.K, w.W, &w0, &w1);
-            int fh = -1, fw = -1;  // the window's first maximum
-            for (int h = h0; h < h1 && fh < 0; h++)
-                for (int x2 = w0; x2 < w1; x2++) {
-                    const float v = img[((int64_t)h * w.W + x2) * w.C];
-                    if (v == m || (isnan(m) && isnan(v))) {
-                        fh = h, fw = x2;
-                        break;
-                    }
-                }
-            if (fh == ih && fw == iw) acc += dout[o];
+            if (argmax[o] == (y - oh * w.stride) * w.K + x - ow * w.stride) acc += dout[o];
         }
     din[i] = acc;
 }
@@ -507,9 +495,18 @@ __host__ __device__ static inline void add_act_at(int64_t i, float *out, const f
 
 // ---- batchnorm: the CPU's per-element arithmetic; its sums in another fixed order ----
 
-// dy = dout * act'(out) at element e.
-__host__ __device__ static inline float bn_dy(const float *dout, const float *out, int64_t e, bool relu) {
-    return relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+// What batchnorm's backward reads per channel: the statistics, gamma and beta.
+struct BnChannels {
+    const float *mean, *invstd, *gamma, *beta;
+};
+
+// dy = dout * act'(z) at element e of channel c, z the forward's pre-activation recomputed
+// from x exactly as bn_forward_at computes it.
+__host__ __device__ static inline float bn_dy(const float *dout, const float *x, BnChannels s,
+                                              int64_t e, int c, bool relu) {
+    if (!relu) return dout[e];
+    const float z = add_rn(mul_rn(sub_rn(x[e], s.mean[c]), mul_rn(s.invstd[c], s.gamma[c])), s.beta[c]);
+    return z > 0.0f ? dout[e] : 0.0f;
 }
 
 // Channel c's statistics from the sums, in double as the CPU computes them.
@@ -545,15 +542,14 @@ __host__ __device__ static inline void bn_forward_at(int64_t i, float *out, cons
 }
 
 __host__ __device__ static inline void bn_backward_at(int64_t i, float *din, const float *dout,
-                                                      const float *out, const float *x,
-                                                      const float *mean, const float *invstd,
-                                                      const float *gamma, const double *acc, int C,
-                                                      int64_t count, bool relu) {
+                                                      const float *x, BnChannels s,
+                                                      const double *acc, int C, int64_t count,
+                                                      bool relu) {
     const int c = (int)(i % C);
     const float a = (float)(acc[c] / (double)count), b = (float)(acc[C + c] / (double)count);
-    const float xhat = mul_rn(sub_rn(x[i], mean[c]), invstd[c]);
-    din[i] = mul_rn(sub_rn(sub_rn(bn_dy(dout, out, i, relu), a), mul_rn(xhat, b)),
-                    mul_rn(gamma[c], invstd[c]));
+    const float xhat = mul_rn(sub_rn(x[i], s.mean[c]), s.invstd[c]);
+    din[i] = mul_rn(sub_rn(sub_rn(bn_dy(dout, x, s, i, c, relu), a), mul_rn(xhat, b)),
+                    mul_rn(s.gamma[c], s.invstd[c]));
 }
 
 __host__ __device__ static inline void bn_param_grads_at(int c, float *dgamma, float *dbeta,
@@ -861,30 +857,30 @@ static void cuda_bias_act_backward(float *dbias, float *dout, const float *y, in
     if (dbias) cuda_bias_backward(dbias, dout, rows, cols);
 }
 
-__global__ void maxpool_forward_kernel(float *out, const float *in, Window w, int64_t total) {
-    GRID_LOOP(i, total) maxpool_forward_at(i, out, in, w);
+__global__ void maxpool_forward_kernel(float *out, uint8_t *argmax, const float *in, Window w,
+                                       int64_t total) {
+    GRID_LOOP(i, total) maxpool_forward_at(i, out, argmax, in, w);
 }
-__global__ void maxpool_backward_kernel(float *din, const float *dout, const float *in,
-                                        const float *out, Window w, int64_t total) {
-    GRID_LOOP(i, total) maxpool_backward_at(i, din, dout, in, out, w);
+__global__ void maxpool_backward_kernel(float *din, const float *dout, const uint8_t *argmax,
+                                        Window w, int64_t total) {
+    GRID_LOOP(i, total) maxpool_backward_at(i, din, dout, argmax, w);
 }
 
-static void cuda_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
-                                 int stride, int pad, int OH, int OW) {
+static void cuda_maxpool_forward(float *out, uint8_t *argmax, const float *in, int N, int H, int W,
+                                 int C, int K, int stride, int pad, int OH, int OW) {
     const int64_t total = (int64_t)N * OH * OW * C;
     if (total <= 0) return;
     maxpool_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        out, in, Window{H, W, C, K, stride, pad, OH, OW}, total);
+        out, argmax, in, Window{H, W, C, K, stride, pad, OH, OW}, total);
     LAUNCH_CHECK();
 }
 
-static void cuda_maxpool_backward(float *din, const float *dout, const float *in,
-                                  const float *out, int N, int H, int W, int C, int K,
-                                  int stride, int pad, int OH, int OW) {
+static void cuda_maxpool_backward(float *din, const float *dout, const uint8_t *argmax, int N,
+                                  int H, int W, int C, int K, int stride, int pad, int OH, int OW) {
     const int64_t total = (int64_t)N * H * W * C;
     if (total <= 0) return;
     maxpool_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        din, dout, in, out, Window{H, W, C, K, stride, pad, OH, OW}, total);
+        din, dout, argmax, Window{H, W, C, K, stride, pad, OH, OW}, total);
     LAUNCH_CHECK();
 }
 
@@ -953,10 +949,9 @@ static void cuda_add_act(float *out, const float *a, const float *b, int64_t n, 
 // dy * xhat), with bias_backward's layout: a block takes 32 channels and 32 row lanes, lane
 // ty sums rows ty, ty + 32, ... in order in double, then a fixed tree adds the lanes.
 // (Deterministic; the CPU sums in other blocks, so the two differ by double rounding.)
-__host__ __device__ static inline void bn_lane_sums(const float *x, const float *dout,
-                                                    const float *out, const float *mean,
-                                                    const float *invstd, int64_t rows, int C, int c,
-                                                    int lane, bool relu, double *s1, double *s2) {
+__host__ __device__ static inline void bn_lane_sums(const float *x, const float *dout, BnChannels s,
+                                                    int64_t rows, int C, int c, int lane, bool relu,
+                                                    double *s1, double *s2) {
     double a = 0.0, b = 0.0;
     for (int64_t r = lane; r < rows; r += BB_ROWS) {
         const int64_t e = r * C + c;
@@ -965,8 +960,8 @@ __host__ __device__ static inline void bn_lane_sums(const float *x, const float 
             a = dadd_rn(a, v);
             b = dadd_rn(b, dmul_rn(v, v));
         } else {
-            const float dy = bn_dy(dout, out, e, relu);
-            const float xhat = mul_rn(sub_rn(x[e], mean[c]), invstd[c]);
+            const float dy = bn_dy(dout, x, s, e, c, relu);
+            const float xhat = mul_rn(sub_rn(x[e], s.mean[c]), s.invstd[c]);
             a = dadd_rn(a, (double)dy);
             b = dadd_rn(b, dmul_rn((double)dy, (double)xhat));
         }
@@ -974,15 +969,14 @@ __host__ __device__ static inline void bn_lane_sums(const float *x, const float 
     *s1 = a, *s2 = b;
 }
 
-__global__ void bn_sums_kernel(double *acc, const float *x, const float *dout, const float *out,
-                               const float *mean, const float *invstd, int64_t rows, int C,
-                               bool relu) {
+__global__ void bn_sums_kernel(double *acc, const float *x, const float *dout, BnChannels s,
+                               int64_t rows, int C, bool relu) {
     __shared__ double p1[BB_ROWS][BB_COLS + 1], p2[BB_ROWS][BB_COLS + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int c0 = blockIdx.x * BB_COLS; c0 < C; c0 += gridDim.x * BB_COLS) {
         const int c = c0 + tx;
         double a = 0.0, b = 0.0;
-        if (c < C) bn_lane_sums(x, dout, out, mean, invstd, rows, C, c, ty, relu, &a, &b);
+        if (c < C) bn_lane_sums(x, dout, s, rows, C, c, ty, relu, &a, &b);
         p1[ty][tx] = a, p2[ty][tx] = b;
         __syncthreads();
         for (int half = BB_ROWS / 2; half > 0; half /= 2) {
@@ -1000,24 +994,23 @@ __global__ void bn_sums_kernel(double *acc, const float *x, const float *dout, c
     }
 }
 
-static void bn_column_sums(double *acc, const float *x, const float *dout, const float *out,
-                           const float *mean, const float *invstd, int64_t rows, int C, bool relu) {
+static void bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s, int64_t rows,
+                           int C, bool relu) {
     if (rows <= 0 || C <= 0) return;
     const int col_blocks = (C + BB_COLS - 1) / BB_COLS;
     const unsigned blocks = (unsigned)(col_blocks < g.sms * 8 ? col_blocks : g.sms * 8);
-    bn_sums_kernel<<<blocks, dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(acc, x, dout, out, mean, invstd,
-                                                                    rows, C, relu);
+    bn_sums_kernel<<<blocks, dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(acc, x, dout, s, rows, C, relu);
     LAUNCH_CHECK();
 }
 
 static void cuda_bn_sums(double *acc, const float *x, int64_t rows, int C) {
-    bn_column_sums(acc, x, NULL, NULL, NULL, NULL, rows, C, false);
+    bn_column_sums(acc, x, NULL, BnChannels{}, rows, C, false);
 }
 
-static void cuda_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
-                                  const float *mean, const float *invstd, int64_t rows, int C,
-                                  Activation act) {
-    bn_column_sums(acc, x, dout, out, mean, invstd, rows, C, act == ACT_RELU);
+static void cuda_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
+                                  const float *invstd, const float *gamma, const float *beta,
+                                  int64_t rows, int C, Activation act) {
+    bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, C, act == ACT_RELU);
 }
 
 __global__ void bn_batch_stats_kernel(float *mean, float *invstd, float *running_mean,
@@ -1035,12 +1028,10 @@ __global__ void bn_forward_kernel(float *out, const float *x, const float *mean,
                                   int64_t total) {
     GRID_LOOP(i, total) bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, relu);
 }
-__global__ void bn_backward_kernel(float *din, const float *dout, const float *out, const float *x,
-                                   const float *mean, const float *invstd, const float *gamma,
+__global__ void bn_backward_kernel(float *din, const float *dout, const float *x, BnChannels s,
                                    const double *acc, int C, int64_t count, bool relu,
                                    int64_t total) {
-    GRID_LOOP(i, total)
-    bn_backward_at(i, din, dout, out, x, mean, invstd, gamma, acc, C, count, relu);
+    GRID_LOOP(i, total) bn_backward_at(i, din, dout, x, s, acc, C, count, relu);
 }
 __global__ void bn_param_grads_kernel(float *dgamma, float *dbeta, const double *acc, int C) {
     GRID_LOOP(c, (int64_t)C) bn_param_grads_at((int)c, dgamma, dbeta, acc, C);
@@ -1074,13 +1065,13 @@ static void cuda_bn_forward(float *out, const float *x, const float *mean, const
     LAUNCH_CHECK();
 }
 
-static void cuda_bn_backward(float *din, const float *dout, const float *out, const float *x,
-                             const float *mean, const float *invstd, const float *gamma,
+static void cuda_bn_backward(float *din, const float *dout, const float *x, const float *mean,
+                             const float *invstd, const float *gamma, const float *beta,
                              const double *acc, int64_t rows, int C, int64_t count, Activation act) {
     const int64_t total = rows * C;
     if (total <= 0) return;
     bn_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        din, dout, out, x, mean, invstd, gamma, acc, C, count, act == ACT_RELU, total);
+        din, dout, x, BnChannels{mean, invstd, gamma, beta}, acc, C, count, act == ACT_RELU, total);
     LAUNCH_CHECK();
 }
 

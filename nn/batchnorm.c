@@ -102,8 +102,8 @@ static void batchnorm_backward_reduce(Layer *l, const LayerCtx *ctx, const float
     if (n0 == 0) ctx->k->zero(bn_acc(l), 2 * (size_t)C * sizeof(double));
     b->count = bn_rows(l, N);
     if (l->frozen_stats) return;
-    ctx->k->bn_backward_sums(bn_acc(l), dout, out, in, bn_mean(l), bn_invstd(l), bn_rows(l, n), C,
-                             b->act);
+    ctx->k->bn_backward_sums(bn_acc(l), dout, in, bn_mean(l), bn_invstd(l), l->params[0].data,
+                             l->params[1].data, bn_rows(l, n), C, b->act);
     if (n0 + n == N && l->grads[0]) ctx->k->bn_param_grads(l->grads[0], l->grads[1], bn_acc(l), C);
 }
 
@@ -113,12 +113,14 @@ static void batchnorm_backward(Layer *l, const LayerCtx *ctx, float *din, float 
                                const float *in, const float *out, int N) {
     const BatchNorm *b = (const BatchNorm *)l;
     if (din)
-        ctx->k->bn_backward(din, dout, out, in, bn_mean(l), bn_invstd(l), l->params[0].data,
-                            bn_acc(l), bn_rows(l, N), l->in.c, b->count, b->act);
+        ctx->k->bn_backward(din, dout, in, bn_mean(l), bn_invstd(l), l->params[0].data,
+                            l->params[1].data, bn_acc(l), bn_rows(l, N), l->in.c, b->count, b->act);
 }
 
+// Backward recomputes ReLU's mask from the input (nn/kernels.h): the output is not read.
 static unsigned batchnorm_backward_reads(const Layer *l) {
-    return layer_reads_with_act(((const BatchNorm *)l)->act);
+    (void)l;
+    return BACKWARD_READS_IN;
 }
 
 const LayerOps batchnorm_ops = {

@@ -518,64 +518,45 @@ static inline void window_range(int o, int stride, int pad, int K, int H, int *a
     *b = lo + K < H ? lo + K : H;
 }
 
-static void cpu_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
-                                int stride, int pad, int OH, int OW) {
+static void cpu_maxpool_forward(float *out, uint8_t *argmax, const float *in, int N, int H, int W,
+                                int C, int K, int stride, int pad, int OH, int OW) {
 #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
     for (int n = 0; n < N; n++)
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
-                float *o = out + (((int64_t)n * OH + oh) * OW + ow) * C;
-                for (int c = 0; c < C; c++) o[c] = -INFINITY;
+                const int64_t at = (((int64_t)n * OH + oh) * OW + ow) * C;
+                float *o = out + at;
+                uint8_t *a = argmax + at;
+                for (int c = 0; c < C; c++) o[c] = -INFINITY, a[c] = 0;
                 int h0, h1, w0, w1;
                 window_range(oh, stride, pad, K, H, &h0, &h1);
                 window_range(ow, stride, pad, K, W, &w0, &w1);
                 for (int ih = h0; ih < h1; ih++)
                     for (int iw = w0; iw < w1; iw++) {
                         const float *s = in + (((int64_t)n * H + ih) * W + iw) * C;
-                        for (int c = 0; c < C; c++)
-                            if (s[c] > o[c] || isnan(s[c])) o[c] = s[c];
+                        const uint8_t k = (uint8_t)((ih - (oh * stride - pad)) * K + iw - (ow * stride - pad));
+                        for (int c = 0; c < C; c++) {
+                            const bool win = s[c] > o[c] || s[c] != s[c];
+                            o[c] = win ? s[c] : o[c];
+                            a[c] = win ? k : a[c];
+                        }
                     }
             }
 }
 
-// Channels are innermost, so each window element is compared for a block of channels at
-// once; `taken` marks the channels whose first maximum was already found. When the windows
-// tile the input exactly (stride = K, no padding, no rows or columns left over, the usual
-// case), every element of din belongs to one window and is written once, without zeroing
-// first.
-static void cpu_maxpool_backward(float *din, const float *dout, const float *in,
-                                 const float *out, int N, int H, int W, int C, int K,
-                                 int stride, int pad, int OH, int OW) {
-    enum { CBLOCK = 256 };
-    const bool tiles = stride == K && pad == 0 && OH * K == H && OW * K == W;
-#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C * K * K > PAR_MIN)
+static void cpu_maxpool_backward(float *din, const float *dout, const uint8_t *argmax, int N, int H,
+                                 int W, int C, int K, int stride, int pad, int OH, int OW) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * C > PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *dimg = din + (int64_t)n * H * W * C;
-        const float *img = in + (int64_t)n * H * W * C;
-        if (!tiles) memset(dimg, 0, sizeof(float) * (size_t)H * W * C);
+        memset(dimg, 0, sizeof(float) * (size_t)H * W * C);
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++) {
-                int h0, h1, w0, w1;
-                window_range(oh, stride, pad, K, H, &h0, &h1);
-                window_range(ow, stride, pad, K, W, &w0, &w1);
-                for (int c0 = 0; c0 < C; c0 += CBLOCK) {
-                    const int nc = C - c0 < CBLOCK ? C - c0 : CBLOCK;
-                    const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C + c0;
-                    int taken[CBLOCK] = {0};
-                    for (int ih = h0; ih < h1; ih++)
-                        for (int iw = w0; iw < w1; iw++) {
-                            const int64_t i = ((int64_t)ih * W + iw) * C + c0;
-                            for (int c = 0; c < nc; c++) {
-                                // The first window element equal to the maximum took it in
-                                // forward. (Bitwise, not &&/||: no branches, so the loop
-                                // vectorises.)
-                                const float m = out[o + c], v = img[i + c];
-                                const int hit = ((v == m) | ((m != m) & (v != v))) & !taken[c];
-                                const float g = hit ? dout[o + c] : 0.0f;
-                                dimg[i + c] = tiles ? g : dimg[i + c] + g;
-                                taken[c] |= hit;
-                            }
-                        }
+                const int64_t o = (((int64_t)n * OH + oh) * OW + ow) * C;
+                const int top = oh * stride - pad, left = ow * stride - pad;
+                for (int c = 0; c < C; c++) {
+                    const int ih = top + argmax[o + c] / K, iw = left + argmax[o + c] % K;
+                    dimg[((int64_t)ih * W + iw) * C + c] += dout[o + c];
                 }
             }
     }
@@ -660,19 +641,32 @@ static void cpu_global_avgpool_backward(float *din, const float *dout, int N, in
 #define BN_ROW_BLOCKS 16
 #define BN_COLS_BLOCK 128
 
-// The two terms of element j of row r: with dout NULL, x and x^2; else dy = dout * act'(out)
-// and dy * xhat, xhat = (x - mean) * invstd. Products in double.
+// What batchnorm's backward reads per channel: the statistics, gamma and beta.
+typedef struct BnChannels {
+    const float *mean, *invstd, *gamma, *beta;
+} BnChannels;
+
+// dy = dout * act'(z) at element e of channel c, z the forward's pre-activation recomputed
+// from x exactly as cpu_bn_forward computes it (its output is not kept for this).
+static inline float bn_dy(const float *dout, const float *x, const BnChannels *s, int64_t e, int c,
+                          bool relu) {
+    if (!relu) return dout[e];
+    const float z = (x[e] - s->mean[c]) * (s->invstd[c] * s->gamma[c]) + s->beta[c];
+    return z > 0.0f ? dout[e] : 0.0f;
+}
+
+// The two terms of element e (channel c): with dout NULL, x and x^2; else dy (bn_dy) and
+// dy * xhat, xhat = (x - mean) * invstd. Products in double.
 static inline void bn_terms(double *t1, double *t2, const float *x, const float *dout,
-                            const float *out, const float *mean, const float *invstd, bool relu,
-                            int64_t e, int j) {
+                            const BnChannels *s, bool relu, int64_t e, int c) {
     if (!dout) {
         *t1 = x[e];
         *t2 = (double)x[e] * x[e];
         return;
     }
-    const float dy = relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+    const float dy = bn_dy(dout, x, s, e, c, relu);
     *t1 = dy;
-    *t2 = (double)dy * ((x[e] - mean[j]) * invstd[j]);
+    *t2 = (double)dy * ((x[e] - s->mean[c]) * s->invstd[c]);
 }
 
 // Adds to acc[c] and acc[C + c] the column sums of bn_terms over the rows. Each of
@@ -681,7 +675,7 @@ static inline void bn_terms(double *t1, double *t2, const float *x, const float 
 // sums of a 16-channel layer 10.3-11.8 -> 8.7-9.4 ms over 67 MB), adds them, and the
 // blocks are added in order: the same bits for any number of threads.
 static void bn_column_sums(double *acc, int64_t rows, int C, const float *x, const float *dout,
-                           const float *out, const float *mean, const float *invstd, bool relu) {
+                           const BnChannels *s, bool relu) {
     const int64_t per = (rows + BN_ROW_BLOCKS - 1) / BN_ROW_BLOCKS;
     for (int c0 = 0; c0 < C; c0 += BN_COLS_BLOCK) {
         const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK;
@@ -698,7 +692,7 @@ static void bn_column_sums(double *acc, int64_t rows, int C, const float *x, con
                 const int64_t e0 = r * C + c0;
                 for (int j = 0; j < nc; j++) {
                     double t1, t2;
-                    bn_terms(&t1, &t2, x, dout, out, mean + c0, invstd + c0, relu, e0 + j, j);
+                    bn_terms(&t1, &t2, x, dout, s, relu, e0 + j, c0 + j);
                     s1[q][j] += t1;
                     s2[q][j] += t2;
                 }
@@ -717,7 +711,7 @@ static void bn_column_sums(double *acc, int64_t rows, int C, const float *x, con
 }
 
 static void cpu_bn_sums(double *acc, const float *x, int64_t rows, int C) {
-    bn_column_sums(acc, rows, C, x, NULL, NULL, NULL, NULL, false);
+    bn_column_sums(acc, rows, C, x, NULL, NULL, false);
 }
 
 static void cpu_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
@@ -758,17 +752,19 @@ static void cpu_bn_forward(float *out, const float *x, const float *mean, const 
     }
 }
 
-static void cpu_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
-                                 const float *mean, const float *invstd, int64_t rows, int C,
-                                 Activation act) {
-    bn_column_sums(acc, rows, C, x, dout, out, mean, invstd, act == ACT_RELU);
+static void cpu_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
+                                 const float *invstd, const float *gamma, const float *beta,
+                                 int64_t rows, int C, Activation act) {
+    const BnChannels s = {mean, invstd, gamma, beta};
+    bn_column_sums(acc, rows, C, x, dout, &s, act == ACT_RELU);
 }
 
-static void cpu_bn_backward(float *din, const float *dout, const float *out, const float *x,
-                            const float *mean, const float *invstd, const float *gamma,
+static void cpu_bn_backward(float *din, const float *dout, const float *x, const float *mean,
+                            const float *invstd, const float *gamma, const float *beta,
                             const double *acc, int64_t rows, int C, int64_t count,
                             Activation act) {
     const bool relu = act == ACT_RELU;
+    const BnChannels s = {mean, invstd, gamma, beta};
     enum { CB = 256 };
     for (int c0 = 0; c0 < C; c0 += CB) {
         const int nc = C - c0 < CB ? C - c0 : CB;
@@ -782,7 +778,7 @@ static void cpu_bn_backward(float *din, const float *dout, const float *out, con
         for (int64_t r = 0; r < rows; r++)
             for (int j = 0; j < nc; j++) {
                 const int64_t e = r * C + c0 + j;
-                const float dy = relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+                const float dy = bn_dy(dout, x, &s, e, c0 + j, relu);
                 const float xhat = (x[e] - mean[c0 + j]) * invstd[c0 + j];
                 din[e] = (dy - a[j] - xhat * b[j]) * k[j];
             }

@@ -37,6 +37,7 @@ static int chunk_len(int chunk, int n0, int N) { return N - n0 < chunk ? N - n0 
 static LayerCtx chunk_ctx(const LayerCtx *ctx, int n0, int n, int N) {
     LayerCtx c = *ctx;
     c.sample0 = ctx->sample0 + n0;
+    c.n0 = n0;
     c.after_first = n0 > 0;
     c.before_last = n0 + n < N;
     return c;

@@ -95,14 +95,16 @@ typedef struct Kernels {
 
     // ---- pooling ------------------------------------------------------------------------
     // out (N, OH, OW, C) = max over K x K windows of in (N, H, W, C) with `pad` rows and
-    // columns of padding on each side that never win (PyTorch's -inf padding).
-    void (*maxpool_forward)(float *out, const float *in, int N, int H, int W, int C, int K,
-                            int stride, int pad, int OH, int OW);
-    // din (N, H, W, C) = dout routed to the first maximum of each window (PyTorch's tie
-    // rule), found again from in and out instead of a stored argmax.
-    void (*maxpool_backward)(float *din, const float *dout, const float *in,
-                             const float *out, int N, int H, int W, int C, int K,
-                             int stride, int pad, int OH, int OW);
+    // columns of padding on each side that never win (PyTorch's -inf padding); the first
+    // maximum wins a tie, a NaN wins and a later NaN over an earlier one (PyTorch's rule).
+    // argmax (same shape, K <= 15) = where in its window the winner is: kh * K + kw, from
+    // the window's corner in padded coordinates.
+    void (*maxpool_forward)(float *out, uint8_t *argmax, const float *in, int N, int H, int W,
+                            int C, int K, int stride, int pad, int OH, int OW);
+    // din (N, H, W, C) = dout routed to each window's argmax, summed per pixel in window
+    // order (oh, ow) from zero.
+    void (*maxpool_backward)(float *din, const float *dout, const uint8_t *argmax, int N, int H,
+                             int W, int C, int K, int stride, int pad, int OH, int OW);
     // out = the mean of each K x K window, padding counted as zeros (PyTorch's AvgPool2d
     // with count_include_pad: every window divides by K * K); din = each window's dout /
     // (K * K) sent back to its pixels, summed per pixel.
@@ -133,15 +135,17 @@ typedef struct Kernels {
     // out = act((x - mean) * (invstd * gamma) + beta) per channel.
     void (*bn_forward)(float *out, const float *x, const float *mean, const float *invstd,
                        const float *gamma, const float *beta, int64_t rows, int C, Activation act);
-    // With dy = dout * act'(out) and xhat = (x - mean) * invstd: acc[c] += sum of dy,
+    // With dy = dout * act'(z), z = the forward's pre-activation recomputed from x
+    // ((x - mean) * (invstd * gamma) + beta, exactly as bn_forward computes it: the output
+    // need not be kept), and xhat = (x - mean) * invstd: acc[c] += sum of dy,
     // acc[C + c] += sum of dy * xhat. dout is read only.
-    void (*bn_backward_sums)(double *acc, const float *dout, const float *out, const float *x,
-                             const float *mean, const float *invstd, int64_t rows, int C,
-                             Activation act);
+    void (*bn_backward_sums)(double *acc, const float *dout, const float *x, const float *mean,
+                             const float *invstd, const float *gamma, const float *beta,
+                             int64_t rows, int C, Activation act);
     // din = (dy - acc[c] / count - xhat * acc[C + c] / count) * (gamma * invstd): the
     // gradient through the batch statistics of `count` values a channel (din may be dout).
-    void (*bn_backward)(float *din, const float *dout, const float *out, const float *x,
-                        const float *mean, const float *invstd, const float *gamma,
+    void (*bn_backward)(float *din, const float *dout, const float *x, const float *mean,
+                        const float *invstd, const float *gamma, const float *beta,
                         const double *acc, int64_t rows, int C, int64_t count, Activation act);
     // dgamma += acc[C + c], dbeta += acc[c] (the sums of bn_backward_sums).
     void (*bn_param_grads)(float *dgamma, float *dbeta, const double *acc, int C);

@@ -38,6 +38,8 @@ typedef struct LayerCtx {
     uint64_t seed;     // run seed: dropout key = rng_key(seed, RNG_STREAM_DROPOUT, step, layer)
     uint64_t step;     // optimizer step (micro-batches of one step share it)
     int64_t sample0;   // index of this micro-batch's first sample within the step's batch
+    int n0;            // the first sample of this call within its pass over the micro-batch
+                       // (fp16 runs leaves over chunks): where its rows of l->inner begin
     bool train;        // false: dropout is the identity, batchnorm uses running statistics
     bool recompute;    // this forward recomputes a checkpointed segment during backward: it
                        // must give the first forward's outputs, so batchnorm reuses the
@@ -115,12 +117,16 @@ typedef struct LayerOps {
     void (*run_forward)(Layer *l, const LayerCtx *ctx, void *out, const void *in, int N);
     void (*run_backward)(Layer *l, const LayerCtx *ctx, void *din, void *dout, const void *in,
                          void *out, int N);
-    // Stored values per sample kept from forward to backward (the inner activations):
-    // l->inner holds batch * inner_values of them.
-    int64_t (*inner_values)(const Layer *l);
     // Stored values per sample of scratch used within one forward or backward: the
     // network's block scratch (layer_block_scratch), shared by all containers.
     int64_t (*scratch_values)(const Layer *l);
+
+    // ---- both ---------------------------------------------------------------------------
+    // Bytes per sample kept from forward to backward besides the output (the inner
+    // activations of a container, stored in `precision`; max pooling's argmax): l->inner
+    // holds batch times that many, sample after sample. NULL: none. Only top-level layers
+    // get them from the network.
+    size_t (*inner_bytes)(const Layer *l, DType precision);
 } LayerOps;
 
 struct Layer {
@@ -142,7 +148,7 @@ struct Layer {
     Tensor buffers[LAYER_MAX_BUFFERS];
     float buffer_fill[LAYER_MAX_BUFFERS];
     void *state;  // ops->state_bytes of device memory (the buffer block)
-    void *inner;  // containers: their inner activations (the activation block)
+    void *inner;  // what it keeps from forward to backward (inner_bytes; the activation block)
     Layer **children;  // containers: inner layers in state_dict order (owned)
     int nchildren;
 };
@@ -161,7 +167,7 @@ size_t layer_workspace_bytes(const Layer *l, int N);
 // ops->backward_reads(l), or both for a layer without one.
 unsigned layer_backward_reads(const Layer *l);
 // BACKWARD_READS_IN, with BACKWARD_READS_OUT when an activation follows (its mask is
-// read from the output): conv, linear and batchnorm.
+// read from the output): conv and linear.
 unsigned layer_reads_with_act(Activation act);
 // backward_reads for layers whose backward reads nothing of the forward's (dropout
 // regenerates its mask; flatten and average pooling only route the gradient), and for

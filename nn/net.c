@@ -106,7 +106,10 @@ done:
 // chunk is as many samples as fit in this many bytes of scratch (at least one).
 #define FP16_SCRATCH_BYTES ((size_t)16 << 20)
 
-static int64_t inner_values(const Layer *l) { return l->ops->inner_values ? l->ops->inner_values(l) : 0; }
+// Bytes per sample that layer l keeps besides its output (LayerOps.inner_bytes).
+static size_t inner_bytes(const Layer *l, DType precision) {
+    return l->ops->inner_bytes ? l->ops->inner_bytes(l, precision) : 0;
+}
 
 // Values of the largest input or output of l and its children.
 static size_t largest_of(const Layer *l) {
@@ -162,7 +165,7 @@ static int net_schedule(Net *net, Error *err) {
         // The last output is saved; that layer runs again only for its inner activations.
         if (g < S - 1) {
             for (int i = net->seg_first[g]; i < end - 1; i++) net->events[e++] = (Event){EV_RECOMPUTE, i};
-            if (inner_values(net->layers[end - 1])) net->events[e++] = (Event){EV_RECOMPUTE, end - 1};
+            if (inner_bytes(net->layers[end - 1], net->precision)) net->events[e++] = (Event){EV_RECOMPUTE, end - 1};
         }
         for (int i = end - 1; i >= first; i--) net->events[e++] = (Event){EV_BACKWARD, i};
     }
@@ -216,7 +219,7 @@ static void spans_forward(const Net *net, SpanBuilder *sb, int i, int t) {
     const Layer *l = net->layers[i];
     span_read(sb, i ? buf_out(i - 1) : BUF_INPUT, t);
     span_write(sb, buf_out(i), t);
-    if (inner_values(l)) span_write(sb, buf_inner(i), t);
+    if (l->ops->inner_bytes) span_write(sb, buf_inner(i), t);
     if (l->ops->scratch_values) span_write(sb, BUF_BLOCK, t);
 }
 
@@ -232,7 +235,7 @@ static void buffer_bytes(const Net *net, const int *gid, size_t *bytes) {
     for (int i = 0; i <= last; i++) {
         const Layer *l = net->layers[i];
         bytes[buf_out(i)] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
-        bytes[buf_inner(i)] = align64(B * (size_t)inner_values(l) * es);
+        bytes[buf_inner(i)] = align64(B * inner_bytes(l, net->precision));
         bytes[buf_grad(i)] = gid[i] == buf_grad(i) ? align64(B * (size_t)shape_numel(l->in) * es) : 0;
         if (l->ops->scratch_values && (size_t)l->ops->scratch_values(l) > block)
             block = (size_t)l->ops->scratch_values(l);
@@ -268,7 +271,7 @@ static int buffer_spans(Net *net, const int *gid, Error *err) {
             }
             if (reads & BACKWARD_READS_IN) span_read(&sb, i ? buf_out(i - 1) : BUF_INPUT, t);
             if (reads & BACKWARD_READS_OUT) span_read(&sb, buf_out(i), t);
-            if (inner_values(l)) span_read(&sb, buf_inner(i), t);
+            if (l->ops->inner_bytes) span_read(&sb, buf_inner(i), t);
             if (l->ops->scratch_values) span_write(&sb, BUF_BLOCK, t);
             break;
         }
@@ -407,7 +410,7 @@ static void net_carve_activations(Net *net, char *base) {
     net->exec.block_scratch = at[BUF_BLOCK];
     for (int i = 0; i < n; i++) {
         net->acts[i] = at[buf_out(i)];
-        if (inner_values(net->layers[i])) net->layers[i]->inner = at[buf_inner(i)];
+        if (net->layers[i]->ops->inner_bytes) net->layers[i]->inner = at[buf_inner(i)];
         net->din[i] = gid[i] >= 0 ? at[gid[i]] : NULL;
     }
 }
@@ -471,9 +474,9 @@ static void net_layout_buffers(Net *net, char *base) {
 // layers, are recomputed in backward. A cut is judged by the activation block its plan
 // needs (net_plan_activations). The candidates come from a simpler model: the saved
 // outputs plus the largest segment's recomputed bytes, for each limit on the latter the
-// cut of the fewest saved bytes (seg_fit). So the big early activations of an image
-// network (ResNet's 112x112 stem) get segments of their own instead of an equal share of
-// layers.
+// cut of the fewest saved bytes (seg_fit); the best one is then improved by moving single
+// cuts by a layer. So the big early activations of an image network (ResNet's 112x112
+// stem) get segments of their own instead of an equal share of layers.
 typedef struct SegCost {
     int n;
     const size_t *out;    // (n) bytes of each layer's output
@@ -537,7 +540,7 @@ static int net_segments(Net *net, int segments, Error *err) {
     for (int i = 0; i < n; i++) {
         const Layer *l = net->layers[i];
         out[i] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
-        above[i + 1] = above[i] + out[i] + align64(B * (size_t)inner_values(l) * es);
+        above[i + 1] = above[i] + out[i] + align64(B * inner_bytes(l, net->precision));
     }
     const SegCost c = {n, out, above};
     size_t m = 0;
@@ -555,6 +558,23 @@ static int net_segments(Net *net, int segments, Error *err) {
             best = net->plan.activations;
             memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
         }
+    }
+    // Then moves single cuts by one layer while that shrinks the block.
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int k = 1; k < S; k++)
+            for (int d = -1; d <= 1; d += 2) {
+                memcpy(cut, best_cut, ((size_t)S + 1) * sizeof *cut);
+                cut[k] += d;
+                if (cut[k] <= cut[k - 1] || cut[k] >= cut[k + 1]) continue;
+                memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
+                if (net_plan_activations(net, err)) goto done;
+                if (net->plan.activations < best) {
+                    best = net->plan.activations;
+                    memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
+                    moved = true;
+                }
+            }
     }
     memcpy(net->seg_first, best_cut, ((size_t)S + 1) * sizeof *cut);
     rc = net_plan_activations(net, err);

@@ -11,9 +11,12 @@ typedef struct Pool {
     int size, stride, pad;
 } Pool;
 
+// Max pooling keeps where each window's maximum is as a byte (kh * K + kw): K <= 15.
+enum { MAXPOOL_MAX_SIZE = 15 };
+
 static const CfgKey maxpool_keys[] = {
     {"name", "maxpool<k>", "module name"},
-    {"size", "2", "window size K (K x K)"},
+    {"size", "2", "window size K (K x K), at most 15: backward keeps each window's argmax as a byte"},
     {"stride", "size", "stride (default: the window size)"},
     {"pad", "0", "padding on each side, at most size / 2; padding never wins the max"},
 };
@@ -25,11 +28,11 @@ static const CfgKey avgpool_keys[] = {
     {"pad", "0", "zero padding on each side, at most size / 2; counted in the mean"},
 };
 
-static int pool_create(Layer **out, const LayerOps *ops, const LayerArgs *a, Error *err) {
+static int pool_create(Layer **out, const LayerOps *ops, const LayerArgs *a, int max_size, Error *err) {
     Pool *p = layer_alloc(sizeof *p, ops, a, err);
     if (!p) return -1;
     int64_t size, stride, pad;
-    if (cfg_int(a->cfg, a->s, "size", "2", 1, 1024, &size, err)) goto fail;
+    if (cfg_int(a->cfg, a->s, "size", "2", 1, max_size, &size, err)) goto fail;
     char def[16];
     snprintf(def, sizeof def, "%d", (int)size);
     if (cfg_int(a->cfg, a->s, "stride", def, 1, 1024, &stride, err) ||
@@ -54,21 +57,31 @@ fail:
 // ---- maxpool ----------------------------------------------------------------------------------
 
 static int maxpool_create(Layer **out, const LayerArgs *a, Error *err) {
-    return pool_create(out, &maxpool_ops, a, err);
+    return pool_create(out, &maxpool_ops, a, MAXPOOL_MAX_SIZE, err);
+}
+
+// The argmax of the samples of this call (l->inner: a byte per output value).
+static uint8_t *maxpool_argmax(const Layer *l, const LayerCtx *ctx) {
+    return (uint8_t *)l->inner + (int64_t)ctx->n0 * shape_numel(l->out);
+}
+
+static size_t maxpool_inner_bytes(const Layer *l, DType precision) {
+    (void)precision;
+    return (size_t)shape_numel(l->out);
 }
 
 static void maxpool_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Pool *p = (const Pool *)l;
-    ctx->k->maxpool_forward(out, in, N, l->in.h, l->in.w, l->in.c, p->size, p->stride, p->pad,
-                            l->out.h, l->out.w);
+    ctx->k->maxpool_forward(out, maxpool_argmax(l, ctx), in, N, l->in.h, l->in.w, l->in.c, p->size,
+                            p->stride, p->pad, l->out.h, l->out.w);
 }
 
 static void maxpool_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout,
                              const float *in, const float *out, int N) {
     const Pool *p = (const Pool *)l;
     if (din)
-        ctx->k->maxpool_backward(din, dout, in, out, N, l->in.h, l->in.w, l->in.c, p->size,
-                                 p->stride, p->pad, l->out.h, l->out.w);
+        ctx->k->maxpool_backward(din, dout, maxpool_argmax(l, ctx), N, l->in.h, l->in.w, l->in.c,
+                                 p->size, p->stride, p->pad, l->out.h, l->out.w);
 }
 
 const LayerOps maxpool_ops = {
@@ -79,12 +92,14 @@ const LayerOps maxpool_ops = {
     .create = maxpool_create,
     .forward = maxpool_forward,
     .backward = maxpool_backward,
+    .backward_reads = layer_reads_nothing,
+    .inner_bytes = maxpool_inner_bytes,
 };
 
 // ---- avgpool ----------------------------------------------------------------------------------
 
 static int avgpool_create(Layer **out, const LayerArgs *a, Error *err) {
-    return pool_create(out, &avgpool_ops, a, err);
+    return pool_create(out, &avgpool_ops, a, 1024, err);
 }
 
 static void avgpool_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {

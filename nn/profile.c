@@ -115,13 +115,13 @@ static void w_relu_backward(float *din, const float *dout, const float *out, int
 static void w_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
     TIMED(K_BIAS_ACT, P.inner->add_act(out, a, b, n, act));
 }
-static void w_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K, int stride,
-                              int pad, int OH, int OW) {
-    TIMED(K_POOL, P.inner->maxpool_forward(out, in, N, H, W, C, K, stride, pad, OH, OW));
+static void w_maxpool_forward(float *out, uint8_t *argmax, const float *in, int N, int H, int W, int C,
+                              int K, int stride, int pad, int OH, int OW) {
+    TIMED(K_POOL, P.inner->maxpool_forward(out, argmax, in, N, H, W, C, K, stride, pad, OH, OW));
 }
-static void w_maxpool_backward(float *din, const float *dout, const float *in, const float *out, int N,
-                               int H, int W, int C, int K, int stride, int pad, int OH, int OW) {
-    TIMED(K_POOL, P.inner->maxpool_backward(din, dout, in, out, N, H, W, C, K, stride, pad, OH, OW));
+static void w_maxpool_backward(float *din, const float *dout, const uint8_t *argmax, int N, int H, int W,
+                               int C, int K, int stride, int pad, int OH, int OW) {
+    TIMED(K_POOL, P.inner->maxpool_backward(din, dout, argmax, N, H, W, C, K, stride, pad, OH, OW));
 }
 static void w_avgpool_forward(float *out, const float *in, int N, int H, int W, int C, int K, int stride,
                               int pad, int OH, int OW) {
@@ -152,15 +152,15 @@ static void w_bn_forward(float *out, const float *x, const float *mean, const fl
                          const float *gamma, const float *beta, int64_t rows, int C, Activation act) {
     TIMED(K_NORM, P.inner->bn_forward(out, x, mean, invstd, gamma, beta, rows, C, act));
 }
-static void w_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
-                               const float *mean, const float *invstd, int64_t rows, int C,
-                               Activation act) {
-    TIMED(K_NORM, P.inner->bn_backward_sums(acc, dout, out, x, mean, invstd, rows, C, act));
+static void w_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
+                               const float *invstd, const float *gamma, const float *beta, int64_t rows,
+                               int C, Activation act) {
+    TIMED(K_NORM, P.inner->bn_backward_sums(acc, dout, x, mean, invstd, gamma, beta, rows, C, act));
 }
-static void w_bn_backward(float *din, const float *dout, const float *out, const float *x,
-                          const float *mean, const float *invstd, const float *gamma, const double *acc,
+static void w_bn_backward(float *din, const float *dout, const float *x, const float *mean,
+                          const float *invstd, const float *gamma, const float *beta, const double *acc,
                           int64_t rows, int C, int64_t count, Activation act) {
-    TIMED(K_NORM, P.inner->bn_backward(din, dout, out, x, mean, invstd, gamma, acc, rows, C, count, act));
+    TIMED(K_NORM, P.inner->bn_backward(din, dout, x, mean, invstd, gamma, beta, acc, rows, C, count, act));
 }
 static void w_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
     TIMED(K_NORM, P.inner->bn_param_grads(dgamma, dbeta, acc, C));

@@ -99,7 +99,9 @@ fail:
     return -1;
 }
 
-static int64_t residual_inner_values(const Layer *l) { return 2 * shape_numel(l->out); }
+static size_t residual_inner_bytes(const Layer *l, DType precision) {
+    return 2 * (size_t)shape_numel(l->out) * dtype_sizes[precision];
+}
 
 static int64_t residual_scratch_values(const Layer *l) {
     const int64_t o = shape_numel(l->out), i = shape_numel(l->in);
@@ -165,6 +167,6 @@ const LayerOps residual_ops = {
     .create = residual_create,
     .run_forward = residual_forward,
     .run_backward = residual_backward,
-    .inner_values = residual_inner_values,
+    .inner_bytes = residual_inner_bytes,
     .scratch_values = residual_scratch_values,
 };

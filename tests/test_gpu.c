@@ -568,9 +568,9 @@ static void test_maxpool(void **state) {
         if (t == sizeof geoms / sizeof geoms[0] - 1)
             for (int64_t i = 0; i < nin; i += 7) x[i] = NAN;
         Buf in = buf_from(x, nin * 4), out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4),
-            din = buf_poison(nin * 4);
-        BOTH(k->maxpool_forward(P(out), P(in), N, H, W, Cc, K, S, pad, OH, OW));
-        BOTH(k->maxpool_backward(P(din), P(dout), P(in), P(out), N, H, W, Cc, K, S, pad, OH, OW));
+            din = buf_poison(nin * 4), arg = buf_poison(nout);
+        BOTH(k->maxpool_forward(P(out), P(arg), P(in), N, H, W, Cc, K, S, pad, OH, OW));
+        BOTH(k->maxpool_backward(P(din), P(dout), P(arg), N, H, W, Cc, K, S, pad, OH, OW));
         const int64_t most = nin > nout ? nin : nout;  // padding: the output may be the larger
         float *hc = xmalloc(most * 4), *hg = xmalloc(most * 4);
         char what[112];
@@ -578,11 +578,13 @@ static void test_maxpool(void **state) {
                  H, W, Cc, K, S, pad);
         buf_fetch(out, hc, hg);
         expect_same_f32(hc, hg, nout, what);
+        buf_fetch(arg, hc, hg);
+        if (memcmp(hc, hg, (size_t)nout)) fail_msg("%s: the argmax differs", what);
         snprintf(what, sizeof what, "maxpool_backward N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d", N,
                  H, W, Cc, K, S, pad);
         buf_fetch(din, hc, hg);
         expect_same_f32(hc, hg, nin, what);
-        buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
+        buf_free(in), buf_free(out), buf_free(dout), buf_free(din), buf_free(arg);
         free(x), free(dy), free(hc), free(hg);
     }
 }
@@ -707,7 +709,7 @@ static void test_batchnorm(void **state) {
             expect_same_f32(hc, hg, n, what);
             // The backward sums, then the gradients from the CPU's sums.
             BOTH(k->zero(P(acc), 16 * (size_t)Cc));
-            BOTH(k->bn_backward_sums(P(acc), P(dout), P(out), P(bx), P(mean), P(invstd), rows, Cc,
+            BOTH(k->bn_backward_sums(P(acc), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), rows, Cc,
                                      (Activation)act));
             buf_fetch(acc, ac, ag);
             for (int c = 0; c < 2 * Cc; c++) {
@@ -718,11 +720,11 @@ static void test_batchnorm(void **state) {
             }
             C->upload(csum.cpu, ac, 16 * (size_t)Cc);
             G->upload(csum.gpu, ac, 16 * (size_t)Cc);
-            BOTH(k->bn_backward(P(din), P(dout), P(out), P(bx), P(mean), P(invstd), P(g), P(csum), rows,
+            BOTH(k->bn_backward(P(din), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), P(csum), rows,
                                 Cc, rows, (Activation)act));
             buf_fetch(din, hc, hg);
             expect_same_f32(hc, hg, n, what);
-            BOTH(k->bn_backward(P(dout), P(dout), P(out), P(bx), P(mean), P(invstd), P(g), P(csum), rows,
+            BOTH(k->bn_backward(P(dout), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), P(csum), rows,
                                 Cc, rows, (Activation)act));  // in place
             buf_fetch(dout, hc, hg);
             expect_same_f32(hc, hg, n, what);

@@ -180,8 +180,7 @@ static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, 
     // Exactly the bytes the layer asks for, so that ASan sees any overrun.
     c->ws = xmalloc(case_workspace(c->l, N));
     c->exec.precision = DT_F32;
-    if (c->l->ops->inner_values)
-        c->l->inner = case_mem(c, (size_t)N * c->l->ops->inner_values(c->l) * sizeof(float));
+    if (c->l->ops->inner_bytes) c->l->inner = case_mem(c, (size_t)N * c->l->ops->inner_bytes(c->l, DT_F32));
     if (c->l->ops->scratch_values)
         c->exec.block_scratch = case_mem(c, (size_t)N * c->l->ops->scratch_values(c->l) * sizeof(float));
 }
@@ -855,12 +854,27 @@ static void test_maxpool(void **state) {
                         (Shape){.c = 1, .h = 3, .w = 3});
     const float in[9] = {-9, -8, -7, -6, -5, -4, -3, -2, -1};
     float out[4];
+    uint8_t argmax[4];
+    l->inner = argmax;
     LayerCtx ctx = {.k = &cpu_kernels, .train = true};
     l->ops->forward(l, &ctx, out, in, 1);
     const float want[4] = {-5, -4, -2, -1};
-    for (int i = 0; i < 4; i++)
+    // Each window's argmax, kh * 3 + kw from its padded corner: the centre (1, 1) of the
+    // first window is the input's (0, 0) ... the last window's (0, 0) is its (2, 2).
+    const uint8_t want_arg[4] = {8, 7, 5, 4};
+    for (int i = 0; i < 4; i++) {
         if (out[i] != want[i]) fail_msg("padded maxpool out[%d] = %g, want %g", i, out[i], want[i]);
+        if (argmax[i] != want_arg[i]) fail_msg("padded maxpool argmax[%d] = %d, want %d", i, argmax[i], want_arg[i]);
+    }
     layer_free(l);
+    // The argmax is a byte: windows up to 15 x 15.
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, "[maxpool]\nsize = 16\n", "t.cfg", &err)) fail_msg("%s", err.msg);
+    LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = {.c = 1, .h = 32, .w = 32}};
+    assert_int_equal(maxpool_ops.create(&l, &a, &err), -1);
+    assert_non_null(strstr(err.msg, "size"));
+    cfg_free(&cfg);
 }
 
 // Average pooling counts the padding as zeros (PyTorch's count_include_pad): every window
@@ -1082,10 +1096,13 @@ static void test_maxpool_ties(void **state) {
     // Two windows: all equal, and the maximum 7 at (0, 1) and (1, 0).
     const float in[8] = {5, 5, 1, 7, 5, 5, 7, 2};
     float out[2], dout[2] = {1.5f, -2.0f}, din[8];
+    uint8_t argmax[2];
+    l->inner = argmax;
     LayerCtx ctx = {.k = &cpu_kernels, .train = true};
     l->ops->forward(l, &ctx, out, in, 1);
     assert_true(out[0] == 5.0f && out[1] == 7.0f);
-    l->ops->backward(l, &ctx, din, dout, in, out, 1);
+    assert_int_equal(l->ops->backward_reads(l), 0);
+    l->ops->backward(l, &ctx, din, dout, NULL, NULL, 1);  // from the argmax alone
     const float want[8] = {1.5f, 0, 0, -2.0f, 0, 0, 0, 0};
     for (int i = 0; i < 8; i++)
         if (din[i] != want[i]) fail_msg("din[%d] = %g, want %g", i, din[i], want[i]);
@@ -1095,9 +1112,10 @@ static void test_maxpool_ties(void **state) {
     l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\nstride = 2\n", (Shape){.c = 1, .h = 3, .w = 5});
     float in2[15] = {0}, out2[2], dout2[2] = {0.25f, 0.5f}, din2[15];
     in2[5 + 2] = 9;  // row 1, column 2
+    l->inner = argmax;
     l->ops->forward(l, &ctx, out2, in2, 1);
     assert_true(out2[0] == 9.0f && out2[1] == 9.0f);
-    l->ops->backward(l, &ctx, din2, dout2, in2, out2, 1);
+    l->ops->backward(l, &ctx, din2, dout2, NULL, NULL, 1);
     for (int i = 0; i < 15; i++) assert_true(din2[i] == (i == 7 ? 0.75f : 0.0f));
     layer_free(l);
 }

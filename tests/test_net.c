@@ -254,10 +254,12 @@ static void test_init_matches_pytorch(void **state) {
 //   activations kept from forward for backward (live at the loss):
 //               align64(B * 784 * 4)                  the input batch
 //             + align64(B * numel(out) * 4)           the outputs that a backward reads:
-//               for conv1, conv2, maxpool, flatten,   conv1's and conv2's (their relu and
-//               fc1 and the second dropout            the next layer's input), ...; not
-//                                                     the first dropout's (flatten reads
-//                                                     nothing back) nor fc2's
+//               for conv1, conv2, flatten, fc1        conv1's and conv2's (their relu and
+//               and the second dropout                the next layer's input), ...; not
+//                                                     maxpool's (its backward needs only
+//                                                     its argmax), the first dropout's
+//                                                     (flatten reads nothing back), fc2's
+//             + align64(B * 9,216)                    maxpool's argmax, a byte an output
 //             + 2 * align64(B * 10 * 4)               the log-probabilities and dlogp
 //             + align64(B * 4) + align64(3 * 4)       labels, metrics
 //   workspace = the largest conv im2col chunk: images per chunk = min(B, max(1,
@@ -273,12 +275,12 @@ static void expect_mnist_plan(const Net *net, int B) {
     assert_int_equal(net->plan.grads, 609354 * f);
     assert_int_equal(net->plan.optimizer, 2 * 609354 * f);
     size_t kept = align64((size_t)B * 784 * f);
-    const int read_back[] = {0, 1, 2, 4, 5, 6};
-    for (int k = 0; k < 6; k++) {
+    const int read_back[] = {0, 1, 4, 5, 6};
+    for (int k = 0; k < 5; k++) {
         const LayerWant *w = &mnist_layers[read_back[k]];
         kept += align64((size_t)B * w->c * w->h * w->w * f);
     }
-    kept += 2 * align64((size_t)B * 10 * f) + align64((size_t)B * sizeof(int32_t)) + align64(NET_METRICS * f);
+    kept += align64((size_t)B * 9216) + 2 * align64((size_t)B * 10 * f) + align64((size_t)B * sizeof(int32_t)) + align64(NET_METRICS * f);
     assert_int_equal(net->plan.act_kept, kept);
     const size_t col = (size_t)2 << 20, img1 = 24336, img2 = 663552, w2 = 147456;
     const size_t chunk1 = col / img1 < (size_t)B ? col / img1 : (size_t)B;

@@ -116,16 +116,15 @@ static void replay_relu_forward(float *out, const float *in, int64_t n) {
 static void replay_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) relu_backward_at(i, din, dout, out);
 }
-static void replay_maxpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
-                                   int stride, int pad, int OH, int OW) {
+static void replay_maxpool_forward(float *out, uint8_t *argmax, const float *in, int N, int H, int W,
+                                   int C, int K, int stride, int pad, int OH, int OW) {
     const Window w = {H, W, C, K, stride, pad, OH, OW};
-    for (int64_t i = 0; i < (int64_t)N * OH * OW * C; i++) maxpool_forward_at(i, out, in, w);
+    for (int64_t i = 0; i < (int64_t)N * OH * OW * C; i++) maxpool_forward_at(i, out, argmax, in, w);
 }
-static void replay_maxpool_backward(float *din, const float *dout, const float *in, const float *out,
-                                    int N, int H, int W, int C, int K, int stride, int pad, int OH,
-                                    int OW) {
+static void replay_maxpool_backward(float *din, const float *dout, const uint8_t *argmax, int N, int H,
+                                    int W, int C, int K, int stride, int pad, int OH, int OW) {
     const Window w = {H, W, C, K, stride, pad, OH, OW};
-    for (int64_t i = 0; i < (int64_t)N * H * W * C; i++) maxpool_backward_at(i, din, dout, in, out, w);
+    for (int64_t i = 0; i < (int64_t)N * H * W * C; i++) maxpool_backward_at(i, din, dout, argmax, w);
 }
 static void replay_avgpool_forward(float *out, const float *in, int N, int H, int W, int C, int K,
                                    int stride, int pad, int OH, int OW) {
@@ -147,13 +146,12 @@ static void replay_add_act(float *out, const float *a, const float *b, int64_t n
     for (int64_t i = 0; i < n; i++) add_act_at(i, out, a, b, act == ACT_RELU);
 }
 // The kernel's algorithm: the same lane sums and the same tree per channel.
-static void replay_bn_column_sums(double *acc, const float *x, const float *dout, const float *out,
-                                  const float *mean, const float *invstd, int64_t rows, int C,
-                                  bool relu) {
+static void replay_bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s,
+                                  int64_t rows, int C, bool relu) {
     for (int c = 0; c < C; c++) {
         double p1[BB_ROWS], p2[BB_ROWS];
         for (int ty = 0; ty < BB_ROWS; ty++)
-            bn_lane_sums(x, dout, out, mean, invstd, rows, C, c, ty, relu, &p1[ty], &p2[ty]);
+            bn_lane_sums(x, dout, s, rows, C, c, ty, relu, &p1[ty], &p2[ty]);
         for (int half = BB_ROWS / 2; half > 0; half /= 2)
             for (int ty = 0; ty < half; ty++) p1[ty] += p1[ty + half], p2[ty] += p2[ty + half];
         acc[c] += p1[0];
@@ -161,12 +159,12 @@ static void replay_bn_column_sums(double *acc, const float *x, const float *dout
     }
 }
 static void replay_bn_sums(double *acc, const float *x, int64_t rows, int C) {
-    replay_bn_column_sums(acc, x, NULL, NULL, NULL, NULL, rows, C, false);
+    replay_bn_column_sums(acc, x, NULL, BnChannels{}, rows, C, false);
 }
-static void replay_bn_backward_sums(double *acc, const float *dout, const float *out, const float *x,
-                                    const float *mean, const float *invstd, int64_t rows, int C,
-                                    Activation act) {
-    replay_bn_column_sums(acc, x, dout, out, mean, invstd, rows, C, act == ACT_RELU);
+static void replay_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
+                                    const float *invstd, const float *gamma, const float *beta,
+                                    int64_t rows, int C, Activation act) {
+    replay_bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, C, act == ACT_RELU);
 }
 static void replay_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
                                   const double *acc, int C, int64_t count, double eps,
@@ -184,12 +182,12 @@ static void replay_bn_forward(float *out, const float *x, const float *mean, con
     for (int64_t i = 0; i < rows * C; i++)
         bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, act == ACT_RELU);
 }
-static void replay_bn_backward(float *din, const float *dout, const float *out, const float *x,
-                               const float *mean, const float *invstd, const float *gamma,
+static void replay_bn_backward(float *din, const float *dout, const float *x, const float *mean,
+                               const float *invstd, const float *gamma, const float *beta,
                                const double *acc, int64_t rows, int C, int64_t count,
                                Activation act) {
-    for (int64_t i = 0; i < rows * C; i++)
-        bn_backward_at(i, din, dout, out, x, mean, invstd, gamma, acc, C, count, act == ACT_RELU);
+    const BnChannels s = {mean, invstd, gamma, beta};
+    for (int64_t i = 0; i < rows * C; i++) bn_backward_at(i, din, dout, x, s, acc, C, count, act == ACT_RELU);
 }
 static void replay_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
     for (int c = 0; c < C; c++) bn_param_grads_at(c, dgamma, dbeta, acc, C);
