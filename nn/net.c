@@ -208,11 +208,8 @@ static void span_write(SpanBuilder *sb, int b, int t) {
     sb->open[b] = (ActSpan){t, t};
 }
 
-// Event t reads (or updates) buffer b.
-static void span_read(SpanBuilder *sb, int b, int t) {
-    if (sb->open[b].from < 0) sb->open[b].from = t;  // not written in the step (the input)
-    sb->open[b].to = t;
-}
+// Event t reads (or updates) buffer b, which an earlier event wrote.
+static void span_read(SpanBuilder *sb, int b, int t) { sb->open[b].to = t; }
 
 // Layer i's forward (or recomputation) at event t.
 static void spans_forward(const Net *net, SpanBuilder *sb, int i, int t) {
@@ -250,6 +247,9 @@ static int buffer_spans(Net *net, const int *gid, Error *err) {
     SpanBuilder sb = {.open = xcalloc((size_t)nb, sizeof *sb.open, err), .err = err};
     if (!sb.open) return -1;
     for (int b = 0; b < nb; b++) sb.open[b].from = -1;
+    // The trainer fills the batch and its labels, and zeroes the metrics, before the step.
+    const int filled[] = {BUF_INPUT, BUF_LABELS, BUF_METRICS};
+    for (size_t k = 0; k < sizeof filled / sizeof filled[0]; k++) span_write(&sb, filled[k], 0);
     for (int t = 0; t < net->nevents; t++) {
         const int i = net->events[t].layer;
         const Layer *l = net->layers[i];
@@ -277,14 +277,9 @@ static int buffer_spans(Net *net, const int *gid, Error *err) {
         }
         }
     }
-    // Kept through the step: the batch and its labels (the loader fills them before the
-    // step), the metrics, and the output that the trainer reads after it.
+    // Read after the step: those, and the output (the trainer's predictions).
     const int kept[] = {BUF_INPUT, BUF_LABELS, BUF_METRICS, buf_out(n - 1)};
-    for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++) {
-        if (sb.open[kept[k]].from < 0) sb.open[kept[k]].from = 0;
-        span_read(&sb, kept[k], after);
-        sb.open[kept[k]].from = 0;
-    }
+    for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++) span_read(&sb, kept[k], after);
     for (int b = 0; b < nb; b++) span_close(&sb, b);
     int rc = -1;
     if (sb.failed) {
