@@ -646,60 +646,96 @@ typedef struct BnChannels {
     const float *mean, *invstd, *gamma, *beta;
 } BnChannels;
 
-// dy = dout * act'(z) at element e of channel c, z the forward's pre-activation recomputed
-// from x exactly as cpu_bn_forward computes it (its output is not kept for this).
-static inline float bn_dy(const float *dout, const float *x, const BnChannels *s, int64_t e, int c,
-                          bool relu) {
-    if (!relu) return dout[e];
-    const float z = (x[e] - s->mean[c]) * (s->invstd[c] * s->gamma[c]) + s->beta[c];
-    return z > 0.0f ? dout[e] : 0.0f;
-}
+// Rows are taken in groups: a layer's channels, when they fit BN_COLS_BLOCK, run over
+// groups of BN_FLAT / C rows as one contiguous run of values (a 16-channel layer's rows
+// alone are too short for the vector loops); wider layers one row of a block of channels
+// at a time.
+#define BN_FLAT 256
 
-// The two terms of element e (channel c): with dout NULL, x and x^2; else dy (bn_dy) and
-// dy * xhat, xhat = (x - mean) * invstd. Products in double.
-static inline void bn_terms(double *t1, double *t2, const float *x, const float *dout,
-                            const BnChannels *s, bool relu, int64_t e, int c) {
-    if (!dout) {
-        *t1 = x[e];
-        *t2 = (double)x[e] * x[e];
-        return;
+// The per-channel numbers of a block of nc channels, repeated for the rows of a group and
+// copied to the stack, so that the loops below vectorise: mean, invstd, invstd * gamma (as
+// bn_forward computes it), beta.
+typedef struct BnBlock {
+    int nc, rows;  // channels, and rows a group: the run is nc * rows values
+    float mean[BN_FLAT], invstd[BN_FLAT], scale[BN_FLAT], beta[BN_FLAT];
+} BnBlock;
+
+static void bn_block(BnBlock *blk, const BnChannels *s, int C, int c0, int nc) {
+    blk->nc = nc;
+    blk->rows = nc == C && BN_FLAT / C > 1 ? BN_FLAT / C : 1;
+    for (int t = 0; t < nc * blk->rows; t++) {
+        const int c = c0 + t % nc;
+        if (!s) continue;  // plain sums need no statistics
+        blk->mean[t] = s->mean[c];
+        blk->invstd[t] = s->invstd[c];
+        blk->scale[t] = s->invstd[c] * s->gamma[c];
+        blk->beta[t] = s->beta[c];
     }
-    const float dy = bn_dy(dout, x, s, e, c, relu);
-    *t1 = dy;
-    *t2 = (double)dy * ((x[e] - s->mean[c]) * s->invstd[c]);
 }
 
-// Adds to acc[c] and acc[C + c] the column sums of bn_terms over the rows. Each of
-// BN_ROW_BLOCKS fixed blocks of rows sums four interleaved rows at a time into four
-// partial sums (one would chain every row's add to the previous row's store: the backward
-// sums of a 16-channel layer 10.3-11.8 -> 8.7-9.4 ms over 67 MB), adds them, and the
-// blocks are added in order: the same bits for any number of threads.
+// Adds a run of n values' terms to the partial sums: with dy NULL, x and x^2; else dy
+// (times ReLU's mask, z = (x - mean) * scale + beta > 0, with relu) and dy * xhat,
+// xhat = (x - mean) * invstd. Products and sums in double.
+static inline void bn_run_terms(double *s1, double *s2, const float *x, const float *dy,
+                                const BnBlock *blk, bool relu, int n) {
+    if (!dy) {
+#pragma omp simd
+        for (int t = 0; t < n; t++) {
+            s1[t] += x[t];
+            s2[t] += (double)x[t] * x[t];
+        }
+    } else if (relu) {  // the masked dy and xhat first: a loop of floats, then one of doubles
+        float g[BN_FLAT], xhat[BN_FLAT];
+#pragma omp simd
+        for (int t = 0; t < n; t++) {
+            const float d = x[t] - blk->mean[t];
+            g[t] = d * blk->scale[t] + blk->beta[t] > 0.0f ? dy[t] : 0.0f;
+            xhat[t] = d * blk->invstd[t];
+        }
+#pragma omp simd
+        for (int t = 0; t < n; t++) {
+            s1[t] += g[t];
+            s2[t] += (double)g[t] * xhat[t];
+        }
+    } else {
+#pragma omp simd
+        for (int t = 0; t < n; t++) {
+            s1[t] += dy[t];
+            s2[t] += (double)dy[t] * ((x[t] - blk->mean[t]) * blk->invstd[t]);
+        }
+    }
+}
+
+// Adds to acc[c] and acc[C + c] the column sums of bn_run_terms over the rows. Each of
+// BN_ROW_BLOCKS fixed blocks of rows sums its groups into one partial sum per value of a
+// group (a group's rows are independent chains of adds), then adds a channel's partial
+// sums in row order; the blocks are added in order: the same bits for any number of
+// threads. (With the runs as one vector loop: a 16-channel layer's backward sums over 4.2M
+// values with ReLU 2.6 -> 1.85 ms, a 64-channel layer's over 1M 0.67 -> 0.24 ms.)
 static void bn_column_sums(double *acc, int64_t rows, int C, const float *x, const float *dout,
                            const BnChannels *s, bool relu) {
     const int64_t per = (rows + BN_ROW_BLOCKS - 1) / BN_ROW_BLOCKS;
     for (int c0 = 0; c0 < C; c0 += BN_COLS_BLOCK) {
         const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK;
+        BnBlock blk;
+        bn_block(&blk, dout ? s : NULL, C, c0, nc);
+        const int R = blk.rows;
         double part[BN_ROW_BLOCKS][2][BN_COLS_BLOCK];
 #pragma omp parallel for schedule(static) if (rows * nc > PAR_MIN)
         for (int b = 0; b < BN_ROW_BLOCKS; b++) {
-            double s1[4][BN_COLS_BLOCK], s2[4][BN_COLS_BLOCK];
-            for (int q = 0; q < 4; q++)
-                for (int j = 0; j < nc; j++) s1[q][j] = s2[q][j] = 0.0;
+            double s1[BN_FLAT], s2[BN_FLAT];
+            for (int t = 0; t < nc * R; t++) s1[t] = s2[t] = 0.0;
             const int64_t r0 = b * per < rows ? b * per : rows;
             const int64_t r1 = (b + 1) * per < rows ? (b + 1) * per : rows;
-            for (int64_t r = r0; r < r1; r++) {
-                const int q = (int)((r - r0) & 3);
+            for (int64_t r = r0; r < r1; r += R) {
+                const int n = (int)(r1 - r < R ? r1 - r : R) * nc;
                 const int64_t e0 = r * C + c0;
-                for (int j = 0; j < nc; j++) {
-                    double t1, t2;
-                    bn_terms(&t1, &t2, x, dout, s, relu, e0 + j, c0 + j);
-                    s1[q][j] += t1;
-                    s2[q][j] += t2;
-                }
+                bn_run_terms(s1, s2, x + e0, dout ? dout + e0 : NULL, &blk, relu, n);
             }
             for (int j = 0; j < nc; j++) {
-                part[b][0][j] = (s1[0][j] + s1[1][j]) + (s1[2][j] + s1[3][j]);
-                part[b][1][j] = (s2[0][j] + s2[1][j]) + (s2[2][j] + s2[3][j]);
+                double a = 0.0, q = 0.0;
+                for (int g = 0; g < R; g++) a += s1[g * nc + j], q += s2[g * nc + j];
+                part[b][0][j] = a, part[b][1][j] = q;
             }
         }
         for (int b = 0; b < BN_ROW_BLOCKS; b++)
@@ -765,23 +801,33 @@ static void cpu_bn_backward(float *din, const float *dout, const float *x, const
                             Activation act) {
     const bool relu = act == ACT_RELU;
     const BnChannels s = {mean, invstd, gamma, beta};
-    enum { CB = 256 };
-    for (int c0 = 0; c0 < C; c0 += CB) {
-        const int nc = C - c0 < CB ? C - c0 : CB;
-        float a[CB], b[CB], k[CB];  // per channel: mean of dy, mean of dy * xhat, gamma * invstd
-        for (int j = 0; j < nc; j++) {
-            a[j] = (float)(acc[c0 + j] / (double)count);
-            b[j] = (float)(acc[C + c0 + j] / (double)count);
-            k[j] = gamma[c0 + j] * invstd[c0 + j];
+    for (int c0 = 0; c0 < C; c0 += BN_COLS_BLOCK) {
+        const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK;
+        BnBlock blk;
+        bn_block(&blk, &s, C, c0, nc);
+        const int R = blk.rows;
+        // per value of a group: its channel's mean of dy, mean of dy * xhat, gamma * invstd
+        float a[BN_FLAT], b[BN_FLAT], k[BN_FLAT];
+        for (int t = 0; t < nc * R; t++) {
+            const int c = c0 + t % nc;
+            a[t] = (float)(acc[c] / (double)count);
+            b[t] = (float)(acc[C + c] / (double)count);
+            k[t] = gamma[c] * invstd[c];
         }
+        // din may be dout: each value is read before it is written. (One vector loop a group:
+        // 16 channels x 4.2M values with ReLU 3.3 -> 1.7 ms, 64 x 1M 0.88 -> 0.16 ms.)
 #pragma omp parallel for schedule(static) if (rows * nc > PAR_MIN)
-        for (int64_t r = 0; r < rows; r++)
-            for (int j = 0; j < nc; j++) {
-                const int64_t e = r * C + c0 + j;
-                const float dy = bn_dy(dout, x, &s, e, c0 + j, relu);
-                const float xhat = (x[e] - mean[c0 + j]) * invstd[c0 + j];
-                din[e] = (dy - a[j] - xhat * b[j]) * k[j];
+        for (int64_t r = 0; r < rows; r += R) {
+            const int n = (int)(rows - r < R ? rows - r : R) * nc;
+            const float *xr = x + r * C + c0, *dyr = dout + r * C + c0;
+            float *dr = din + r * C + c0;
+#pragma omp simd
+            for (int t = 0; t < n; t++) {
+                const float d = xr[t] - blk.mean[t];
+                const float dy = relu && !(d * blk.scale[t] + blk.beta[t] > 0.0f) ? 0.0f : dyr[t];
+                dr[t] = (dy - a[t] - d * blk.invstd[t] * b[t]) * k[t];
             }
+        }
     }
 }
 
