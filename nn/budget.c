@@ -60,8 +60,18 @@ int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions b
     FitChoice c = {.net = base, .accumulate = base_accumulate};
     int r = try_choice(&s, c, err);  // 1. as configured
     if (r) return r < 0 ? -1 : 0;
-    c.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
-    r = try_accumulations(&s, c, err);  // 2. checkpointing, 3. then accumulation
+    // 2. checkpointing, where it makes the plan smaller (a network whose peak is in the
+    // backward of its largest layers gains nothing from recomputing, and would only slow)
+    FitChoice ckpt = c;
+    ckpt.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
+    MemPlan as_is, with;
+    ckpt.net.batch = batch / c.accumulate;
+    c.net.batch = batch / c.accumulate;
+    if (plan_of(cfg, input, classes, c.net, &as_is, err) ||
+        plan_of(cfg, input, classes, ckpt.net, &with, err))
+        return -1;
+    if (mem_plan_total(&with) < mem_plan_total(&as_is)) c = ckpt;
+    r = try_accumulations(&s, c, err);  // 3. then accumulation
     if (r || !allow_fp16 || base.precision == DT_F16) return r < 0 ? -1 : 0;
     c.net.precision = DT_F16;
     r = try_accumulations(&s, c, err);  // 4. then fp16

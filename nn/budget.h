@@ -15,8 +15,10 @@ typedef struct FitChoice {
 // Plans without allocating, in this order of preference, and takes the first that fits
 // plan + overhead <= budget (overhead: loader buffers and the process's own baseline):
 //   1. the run as configured (base, base_accumulate);
-//   2. checkpoint = sqrt (unless already checkpointed);
-//   3. with it, accumulate = each divisor of batch above base_accumulate, smallest first;
+//   2. checkpoint = sqrt (unless already checkpointed), if it makes the plan smaller (a
+//      network whose peak lies in the backward of its largest layers gains nothing);
+//   3. with it (or without), accumulate = each divisor of batch above base_accumulate,
+//      smallest first;
 //   4. if allow_fp16 and base is fp32: precision = fp16 with each of 2 and 3.
 // *fits says whether one did; if none, *out is the smallest plan of them all. Errors come
 // from building the network (a bad cfg).

@@ -427,6 +427,24 @@ static void test_budget_chooser(void **state) {
     assert_int_equal(fit_budget(&cfg, in, 10, 64, base, 1, 0, below, true, &c, &fits, &err), 0);
     if (fits) assert_int_equal(c.net.precision, DT_F16);
     cfg_free(&cfg);
+    // The seed network: checkpointing saves nothing there (its peak is in the backward of
+    // its convolutions), so a budget just below its plan takes accumulation alone.
+    Cfg seed;
+    if (cfg_parse(&seed, seed_net, "test.cfg", &err)) fail_msg("%s", err.msg);
+    const Shape mnist = {.c = 1, .h = 28, .w = 28};
+    MemPlan p0, p1;
+    assert_int_equal(net_create(&n, &seed, mnist, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
+    p0 = n.plan;
+    net_free(&n);
+    assert_int_equal(net_create(&n, &seed, mnist, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .plan_only = true}, &cpu_kernels, &err), 0);
+    p1 = n.plan;
+    net_free(&n);
+    assert_true(mem_plan_total(&p1) >= mem_plan_total(&p0));
+    assert_int_equal(fit_budget(&seed, mnist, 10, 64, base, 1, 0, mem_plan_total(&p0) - 1, false, &c, &fits, &err), 0);
+    assert_true(fits);
+    assert_int_equal(c.net.segments, 0);
+    assert_int_equal(c.accumulate, 2);
+    cfg_free(&seed);
 }
 
 int main(void) {
