@@ -16,6 +16,20 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -
            -I/usr/include/x86_64-linux-gnu/openblas-pthread
 LDLIBS  += -lopenblas -lstb -ljpeg -lz -lm -lpthread -fopenmp
 
+# The build's Debian packages unpacked from .deb files into a folder, for a machine that has
+# neither them nor a network (the GPU machine: gpu/fetch_debs.sh, gpu/run.sh):
+# DEPS_PREFIX=/that/folder takes headers and libraries from it and installs nothing.
+INSTALL_PACKAGES := sh data/install_packages.sh
+ifneq ($(DEPS_PREFIX),)
+  DEPS_PREFIX := $(abspath $(DEPS_PREFIX))
+  CFLAGS  += -I$(DEPS_PREFIX)/usr/include -I$(DEPS_PREFIX)/usr/include/x86_64-linux-gnu \
+             -I$(DEPS_PREFIX)/usr/include/x86_64-linux-gnu/openblas-pthread
+  DEPS_LIBDIRS := $(addprefix $(DEPS_PREFIX)/,usr/lib/x86_64-linux-gnu \
+                  usr/lib/x86_64-linux-gnu/openblas-pthread lib/x86_64-linux-gnu)
+  LDLIBS  := $(foreach d,$(DEPS_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) $(LDLIBS)
+  INSTALL_PACKAGES := : installs nothing with DEPS_PREFIX:
+endif
+
 BUILD   := build
 ifeq ($(SAN),1)
   CFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined $(filter-out -O3,$(CFLAGS))
@@ -60,7 +74,7 @@ BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all run test test-gpu test-gpu-replay bench deps deps-test deps-bench deps-fuzz fuzz data photos clean
+.PHONY: all run test test-gpu test-gpu-replay gpu-debs bench deps deps-test deps-bench deps-fuzz fuzz data photos clean
 all: $(BINS) $(CUDA_LIB)
 
 $(BUILD)/%.o: %.c
@@ -113,12 +127,12 @@ DEPS_BUILD := gcc make libopenblas-dev libcmocka-dev libstb-dev libjpeg62-turbo-
 # tests/test_torchvision.c checks models/resnet18.cfg against torchvision's ResNet-18.
 DEPS_TEST  := $(DEPS_BUILD) python3-torch python3-torchvision libopenmpi-dev openmpi-bin
 deps-test:
-	@sh data/install_packages.sh $(DEPS_TEST)
+	@$(INSTALL_PACKAGES) $(DEPS_TEST)
 deps:
-	@sh data/install_packages.sh $(DEPS_BUILD) dataset-fashion-mnist \
+	@$(INSTALL_PACKAGES) $(DEPS_BUILD) dataset-fashion-mnist \
 	   $(if $(shell command -v npm 2>/dev/null),,nodejs npm)
 deps-bench: deps
-	@sh data/install_packages.sh python3-torch python3-torchvision
+	@$(INSTALL_PACKAGES) python3-torch python3-torchvision
 
 # A demo folder of photo-like JPEGs for models/folder.cfg: 3,000 Fashion-MNIST images
 # upscaled to 600x600 and coloured, one subfolder per class (bench/make_folders.c).
@@ -172,7 +186,7 @@ $(BUILD)/tests/fuzz_replay_%: $(BUILD)/tests/fuzz/%.o $(BUILD)/tests/fuzz/fuzz_u
 $(BUILD)/tests/fuzz_seeds: $(BUILD)/tests/fuzz/seeds.o $(BUILD)/tests/fuzz/fuzz_util.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 deps-fuzz:
-	@sh data/install_packages.sh $(DEPS_BUILD) clang libomp-dev
+	@$(INSTALL_PACKAGES) $(DEPS_BUILD) clang libomp-dev
 fuzz: deps-fuzz
 	$(MAKE) $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%) $(BUILD)/tests/fuzz_seeds
 	@sh tests/fuzz/run.sh $(FUZZ_SECONDS) $(BUILD)/tests/fuzz_seeds $(FUZZ_TARGETS)
@@ -196,6 +210,10 @@ test-gpu-replay: deps-test
 	@[ -n "$(NVCC)" ] || { echo "make test-gpu-replay: no nvcc found; install the CUDA toolkit" >&2; exit 1; }
 	$(MAKE) $(BUILD)/tests/test_gpu_replay
 	$(BUILD)/tests/test_gpu_replay
+
+# The .deb files that gpu/run.sh builds from on the GPU machine, into gpu/debs/ (ignored).
+gpu-debs:
+	sh gpu/fetch_debs.sh gpu/debs
 
 bench: deps-bench
 	$(MAKE) all $(BUILD)/bench/sgemm $(BUILD)/bench/make_folders
