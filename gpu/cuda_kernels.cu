@@ -403,7 +403,7 @@ __host__ __device__ static inline void maxpool_forward_at(int64_t i, float *out,
     window_range(ow, w.stride, w.pad, w.K, w.W, &w0, &w1);
     const int top = oh * w.stride - w.pad, left = ow * w.stride - w.pad;
     float m = -INFINITY;
-    int a = 0;
+    int a = (h0 - top) * w.K + w0 - left;  // a window of -inf alone: its first pixel inside
     for (int ih = h0; ih < h1; ih++)
         for (int iw = w0; iw < w1; iw++) {
             const float v = in[((n * w.H + ih) * w.W + iw) * w.C + c];

@@ -50,6 +50,21 @@ static int try_accumulations(Search *s, FitChoice c, Error *err) {
     return 0;
 }
 
+// Checkpointing for *c (unless base has it already) where it makes the plan smaller: a
+// network whose peak lies in the backward of its largest layers gains nothing from
+// recomputing, and would only slow down.
+static int checkpoint_if_smaller(const Search *s, FitChoice *c, NetOptions base, Error *err) {
+    FitChoice ckpt = *c;
+    ckpt.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
+    ckpt.net.batch = c->net.batch = s->batch / c->accumulate;
+    MemPlan as_is, with;
+    if (plan_of(s->cfg, s->input, s->classes, c->net, &as_is, err) ||
+        plan_of(s->cfg, s->input, s->classes, ckpt.net, &with, err))
+        return -1;
+    if (mem_plan_total(&with) < mem_plan_total(&as_is)) *c = ckpt;
+    return 0;
+}
+
 int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions base,
                int base_accumulate, size_t overhead, size_t budget, bool allow_fp16,
                FitChoice *out, bool *fits, Error *err) {
@@ -60,20 +75,12 @@ int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions b
     FitChoice c = {.net = base, .accumulate = base_accumulate};
     int r = try_choice(&s, c, err);  // 1. as configured
     if (r) return r < 0 ? -1 : 0;
-    // 2. checkpointing, where it makes the plan smaller (a network whose peak is in the
-    // backward of its largest layers gains nothing from recomputing, and would only slow)
-    FitChoice ckpt = c;
-    ckpt.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
-    MemPlan as_is, with;
-    ckpt.net.batch = batch / c.accumulate;
-    c.net.batch = batch / c.accumulate;
-    if (plan_of(cfg, input, classes, c.net, &as_is, err) ||
-        plan_of(cfg, input, classes, ckpt.net, &with, err))
-        return -1;
-    if (mem_plan_total(&with) < mem_plan_total(&as_is)) c = ckpt;
+    if (checkpoint_if_smaller(&s, &c, base, err)) return -1;  // 2. checkpointing
     r = try_accumulations(&s, c, err);  // 3. then accumulation
     if (r || !allow_fp16 || base.precision == DT_F16) return r < 0 ? -1 : 0;
+    c = (FitChoice){.net = base, .accumulate = base_accumulate};
     c.net.precision = DT_F16;
+    if (checkpoint_if_smaller(&s, &c, base, err)) return -1;
     r = try_accumulations(&s, c, err);  // 4. then fp16
     return r < 0 ? -1 : 0;
 }

@@ -391,14 +391,14 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
             const float *d[4], *y[4];
             for (int i = 0; i < 4; i++, pixel_next(&p, g)) {
                 pt[i] = patch_of(p, in, g, &po, copy[i]);
-                d[i] = dout + (r + i) * OC, y[i] = out + (r + i) * OC;
+                d[i] = dout + (r + i) * OC, y[i] = out ? out + (r + i) * OC : NULL;  // NULL: no ReLU
             }
             direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 4, relu);
         }
         for (; r < r1; r++, pixel_next(&p, g)) {
             float copy[CONV_DIRECT_MAX_TAPS];
             const Patch pt[1] = {patch_of(p, in, g, &po, copy)};
-            const float *d[1] = {dout + r * OC}, *y[1] = {out + r * OC};
+            const float *d[1] = {dout + r * OC}, *y[1] = {out ? out + r * OC : NULL};
             direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 1, relu);
         }
     }
@@ -527,10 +527,12 @@ static void cpu_maxpool_forward(float *out, uint8_t *argmax, const float *in, in
                 const int64_t at = (((int64_t)n * OH + oh) * OW + ow) * C;
                 float *o = out + at;
                 uint8_t *a = argmax + at;
-                for (int c = 0; c < C; c++) o[c] = -INFINITY, a[c] = 0;
                 int h0, h1, w0, w1;
                 window_range(oh, stride, pad, K, H, &h0, &h1);
                 window_range(ow, stride, pad, K, W, &w0, &w1);
+                // A window of -inf alone: its first pixel inside the image, as PyTorch.
+                const uint8_t first = (uint8_t)((h0 - (oh * stride - pad)) * K + w0 - (ow * stride - pad));
+                for (int c = 0; c < C; c++) o[c] = -INFINITY, a[c] = first;
                 for (int ih = h0; ih < h1; ih++)
                     for (int iw = w0; iw < w1; iw++) {
                         const float *s = in + (((int64_t)n * H + ih) * W + iw) * C;

@@ -91,6 +91,7 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
             const int n = chunk_len(chunk, n0, N);
             LayerCtx c = *ctx;
             c.sample0 = ctx->sample0 + n0;
+            c.n0 = n0;
             ops->backward_reduce(l, &c, view(ctx, dout, nout, n0, n, 2), view(ctx, in, nin, n0, n, 0),
                                  view(ctx, out, nout, n0, n, 1), n0, n, N);
         }

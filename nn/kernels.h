@@ -96,7 +96,8 @@ typedef struct Kernels {
     // ---- pooling ------------------------------------------------------------------------
     // out (N, OH, OW, C) = max over K x K windows of in (N, H, W, C) with `pad` rows and
     // columns of padding on each side that never win (PyTorch's -inf padding); the first
-    // maximum wins a tie, a NaN wins and a later NaN over an earlier one (PyTorch's rule).
+    // maximum wins a tie, a NaN wins and a later NaN over an earlier one, and a window of
+    // -inf alone gives its first pixel inside the image (PyTorch's rules).
     // argmax (same shape, K <= 15) = where in its window the winner is: kh * K + kw, from
     // the window's corner in padded coordinates.
     void (*maxpool_forward)(float *out, uint8_t *argmax, const float *in, int N, int H, int W,

@@ -89,8 +89,8 @@ typedef struct LayerOps {
     // out (N, out shape) from in (N, in shape).
     void (*forward)(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N);
     // din from dout; parameter gradients accumulate into l->grads. in and out are the
-    // forward's input and output. din is NULL when nobody needs it (the first layer).
-    // dout may be overwritten.
+    // forward's input and output, or NULL where backward_reads leaves them out. din is
+    // NULL when nobody needs it (the first layer). dout may be overwritten.
     void (*backward)(Layer *l, const LayerCtx *ctx, float *din, float *dout, const float *in,
                      const float *out, int N);
     // din may be the same buffer as dout (an elementwise backward): the network then saves

@@ -24,9 +24,9 @@
 // Bytes per category. `loader` is filled in by the trainer (the data side plans it).
 typedef struct MemPlan {
     size_t params, grads, optimizer, buffers, activations, workspace, loader;
-    // Of `activations`: the bytes live at the loss, what forward keeps for backward (the
-    // input and labels, every output that a backward reads, or with checkpointing each
-    // segment's last).
+    // Of `activations`: the bytes live at the loss, what forward keeps for backward: the
+    // input and labels, every output that a backward reads (with checkpointing, each
+    // segment's last and the last segment's), the inner activations, the output, dlogp.
     size_t act_kept;
 } MemPlan;
 

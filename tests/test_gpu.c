@@ -553,11 +553,11 @@ static void test_maxpool(void **state) {
     rng_seed(7);
     // Non-overlapping, overlapping (stride < K), leftover rows and columns, K = 1, padded
     // (the ResNet stem's 3x3 stride 2 pad 1); inputs drawn from a few values so that windows
-    // have ties (the first maximum takes the gradient), and one case with NaNs.
+    // have ties (the first maximum takes the gradient), one with a channel of -inf, one with NaNs.
     static const int geoms[][7] = {  // N, H, W, C, K, stride, pad
         {2, 24, 24, 64, 2, 2, 0}, {3, 7, 9, 5, 3, 2, 0}, {2, 6, 6, 3, 3, 1, 0},
         {1, 5, 7, 2, 2, 3, 0},    {2, 4, 4, 3, 1, 1, 0}, {2, 12, 11, 6, 3, 2, 1},
-        {2, 5, 5, 3, 2, 1, 1},    {2, 8, 8, 4, 2, 2, 0}};
+        {2, 5, 5, 3, 2, 1, 1},    {1, 5, 5, 2, 3, 2, 1}, {2, 8, 8, 4, 2, 2, 0}};
     for (size_t t = 0; t < sizeof geoms / sizeof geoms[0]; t++) {
         const int N = geoms[t][0], H = geoms[t][1], W = geoms[t][2], Cc = geoms[t][3],
                   K = geoms[t][4], S = geoms[t][5], pad = geoms[t][6];
@@ -565,6 +565,8 @@ static void test_maxpool(void **state) {
         const int64_t nin = (int64_t)N * H * W * Cc, nout = (int64_t)N * OH * OW * Cc;
         float *x = xmalloc(nin * 4), *dy = rand_floats(nout, -1, 1);
         for (int64_t i = 0; i < nin; i++) x[i] = (float)(urand64() % 4) - 1.5f;
+        if (t == sizeof geoms / sizeof geoms[0] - 2)  // channel 1 all -inf: padded windows of -inf
+            for (int64_t i = 1; i < nin; i += 2) x[i] = -INFINITY;
         if (t == sizeof geoms / sizeof geoms[0] - 1)
             for (int64_t i = 0; i < nin; i += 7) x[i] = NAN;
         Buf in = buf_from(x, nin * 4), out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4),

@@ -1118,6 +1118,19 @@ static void test_maxpool_ties(void **state) {
     l->ops->backward(l, &ctx, din2, dout2, NULL, NULL, 1);
     for (int i = 0; i < 15; i++) assert_true(din2[i] == (i == 7 ? 0.75f : 0.0f));
     layer_free(l);
+
+    // A padded window of -inf alone (an fp16 overflow upstream): its gradient goes to the
+    // window's first pixel inside the image, as in PyTorch, never to the padding.
+    l = layer_from_text(&maxpool_ops, "[maxpool]\nsize = 3\nstride = 2\npad = 1\n", (Shape){.c = 1, .h = 2, .w = 2});
+    const float inf4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float out3[1], dout3[1] = {2.5f}, din3[4];
+    l->inner = argmax;
+    l->ops->forward(l, &ctx, out3, inf4, 1);
+    assert_true(out3[0] == -INFINITY);
+    assert_int_equal(argmax[0], 4);  // (1, 1) from the padded corner: the image's (0, 0)
+    l->ops->backward(l, &ctx, din3, dout3, NULL, NULL, 1);
+    for (int i = 0; i < 4; i++) assert_true(din3[i] == (i == 0 ? 2.5f : 0.0f));
+    layer_free(l);
 }
 
 static void test_flatten_permutation(void **state) {

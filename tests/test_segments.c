@@ -64,11 +64,14 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
 }
 
 // The lifetimes of the activation plan, checked by every step below: each event begins
-// with the bytes of the activation block that no buffer live at it holds set to 0xff (NaN
-// in F32 and F16), so a layer that reads a buffer outside the spans the plan gave it
-// reads NaN, and the gradients are not finite or differ from the plain run's.
+// with the bytes of the activation block that no buffer live at it holds set to a pattern,
+// and each step runs twice, with 0xff (NaN in F32 and F16) and 0x3c (0.0115 in F32, 1.06 in
+// F16: positive, so a ReLU mask read from it differs from one read from NaN). A layer that
+// reads a buffer outside the spans the plan gave it then gets gradients that are not
+// finite or differ between the two patterns.
 static const Net *poisoned;
 static int poison_event;
+static char poison_byte;
 
 static void poison_dead(int t) {
     const Net *net = poisoned;
@@ -80,7 +83,7 @@ static void poison_dead(int t) {
             memset(live + net->bufs[b].offset, 1, net->bufs[b].bytes);
     char *block = net->activations;
     for (size_t i = 0; i < size; i++)
-        if (!live[i]) block[i] = (char)0xff;
+        if (!live[i]) block[i] = poison_byte;
     free(live);
 }
 
@@ -90,9 +93,10 @@ static void poison_on_layer(int layer, bool backward) {
 }
 
 // A training forward, loss and backward of `batch` samples (step 3, seed 5) under the
-// poisoning; the parameter gradients must be finite.
-static void poisoned_step(Net *net, int batch) {
+// poisoning with `byte`; the parameter gradients must be finite.
+static void poisoned_step(Net *net, int batch, char byte) {
     poisoned = net;
+    poison_byte = byte;
     poison_event = 0;
     net->on_layer = poison_on_layer;
     net_zero_grads(net);
@@ -118,30 +122,44 @@ typedef struct StepResult {
     size_t grad_bytes, buffer_bytes;
 } StepResult;
 
-static StepResult train_step(const char *text, Shape in, int batch, int segments, DType precision) {
-    Net net;
-    Cfg cfg;
-    build(&net, &cfg, text, in, batch, segments, precision);
+// The random batch of train_step and frozen_step, into net.
+static void fill_batch(Net *net, Shape in, int batch) {
     srand(11);
-    for (int64_t i = 0; i < batch * shape_numel(in); i++) net.input_buf[i] = (float)rand() / RAND_MAX - 0.5f;
-    for (int i = 0; i < batch; i++) net.labels[i] = rand() % 10;
-    poisoned_step(&net, batch);
-    StepResult r = {.nsegments = net.nsegments, .grad_bytes = (size_t)net.nparams * sizeof(float),
-                    .buffer_bytes = net.plan.buffers};
-    r.grads = malloc(r.grad_bytes);
-    r.buffers = malloc(r.buffer_bytes ? r.buffer_bytes : 1);
-    assert_non_null(r.grads);
-    assert_non_null(r.buffers);
-    memcpy(r.grads, net.grads, r.grad_bytes);
-    memcpy(r.buffers, net.buffers, r.buffer_bytes);
-    for (int m = 0; m < net.nmodules; m++)
-        for (int j = 0; j < net.modules[m]->nbuffers; j++)
-            if (net.modules[m]->buffers[j].dtype == DT_I64) {
-                assert_true(r.ncounters < 64);
-                r.counters[r.ncounters++] = *(int64_t *)net.modules[m]->buffers[j].data;
-            }
-    net_free(&net);
-    cfg_free(&cfg);
+    for (int64_t i = 0; i < batch * shape_numel(in); i++) net->input_buf[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int i = 0; i < batch; i++) net->labels[i] = rand() % 10;
+}
+
+static StepResult train_step(const char *text, Shape in, int batch, int segments, DType precision) {
+    StepResult r = {0};
+    for (int pass = 0; pass < 2; pass++) {  // the two poison patterns, the same bits
+        Net net;
+        Cfg cfg;
+        build(&net, &cfg, text, in, batch, segments, precision);
+        fill_batch(&net, in, batch);
+        poisoned_step(&net, batch, pass ? (char)0x3c : (char)0xff);
+        if (pass) {
+            if (memcmp(r.grads, net.grads, r.grad_bytes) != 0)
+                fail_msg("gradients differ with the block's free bytes poisoned otherwise: a buffer "
+                         "was read outside its span (%d segments)", net.nsegments);
+        } else {
+            r = (StepResult){.nsegments = net.nsegments, .grad_bytes = (size_t)net.nparams * sizeof(float),
+                             .buffer_bytes = net.plan.buffers};
+            r.grads = malloc(r.grad_bytes);
+            r.buffers = malloc(r.buffer_bytes ? r.buffer_bytes : 1);
+            assert_non_null(r.grads);
+            assert_non_null(r.buffers);
+            memcpy(r.grads, net.grads, r.grad_bytes);
+            memcpy(r.buffers, net.buffers, r.buffer_bytes);
+            for (int m = 0; m < net.nmodules; m++)
+                for (int j = 0; j < net.modules[m]->nbuffers; j++)
+                    if (net.modules[m]->buffers[j].dtype == DT_I64) {
+                        assert_true(r.ncounters < 64);
+                        r.counters[r.ncounters++] = *(int64_t *)net.modules[m]->buffers[j].data;
+                    }
+        }
+        net_free(&net);
+        cfg_free(&cfg);
+    }
     return r;
 }
 
@@ -236,10 +254,8 @@ static Net frozen_step(const char *const *freeze, int nfreeze, bool stats, Cfg *
                             .nfreeze = nfreeze, .freeze_stats = stats, .opt_states = 2};
     if (net_create(&net, cfg, in, 10, &opt, &cpu_kernels, &err) || net_init_params(&net, 7, &err))
         fail_msg("%s", err.msg);
-    srand(11);
-    for (int64_t i = 0; i < 6 * shape_numel(in); i++) net.input_buf[i] = (float)rand() / RAND_MAX - 0.5f;
-    for (int i = 0; i < 6; i++) net.labels[i] = rand() % 10;
-    poisoned_step(&net, 6);
+    fill_batch(&net, in, 6);
+    poisoned_step(&net, 6, (char)0x3c);
     return net;
 }
 
