@@ -153,8 +153,6 @@ void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, in
     }
 }
 
-void *layer_block_scratch(const LayerCtx *ctx) { return ctx->exec->block_scratch; }
-
 size_t layer_stored_bytes(const LayerCtx *ctx, int64_t n) {
     return (size_t)n * dtype_sizes[ctx->exec->precision];
 }

@@ -117,8 +117,8 @@ typedef struct LayerOps {
     void (*run_forward)(Layer *l, const LayerCtx *ctx, void *out, const void *in, int N);
     void (*run_backward)(Layer *l, const LayerCtx *ctx, void *din, void *dout, const void *in,
                          void *out, int N);
-    // Stored values per sample of scratch used within one forward or backward: the
-    // network's block scratch (layer_block_scratch), shared by all containers.
+    // Stored values per sample of scratch used within one forward or backward: l->scratch,
+    // planned by the network to live during the container's own events only.
     int64_t (*scratch_values)(const Layer *l);
 
     // ---- both ---------------------------------------------------------------------------
@@ -149,6 +149,7 @@ struct Layer {
     float buffer_fill[LAYER_MAX_BUFFERS];
     void *state;  // ops->state_bytes of device memory (the buffer block)
     void *inner;  // what it keeps from forward to backward (inner_bytes; the activation block)
+    void *scratch;  // containers: scratch_values a sample, during one forward or backward
     Layer **children;  // containers: inner layers in state_dict order (owned)
     int nchildren;
 };
@@ -215,8 +216,6 @@ void layer_run_add_act(const LayerCtx *ctx, void *out, const void *a, const void
 // dout *= act'(out), in place (ReLU: where out > 0).
 void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, int64_t values,
                             int N, Activation act);
-// The block scratch of the network (stored values, see scratch_values).
-void *layer_block_scratch(const LayerCtx *ctx);
 // Bytes of n stored values.
 size_t layer_stored_bytes(const LayerCtx *ctx, int64_t n);
 

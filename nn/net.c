@@ -127,19 +127,22 @@ static size_t largest_of(const Layer *l) {
 // The step is a fixed schedule (net->events): every layer's forward, the loss, then
 // backward, segment by segment from the last: the recomputation of the segment's layers
 // (checkpointing), then the backward of each. Each buffer of the activation block (the
-// input, every layer's output, the inner activations of containers, the block scratch,
+// input, every layer's output, the inner activations of containers, their scratch,
 // every input gradient, the loss's) is live over the spans of events from a write that
 // fills it to the last event that reads what that write left; between spans its bytes
 // serve other buffers. Offsets are assigned greedily, largest buffer first, at the lowest
 // offset that no buffer live at the same time occupies (the greedy-by-size placement of
 // TFLite's memory planner). The block is as large as the highest end.
 
-// Buffer ids: five fixed ones, then per layer its output, its inner activations and the
-// input gradient that its backward writes (in-place layers share their successor's).
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_BLOCK, BUF_LAYERS };
-static int buf_out(int i) { return BUF_LAYERS + 3 * i; }
-static int buf_inner(int i) { return BUF_LAYERS + 3 * i + 1; }
-static int buf_grad(int i) { return BUF_LAYERS + 3 * i + 2; }
+// Buffer ids: four fixed ones, then per layer its output, its inner activations, the input
+// gradient that its backward writes (in-place layers share their successor's) and a
+// container's scratch (its own, so that a small block's backward does not hold the
+// scratch a large block needs).
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_LAYERS, BUFS_A_LAYER = 4 };
+static int buf_out(int i) { return BUF_LAYERS + BUFS_A_LAYER * i; }
+static int buf_inner(int i) { return buf_out(i) + 1; }
+static int buf_grad(int i) { return buf_out(i) + 2; }
+static int buf_scratch(int i) { return buf_out(i) + 3; }
 
 // Which buffer holds the input gradient of each layer that writes one (-1: none).
 static void grad_buffers(const Net *net, int *gid) {
@@ -217,14 +220,13 @@ static void spans_forward(const Net *net, SpanBuilder *sb, int i, int t) {
     span_read(sb, i ? buf_out(i - 1) : BUF_INPUT, t);
     span_write(sb, buf_out(i), t);
     if (l->ops->inner_bytes) span_write(sb, buf_inner(i), t);
-    if (l->ops->scratch_values) span_write(sb, BUF_BLOCK, t);
+    if (l->ops->scratch_values) span_write(sb, buf_scratch(i), t);
 }
 
 // Bytes of each buffer (0: not used).
 static void buffer_bytes(const Net *net, const int *gid, size_t *bytes) {
     const size_t B = (size_t)net->batch, es = dtype_sizes[net->precision];
     const int last = net->nlayers - 1;
-    size_t block = 0;
     bytes[BUF_INPUT] = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
     bytes[BUF_LABELS] = align64(B * sizeof(int32_t));
     bytes[BUF_METRICS] = align64(NET_METRICS * sizeof(float));
@@ -234,16 +236,14 @@ static void buffer_bytes(const Net *net, const int *gid, size_t *bytes) {
         bytes[buf_out(i)] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
         bytes[buf_inner(i)] = align64(B * inner_bytes(l, net->precision));
         bytes[buf_grad(i)] = gid[i] == buf_grad(i) ? align64(B * (size_t)shape_numel(l->in) * es) : 0;
-        if (l->ops->scratch_values && (size_t)l->ops->scratch_values(l) > block)
-            block = (size_t)l->ops->scratch_values(l);
+        bytes[buf_scratch(i)] = l->ops->scratch_values ? align64(B * (size_t)l->ops->scratch_values(l) * es) : 0;
     }
-    bytes[BUF_BLOCK] = align64(B * block * es);
 }
 
 // The spans of every buffer over net->events, into net->spans (grouped by buffer) and
 // net->bufs[b].span0 / nspans.
 static int buffer_spans(Net *net, const int *gid, Error *err) {
-    const int n = net->nlayers, nb = BUF_LAYERS + 3 * n, after = net->nevents;
+    const int n = net->nlayers, nb = BUF_LAYERS + BUFS_A_LAYER * n, after = net->nevents;
     SpanBuilder sb = {.open = xcalloc((size_t)nb, sizeof *sb.open, err), .err = err};
     if (!sb.open) return -1;
     for (int b = 0; b < nb; b++) sb.open[b].from = -1;
@@ -272,7 +272,7 @@ static int buffer_spans(Net *net, const int *gid, Error *err) {
             if (reads & BACKWARD_READS_IN) span_read(&sb, i ? buf_out(i - 1) : BUF_INPUT, t);
             if (reads & BACKWARD_READS_OUT) span_read(&sb, buf_out(i), t);
             if (l->ops->inner_bytes) span_read(&sb, buf_inner(i), t);
-            if (l->ops->scratch_values) span_write(&sb, BUF_BLOCK, t);
+            if (l->ops->scratch_values) span_write(&sb, buf_scratch(i), t);
             break;
         }
         }
@@ -372,7 +372,7 @@ static int net_plan_activations(Net *net, Error *err) {
     int *gid = xcalloc((size_t)n, sizeof *gid, err);
     if (!gid || net_schedule(net, err)) goto fail;
     free(net->bufs);
-    net->nbufs = BUF_LAYERS + 3 * n;
+    net->nbufs = BUF_LAYERS + BUFS_A_LAYER * n;
     net->bufs = xcalloc((size_t)net->nbufs, sizeof *net->bufs, err);
     size_t *bytes = net->bufs ? xcalloc((size_t)net->nbufs, sizeof *bytes, err) : NULL;
     if (!bytes) goto fail;
@@ -402,10 +402,10 @@ static void net_carve_activations(Net *net, char *base) {
     net->labels = (int32_t *)at[BUF_LABELS];
     net->metrics = (float *)at[BUF_METRICS];
     net->dlogp = (float *)at[BUF_DLOGP];
-    net->exec.block_scratch = at[BUF_BLOCK];
     for (int i = 0; i < n; i++) {
         net->acts[i] = at[buf_out(i)];
         if (net->layers[i]->ops->inner_bytes) net->layers[i]->inner = at[buf_inner(i)];
+        if (net->layers[i]->ops->scratch_values) net->layers[i]->scratch = at[buf_scratch(i)];
         net->din[i] = gid[i] >= 0 ? at[gid[i]] : NULL;
     }
 }

@@ -86,7 +86,7 @@ typedef struct Net {
     DType precision;  // of activations and activation gradients (the output is always F32)
     int nsegments;    // checkpoint segments (1: none)
     int *seg_first;   // (nsegments + 1): segment s is layers seg_first[s] .. seg_first[s+1]-1
-    Exec exec;        // precision, the fp16 chunk and scratch, the block scratch
+    Exec exec;        // precision, the fp16 chunk and scratch
     size_t scratch_bytes;  // the fp16 scratch at the start of the workspace block
     int64_t nparams;  // scalars in all parameter tensors
     int64_t ntrain;   // of them, in trained (not frozen) tensors

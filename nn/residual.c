@@ -10,7 +10,7 @@
 // Storage (the network plans both, in its precision):
 //   inner          kept from forward to backward: c1 = conv1(x) and c2 = conv2(r1), each
 //                  (N, out). bn2's output goes straight into out, where the sum replaces it.
-//   block scratch  A (N, out) and B (N, max(out, in)): in forward the downsample's conv
+//   scratch        A (N, out) and B (N, max(out, in)): in forward the downsample's conv
 //                  output d1 (B) and batchnorm output (A), in backward the chain of
 //                  gradients.
 // r1 = bn1(c1) with ReLU, conv2's input, is not kept: forward writes it into out, which bn2
@@ -122,7 +122,7 @@ static void residual_forward(Layer *l, const LayerCtx *ctx, void *out, const voi
     layer_run_forward(ctx, r->bn2, out, c2, N);
     const void *shortcut = in;
     if (r->downsample) {
-        void *a = layer_block_scratch(ctx), *d1 = (char *)a + layer_stored_bytes(ctx, N * shape_numel(l->out));
+        void *a = l->scratch, *d1 = (char *)a + layer_stored_bytes(ctx, N * shape_numel(l->out));
         layer_run_forward(ctx, r->ds_conv, d1, in, N);
         layer_run_forward(ctx, r->ds_bn, a, d1, N);
         shortcut = a;
@@ -139,7 +139,7 @@ static void residual_backward(Layer *l, const LayerCtx *ctx, void *din, void *do
     const Residual *r = (const Residual *)l;
     const int64_t no = shape_numel(l->out);
     void *c1 = inner_at(l, ctx, 0, N), *c2 = inner_at(l, ctx, 1, N), *r1 = out;
-    void *a = layer_block_scratch(ctx), *b = (char *)a + layer_stored_bytes(ctx, N * no);
+    void *a = l->scratch, *b = (char *)a + layer_stored_bytes(ctx, N * no);
     layer_run_act_backward(ctx, dout, out, no, N, ACT_RELU);  // the gradient of the sum
     LayerCtx redo = *ctx;  // r1 (and d1) again, as the forward made them
     redo.recompute = true;

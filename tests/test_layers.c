@@ -182,7 +182,7 @@ static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, 
     c->exec.precision = DT_F32;
     if (c->l->ops->inner_bytes) c->l->inner = case_mem(c, (size_t)N * c->l->ops->inner_bytes(c->l, DT_F32));
     if (c->l->ops->scratch_values)
-        c->exec.block_scratch = case_mem(c, (size_t)N * c->l->ops->scratch_values(c->l) * sizeof(float));
+        c->l->scratch = case_mem(c, (size_t)N * c->l->ops->scratch_values(c->l) * sizeof(float));
 }
 
 static void case_free(Case *c) {
