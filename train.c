@@ -912,10 +912,10 @@ static void print_plan(const MemPlan *p, size_t baseline, size_t available, cons
     if (json) {
         printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"buffers\": %zu, "
                "\"activations\": %zu, \"activations_kept\": %zu, "
-               "\"workspace\": %zu, \"loader\": %zu, \"total\": %zu, \"baseline\": %zu, "
+               "\"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, \"baseline\": %zu, "
                "\"available\": ",
                p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_kept,
-               p->workspace, p->loader, mem_plan_total(p), baseline);
+               p->workspace, p->threads, p->loader, mem_plan_total(p), baseline);
         if (available == SIZE_MAX) printf("null}\n");
         else printf("%zu}\n", available);
         return;
@@ -928,6 +928,7 @@ static void print_plan(const MemPlan *p, size_t baseline, size_t available, cons
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
     printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
     printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
+    printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);
     printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);
     printf("  %-34s %10.1f\n", "total", mem_plan_total(p) / 1e6);
     printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);

@@ -1067,6 +1067,11 @@ const char *cpu_gemm_kernels(void) {
     return name;
 }
 
+// The AVX-512 GEMM's packing buffers, one set per thread, outside the plan's blocks.
+static size_t cpu_thread_scratch(void) {
+    return gemm_avx512_available() ? (size_t)omp_get_max_threads() * gemm_avx512_scratch_bytes() : 0;
+}
+
 void cpu_set_threads(int n) {
     openblas_set_num_threads(1);  // see cpu_gemm
     omp_set_num_threads(n);
@@ -1075,6 +1080,7 @@ void cpu_set_threads(int n) {
 const Kernels cpu_kernels = {
     .name = "cpu",
     .host_memory = true,
+    .thread_scratch = cpu_thread_scratch,
     .alloc = cpu_alloc,
     .release = cpu_release,
     .upload = cpu_memcpy,

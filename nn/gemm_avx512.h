@@ -8,13 +8,18 @@
 #define NN_GEMM_AVX512_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 // Whether this CPU runs gemm_avx512.
 bool gemm_avx512_available(void);
 
+// Bytes of the packing buffers that each thread allocates at its first product and keeps
+// (1.2 MB).
+size_t gemm_avx512_scratch_bytes(void);
+
 // C (M, N; row stride ldc) = alpha * op(A) @ op(B) + beta * C, as cblas_sgemm with
 // CblasRowMajor: op(A) is (M, K), stored (K, M) when ta; op(B) is (K, N), stored (N, K)
-// when tb. Returns -1 when this thread's packing buffers (4.1 MB) cannot be allocated.
+// when tb. Returns -1 when this thread's packing buffers cannot be allocated.
 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc);
 

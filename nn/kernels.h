@@ -35,6 +35,10 @@ static inline int64_t conv_direct_partial_floats(ConvGeometry g) {
 typedef struct Kernels {
     const char *name;  // "cpu", "cuda"
     bool host_memory;  // the device's pointers are host memory (the CPU): no copies needed
+    // Bytes the backend keeps outside the network's blocks once it has computed with the
+    // threads it has now (the CPU: the GEMM's packing buffers of each thread); the plan
+    // counts them in its workspace. NULL: none.
+    size_t (*thread_scratch)(void);
 
     // ---- memory of the device -------------------------------------------------------
     void *(*alloc)(size_t bytes);  // NULL on failure; the caller reports it

@@ -9,7 +9,7 @@
 
 size_t mem_plan_total(const MemPlan *p) {
     return p->params + p->grads + p->optimizer + p->buffers + p->activations + p->workspace +
-           p->loader;
+           p->threads + p->loader;
 }
 
 // Blocks are carved in 64-byte aligned pieces.
@@ -437,6 +437,7 @@ static void net_layout(Net *net) {
         if (w > layer_ws) layer_ws = w;
     }
     net->plan.workspace = ws + layer_ws;
+    net->plan.threads = net->k->thread_scratch ? net->k->thread_scratch() : 0;
     net->plan.params = (size_t)net->nparams * sizeof(float);
     net->plan.grads = (size_t)net->ntrain * sizeof(float);
     net->plan.optimizer = (size_t)net->nstates * net->plan.grads;

@@ -21,9 +21,11 @@
 #include "kernels.h"
 #include "layer.h"
 
-// Bytes per category. `loader` is filled in by the trainer (the data side plans it).
+// Bytes per category. `loader` is filled in by the trainer (the data side plans it);
+// `threads` is what the backend keeps per compute thread outside the blocks
+// (Kernels.thread_scratch: the CPU's GEMM packing buffers).
 typedef struct MemPlan {
-    size_t params, grads, optimizer, buffers, activations, workspace, loader;
+    size_t params, grads, optimizer, buffers, activations, workspace, threads, loader;
     // Of `activations`: the bytes live at the loss, what forward keeps for backward: the
     // input and labels, every output that a backward reads (with checkpointing, each
     // segment's last and the last segment's), the inner activations, the output, dlogp.

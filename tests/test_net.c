@@ -266,7 +266,8 @@ static void test_init_matches_pytorch(void **state) {
 //               2 MB / (OH*OW*C*K*K*4))), times that per-image size; conv1's image takes
 //               26*26*1*9*4 = 24,336 bytes, conv2's 24*24*32*9*4 = 663,552 (3 a chunk);
 //               conv2 also holds its weight and weight gradient permuted to (OC, K, K, C),
-//               2 * 64*32*9*4 = 147,456 bytes (conv1, with one channel, needs no permute).
+//               2 * 64*32*9*4 = 147,456 bytes (conv1, with one channel, needs no permute);
+//   threads = the GEMM's packing buffers of each thread (cpu_kernels.thread_scratch).
 // The block itself is checked by expect_activation_layout and the poisoned steps of
 // test_segments.c.
 static void expect_mnist_plan(const Net *net, int B) {
@@ -287,9 +288,11 @@ static void expect_mnist_plan(const Net *net, int B) {
     const size_t chunk2 = col / img2 < (size_t)B ? col / img2 : (size_t)B;
     const size_t ws = chunk1 * img1 > w2 + chunk2 * img2 ? chunk1 * img1 : w2 + chunk2 * img2;
     assert_int_equal(net->plan.workspace, ws);
+    const size_t packing = cpu_kernels.thread_scratch();  // each thread's, AVX-512 GEMM
+    assert_int_equal(net->plan.threads, packing);
     assert_int_equal(net->plan.loader, 0);  // the trainer fills it in
     assert_int_equal(mem_plan_total(&net->plan),
-                     4 * 609354 * f + net->plan.activations + ws);
+                     4 * 609354 * f + net->plan.activations + ws + packing);
 }
 
 static void test_memory_plan(void **state) {
