@@ -71,13 +71,16 @@ AVX512 static void pack_a_block(float *dst, const float *A, int lda, bool ta, in
                          int kc, int MR) {
     for (int p = 0; p < mc; p += MR) {
         const int mr = imin(MR, mc - p);
-        if (ta) {  // A stored (K, M): a k's rows lie together
+        if (ta) {  // A stored (K, M): a k's rows lie together, MR of them a masked copy
             for (int k = 0; k < kc; k++) {
                 const float *src = A + (int64_t)(k0 + k) * lda + i0 + p;
                 float *d = dst + (int64_t)k * MR;
-                int r = 0;
-                for (; r < mr; r++) d[r] = src[r];
-                for (; r < MR; r++) d[r] = 0.0f;
+                for (int r0 = 0; r0 < MR; r0 += 16) {
+                    const int left = mr - r0, width = imin(16, MR - r0);
+                    const __mmask16 lm = (__mmask16)(left >= 16 ? 0xffff : left > 0 ? (1u << left) - 1 : 0);
+                    const __mmask16 sm = (__mmask16)(width >= 16 ? 0xffff : (1u << width) - 1);
+                    _mm512_mask_storeu_ps(d + r0, sm, _mm512_maskz_loadu_ps(lm, src + r0));
+                }
             }
         } else {  // A stored (M, K): a row's k lie together
             int r0 = 0;
