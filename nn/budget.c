@@ -24,17 +24,23 @@ typedef struct Search {
     bool *fits;
 } Search;
 
-// Plans candidate c; returns 1 if it fits (and takes it), 0 if not, -1 on error.
-static int try_choice(Search *s, FitChoice c, Error *err) {
-    c.net.batch = s->batch / c.accumulate;
-    if (plan_of(s->cfg, s->input, s->classes, c.net, &c.plan, err)) return -1;
-    const size_t total = mem_plan_total(&c.plan) + s->overhead;
+// Sets c's micro-batch and plans it.
+static int plan_choice(const Search *s, FitChoice *c, Error *err) {
+    c->net.batch = s->batch / c->accumulate;
+    return plan_of(s->cfg, s->input, s->classes, c->net, &c->plan, err);
+}
+
+// Plans candidate *c (its plan stays in it); returns 1 if it fits (and takes it), 0 if
+// not, -1 on error.
+static int try_choice(Search *s, FitChoice *c, Error *err) {
+    if (plan_choice(s, c, err)) return -1;
+    const size_t total = mem_plan_total(&c->plan) + s->overhead;
     if (total <= s->budget) {
-        *s->out = c;
+        *s->out = *c;
         *s->fits = true;
         return 1;
     }
-    if (total < s->smallest) s->smallest = total, *s->out = c;
+    if (total < s->smallest) s->smallest = total, *s->out = *c;
     return 0;
 }
 
@@ -44,24 +50,20 @@ static int try_accumulations(Search *s, FitChoice c, Error *err) {
     for (int acc = base; acc <= s->batch; acc++) {
         if (s->batch % acc) continue;
         c.accumulate = acc;
-        const int r = try_choice(s, c, err);
+        const int r = try_choice(s, &c, err);
         if (r) return r;
     }
     return 0;
 }
 
-// Checkpointing for *c (unless base has it already) where it makes the plan smaller: a
-// network whose peak lies in the backward of its largest layers gains nothing from
-// recomputing, and would only slow down.
+// Checkpointing for *c (planned: plan_choice; unless base has it already) where it makes
+// the plan smaller: a network whose peak lies in the backward of its largest layers gains
+// nothing from recomputing, and would only slow down.
 static int checkpoint_if_smaller(const Search *s, FitChoice *c, NetOptions base, Error *err) {
     FitChoice ckpt = *c;
     ckpt.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
-    ckpt.net.batch = c->net.batch = s->batch / c->accumulate;
-    MemPlan as_is, with;
-    if (plan_of(s->cfg, s->input, s->classes, c->net, &as_is, err) ||
-        plan_of(s->cfg, s->input, s->classes, ckpt.net, &with, err))
-        return -1;
-    if (mem_plan_total(&with) < mem_plan_total(&as_is)) *c = ckpt;
+    if (plan_choice(s, &ckpt, err)) return -1;
+    if (mem_plan_total(&ckpt.plan) < mem_plan_total(&c->plan)) *c = ckpt;
     return 0;
 }
 
@@ -73,14 +75,14 @@ int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions b
                 .fits = fits};
     *fits = false;
     FitChoice c = {.net = base, .accumulate = base_accumulate};
-    int r = try_choice(&s, c, err);  // 1. as configured
+    int r = try_choice(&s, &c, err);  // 1. as configured
     if (r) return r < 0 ? -1 : 0;
     if (checkpoint_if_smaller(&s, &c, base, err)) return -1;  // 2. checkpointing
     r = try_accumulations(&s, c, err);  // 3. then accumulation
     if (r || !allow_fp16 || base.precision == DT_F16) return r < 0 ? -1 : 0;
     c = (FitChoice){.net = base, .accumulate = base_accumulate};
     c.net.precision = DT_F16;
-    if (checkpoint_if_smaller(&s, &c, base, err)) return -1;
+    if (plan_choice(&s, &c, err) || checkpoint_if_smaller(&s, &c, base, err)) return -1;
     r = try_accumulations(&s, c, err);  // 4. then fp16
     return r < 0 ? -1 : 0;
 }

@@ -669,9 +669,9 @@ typedef struct BnBlock {
 static void bn_block(BnBlock *blk, const BnChannels *s, int C, int c0, int nc) {
     blk->nc = nc;
     blk->rows = nc == C && BN_FLAT / C > 1 ? BN_FLAT / C : 1;
+    if (!s) return;  // plain sums need no statistics
     for (int t = 0; t < nc * blk->rows; t++) {
         const int c = c0 + t % nc;
-        if (!s) continue;  // plain sums need no statistics
         blk->mean[t] = s->mean[c];
         blk->invstd[t] = s->invstd[c];
         blk->scale[t] = s->invstd[c] * s->gamma[c];

@@ -65,6 +65,12 @@ AVX512 static inline void pack_4x16(float *dst, int MR, const float *src, int ld
     }
 }
 
+// kc values of src (zeros for NULL: a row or column past the edge) to d[k * step]: one
+// row of a panel.
+static inline void pack_strided(float *d, int step, const float *src, int kc) {
+    for (int k = 0; k < kc; k++) d[(int64_t)k * step] = src ? src[k] : 0.0f;
+}
+
 // op(A)(i, k) for rows [i0, i0 + mc) and k [k0, k0 + kc) into panels of MR rows:
 // dst[panel][k][r], zero rows past the edge.
 AVX512 static void pack_a_block(float *dst, const float *A, int lda, bool ta, int i0, int mc, int k0,
@@ -92,15 +98,8 @@ AVX512 static void pack_a_block(float *dst, const float *A, int lda, bool ta, in
                     for (; k < kc; k++)
                         for (int r = 0; r < 4; r++) dst[(int64_t)k * MR + r0 + r] = src[(int64_t)r * lda + k];
                 }
-            for (int r = r0; r < MR; r++) {
-                float *d = dst + r;
-                if (r >= mr) {
-                    for (int k = 0; k < kc; k++) d[(int64_t)k * MR] = 0.0f;
-                    continue;
-                }
-                const float *src = A + (int64_t)(i0 + p + r) * lda + k0;
-                for (int k = 0; k < kc; k++) d[(int64_t)k * MR] = src[k];
-            }
+            for (int r = r0; r < MR; r++)
+                pack_strided(dst + r, MR, r < mr ? A + (int64_t)(i0 + p + r) * lda + k0 : NULL, kc);
         }
         dst += (int64_t)kc * MR;
     }
@@ -122,15 +121,8 @@ AVX512 static void pack_b_block(float *dst, const float *B, int ldb, bool tb, in
                 if (NR == 32) _mm512_store_ps(d + 16, _mm512_maskz_loadu_ps(m1, src + 16));
             }
         } else {  // B stored (N, K)
-            for (int j = 0; j < NR; j++) {
-                float *d = dst + j;
-                if (j >= nr) {
-                    for (int k = 0; k < kc; k++) d[(int64_t)k * NR] = 0.0f;
-                    continue;
-                }
-                const float *src = B + (int64_t)(j0 + p + j) * ldb + k0;
-                for (int k = 0; k < kc; k++) d[(int64_t)k * NR] = src[k];
-            }
+            for (int j = 0; j < NR; j++)
+                pack_strided(dst + j, NR, j < nr ? B + (int64_t)(j0 + p + j) * ldb + k0 : NULL, kc);
         }
         dst += (int64_t)kc * NR;
     }

@@ -182,7 +182,6 @@ typedef struct SpanBuilder {
     int *owner;  // (cap) the buffer of each closed span
     ActSpan *closed;
     int n, cap;
-    Error *err;
     bool failed;
 } SpanBuilder;
 
@@ -223,20 +222,21 @@ static void spans_forward(const Net *net, SpanBuilder *sb, int i, int t) {
     if (l->ops->scratch_values) span_write(sb, buf_scratch(i), t);
 }
 
-// Bytes of each buffer (0: not used).
-static void buffer_bytes(const Net *net, const int *gid, size_t *bytes) {
+// The bytes of each buffer in net->bufs (0: not used).
+static void buffer_bytes(Net *net, const int *gid) {
+    ActBuffer *buf = net->bufs;
     const size_t B = (size_t)net->batch, es = dtype_sizes[net->precision];
     const int last = net->nlayers - 1;
-    bytes[BUF_INPUT] = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
-    bytes[BUF_LABELS] = align64(B * sizeof(int32_t));
-    bytes[BUF_METRICS] = align64(NET_METRICS * sizeof(float));
-    bytes[BUF_DLOGP] = align64(B * (size_t)shape_numel(net->layers[last]->out) * sizeof(float));
+    buf[BUF_INPUT].bytes = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
+    buf[BUF_LABELS].bytes = align64(B * sizeof(int32_t));
+    buf[BUF_METRICS].bytes = align64(NET_METRICS * sizeof(float));
+    buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->layers[last]->out) * sizeof(float));
     for (int i = 0; i <= last; i++) {
         const Layer *l = net->layers[i];
-        bytes[buf_out(i)] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
-        bytes[buf_inner(i)] = align64(B * inner_bytes(l, net->precision));
-        bytes[buf_grad(i)] = gid[i] == buf_grad(i) ? align64(B * (size_t)shape_numel(l->in) * es) : 0;
-        bytes[buf_scratch(i)] = l->ops->scratch_values ? align64(B * (size_t)l->ops->scratch_values(l) * es) : 0;
+        buf[buf_out(i)].bytes = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
+        buf[buf_inner(i)].bytes = align64(B * inner_bytes(l, net->precision));
+        buf[buf_grad(i)].bytes = gid[i] == buf_grad(i) ? align64(B * (size_t)shape_numel(l->in) * es) : 0;
+        buf[buf_scratch(i)].bytes = l->ops->scratch_values ? align64(B * (size_t)l->ops->scratch_values(l) * es) : 0;
     }
 }
 
@@ -244,7 +244,7 @@ static void buffer_bytes(const Net *net, const int *gid, size_t *bytes) {
 // net->bufs[b].span0 / nspans.
 static int buffer_spans(Net *net, const int *gid, Error *err) {
     const int n = net->nlayers, nb = BUF_LAYERS + BUFS_A_LAYER * n, after = net->nevents;
-    SpanBuilder sb = {.open = xcalloc((size_t)nb, sizeof *sb.open, err), .err = err};
+    SpanBuilder sb = {.open = xcalloc((size_t)nb, sizeof *sb.open, err)};
     if (!sb.open) return -1;
     for (int b = 0; b < nb; b++) sb.open[b].from = -1;
     // The trainer fills the batch and its labels, and zeroes the metrics, before the step.
@@ -374,12 +374,9 @@ static int net_plan_activations(Net *net, Error *err) {
     free(net->bufs);
     net->nbufs = BUF_LAYERS + BUFS_A_LAYER * n;
     net->bufs = xcalloc((size_t)net->nbufs, sizeof *net->bufs, err);
-    size_t *bytes = net->bufs ? xcalloc((size_t)net->nbufs, sizeof *bytes, err) : NULL;
-    if (!bytes) goto fail;
+    if (!net->bufs) goto fail;
     grad_buffers(net, gid);
-    buffer_bytes(net, gid, bytes);
-    for (int b = 0; b < net->nbufs; b++) net->bufs[b].bytes = bytes[b];
-    free(bytes);
+    buffer_bytes(net, gid);
     if (buffer_spans(net, gid, err)) goto fail;
     for (int b = 0; b < net->nbufs; b++)  // a buffer nothing uses needs no bytes
         if (!net->bufs[b].nspans) net->bufs[b].bytes = 0;

@@ -383,6 +383,17 @@ static void test_plan_is_allocation(void **state) {
         }
 }
 
+// The fp32 plan at batch 64 with `segments`.
+static MemPlan plan_b64(const Cfg *cfg, Shape in, int segments) {
+    Net n;
+    Error err = {{0}};
+    const NetOptions opt = {.batch = 64, .precision = DT_F32, .segments = segments, .plan_only = true};
+    if (net_create(&n, cfg, in, 10, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    const MemPlan p = n.plan;
+    net_free(&n);
+    return p;
+}
+
 // The chooser on a table of budgets for the deep net at batch 64 (on the seed network,
 // whose peak is in the backward of its two convolutions, checkpointing saves nothing):
 // the ladder is as configured, checkpointing, then accumulation, then fp16 (when
@@ -393,14 +404,7 @@ static void test_budget_chooser(void **state) {
     if (cfg_parse(&cfg, deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
     const Shape in = {.c = 2, .h = 16, .w = 16};
     const NetOptions base = {.batch = 64, .precision = DT_F32};
-    MemPlan plain, ckpt;
-    Net n;
-    assert_int_equal(net_create(&n, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
-    plain = n.plan;
-    net_free(&n);
-    assert_int_equal(net_create(&n, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .plan_only = true}, &cpu_kernels, &err), 0);
-    ckpt = n.plan;
-    net_free(&n);
+    const MemPlan plain = plan_b64(&cfg, in, 0), ckpt = plan_b64(&cfg, in, NET_SEGMENTS_SQRT);
     assert_true(mem_plan_total(&ckpt) < mem_plan_total(&plain));
 
     struct {
@@ -448,13 +452,7 @@ static void test_budget_chooser(void **state) {
     Cfg seed;
     if (cfg_parse(&seed, seed_net, "test.cfg", &err)) fail_msg("%s", err.msg);
     const Shape mnist = {.c = 1, .h = 28, .w = 28};
-    MemPlan p0, p1;
-    assert_int_equal(net_create(&n, &seed, mnist, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
-    p0 = n.plan;
-    net_free(&n);
-    assert_int_equal(net_create(&n, &seed, mnist, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .plan_only = true}, &cpu_kernels, &err), 0);
-    p1 = n.plan;
-    net_free(&n);
+    const MemPlan p0 = plan_b64(&seed, mnist, 0), p1 = plan_b64(&seed, mnist, NET_SEGMENTS_SQRT);
     assert_true(mem_plan_total(&p1) >= mem_plan_total(&p0));
     assert_int_equal(fit_budget(&seed, mnist, 10, 64, base, 1, 0, mem_plan_total(&p0) - 1, false, &c, &fits, &err), 0);
     assert_true(fits);
