@@ -169,6 +169,16 @@ static void cuda_gemm(float *C, const float *A, const float *B, int M, int N, in
                              c.ld2, &beta, c.c, c.ldc));
 }
 
+static void cuda_gemm_batched(float *C, const float *A, const float *B, int count, int M, int N, int K,
+                              bool transA, bool transB, float alpha, float beta, int64_t stride_c,
+                              int64_t stride_a, int64_t stride_b) {
+    if (M <= 0 || N <= 0 || count <= 0) return;
+    const ColumnMajorGemm c = gemm_for_cublas(C, A, B, M, N, K, transA, transB);
+    CUBLAS_CHECK(cublasSgemmStridedBatched(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, c.ld1,
+                                           stride_b, c.a2, c.ld2, stride_a, &beta, c.c, c.ldc,
+                                           stride_c, count));
+}
+
 // ---- per-element bodies ------------------------------------------------------------------
 //
 // Each kernel below is a grid-stride loop around one of these functions of the element
@@ -696,7 +706,222 @@ __host__ __device__ static inline void adamw_at(int64_t i, float *p, float *m, f
     p[i] = add_rn(pi, div_rn(mul_rn(-step_size, mi), add_rn(div_rn(sqrt_rn(vi), bc2_sqrt), eps)));
 }
 
+// ---- Winograd F(2x2, 3x3): the CPU's formulas (nn/cpu_kernels.c), operation for operation -----
+
+__host__ __device__ static inline void wg_bt_at(float *y, const float *x, int s) {
+    const float x0 = x[0], x1 = x[s], x2 = x[2 * s], x3 = x[3 * s];
+    y[0] = sub_rn(x0, x2), y[s] = add_rn(x1, x2), y[2 * s] = sub_rn(x2, x1), y[3 * s] = sub_rn(x1, x3);
+}
+__host__ __device__ static inline void wg_b_at(float *y, const float *x, int s) {
+    const float x0 = x[0], x1 = x[s], x2 = x[2 * s], x3 = x[3 * s];
+    y[0] = x0, y[s] = add_rn(sub_rn(x1, x2), x3), y[2 * s] = add_rn(sub_rn(x1, x0), x2), y[3 * s] = -x3;
+}
+__host__ __device__ static inline void wg_at_at(float *y, const float *x, int s) {
+    const float x0 = x[0], x1 = x[s], x2 = x[2 * s], x3 = x[3 * s];
+    y[0] = add_rn(add_rn(x0, x1), x2), y[s] = sub_rn(sub_rn(x1, x2), x3);
+}
+__host__ __device__ static inline void wg_a_at(float *x, const float *y, int s) {
+    const float y0 = y[0], y1 = y[s];
+    x[0] = y0, x[s] = add_rn(y0, y1), x[2 * s] = sub_rn(y0, y1), x[3 * s] = -y1;
+}
+__host__ __device__ static inline void wg_g_at(float *y, const float *x, int s) {
+    const float x0 = x[0], x1 = x[s], x2 = x[2 * s];
+    y[0] = x0, y[s] = mul_rn(add_rn(add_rn(x0, x1), x2), 0.5f);
+    y[2 * s] = mul_rn(add_rn(sub_rn(x0, x1), x2), 0.5f), y[3 * s] = x2;
+}
+__host__ __device__ static inline void wg_gt_at(float *x, const float *y, int s) {
+    const float y0 = y[0], y1 = y[s], y2 = y[2 * s], y3 = y[3 * s];
+    x[0] = add_rn(y0, mul_rn(add_rn(y1, y2), 0.5f)), x[s] = mul_rn(sub_rn(y1, y2), 0.5f);
+    x[2 * s] = add_rn(mul_rn(add_rn(y1, y2), 0.5f), y3);
+}
+
+// Element i = (tile t, channel c) of V: the tile's 4 x 4 input, B^T d B.
+__host__ __device__ static inline void winograd_input_at(int64_t i, float *V, const float *in,
+                                                         ConvGeometry g, int64_t S) {
+    const int TH = (g.OH + 1) / 2, TW = (g.OW + 1) / 2;
+    const int c = (int)(i % g.C);
+    const int64_t t = i / g.C, r = t / TW, n = r / TH;
+    const int ty = (int)(r % TH), tx = (int)(t % TW);
+    float d[16], u[16];
+    for (int p = 0; p < 16; p++) {
+        const int y = 2 * ty - g.pad + p / 4, x = 2 * tx - g.pad + p % 4;
+        d[p] = y >= 0 && y < g.H && x >= 0 && x < g.W ? in[((n * g.H + y) * g.W + x) * g.C + c] : 0.0f;
+    }
+    for (int b = 0; b < 4; b++) wg_bt_at(u + b, d + b, 4);
+    for (int a = 0; a < 4; a++) wg_bt_at(d + 4 * a, u + 4 * a, 1);
+    for (int p = 0; p < 16; p++) V[p * S + t * g.C + c] = d[p];
+}
+
+// Element i = (image n, tile row of parity `odd`, channel c): the CPU's row of tiles, left
+// to right with the right half of each tile carried into the next; stored over din for
+// the even rows, added for the odd ones.
+__host__ __device__ static inline void winograd_input_backward_at(int64_t i, float *din,
+                                                                  const float *dV, ConvGeometry g,
+                                                                  int64_t S, int odd) {
+    const int TH = (g.OH + 1) / 2, TW = (g.OW + 1) / 2, rows_per_image = (TH - odd + 1) / 2;
+    const int c = (int)(i % g.C);
+    const int64_t r = i / g.C, n = r / rows_per_image;
+    const int ty = odd + 2 * (int)(r % rows_per_image), y0 = 2 * ty - g.pad;
+    const int64_t t0 = (n * TH + ty) * TW;
+    float carry[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int tx = 0; tx <= TW; tx++) {
+        float d[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, u[16];
+        if (tx < TW) {
+            for (int p = 0; p < 16; p++) d[p] = dV[p * S + (t0 + tx) * g.C + c];
+            for (int b = 0; b < 4; b++) wg_b_at(u + b, d + b, 4);
+            for (int a = 0; a < 4; a++) wg_b_at(d + 4 * a, u + 4 * a, 1);
+        }
+        const int x0 = 2 * tx - g.pad;
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 2; b++) {
+                const float v = add_rn(d[4 * a + b], carry[2 * a + b]);
+                carry[2 * a + b] = d[4 * a + b + 2];
+                const int y = y0 + a, x = x0 + b;
+                if (y < 0 || y >= g.H || x < 0 || x >= g.W) continue;
+                float *dst = &din[((n * g.H + y) * g.W + x) * g.C + c];
+                *dst = odd ? add_rn(*dst, v) : v;
+            }
+    }
+}
+
+// Element i of the rows below `covered` of each image: 0 (no even tile row reaches them).
+__host__ __device__ static inline void winograd_zero_rows_at(int64_t i, float *din, ConvGeometry g,
+                                                             int covered) {
+    const int64_t below = (int64_t)(g.H - covered) * g.W * g.C;
+    din[(i / below) * g.H * g.W * g.C + (int64_t)covered * g.W * g.C + i % below] = 0.0f;
+}
+
+// Element i = (tile t, output channel oc): A^T M A, cut at the image's edge.
+__host__ __device__ static inline void winograd_output_at(int64_t i, float *out, const float *M,
+                                                          ConvGeometry g, int64_t S) {
+    const int TH = (g.OH + 1) / 2, TW = (g.OW + 1) / 2;
+    const int oc = (int)(i % g.OC);
+    const int64_t t = i / g.OC, r = t / TW, n = r / TH;
+    const int ty = (int)(r % TH), tx = (int)(t % TW);
+    float m[16], u[8], y[4];
+    for (int p = 0; p < 16; p++) m[p] = M[p * S + t * g.OC + oc];
+    for (int b = 0; b < 4; b++) wg_at_at(u + b, m + b, 4);
+    for (int a = 0; a < 2; a++) wg_at_at(y + 2 * a, u + 4 * a, 1);
+    for (int p = 0; p < 4; p++) {
+        const int oy = 2 * ty + p / 2, ox = 2 * tx + p % 2;
+        if (oy < g.OH && ox < g.OW) out[((n * g.OH + oy) * g.OW + ox) * g.OC + oc] = y[p];
+    }
+}
+
+// Element i = (tile t, output channel oc) of dM: A dY A^T.
+__host__ __device__ static inline void winograd_output_backward_at(int64_t i, float *dM,
+                                                                   const float *dout, ConvGeometry g,
+                                                                   int64_t S) {
+    const int TH = (g.OH + 1) / 2, TW = (g.OW + 1) / 2;
+    const int oc = (int)(i % g.OC);
+    const int64_t t = i / g.OC, r = t / TW, n = r / TH;
+    const int ty = (int)(r % TH), tx = (int)(t % TW);
+    float y[4], u[8], m[16];
+    for (int p = 0; p < 4; p++) {
+        const int oy = 2 * ty + p / 2, ox = 2 * tx + p % 2;
+        y[p] = oy < g.OH && ox < g.OW ? dout[((n * g.OH + oy) * g.OW + ox) * g.OC + oc] : 0.0f;
+    }
+    for (int b = 0; b < 2; b++) wg_a_at(u + b, y + b, 2);
+    for (int a = 0; a < 4; a++) wg_a_at(m + 4 * a, u + 2 * a, 1);
+    for (int p = 0; p < 16; p++) dM[p * S + t * g.OC + oc] = m[p];
+}
+
+// Element i = (oc, c): U = G w G^T; and dw += G^T dU G.
+__host__ __device__ static inline void winograd_weights_at(int64_t i, float *U, const float *w,
+                                                           int64_t pairs) {
+    float u[12], v[16];
+    for (int b = 0; b < 3; b++) wg_g_at(u + b, w + i * 9 + b, 3);
+    for (int a = 0; a < 4; a++) wg_g_at(v + a * 4, u + a * 3, 1);
+    for (int p = 0; p < 16; p++) U[p * pairs + i] = v[p];
+}
+__host__ __device__ static inline void winograd_weights_backward_at(int64_t i, float *dw,
+                                                                    const float *dU, int64_t pairs) {
+    float v[16], u[12], x[9];
+    for (int p = 0; p < 16; p++) v[p] = dU[p * pairs + i];
+    for (int b = 0; b < 4; b++) wg_gt_at(u + b, v + b, 4);
+    for (int a = 0; a < 3; a++) wg_gt_at(x + a * 3, u + a * 4, 1);
+    for (int p = 0; p < 9; p++) dw[i * 9 + p] = add_rn(dw[i * 9 + p], x[p]);
+}
+
+// Rows of the image that the even tile rows reach (the CPU's `covered`).
+__host__ __device__ static inline int winograd_covered_rows(ConvGeometry g) {
+    const int TH = (g.OH + 1) / 2;
+    return 2 * ((TH - 1) / 2 * 2) - g.pad + 4;
+}
+
 // ---- kernels and their launchers ---------------------------------------------------------------
+
+__global__ void winograd_input_kernel(float *V, const float *in, ConvGeometry cg, int64_t S, int64_t total) {
+    GRID_LOOP(i, total) winograd_input_at(i, V, in, cg, S);
+}
+__global__ void winograd_input_backward_kernel(float *din, const float *dV, ConvGeometry cg, int64_t S,
+                                               int odd, int64_t total) {
+    GRID_LOOP(i, total) winograd_input_backward_at(i, din, dV, cg, S, odd);
+}
+__global__ void winograd_zero_rows_kernel(float *din, ConvGeometry cg, int covered, int64_t total) {
+    GRID_LOOP(i, total) winograd_zero_rows_at(i, din, cg, covered);
+}
+__global__ void winograd_output_kernel(float *out, const float *M, ConvGeometry cg, int64_t S, int64_t total) {
+    GRID_LOOP(i, total) winograd_output_at(i, out, M, cg, S);
+}
+__global__ void winograd_output_backward_kernel(float *dM, const float *dout, ConvGeometry cg, int64_t S,
+                                                int64_t total) {
+    GRID_LOOP(i, total) winograd_output_backward_at(i, dM, dout, cg, S);
+}
+__global__ void winograd_weights_kernel(float *U, const float *w, int64_t pairs) {
+    GRID_LOOP(i, pairs) winograd_weights_at(i, U, w, pairs);
+}
+__global__ void winograd_weights_backward_kernel(float *dw, const float *dU, int64_t pairs) {
+    GRID_LOOP(i, pairs) winograd_weights_backward_at(i, dw, dU, pairs);
+}
+
+static void cuda_winograd_input(float *V, const float *in, ConvGeometry cg) {
+    const int64_t T = winograd_tiles(cg), total = T * cg.C;
+    if (total <= 0) return;
+    winograd_input_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(V, in, cg, winograd_stride(T, cg.C), total);
+    LAUNCH_CHECK();
+}
+static void cuda_winograd_input_backward(float *din, const float *dV, ConvGeometry cg) {
+    const int64_t S = winograd_stride(winograd_tiles(cg), cg.C);
+    const int covered = winograd_covered_rows(cg), TH = (cg.OH + 1) / 2;
+    if (covered < cg.H) {
+        const int64_t total = (int64_t)cg.N * (cg.H - covered) * cg.W * cg.C;
+        winograd_zero_rows_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, cg, covered, total);
+        LAUNCH_CHECK();
+    }
+    for (int odd = 0; odd < 2; odd++) {
+        const int64_t total = (int64_t)cg.N * ((TH - odd + 1) / 2) * cg.C;
+        if (total <= 0) continue;
+        winograd_input_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dV, cg, S, odd, total);
+        LAUNCH_CHECK();
+    }
+}
+static void cuda_winograd_output(float *out, const float *M, ConvGeometry cg) {
+    const int64_t T = winograd_tiles(cg), total = T * cg.OC;
+    if (total <= 0) return;
+    winograd_output_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, M, cg, winograd_stride(T, cg.OC), total);
+    LAUNCH_CHECK();
+}
+static void cuda_winograd_output_backward(float *dM, const float *dout, ConvGeometry cg) {
+    const int64_t T = winograd_tiles(cg), total = T * cg.OC;
+    if (total <= 0) return;
+    winograd_output_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
+        dM, dout, cg, winograd_stride(T, cg.OC), total);
+    LAUNCH_CHECK();
+}
+static void cuda_winograd_weights(float *U, const float *w, int OC, int C) {
+    const int64_t pairs = (int64_t)OC * C;
+    if (pairs <= 0) return;
+    winograd_weights_kernel<<<blocks_for(pairs), THREADS, 0, g.stream>>>(U, w, pairs);
+    LAUNCH_CHECK();
+}
+static void cuda_winograd_weights_backward(float *dw, const float *dU, int OC, int C) {
+    const int64_t pairs = (int64_t)OC * C;
+    if (pairs <= 0) return;
+    winograd_weights_backward_kernel<<<blocks_for(pairs), THREADS, 0, g.stream>>>(dw, dU, pairs);
+    LAUNCH_CHECK();
+}
+
 
 __global__ void im2col_kernel(float *col, const float *in, Window w, int64_t total) {
     GRID_LOOP(i, total) im2col_at(i, col, in, w);
@@ -1343,6 +1568,13 @@ static void cuda_init(void) {
     k->sync = cuda_sync;
     k->gemm = cuda_gemm;
     k->im2col = cuda_im2col;
+    k->winograd_input = cuda_winograd_input;
+    k->winograd_input_backward = cuda_winograd_input_backward;
+    k->winograd_output = cuda_winograd_output;
+    k->winograd_output_backward = cuda_winograd_output_backward;
+    k->winograd_weights = cuda_winograd_weights;
+    k->winograd_weights_backward = cuda_winograd_weights_backward;
+    k->gemm_batched = cuda_gemm_batched;
     k->col2im = cuda_col2im;
     k->conv_direct_forward = cuda_conv_direct_forward;
     k->conv_direct_backward = cuda_conv_direct_backward;

@@ -18,11 +18,16 @@
 
 #define CONV_COL_BYTES ((size_t)2 << 20)
 
+// How the layer computes (the `algorithm` key); auto picks per layer (conv_algorithm).
+typedef enum ConvAlgorithm { CONV_AUTO, CONV_GEMM, CONV_WINOGRAD, CONV_ALGORITHMS } ConvAlgorithm;
+static const char *const conv_algorithm_names[CONV_ALGORITHMS] = {"auto", "gemm", "winograd"};
+
 typedef struct Conv {
     Layer base;
     int filters, size, stride, pad;
     bool bias;
     Activation act;
+    ConvAlgorithm algorithm;  // never CONV_AUTO after conv_create
 } Conv;
 
 static const CfgKey conv_keys[] = {
@@ -33,6 +38,7 @@ static const CfgKey conv_keys[] = {
     {"pad", "0", "zero padding on each side"},
     {"bias", "1", "1: a learned bias per filter; 0: none (before a batchnorm, as ResNets do)"},
     {"activation", "none", "none or relu, applied to the output"},
+    {"algorithm", "auto", "auto, gemm (im2col + GEMM) or winograd (3x3 stride 1 only)"},
 };
 
 // 1x1, stride 1, unpadded: the input already is its own im2col.
@@ -46,6 +52,19 @@ static bool conv_is_pointwise(const Conv *c) { return c->size == 1 && c->stride 
 static bool conv_is_direct(const Conv *c) {
     return c->size > 1 && c->base.in.c * c->size * c->size <= CONV_DIRECT_MAX_TAPS &&
            c->filters <= CONV_DIRECT_MAX_FILTERS;
+}
+
+// Winograd F(2x2, 3x3) for a 3x3 stride-1 convolution of at least WINOGRAD_MIN_CHANNELS
+// input and output channels: 16 products over C of each 2 x 2 block of outputs instead of
+// 36 (2.25x fewer FLOPs), for transforms that read and write 4 floats per input pixel
+// where im2col writes 9. Fewer channels leave the products too thin to pay for the
+// transforms (bench/PROFILE.md).
+#define WINOGRAD_MIN_CHANNELS 16
+static ConvAlgorithm conv_auto_algorithm(const Conv *c) {
+    return c->size == 3 && c->stride == 1 && !conv_is_direct(c) &&
+                   c->base.in.c >= WINOGRAD_MIN_CHANNELS && c->filters >= WINOGRAD_MIN_CHANNELS
+               ? CONV_WINOGRAD
+               : CONV_GEMM;
 }
 
 static ConvGeometry conv_geometry(const Conv *c, int N) {
@@ -79,6 +98,15 @@ static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
         goto fail;
     c->filters = (int)filters, c->size = (int)size, c->stride = (int)stride, c->pad = (int)pad;
     c->bias = bias != 0;
+    int algorithm;
+    if (cfg_choice(cfg, s, "algorithm", "auto", conv_algorithm_names, CONV_ALGORITHMS, &algorithm, err))
+        goto fail;
+    c->algorithm = (ConvAlgorithm)algorithm;
+    if (c->algorithm == CONV_WINOGRAD && (c->size != 3 || c->stride != 1)) {
+        err_set(err, "%s:%d: [conv] %s: algorithm = winograd needs size = 3 and stride = 1 (it has %d and %d)",
+                cfg->path, s->line, c->base.name, c->size, c->stride);
+        goto fail;
+    }
     const int OH = (in.h + 2 * c->pad - c->size) / c->stride + 1;
     const int OW = (in.w + 2 * c->pad - c->size) / c->stride + 1;
     if (in.h + 2 * c->pad < c->size || in.w + 2 * c->pad < c->size) {
@@ -87,6 +115,7 @@ static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
         goto fail;
     }
     c->base.out = (Shape){.c = c->filters, .h = OH, .w = OW};
+    if (c->algorithm == CONV_AUTO) c->algorithm = conv_auto_algorithm(c);
     layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, in.c, c->size, c->size}, INIT_WEIGHT);
     if (c->bias) layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters}, INIT_BIAS);
     c->base.fan_in = (int64_t)in.c * c->size * c->size;
@@ -110,10 +139,99 @@ static size_t conv_weight_floats(const Conv *c) {
     return conv_permutes(c) ? (n + 15) / 16 * 16 : 0;
 }
 
+// ---- Winograd: workspace [U][dU][V chunk][M chunk] ----------------------------------------
+
+// Floats of the transformed weight U (16 x OC x C), and of dU, rounded up to 64 bytes.
+static size_t winograd_weight_floats(const Conv *c) {
+    return ((size_t)16 * c->filters * c->base.in.c + 15) / 16 * 16;
+}
+
+// Bytes of a chunk of n images: its transformed input V and output M.
+static size_t winograd_chunk_bytes(const Conv *c, int n) {
+    const int64_t T = winograd_tiles(conv_geometry(c, n));
+    return (size_t)16 * (winograd_stride(T, c->base.in.c) + winograd_stride(T, c->filters)) * sizeof(float);
+}
+
+// Images per chunk: the transformed input and output of a chunk within CONV_COL_BYTES (on
+// deep.cfg 2 MB ran as fast as 4 and 8 MB, 512 KB and 16 MB were 25-30% slower).
+static int winograd_chunk(const Conv *c, int N) {
+    int chunk = 1;
+    while (chunk < N && winograd_chunk_bytes(c, chunk + 1) <= CONV_COL_BYTES) chunk++;
+    return chunk;
+}
+
+typedef struct WinogradSpace {
+    float *U, *dU, *V, *M;  // V is dV in backward, M is dM
+} WinogradSpace;
+
+static WinogradSpace winograd_space(const Conv *c, void *workspace, int N) {
+    const int64_t T = winograd_tiles(conv_geometry(c, winograd_chunk(c, N)));
+    WinogradSpace w;
+    w.U = workspace;
+    w.dU = w.U + winograd_weight_floats(c);
+    w.V = w.dU + winograd_weight_floats(c);
+    w.M = w.V + 16 * winograd_stride(T, c->base.in.c);
+    return w;
+}
+
+static size_t winograd_workspace_bytes(const Conv *c, int N) {
+    return 2 * winograd_weight_floats(c) * sizeof(float) + winograd_chunk_bytes(c, winograd_chunk(c, N));
+}
+
+static void winograd_forward(const Conv *c, const LayerCtx *ctx, float *out, const float *in, int N) {
+    const Layer *l = &c->base;
+    const Kernels *k = ctx->k;
+    const WinogradSpace w = winograd_space(c, ctx->workspace, N);
+    const int C = l->in.c, OC = c->filters;
+    if (!ctx->after_first) k->winograd_weights(w.U, l->params[0].data, OC, C);
+    const int chunk = winograd_chunk(c, N);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const ConvGeometry g = conv_geometry(c, N - n0 < chunk ? N - n0 : chunk);
+        const int T = (int)winograd_tiles(g);
+        k->winograd_input(w.V, in + (int64_t)n0 * shape_numel(l->in), g);
+        k->gemm_batched(w.M, w.V, w.U, 16, T, OC, C, false, true, 1.0f, 0.0f,
+                        winograd_stride(T, OC), winograd_stride(T, C), (int64_t)OC * C);
+        k->winograd_output(out + (int64_t)n0 * shape_numel(l->out), w.M, g);
+    }
+    k->bias_act_forward(out, conv_bias(c), (int64_t)N * l->out.h * l->out.w, OC, c->act);
+}
+
+// dU sums a pass's chunks (zeroed on its first, added to dW on its last); dV = dM U takes
+// V's place once dU has read V.
+static void winograd_backward(const Conv *c, const LayerCtx *ctx, float *din, float *dout,
+                              const float *in, const float *out, int N) {
+    const Layer *l = &c->base;
+    const Kernels *k = ctx->k;
+    const WinogradSpace w = winograd_space(c, ctx->workspace, N);
+    float *dw = l->grads[0];
+    const int C = l->in.c, OC = c->filters;
+    if (din && !ctx->after_first) k->winograd_weights(w.U, l->params[0].data, OC, C);
+    if (dw && !ctx->after_first) k->zero(w.dU, winograd_weight_floats(c) * sizeof(float));
+    k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * l->out.h * l->out.w, OC, c->act);
+    const int chunk = winograd_chunk(c, N);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const ConvGeometry g = conv_geometry(c, N - n0 < chunk ? N - n0 : chunk);
+        const int T = (int)winograd_tiles(g);
+        const int64_t sv = winograd_stride(T, C), sm = winograd_stride(T, OC), su = (int64_t)OC * C;
+        k->winograd_output_backward(w.M, dout + (int64_t)n0 * shape_numel(l->out), g);
+        if (dw) {
+            k->winograd_input(w.V, in + (int64_t)n0 * shape_numel(l->in), g);
+            k->gemm_batched(w.dU, w.M, w.V, 16, OC, C, T, true, false, 1.0f, 1.0f, su, sm, sv);
+        }
+        if (!din) continue;
+        k->gemm_batched(w.V, w.M, w.U, 16, T, C, OC, false, false, 1.0f, 0.0f, sv, sm, su);
+        k->winograd_input_backward(din + (int64_t)n0 * shape_numel(l->in), w.V, g);
+    }
+    if (dw && !ctx->before_last) k->winograd_weights_backward(dw, w.dU, OC, C);
+}
+
+// ---- im2col + GEMM, and the direct kernels -------------------------------------------------
+
 // Workspace: [Wp][dWp][im2col chunk], the first two only when conv_permutes; the direct
 // kernels' partial sums instead.
 static size_t conv_workspace_bytes(const Layer *l, int N) {
     const Conv *c = (const Conv *)l;
+    if (c->algorithm == CONV_WINOGRAD) return winograd_workspace_bytes(c, N);
     if (conv_is_pointwise(c)) return 0;
     if (conv_is_direct(c)) return (size_t)conv_direct_partial_floats(conv_geometry(c, N)) * sizeof(float);
     return (2 * conv_weight_floats(c) +
@@ -129,6 +247,10 @@ static void conv_to_khkwc(const Conv *c, const Kernels *k, float *dst, const flo
 static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
+    if (c->algorithm == CONV_WINOGRAD) {
+        winograd_forward(c, ctx, out, in, N);
+        return;
+    }
     if (conv_is_direct(c)) {
         k->conv_direct_forward(out, in, l->params[0].data, conv_bias(c), conv_geometry(c, N),
                                c->act);
@@ -162,6 +284,10 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
                           const float *in, const float *out, int N) {
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
+    if (c->algorithm == CONV_WINOGRAD) {
+        winograd_backward(c, ctx, din, dout, in, out, N);
+        return;
+    }
     if (conv_is_direct(c)) {
         k->conv_direct_backward(din, l->grads[0], conv_dbias(c), ctx->workspace, dout, in, out,
                                 l->params[0].data, conv_geometry(c, N), c->act);

@@ -32,6 +32,19 @@ static inline int64_t conv_direct_partial_floats(ConvGeometry g) {
     return (int64_t)CONV_DIRECT_PARTS * (g.C * g.K * g.K + 1) * g.OC;
 }
 
+// Winograd tiles of ConvGeometry g: 2 x 2 output pixels each.
+static inline int64_t winograd_tiles(ConvGeometry g) {
+    return (int64_t)g.N * ((g.OH + 1) / 2) * ((g.OW + 1) / 2);
+}
+
+// Floats from one matrix (rows x cols) of a transformed tensor to the next: rounded up to
+// 4 KB and 64 bytes more, so that the 16 rows a transform writes at once never share
+// their cache sets (at 4 KB apart they did: a 64x64 16-channel layer's input transform
+// ran 2.5x slower than its im2col).
+static inline int64_t winograd_stride(int64_t rows, int cols) {
+    return (rows * cols + 1023) / 1024 * 1024 + 16;
+}
+
 typedef struct Kernels {
     const char *name;  // "cpu", "cuda"
     bool host_memory;  // the device's pointers are host memory (the CPU): no copies needed
@@ -64,6 +77,37 @@ typedef struct Kernels {
     // din (N, H, W, C) = sum of col's patches back onto the pixels they came from.
     void (*col2im)(float *din, const float *col, int N, int H, int W, int C, int K,
                    int stride, int pad, int OH, int OW);
+
+    // ---- Winograd F(2x2, 3x3), for 3x3 stride-1 convolutions (nn/conv.c says when) -----
+    // Tile t = (n, ty, tx) of ConvGeometry g (winograd_tiles: N x ceil(OH/2) x ceil(OW/2))
+    // covers the output pixels (2ty + i, 2tx + j), i, j < 2, and the 4 x 4 input pixels
+    // from (2ty - pad, 2tx - pad), zeros outside the image. A transformed tensor is 16
+    // matrices, one per point (a, b) of the 4 x 4 transform, matrix a * 4 + b: V[ab][t][c]
+    // and M[ab][t][oc], winograd_stride(T, C) and (T, OC) floats apart, and U[ab][oc][c]
+    // (contiguous). With B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],
+    // G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], A^T = [1 1 1 0; 0 1 -1 -1]:
+    // out tile = A^T (the sum over c of U[.][oc][c] * V[.][t][c]) A, as 16 GEMMs.
+    // Each transform applies its 1-D formula to the rows, then to the columns, in the
+    // order written in cpu_kernels.c (the CUDA bodies repeat it: same bits).
+    // V = B^T d B for each tile's input d.
+    void (*winograd_input)(float *V, const float *in, ConvGeometry g);
+    // Its adjoint: din (N, H, W, C) = the sum over tiles of B dV B^T at their pixels, each
+    // pixel's as (its even tile row's right tile + left tile) + (its odd tile row's right
+    // tile + left tile), the pairs' missing tiles left out.
+    void (*winograd_input_backward)(float *din, const float *dV, ConvGeometry g);
+    // out (N, OH, OW, OC) = A^T M A of each tile, cut at the image's edge.
+    void (*winograd_output)(float *out, const float *M, ConvGeometry g);
+    // Its adjoint: dM = A dY A^T of each tile's 2 x 2 of dout (zeros past the edge).
+    void (*winograd_output_backward)(float *dM, const float *dout, ConvGeometry g);
+    // U = G w G^T for each (oc, c) of w (OC, C, 3, 3), PyTorch's layout.
+    void (*winograd_weights)(float *U, const float *w, int OC, int C);
+    // Its adjoint: dw (OC, C, 3, 3) += G^T dU G.
+    void (*winograd_weights_backward)(float *dw, const float *dU, int OC, int C);
+    // count independent products C_i = alpha op(A_i) @ op(B_i) + beta C_i, as gemm, with
+    // A_i at A + i * stride_a floats, B_i at B + i * stride_b, C_i at C + i * stride_c.
+    void (*gemm_batched)(float *C, const float *A, const float *B, int count, int M, int N,
+                         int K, bool transA, bool transB, float alpha, float beta,
+                         int64_t stride_c, int64_t stride_a, int64_t stride_b);
 
     // ---- direct convolution, for layers with few inputs per output -------------------
     // The convolution of ConvGeometry g without im2col or GEMM, for g.C * g.K * g.K <=

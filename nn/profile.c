@@ -10,6 +10,7 @@ typedef enum ProfKind {
     K_GEMM,
     K_IM2COL,
     K_COL2IM,
+    K_WINOGRAD,  // Winograd transforms of inputs, outputs and weights, and their adjoints
     K_DIRECT,    // direct convolution, forward or backward
     K_BIAS_ACT,  // bias, ReLU (fused or not), their backward
     K_POOL,
@@ -23,7 +24,7 @@ typedef enum ProfKind {
     K_KINDS
 } ProfKind;
 
-static const char *const kind_names[K_KINDS] = {"gemm", "im2col", "col2im", "direct", "bias+act", "pool", "norm", "dropout",
+static const char *const kind_names[K_KINDS] = {"gemm", "im2col", "col2im", "winograd", "direct", "bias+act", "pool", "norm", "dropout",
                                                 "layout", "loss", "fp16", "optimizer", "memory"};
 
 static const char *const fixed_names[PROF_FIXED_SCOPES] = {"step (upload, zero)", "loss", "optimizer",
@@ -89,6 +90,30 @@ static void w_im2col(float *col, const float *in, int N, int H, int W, int C, in
 static void w_col2im(float *din, const float *col, int N, int H, int W, int C, int K, int stride,
                      int pad, int OH, int OW) {
     TIMED(K_COL2IM, P.inner->col2im(din, col, N, H, W, C, K, stride, pad, OH, OW));
+}
+static void w_gemm_batched(float *C, const float *A, const float *B, int count, int M, int N, int K,
+                           bool ta, bool tb, float alpha, float beta, int64_t sc, int64_t sa,
+                           int64_t sb) {
+    TIMED(K_GEMM, P.inner->gemm_batched(C, A, B, count, M, N, K, ta, tb, alpha, beta, sc, sa, sb));
+    if (P.scope != PROF_IDLE) P.gemm_flops += 2.0 * count * M * N * K;
+}
+static void w_winograd_input(float *V, const float *in, ConvGeometry g) {
+    TIMED(K_WINOGRAD, P.inner->winograd_input(V, in, g));
+}
+static void w_winograd_input_backward(float *din, const float *dV, ConvGeometry g) {
+    TIMED(K_WINOGRAD, P.inner->winograd_input_backward(din, dV, g));
+}
+static void w_winograd_output(float *out, const float *M, ConvGeometry g) {
+    TIMED(K_WINOGRAD, P.inner->winograd_output(out, M, g));
+}
+static void w_winograd_output_backward(float *dM, const float *dout, ConvGeometry g) {
+    TIMED(K_WINOGRAD, P.inner->winograd_output_backward(dM, dout, g));
+}
+static void w_winograd_weights(float *U, const float *w, int OC, int C) {
+    TIMED(K_WINOGRAD, P.inner->winograd_weights(U, w, OC, C));
+}
+static void w_winograd_weights_backward(float *dw, const float *dU, int OC, int C) {
+    TIMED(K_WINOGRAD, P.inner->winograd_weights_backward(dw, dU, OC, C));
 }
 static void w_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
                                   ConvGeometry g, Activation act) {
@@ -226,6 +251,13 @@ int profile_start(Net *net, Error *err) {
     P.table.upload = w_upload, P.table.download = w_download, P.table.zero = w_zero;
     P.table.copy = w_copy, P.table.gemm = w_gemm, P.table.im2col = w_im2col;
     P.table.col2im = w_col2im, P.table.bias_act_forward = w_bias_act_forward;
+    P.table.gemm_batched = w_gemm_batched;
+    P.table.winograd_input = w_winograd_input;
+    P.table.winograd_input_backward = w_winograd_input_backward;
+    P.table.winograd_output = w_winograd_output;
+    P.table.winograd_output_backward = w_winograd_output_backward;
+    P.table.winograd_weights = w_winograd_weights;
+    P.table.winograd_weights_backward = w_winograd_weights_backward;
     P.table.conv_direct_forward = w_conv_direct_forward;
     P.table.conv_direct_backward = w_conv_direct_backward;
     P.table.bias_act_backward = w_bias_act_backward;

@@ -913,28 +913,23 @@ static size_t mnist_kept(int B, size_t es) {
 }
 
 // workspace: fp16's four fp32 scratch buffers of `chunk` samples of the largest activation,
-// chunk = min(B, 16 MB / (4 * 36,864 * 4)) = min(B, 28); then the largest conv im2col
-// chunk for a batch of `chunk`: images per im2col chunk = min(chunk, 2 MB / per image),
-// conv1's image 26*26*1*9*4 = 24,336 bytes, conv2's 24*24*32*9*4 = 663,552 (3 a chunk)
-// after its weight and weight gradient permuted to (OC, K, K, C), 2 * 64*32*9*4 bytes.
+// chunk = min(B, 16 MB / (4 * 36,864 * 4)) = min(B, 28); then the largest conv workspace
+// for a batch of `chunk`: conv1's (the direct kernels' partial sums, 64 blocks x (9 taps +
+// 1) x 32 filters x 4 = 81,920 bytes) or conv2's Winograd workspace (testutil.c).
 // The workspace of models/mnist.cfg at batch B: in fp16 the scratch's four slots of `chunk`
 // samples of conv2's output (the largest activation), each layer running on as many
 // samples as a slot holds of its own largest (conv1: 21,632 values), then the largest
 // layer workspace (conv1's im2col chunk, or conv2's permuted weight and im2col chunk).
 static size_t mnist_workspace(int B, bool fp16, int *chunk_out) {
     const size_t mb16 = (size_t)16 << 20, largest = 36864;
-    size_t chunk = (size_t)B, chunk1 = (size_t)B, scratch = 0;
+    size_t chunk = (size_t)B, scratch = 0;
     if (fp16) {
         chunk = mb16 / (4 * largest * 4) < chunk ? mb16 / (4 * largest * 4) : chunk;
         scratch = 4 * align64(chunk * largest * 4);
-        chunk1 = chunk * largest / 21632 < (size_t)B ? chunk * largest / 21632 : (size_t)B;
     }
-    const size_t img1 = 24336, img2 = 663552, w2 = 147456;
-    const size_t mb2 = (size_t)2 << 20;
-    const size_t c1 = mb2 / img1 < chunk1 ? mb2 / img1 : chunk1;
-    const size_t c2 = mb2 / img2 < chunk ? mb2 / img2 : chunk;
+    const size_t conv1 = 81920, conv2 = winograd_workspace((int)chunk, 24, 24, 32, 64);
     if (chunk_out) *chunk_out = (int)chunk;
-    return scratch + (c1 * img1 > w2 + c2 * img2 ? c1 * img1 : w2 + c2 * img2);
+    return scratch + (conv1 > conv2 ? conv1 : conv2);
 }
 
 static void test_memory_plan_fp16(void **state) {

@@ -4,13 +4,14 @@
 // poisoned (all bits set: NaN) wherever the kernel must write all of them, so an element
 // the GPU forgets shows up. Tolerances:
 //   exact (bits)  memory ops, im2col, col2im (the GPU sums each pixel's patches in the
-//                 CPU's order), the direct convolution (its sums in the CPU's order), bias + activation, ReLU, maxpool (first maximum, NaNs),
+//                 CPU's order), the Winograd transforms, the direct convolution (its sums in the CPU's order), bias + activation, ReLU, maxpool (first maximum, NaNs),
 //                 dropout masks and values, layout permutes, the NLL gradient and correct
 //                 count, fp16 conversions (all 65,536 halves; rounding ties, overflow,
 //                 subnormals, NaN payloads), scale_check and Adadelta (the GPU replays the
 //                 CPU's operations without FMA contraction);
 //   gemm          |gpu - cpu| <= 1e-5 * (|alpha| * sum_k |a_ik b_kj| + |beta c_ij|),
-//                 all four transpose combinations, beta 0 and 1;
+//                 all four transpose combinations, beta 0 and 1; gemm_batched within
+//                 1e-5 * K (operands in [-1, 1]);
 //   bias_act_backward  the activation's gradient exact; the bias gradient
 //                 |gpu - cpu| <= 1e-5 * (sum_r |dout_rc| + |dbias_c|);
 //   log_softmax   forward 1e-6 * (1 + |y|); backward 1e-6 * (|dy| + |exp(y) sum(dy)|);
@@ -221,6 +222,9 @@ static void test_backend(void **state) {
     const void *fns[] = {
         (void *)k->alloc, (void *)k->release, (void *)k->upload, (void *)k->download,
         (void *)k->zero, (void *)k->copy, (void *)k->sync, (void *)k->gemm, (void *)k->im2col,
+        (void *)k->gemm_batched, (void *)k->winograd_input, (void *)k->winograd_input_backward,
+        (void *)k->winograd_output, (void *)k->winograd_output_backward,
+        (void *)k->winograd_weights, (void *)k->winograd_weights_backward,
         (void *)k->col2im, (void *)k->conv_direct_forward, (void *)k->conv_direct_backward,
         (void *)k->bias_act_forward, (void *)k->bias_act_backward, (void *)k->relu_forward, (void *)k->relu_backward,
         (void *)k->maxpool_forward, (void *)k->maxpool_backward, (void *)k->dropout_forward,
@@ -395,6 +399,85 @@ static void test_im2col_col2im(void **state) {
         expect_same_f32(hc, hg, nin, what);
         buf_free(in), buf_free(col), buf_free(dc), buf_free(din);
         free(x), free(dcol), free(hc), free(hg);
+    }
+}
+
+// Winograd F(2x2, 3x3): every transform bit-exact (the GPU repeats the CPU's operations
+// and its order of sums), over odd and even extents, paddings 0-2 and channel counts that
+// are not multiples of the CPU's vectors of 8; the batched GEMM as gemm's bound.
+static void test_winograd(void **state) {
+    NEED_GPU();
+    rng_seed(17);
+    static const ConvGeometry geoms[] = {
+        {2, 7, 6, 5, 3, 1, 1, 7, 6, 3},
+        {3, 14, 14, 32, 3, 1, 1, 14, 14, 16},
+        {1, 6, 9, 17, 3, 1, 0, 4, 7, 9},
+        {2, 4, 5, 2, 3, 1, 2, 6, 7, 11},
+        {1, 8, 8, 3, 3, 1, 1, 8, 8, 2},  // an even number of tile rows: the last row zeroed
+    };
+    for (size_t t = 0; t < sizeof geoms / sizeof geoms[0]; t++) {
+        const ConvGeometry g = geoms[t];
+        const int64_t T = winograd_tiles(g), sv = winograd_stride(T, g.C), sm = winograd_stride(T, g.OC);
+        const int64_t nin = (int64_t)g.N * g.H * g.W * g.C, nout = (int64_t)g.N * g.OH * g.OW * g.OC;
+        const int64_t nw = (int64_t)g.OC * g.C * 9, nu = 16 * (int64_t)g.OC * g.C;
+        float *x = rand_floats(nin, -1, 1), *dy = rand_floats(nout, -1, 1), *w = rand_floats(nw, -1, 1);
+        float *dw0 = rand_floats(nw, -1, 1), *vm = rand_floats(16 * sv, -1, 1), *mm = rand_floats(16 * sm, -1, 1);
+        float *um = rand_floats(nu, -1, 1);
+        Buf in = buf_from(x, nin * 4), dout = buf_from(dy, nout * 4), wt = buf_from(w, nw * 4);
+        Buf dw = buf_from(dw0, nw * 4), V = buf_poison(16 * sv * 4), M = buf_poison(16 * sm * 4);
+        Buf U = buf_poison(nu * 4), dV = buf_from(vm, 16 * sv * 4), Mi = buf_from(mm, 16 * sm * 4);
+        Buf out = buf_poison(nout * 4), din = buf_poison(nin * 4), Ub = buf_from(um, nu * 4);
+        Buf P1 = buf_poison(16 * sm * 4), dU = buf_poison(nu * 4);
+        BOTH(k->winograd_input(P(V), P(in), g));
+        BOTH(k->winograd_input_backward(P(din), P(dV), g));
+        BOTH(k->winograd_output(P(out), P(Mi), g));
+        BOTH(k->winograd_output_backward(P(M), P(dout), g));
+        BOTH(k->winograd_weights(P(U), P(wt), g.OC, g.C));
+        BOTH(k->winograd_weights_backward(P(dw), P(Ub), g.OC, g.C));
+        BOTH(k->gemm_batched(P(P1), P(dV), P(Ub), 16, (int)T, g.OC, g.C, false, true, 1.0f, 0.0f, sm, sv,
+                             (int64_t)g.OC * g.C));
+        BOTH(k->zero(P(dU), nu * 4));
+        BOTH(k->gemm_batched(P(dU), P(Mi), P(dV), 16, g.OC, g.C, (int)T, true, false, 1.0f, 1.0f,
+                             (int64_t)g.OC * g.C, sm, sv));
+        const int64_t most = 16 * (sv > sm ? sv : sm) + nin + nout + nu;
+        float *hc = xmalloc(most * 4), *hg = xmalloc(most * 4);
+        char what[160];
+        const struct { Buf b; int64_t n, stride, cols; const char *name; } exact[] = {
+            {V, 16 * sv, sv, T * g.C, "winograd_input"},
+            {din, nin, nin, nin, "winograd_input_backward"},
+            {out, nout, nout, nout, "winograd_output"},
+            {M, 16 * sm, sm, T * g.OC, "winograd_output_backward"},
+            {U, nu, nu, nu, "winograd_weights"},
+            {dw, nw, nw, nw, "winograd_weights_backward"},
+        };
+        for (size_t e = 0; e < sizeof exact / sizeof exact[0]; e++) {
+            buf_fetch(exact[e].b, hc, hg);
+            // Only the matrices' rows: the padding between them is never written.
+            for (int64_t m = 0; m < exact[e].n; m += exact[e].stride) {
+                snprintf(what, sizeof what, "%s (matrix at %lld) N=%d H=%d W=%d C=%d pad=%d OC=%d",
+                         exact[e].name, (long long)m, g.N, g.H, g.W, g.C, g.pad, g.OC);
+                expect_same_f32(hc + m, hg + m, exact[e].cols, what);
+            }
+        }
+        // The products: within gemm's bound, 1e-5 of the sum of |terms| (<= K at |x| <= 1).
+        const struct { Buf b; int64_t stride, rows, cols, K; const char *name; } products[] = {
+            {P1, sm, T, g.OC, g.C, "gemm_batched (V U^T)"},
+            {dU, (int64_t)g.OC * g.C, g.OC, g.C, T, "gemm_batched (M^T V, accumulated)"},
+        };
+        for (size_t e = 0; e < 2; e++) {
+            buf_fetch(products[e].b, hc, hg);
+            for (int m = 0; m < 16; m++)
+                for (int64_t i = 0; i < products[e].rows * products[e].cols; i++) {
+                    const float a = hc[m * products[e].stride + i], b = hg[m * products[e].stride + i];
+                    if (!(fabs((double)a - b) <= 1e-5 * products[e].K))
+                        fail_msg("%s matrix %d element %lld: cpu %.9g gpu %.9g", products[e].name, m,
+                                 (long long)i, a, b);
+                }
+        }
+        buf_free(in), buf_free(dout), buf_free(wt), buf_free(dw), buf_free(V), buf_free(M);
+        buf_free(U), buf_free(dV), buf_free(Mi), buf_free(out), buf_free(din), buf_free(Ub);
+        buf_free(P1), buf_free(dU);
+        free(x), free(dy), free(w), free(dw0), free(vm), free(mm), free(um), free(hc), free(hg);
     }
 }
 
@@ -1047,11 +1130,12 @@ static void test_sgd_adamw(void **state) {
 
 // ---- a whole training step ---------------------------------------------------------------------
 
-// conv (pad) + relu, maxpool, a strided conv, relu, dropout, flatten, linear + relu,
-// dropout, linear, log_softmax: every kernel of the table.
+// conv (pad) + relu, maxpool, a Winograd conv, a strided conv, relu, dropout, flatten,
+// linear + relu, dropout, linear, log_softmax: every kernel of the table.
 static const char *step_cfg =
     "[conv]\nname = conv1\nfilters = 6\nsize = 3\npad = 1\nactivation = relu\n"
     "[maxpool]\nsize = 3\nstride = 2\n"
+    "[conv]\nname = conv_w\nfilters = 7\nsize = 3\npad = 1\nalgorithm = winograd\n"
     "[conv]\nname = conv2\nfilters = 8\nsize = 3\nstride = 2\n"
     "[relu]\n"
     "[dropout]\np = 0.25\n"
@@ -1313,6 +1397,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_conv_direct),
+        cmocka_unit_test(test_winograd),
         cmocka_unit_test(test_bias_act),
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_bias_act_backward),

@@ -587,12 +587,13 @@ static void log_softmax_ref(const Case *c, double *out) {
 typedef struct ConvSpec {
     int N, C, H, W, OC, K, stride, pad;
     bool relu, nobias;
+    const char *algorithm;  // NULL: auto
 } ConvSpec;
 
 static void conv_text(char *text, size_t n, const ConvSpec *s) {
     snprintf(text, n, "[conv]\nname = c\nfilters = %d\nsize = %d\nstride = %d\npad = %d\n"
-             "activation = %s\nbias = %d\n", s->OC, s->K, s->stride, s->pad,
-             s->relu ? "relu" : "none", !s->nobias);
+             "activation = %s\nbias = %d\nalgorithm = %s\n", s->OC, s->K, s->stride, s->pad,
+             s->relu ? "relu" : "none", !s->nobias, s->algorithm ? s->algorithm : "auto");
 }
 
 static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
@@ -694,11 +695,50 @@ static void test_conv_unused_border(void **state) {
                            .pad = 1, .relu = false}, true, 61);
 }
 
+// Winograd F(2x2, 3x3): odd and even output extents (tiles cut at the edge), padding 0,
+// 1 and 2, channels that are not a multiple of the transform's 16-channel blocks, a tiny
+// image (one tile), and the choice of `algorithm = auto` (16 channels and more).
+static void test_conv_winograd(void **state) {
+    const char *w = "winograd";
+    check_conv(&(ConvSpec){.N = 2, .C = 5, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 1,
+                           .pad = 1, .relu = true, .algorithm = w}, true, 80);
+    check_conv(&(ConvSpec){.N = 2, .C = 3, .H = 6, .W = 9, .OC = 18, .K = 3, .stride = 1,
+                           .pad = 0, .relu = false, .algorithm = w}, true, 81);
+    check_conv(&(ConvSpec){.N = 1, .C = 17, .H = 4, .W = 5, .OC = 2, .K = 3, .stride = 1,
+                           .pad = 2, .relu = true, .nobias = true, .algorithm = w}, true, 82);
+    check_conv(&(ConvSpec){.N = 3, .C = 2, .H = 3, .W = 3, .OC = 2, .K = 3, .stride = 1,
+                           .pad = 0, .relu = false, .algorithm = w}, true, 83);
+    // 40 channels at 20x20: a batch of 9 runs as chunks of 4, 4 and 1. A chunk of n images
+    // has 100n tiles and takes 16 matrices of V (100n x 40) and of M (100n x 32), each
+    // rounded up to 4 KB plus 64 bytes (winograd_stride): 4 images 16 x (16,400 + 13,328)
+    // floats = 1,902,592 bytes, 5 images 2,361,344, over the 2 MB.
+    const ConvSpec big = {.N = 9, .C = 40, .H = 20, .W = 20, .OC = 32, .K = 3, .stride = 1,
+                          .pad = 1, .relu = true};
+    char text[256];
+    conv_text(text, sizeof text, &big);
+    Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = big.C, .h = big.H, .w = big.W});
+    const size_t weights = 2 * (size_t)16 * 32 * 40 * sizeof(float);
+    assert_int_equal(l->ops->workspace_bytes(l, big.N), weights + (size_t)16 * (16400 + 13328) * sizeof(float));
+    layer_free(l);
+    check_conv(&big, false, 84);
+    // auto: Winograd from 16 channels in and out (the workspace says which path it took).
+    ConvSpec s = {.N = 1, .C = 16, .H = 6, .W = 6, .OC = 16, .K = 3, .stride = 1, .pad = 1};
+    conv_text(text, sizeof text, &s);
+    l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
+    assert_int_equal(l->ops->workspace_bytes(l, 1), (2 * 16 * 16 * 16 + 16 * 2 * (1024 + 16)) * sizeof(float));
+    layer_free(l);
+    s.OC = 15;
+    conv_text(text, sizeof text, &s);
+    l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
+    assert_int_equal(l->ops->workspace_bytes(l, 1), (2 * 15 * 16 * 9 + 36 * 144) * sizeof(float));
+    layer_free(l);
+}
+
 static void test_conv_chunked_batch(void **state) {
     // 16 channels, 3x3, 12x12 padded: one image's im2col rows take 12*12*144*4 = 82,944
     // bytes, so 2 MB hold 25 images and a batch of 30 runs as chunks of 25 and 5.
     const ConvSpec s = {.N = 30, .C = 16, .H = 12, .W = 12, .OC = 2, .K = 3, .stride = 1,
-                        .pad = 1, .relu = true};
+                        .pad = 1, .relu = true, .algorithm = "gemm"};
     char text[256];
     conv_text(text, sizeof text, &s);
     Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
@@ -1420,6 +1460,7 @@ int main(void) {
         cmocka_unit_test(test_conv_without_bias),
         cmocka_unit_test(test_conv_unused_border),
         cmocka_unit_test(test_conv_chunked_batch),
+        cmocka_unit_test(test_conv_winograd),
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_relu),

@@ -262,11 +262,11 @@ static void test_init_matches_pytorch(void **state) {
 //             + align64(B * 9,216)                    maxpool's argmax, a byte an output
 //             + 2 * align64(B * 10 * 4)               the log-probabilities and dlogp
 //             + align64(B * 4) + align64(3 * 4)       labels, metrics
-//   workspace = the largest conv im2col chunk: images per chunk = min(B, max(1,
-//               2 MB / (OH*OW*C*K*K*4))), times that per-image size; conv1's image takes
-//               26*26*1*9*4 = 24,336 bytes, conv2's 24*24*32*9*4 = 663,552 (3 a chunk);
-//               conv2 also holds its weight and weight gradient permuted to (OC, K, K, C),
-//               2 * 64*32*9*4 = 147,456 bytes (conv1, with one channel, needs no permute);
+//   workspace = the larger of conv1's (the direct kernels' partial sums: 64 blocks x (9
+//               taps + 1) x 32 filters x 4 = 81,920 bytes) and conv2's Winograd workspace (32 ->
+//               64 channels, 24x24 outputs: 144 tiles an image; its transformed weight and
+//               gradient 262,144 bytes, and chunks of 2 images, 1,771,520 bytes, or 1,
+//               919,552 bytes: winograd_workspace in testutil.c);
 //   threads = the GEMM's packing buffers of each thread (cpu_kernels.thread_scratch).
 // The block itself is checked by expect_activation_layout and the poisoned steps of
 // test_segments.c.
@@ -283,10 +283,9 @@ static void expect_mnist_plan(const Net *net, int B) {
     }
     kept += align64((size_t)B * 9216) + 2 * align64((size_t)B * 10 * f) + align64((size_t)B * sizeof(int32_t)) + align64(NET_METRICS * f);
     assert_int_equal(net->plan.act_kept, kept);
-    const size_t col = (size_t)2 << 20, img1 = 24336, img2 = 663552, w2 = 147456;
-    const size_t chunk1 = col / img1 < (size_t)B ? col / img1 : (size_t)B;
-    const size_t chunk2 = col / img2 < (size_t)B ? col / img2 : (size_t)B;
-    const size_t ws = chunk1 * img1 > w2 + chunk2 * img2 ? chunk1 * img1 : w2 + chunk2 * img2;
+    const size_t conv1 = 81920, conv2 = winograd_workspace(B, 24, 24, 32, 64);
+    assert_int_equal(conv2, 262144 + (B >= 2 ? 1771520 : 919552));
+    const size_t ws = conv1 > conv2 ? conv1 : conv2;
     assert_int_equal(net->plan.workspace, ws);
     const size_t packing = cpu_kernels.thread_scratch();  // each thread's, AVX-512 GEMM
     assert_int_equal(net->plan.threads, packing);

@@ -193,3 +193,14 @@ size_t expect_activation_layout(const Net *net) {
     }
     return most_live;
 }
+
+static size_t winograd_chunk_bytes(int n, int OH, int OW, int C, int OC) {
+    const int64_t tiles = (int64_t)n * ((OH + 1) / 2) * ((OW + 1) / 2);
+    return (size_t)16 * (winograd_stride(tiles, C) + winograd_stride(tiles, OC)) * sizeof(float);
+}
+
+size_t winograd_workspace(int B, int OH, int OW, int C, int OC) {
+    int n = 1;
+    while (n < B && winograd_chunk_bytes(n + 1, OH, OW, C, OC) <= ((size_t)2 << 20)) n++;
+    return (size_t)2 * 16 * OC * C * sizeof(float) + winograd_chunk_bytes(n, OH, OW, C, OC);
+}

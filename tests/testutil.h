@@ -63,4 +63,11 @@ Loader *open_squares_loader(const char *images, const char *labels, Dataset **ds
 // live at once.
 size_t expect_activation_layout(const Net *net);
 
+// The workspace of a Winograd convolution (nn/conv.c) of OH x OW outputs, C -> OC channels,
+// at batch B: its transformed weight and weight gradient, 2 x 16 x OC x C floats, and a
+// chunk of the most images n <= B (at least 1) whose transformed input and output, 16
+// matrices of (tiles x C) and 16 of (tiles x OC) floats winograd_stride apart, take at most
+// 2 MB; tiles = n x ceil(OH / 2) x ceil(OW / 2).
+size_t winograd_workspace(int B, int OH, int OW, int C, int OC);
+
 #endif

@@ -66,6 +66,40 @@ static void replay_gemm(float *C, const float *A, const float *B, int M, int N, 
     ref_sgemm_cm(c.op1, c.op2, c.m, c.n, c.k, alpha, c.a1, c.ld1, c.a2, c.ld2, beta, c.c, c.ldc);
 }
 
+static void replay_gemm_batched(float *C, const float *A, const float *B, int count, int M, int N,
+                                int K, bool transA, bool transB, float alpha, float beta,
+                                int64_t stride_c, int64_t stride_a, int64_t stride_b) {
+    for (int i = 0; i < count; i++)
+        replay_gemm(C + i * stride_c, A + i * stride_a, B + i * stride_b, M, N, K, transA, transB,
+                    alpha, beta);
+}
+static void replay_winograd_input(float *V, const float *in, ConvGeometry g) {
+    const int64_t T = winograd_tiles(g), S = winograd_stride(T, g.C);
+    for (int64_t i = 0; i < T * g.C; i++) winograd_input_at(i, V, in, g, S);
+}
+static void replay_winograd_input_backward(float *din, const float *dV, ConvGeometry g) {
+    const int64_t S = winograd_stride(winograd_tiles(g), g.C);
+    const int covered = winograd_covered_rows(g), TH = (g.OH + 1) / 2;
+    for (int64_t i = 0; covered < g.H && i < (int64_t)g.N * (g.H - covered) * g.W * g.C; i++)
+        winograd_zero_rows_at(i, din, g, covered);
+    for (int odd = 0; odd < 2; odd++)
+        for (int64_t i = 0; i < (int64_t)g.N * ((TH - odd + 1) / 2) * g.C; i++)
+            winograd_input_backward_at(i, din, dV, g, S, odd);
+}
+static void replay_winograd_output(float *out, const float *M, ConvGeometry g) {
+    const int64_t T = winograd_tiles(g), S = winograd_stride(T, g.OC);
+    for (int64_t i = 0; i < T * g.OC; i++) winograd_output_at(i, out, M, g, S);
+}
+static void replay_winograd_output_backward(float *dM, const float *dout, ConvGeometry g) {
+    const int64_t T = winograd_tiles(g), S = winograd_stride(T, g.OC);
+    for (int64_t i = 0; i < T * g.OC; i++) winograd_output_backward_at(i, dM, dout, g, S);
+}
+static void replay_winograd_weights(float *U, const float *w, int OC, int C) {
+    for (int64_t i = 0; i < (int64_t)OC * C; i++) winograd_weights_at(i, U, w, (int64_t)OC * C);
+}
+static void replay_winograd_weights_backward(float *dw, const float *dU, int OC, int C) {
+    for (int64_t i = 0; i < (int64_t)OC * C; i++) winograd_weights_backward_at(i, dw, dU, (int64_t)OC * C);
+}
 static void replay_im2col(float *col, const float *in, int N, int H, int W, int C, int K, int stride,
                        int pad, int OH, int OW) {
     const Window w = {H, W, C, K, stride, pad, OH, OW};
@@ -260,6 +294,13 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->name = "cuda";
     k->alloc = replay_alloc, k->release = replay_release, k->upload = replay_copy, k->download = replay_copy;
     k->zero = replay_zero, k->copy = replay_copy, k->sync = replay_sync, k->gemm = replay_gemm;
+    k->winograd_input = replay_winograd_input;
+    k->winograd_input_backward = replay_winograd_input_backward;
+    k->winograd_output = replay_winograd_output;
+    k->winograd_output_backward = replay_winograd_output_backward;
+    k->winograd_weights = replay_winograd_weights;
+    k->winograd_weights_backward = replay_winograd_weights_backward;
+    k->gemm_batched = replay_gemm_batched;
     k->im2col = replay_im2col, k->col2im = replay_col2im, k->bias_act_forward = replay_bias_act_forward;
     k->conv_direct_forward = replay_conv_direct_forward;
     k->conv_direct_backward = replay_conv_direct_backward;
