@@ -55,14 +55,19 @@ static bool conv_is_direct(const Conv *c) {
 }
 
 // Winograd F(2x2, 3x3) for a 3x3 stride-1 convolution of at least WINOGRAD_MIN_CHANNELS
-// input and output channels: 16 products over C of each 2 x 2 block of outputs instead of
-// 36 (2.25x fewer FLOPs), for transforms that read and write 4 floats per input pixel
-// where im2col writes 9. Fewer channels leave the products too thin to pay for the
-// transforms (bench/PROFILE.md).
+// input and output channels and WINOGRAD_MIN_PIXELS output pixels: 16 products over C for
+// each 2 x 2 block of outputs instead of 36 (2.25x fewer FLOPs), for transforms that read
+// and write 4 floats per input pixel where im2col writes 9. Measured (bench/PROFILE.md):
+// fewer channels leave the products too thin to pay for the transforms; on ResNet-18's
+// 7x7 layers (16 tiles an image, 30% of them padding) each chunk's products of 32 rows
+// re-read 16 MB of transformed weights, 1.3-2x slower than im2col.
 #define WINOGRAD_MIN_CHANNELS 16
+#define WINOGRAD_MIN_PIXELS 100
 static ConvAlgorithm conv_auto_algorithm(const Conv *c) {
+    const Layer *l = &c->base;
     return c->size == 3 && c->stride == 1 && !conv_is_direct(c) &&
-                   c->base.in.c >= WINOGRAD_MIN_CHANNELS && c->filters >= WINOGRAD_MIN_CHANNELS
+                   l->in.c >= WINOGRAD_MIN_CHANNELS && c->filters >= WINOGRAD_MIN_CHANNELS &&
+                   l->out.h * l->out.w >= WINOGRAD_MIN_PIXELS
                ? CONV_WINOGRAD
                : CONV_GEMM;
 }

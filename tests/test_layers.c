@@ -696,8 +696,8 @@ static void test_conv_unused_border(void **state) {
 }
 
 // Winograd F(2x2, 3x3): odd and even output extents (tiles cut at the edge), padding 0,
-// 1 and 2, channels that are not a multiple of the transform's 16-channel blocks, a tiny
-// image (one tile), and the choice of `algorithm = auto` (16 channels and more).
+// 1 and 2, channels that are not a multiple of the transform's 8-channel vectors, a tiny
+// image (one tile), and the choice of `algorithm = auto`.
 static void test_conv_winograd(void **state) {
     const char *w = "winograd";
     check_conv(&(ConvSpec){.N = 2, .C = 5, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 1,
@@ -721,17 +721,22 @@ static void test_conv_winograd(void **state) {
     assert_int_equal(l->ops->workspace_bytes(l, big.N), weights + (size_t)16 * (16400 + 13328) * sizeof(float));
     layer_free(l);
     check_conv(&big, false, 84);
-    // auto: Winograd from 16 channels in and out (the workspace says which path it took).
-    ConvSpec s = {.N = 1, .C = 16, .H = 6, .W = 6, .OC = 16, .K = 3, .stride = 1, .pad = 1};
-    conv_text(text, sizeof text, &s);
-    l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
-    assert_int_equal(l->ops->workspace_bytes(l, 1), (2 * 16 * 16 * 16 + 16 * 2 * (1024 + 16)) * sizeof(float));
-    layer_free(l);
-    s.OC = 15;
-    conv_text(text, sizeof text, &s);
-    l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
-    assert_int_equal(l->ops->workspace_bytes(l, 1), (2 * 15 * 16 * 9 + 36 * 144) * sizeof(float));
-    layer_free(l);
+    // auto: Winograd from 16 channels in and out and 100 output pixels (the workspace says
+    // which path it took: the transformed weights and one chunk, or the permuted weights
+    // and the im2col rows).
+    const struct { int OC, H; size_t floats; } autos[] = {
+        {16, 10, 2 * 16 * 16 * 16 + 16 * 2 * (1024 + 16)},  // Winograd, 25 tiles
+        {16, 9, 2 * 16 * 16 * 9 + 81 * 144},                // 81 pixels: im2col
+        {15, 10, 2 * 15 * 16 * 9 + 100 * 144},              // 15 filters: im2col
+    };
+    for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {
+        const ConvSpec a = {.N = 1, .C = 16, .H = autos[i].H, .W = autos[i].H, .OC = autos[i].OC,
+                            .K = 3, .stride = 1, .pad = 1};
+        conv_text(text, sizeof text, &a);
+        l = layer_from_text(&conv_ops, text, (Shape){.c = a.C, .h = a.H, .w = a.W});
+        assert_int_equal(l->ops->workspace_bytes(l, 1), autos[i].floats * sizeof(float));
+        layer_free(l);
+    }
 }
 
 static void test_conv_chunked_batch(void **state) {
