@@ -9,8 +9,10 @@
 # once into a cache), and its second epoch's img/s and the process's peak RSS are quoted;
 # PyTorch trains on one fixed random batch, one warm-up step and STEPS timed ones. PyTorch
 # has no fp16 on the CPU: its fp32 runs are the reference for both precisions, and
-# checkpoint_sequential over round(sqrt(layers)) segments for checkpoint=sqrt. Rounds
-# alternate which side goes first; the ratio is of the means.
+# checkpoint_sequential over round(sqrt(layers)) segments for checkpoint=sqrt. Each
+# PyTorch run lies next to the cnn.c runs it is compared with (this machine's speed swings
+# by 30-50% over tens of seconds); rounds alternate which side goes first; the ratio is of
+# the means.
 set -e
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -60,9 +62,11 @@ torch() {  # row checkpoint round
 for r in $(seq "$ROUNDS"); do
     for name in $ROWS; do
         [ -n "$(row "$name")" ] || { echo "resnet_bench.sh: no row $name; rows: $(echo "$ALL" | cut -d' ' -f1 | tr '\n' ' ')" >&2; exit 2; }
-        if [ $((r % 2)) -eq 0 ]; then for c in none sqrt; do torch "$name" $c "$r"; done; fi
-        for v in $VARIANTS; do cnn "$name" "${v%:*}" "${v#*:}" "$r"; done
-        if [ $((r % 2)) -eq 1 ]; then for c in none sqrt; do torch "$name" $c "$r"; done; fi
+        for c in none sqrt; do  # each PyTorch run next to the cnn.c runs it is the reference of
+            if [ $((r % 2)) -eq 0 ]; then torch "$name" $c "$r"; fi
+            for p in fp32 fp16; do cnn "$name" $p $c "$r"; done
+            if [ $((r % 2)) -eq 1 ]; then torch "$name" $c "$r"; fi
+        done
     done
 done
 
