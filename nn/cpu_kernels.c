@@ -382,8 +382,15 @@ WG_INLINE void wg_output_backward_block(float *dM, const float *dout, int64_t co
     for (int p = 0; p < 16; p++) wg_store(mt + p * S, m[p], n);
 }
 
-// Both directions of the output transform: M -> out (backward = false) or dout -> dM.
-static void wg_output_tiles(float *image, float *M, ConvGeometry g, bool backward) {
+// Both directions of the output transform: M -> out (backward = false) or dout -> dM,
+// each block call with a constant lane count (a full vector, then the channels left).
+WG_INLINE void wg_output_tile(float *image, float *M, int64_t corner, const int64_t *off, unsigned rows,
+                              unsigned cols, int64_t S, int64_t t, int OC, int c0, int n, bool backward) {
+    if (backward) wg_output_backward_block(M, image, corner, off, rows, cols, S, t, OC, c0, n);
+    else wg_output_block(image, corner, off, rows, cols, M, S, t, OC, c0, n);
+}
+
+WG_INLINE void wg_output_tiles(float *image, float *M, ConvGeometry g, bool backward) {
     const int OC = g.OC, full = OC / WG_LANES * WG_LANES, TH = (g.OH + 1) / 2, TW = (g.OW + 1) / 2;
     const int64_t T = winograd_tiles(g), S = winograd_stride(T, OC);
     const int64_t off[4] = {0, OC, (int64_t)g.OW * OC, ((int64_t)g.OW + 1) * OC};
@@ -395,11 +402,9 @@ static void wg_output_tiles(float *image, float *M, ConvGeometry g, bool backwar
             const int64_t t = r * TW + tx;
             const unsigned cols = wg_mask(2 * tx, 2, g.OW);
             const int64_t corner = (r / TH * g.OH * g.OW + (int64_t)2 * ty * g.OW + 2 * tx) * OC;
-            for (int c0 = 0; c0 < OC; c0 += WG_LANES) {
-                const int n = c0 < full ? WG_LANES : OC - full;
-                if (backward) wg_output_backward_block(M, image, corner, off, rows, cols, S, t, OC, c0, n);
-                else wg_output_block(image, corner, off, rows, cols, M, S, t, OC, c0, n);
-            }
+            for (int c0 = 0; c0 < full; c0 += WG_LANES)
+                wg_output_tile(image, M, corner, off, rows, cols, S, t, OC, c0, WG_LANES, backward);
+            if (full < OC) wg_output_tile(image, M, corner, off, rows, cols, S, t, OC, full, OC - full, backward);
         }
     }
 }

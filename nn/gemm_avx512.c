@@ -3,15 +3,21 @@
 // build's -march); cpu_gemm calls them only where the CPU has AVX-512, so the binaries
 // still run on AVX2 machines.
 //
-// The classic blocking (Goto's): a KC x NC block of op(B) is packed into panels of NR
-// columns, an MC x KC block of op(A) into panels of MR rows, and a micro-kernel
-// multiplies one A panel by one B panel into an MR x NR tile of C held in registers
-// (MR x NR / 16 of the 32 zmm registers). Three tile shapes: 12 x 32; 8 x 32 where it
-// pads fewer rows; and 24 x 16 for products with at most 16 columns (a ResNet's 16-channel
-// layers), where the wide tile would multiply zeros half the time. Edges are padded with
-// zeros in the packed panels and masked when C is written. Each element of C sums its K
-// products in k order, in blocks of KC added to C, whatever the tile or the slab of rows
-// or columns it lies in.
+// Goto's blocking, half of it: a KC x NC block of op(B) is packed into panels of NR
+// columns, and a micro-kernel multiplies MR rows of op(A), read in place (a broadcast from
+// each row, the rows a stride apart), by one B panel into an MR x NR tile of C held in
+// registers (MR x NR / 16 of the 32 zmm registers); A is walked in blocks of MC rows,
+// which stay in L2 across the B panels. Only the last rows, short of a tile, are packed,
+// with zero rows. Packing A as well (the textbook's panels) cost more than it saved:
+// one thread, GFLOP/s, packed -> in place: 490 x 32 over K = 32 (a Winograd product)
+// 166-175 -> 223-240, 12544 x 32 over K = 288 (deep.cfg's im2col forward) 106-137 ->
+// 215-222, 1568 x 512 over 4608 (ResNet-18's widest) 200-206 -> 211-215, 32 x 32 over K =
+// 490 transposed (a Winograd weight gradient) 170-172 -> 214-218. Three tile shapes:
+// 12 x 32; 8 x 32 where it pads fewer rows; and 24 x 16 for products with at most 16
+// columns (a ResNet's 16-channel layers), where the wide tile would multiply zeros half
+// the time. Edges are padded with zeros in the packed panels and masked when C is
+// written. Each element of C sums its K products in k order, in blocks of KC added to
+// C, whatever the tile or the slab of rows or columns it lies in.
 #include "gemm_avx512.h"
 
 #include <immintrin.h>
@@ -19,10 +25,11 @@
 #include <stdlib.h>
 
 #define KC 256   // k-block: an A panel (MR x KC) and a B panel (KC x NR) stay in L1/L2
-#define MC 144   // rows of A packed at a time (a multiple of every MR), 144 KB
+#define MC 144   // rows of A a block (a multiple of every MR): 144 KB at KC, in L2
+#define MR_MAX 24  // the tallest tile: the edge panel of A packed
 #define NC 1024  // columns of B packed at a time, KC x NC x 4 = 1 MB (L2); 4096 was no faster
 
-// The packing buffers of each thread (MC x KC floats for A, then KC x NC for B), allocated
+// The packing buffers of each thread (MR_MAX x KC floats for A's edge, then KC x NC for B), allocated
 // at its first product and freed when the thread ends (a thread-specific value with a
 // destructor: OpenMP's threads come and go with the thread count).
 static pthread_key_t pack_key;
@@ -33,7 +40,7 @@ static float *pack_buffers(void) {
     pthread_once(&pack_once, pack_key_make);
     float *p = pthread_getspecific(pack_key);
     if (!p) {
-        if (posix_memalign((void **)&p, 64, ((size_t)MC * KC + (size_t)KC * NC) * sizeof(float))) return NULL;
+        if (posix_memalign((void **)&p, 64, ((size_t)MR_MAX * KC + (size_t)KC * NC) * sizeof(float))) return NULL;
         if (pthread_setspecific(pack_key, p)) {
             free(p);
             return NULL;
@@ -46,63 +53,31 @@ static float *pack_buffers(void) {
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
-// Rows src[0..3] (row stride lda), k 0..15, to dst[k * MR + r]: each k's four values are
-// one 16-byte store. Measured (one thread, GFLOP/s) against a scalar loop: 4096 x 16 over
-// K = 144 (a 16-channel 3x3 convolution) 67 -> 96-132, 4096 x 32 over K = 288 113 -> 160.
-AVX512 static inline void pack_4x16(float *dst, int MR, const float *src, int lda) {
-    const __m512 a0 = _mm512_loadu_ps(src), a1 = _mm512_loadu_ps(src + lda);
-    const __m512 a2 = _mm512_loadu_ps(src + 2 * lda), a3 = _mm512_loadu_ps(src + 3 * lda);
-    const __m512 t0 = _mm512_unpacklo_ps(a0, a1), t1 = _mm512_unpackhi_ps(a0, a1);
-    const __m512 t2 = _mm512_unpacklo_ps(a2, a3), t3 = _mm512_unpackhi_ps(a2, a3);
-    // u[m], 128-bit lane l: the four rows at k = 4 l + m
-    const __m512 u[4] = {_mm512_shuffle_ps(t0, t2, 0x44), _mm512_shuffle_ps(t0, t2, 0xee),
-                         _mm512_shuffle_ps(t1, t3, 0x44), _mm512_shuffle_ps(t1, t3, 0xee)};
-    for (int m = 0; m < 4; m++) {
-        _mm_storeu_ps(dst + (int64_t)m * MR, _mm512_castps512_ps128(u[m]));
-        _mm_storeu_ps(dst + (int64_t)(4 + m) * MR, _mm512_extractf32x4_ps(u[m], 1));
-        _mm_storeu_ps(dst + (int64_t)(8 + m) * MR, _mm512_extractf32x4_ps(u[m], 2));
-        _mm_storeu_ps(dst + (int64_t)(12 + m) * MR, _mm512_extractf32x4_ps(u[m], 3));
-    }
-}
-
 // kc values of src (zeros for NULL: a row or column past the edge) to d[k * step]: one
 // row of a panel.
 static inline void pack_strided(float *d, int step, const float *src, int kc) {
     for (int k = 0; k < kc; k++) d[(int64_t)k * step] = src ? src[k] : 0.0f;
 }
 
-// op(A)(i, k) for rows [i0, i0 + mc) and k [k0, k0 + kc) into panels of MR rows:
-// dst[panel][k][r], zero rows past the edge.
-AVX512 static void pack_a_block(float *dst, const float *A, int lda, bool ta, int i0, int mc, int k0,
-                         int kc, int MR) {
-    for (int p = 0; p < mc; p += MR) {
-        const int mr = imin(MR, mc - p);
-        if (ta) {  // A stored (K, M): a k's rows lie together, MR of them a masked copy
-            for (int k = 0; k < kc; k++) {
-                const float *src = A + (int64_t)(k0 + k) * lda + i0 + p;
-                float *d = dst + (int64_t)k * MR;
-                for (int r0 = 0; r0 < MR; r0 += 16) {
-                    const int left = mr - r0, width = imin(16, MR - r0);
-                    const __mmask16 lm = (__mmask16)(left >= 16 ? 0xffff : left > 0 ? (1u << left) - 1 : 0);
-                    const __mmask16 sm = (__mmask16)(width >= 16 ? 0xffff : (1u << width) - 1);
-                    _mm512_mask_storeu_ps(d + r0, sm, _mm512_maskz_loadu_ps(lm, src + r0));
-                }
+// op(A)(i, k) for the rows [i0, i0 + mr), mr < MR, the last of a product, and k [k0, k0 +
+// kc) into one panel dst[k][r], zero rows past the edge (the full panels are read in place).
+AVX512 static void pack_a_edge(float *dst, const float *A, int lda, bool ta, int i0, int mr, int k0,
+                               int kc, int MR) {
+    if (ta) {  // A stored (K, M): a k's rows lie together, a masked copy
+        for (int k = 0; k < kc; k++) {
+            const float *src = A + (int64_t)(k0 + k) * lda + i0;
+            float *d = dst + (int64_t)k * MR;
+            for (int r0 = 0; r0 < MR; r0 += 16) {
+                const int left = mr - r0, width = imin(16, MR - r0);
+                const __mmask16 lm = (__mmask16)(left >= 16 ? 0xffff : left > 0 ? (1u << left) - 1 : 0);
+                const __mmask16 sm = (__mmask16)(width >= 16 ? 0xffff : (1u << width) - 1);
+                _mm512_mask_storeu_ps(d + r0, sm, _mm512_maskz_loadu_ps(lm, src + r0));
             }
-        } else {  // A stored (M, K): a row's k lie together
-            int r0 = 0;
-            if (mr == MR)  // four rows and 16 k at a time, transposed in registers
-                for (; r0 + 4 <= MR; r0 += 4) {
-                    const float *src = A + (int64_t)(i0 + p + r0) * lda + k0;
-                    int k = 0;
-                    for (; k + 16 <= kc; k += 16) pack_4x16(dst + (int64_t)k * MR + r0, MR, src + k, lda);
-                    for (; k < kc; k++)
-                        for (int r = 0; r < 4; r++) dst[(int64_t)k * MR + r0 + r] = src[(int64_t)r * lda + k];
-                }
-            for (int r = r0; r < MR; r++)
-                pack_strided(dst + r, MR, r < mr ? A + (int64_t)(i0 + p + r) * lda + k0 : NULL, kc);
         }
-        dst += (int64_t)kc * MR;
+        return;
     }
+    for (int r = 0; r < MR; r++)  // A stored (M, K): a row's k lie together
+        pack_strided(dst + r, MR, r < mr ? A + (int64_t)(i0 + r) * lda + k0 : NULL, kc);
 }
 
 // op(B)(k, j) for k [k0, k0 + kc) and columns [j0, j0 + nc) into panels of NR columns:
@@ -139,9 +114,11 @@ AVX512 static inline void store_row(float *c, __m512 acc, __mmask16 m, float alp
 }
 
 // The MR x (16 * NV) micro-kernel: C tile (mr x nr of it) = alpha * a @ b + beta * C.
+// a(r, k) at a[r * ars + k * aks]: a packed panel (ars = 1, aks = MR), or rows of A read in
+// place (ars = lda, aks = 1).
 #define MICRO_KERNEL(NAME, MR, NV)                                                            \
-    AVX512 static void NAME(int kc, const float *a, const float *b, float *c, int ldc, int mr, \
-                            int nr, float alpha, float beta) {                                \
+    AVX512 static void NAME(int kc, const float *a, int ars, int aks, const float *b, float *c, \
+                            int ldc, int mr, int nr, float alpha, float beta) {               \
         __m512 acc[MR][NV];                                                                   \
         _Pragma("GCC unroll 24") for (int r = 0; r < MR; r++)                                 \
             _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps(); \
@@ -149,11 +126,11 @@ AVX512 static inline void store_row(float *c, __m512 acc, __mmask16 m, float alp
             __m512 bv[NV];                                                                    \
             _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) bv[v] = _mm512_load_ps(b + 16 * v); \
             _Pragma("GCC unroll 24") for (int r = 0; r < MR; r++) {                           \
-                const __m512 av = _mm512_set1_ps(a[r]);                                       \
+                const __m512 av = _mm512_set1_ps(a[(int64_t)r * ars]);                        \
                 _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++)                          \
                     acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);                        \
             }                                                                                 \
-            a += MR, b += 16 * NV;                                                            \
+            a += aks, b += 16 * NV;                                                           \
         }                                                                                     \
         _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) {                                \
             const int left = nr - 16 * v;                                                     \
@@ -168,7 +145,7 @@ MICRO_KERNEL(kernel_12x32, 12, 2)
 MICRO_KERNEL(kernel_8x32, 8, 2)
 MICRO_KERNEL(kernel_24x16, 24, 1)
 
-size_t gemm_avx512_scratch_bytes(void) { return ((size_t)MC * KC + (size_t)KC * NC) * sizeof(float); }
+size_t gemm_avx512_scratch_bytes(void) { return ((size_t)MR_MAX * KC + (size_t)KC * NC) * sizeof(float); }
 
 // libgcc reads the CPU's features in a constructor: the test is a load, safe from any thread.
 bool gemm_avx512_available(void) { return __builtin_cpu_supports("avx512f") != 0; }
@@ -178,7 +155,7 @@ AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const
     if (M <= 0 || N <= 0) return 0;
     float *const pack_a = pack_buffers();
     if (!pack_a) return -1;
-    float *const pack_b = pack_a + (size_t)MC * KC;  // 64-byte aligned, as MC * KC * 4 bytes
+    float *const pack_b = pack_a + (size_t)MR_MAX * KC;  // 64-byte aligned, as MR_MAX * KC * 4 bytes
     // 12 x 32 tiles, or 8 x 32 where they pad fewer rows (a weight gradient's 16, 32 or 64
     // filters: 12 rows a tile would multiply 11-50% zeros).
     const bool narrow = N <= 16;
@@ -199,19 +176,25 @@ AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const
             pack_b_block(pack_b, B, ldb, tb, k0, kc, j0, nc, NR);
             for (int i0 = 0; i0 < M; i0 += MC) {
                 const int mc = imin(MC, M - i0);
-                pack_a_block(pack_a, A, lda, ta, i0, mc, k0, kc, MR);
+                const int packed_from = mc / MR * MR;  // the rows of full tiles, read in place
+                if (packed_from < mc)
+                    pack_a_edge(pack_a, A, lda, ta, i0 + packed_from, mc - packed_from, k0, kc, MR);
                 for (int jr = 0; jr < nc; jr += NR) {
                     const float *bp = pack_b + (int64_t)(jr / NR) * kc * NR;
                     for (int ir = 0; ir < mc; ir += MR) {
-                        const float *ap = pack_a + (int64_t)(ir / MR) * kc * MR;
+                        const bool direct = ir < packed_from;
+                        const float *ap = !direct ? pack_a
+                                          : ta ? A + (int64_t)k0 * lda + i0 + ir
+                                               : A + (int64_t)(i0 + ir) * lda + k0;
+                        const int ars = !direct ? 1 : ta ? 1 : lda, aks = !direct ? MR : ta ? lda : 1;
                         float *c = C + (int64_t)(i0 + ir) * ldc + j0 + jr;
                         const int mr = imin(MR, mc - ir), nr = imin(NR, nc - jr);
                         if (narrow)
-                            kernel_24x16(kc, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                            kernel_24x16(kc, ap, ars, aks, bp, c, ldc, mr, nr, alpha, b_beta);
                         else if (MR == 8)
-                            kernel_8x32(kc, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                            kernel_8x32(kc, ap, ars, aks, bp, c, ldc, mr, nr, alpha, b_beta);
                         else
-                            kernel_12x32(kc, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                            kernel_12x32(kc, ap, ars, aks, bp, c, ldc, mr, nr, alpha, b_beta);
                     }
                 }
             }
