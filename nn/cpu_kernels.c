@@ -278,7 +278,7 @@ static void cpu_winograd_input(float *V, const float *in, ConvGeometry g) {
     const int64_t T = winograd_tiles(g), S = winograd_stride(T, C);
     int64_t off[16];
     for (int p = 0; p < 16; p++) off[p] = ((int64_t)(p / 4) * g.W + p % 4) * C;
-#pragma omp parallel for schedule(static) if (T * 16 * C > PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 2) if (T * 16 * C > PAR_MIN)
     for (int64_t r = 0; r < (int64_t)g.N * TH; r++) {
         const int ty = (int)(r % TH), y0 = 2 * ty - g.pad;
         const unsigned rows = wg_mask(y0, 4, g.H);
@@ -345,7 +345,7 @@ static void cpu_winograd_input_backward(float *din, const float *dV, ConvGeometr
     for (int odd = 0; odd < 2; odd++) {
         const int rows_per_image = (TH - odd + 1) / 2;
         const int64_t rows = (int64_t)g.N * rows_per_image;
-#pragma omp parallel for schedule(static) if (T * 16 * C > PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 2) if (T * 16 * C > PAR_MIN)
         for (int64_t r = 0; r < rows; r++) {
             const int64_t n = r / rows_per_image;
             const int ty = odd + 2 * (int)(r % rows_per_image);
@@ -394,7 +394,7 @@ WG_INLINE void wg_output_tiles(float *image, float *M, ConvGeometry g, bool back
     const int OC = g.OC, full = OC / WG_LANES * WG_LANES, TH = (g.OH + 1) / 2, TW = (g.OW + 1) / 2;
     const int64_t T = winograd_tiles(g), S = winograd_stride(T, OC);
     const int64_t off[4] = {0, OC, (int64_t)g.OW * OC, ((int64_t)g.OW + 1) * OC};
-#pragma omp parallel for schedule(static) if (T * 16 * OC > PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 2) if (T * 16 * OC > PAR_MIN)
     for (int64_t r = 0; r < (int64_t)g.N * TH; r++) {
         const int ty = (int)(r % TH);
         const unsigned rows = wg_mask(2 * ty, 2, g.OH);
@@ -456,7 +456,7 @@ static void cpu_gemm_batched(float *C, const float *A, const float *B, int count
                              int K, bool transA, bool transB, float alpha, float beta,
                              int64_t stride_c, int64_t stride_a, int64_t stride_b) {
     const int lda = transA ? M : K, ldb = transB ? K : N;
-#pragma omp parallel for schedule(static) if (count > 1 && (int64_t)M * N * K * count > PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1 && (int64_t)M * N * K * count > PAR_MIN)
     for (int i = 0; i < count; i++)
         sgemm(transA, transB, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
               C + i * stride_c, N);
