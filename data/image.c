@@ -22,6 +22,8 @@
 #include <jpeglib.h>
 #include <stb/stb_image.h>
 
+#include "jpeg_eighth.h"
+
 #define IMAGE_MAX_PIXELS (1LL << 27)      // decoded: larger images are bad files (134 MP)
 #define IMAGE_MAX_FILE_BYTES (1LL << 30)  // a larger file is not an image to train on
 // Pixels a file byte can decode to, at most: a 1-bit PNG at deflate's limit is about 8,300
@@ -302,10 +304,20 @@ static int jpeg_load(const char *path, const uint8_t *buf, size_t size, int C, i
                 path, cinfo.output_width, cinfo.output_height, IMAGE_MAX_PIXELS);
         return DATASET_BAD;
     }
-    jpeg_start_decompress(&cinfo);
     const int ow = (int)cinfo.output_width, oh = (int)cinfo.output_height, n = cinfo.output_components;
     out = malloc((size_t)ow * oh * C);
-    row = malloc((size_t)ow * n);
+    // At 1/8 scale the DC path gives libjpeg-turbo's bytes in less than half its time, or
+    // declines and leaves the file to it.
+    const int fast = !out || cinfo.scale_num != 1 ? JPEG_EIGHTH_DECLINED : jpeg_eighth_decode(&cinfo, out);
+    if (fast == 0) {
+        jpeg_destroy_decompress(&cinfo);
+        *px = out, *w = ow, *h = oh;
+        return 0;
+    }
+    if (fast == JPEG_EIGHTH_DECLINED) {
+        jpeg_start_decompress(&cinfo);
+        row = malloc((size_t)ow * n);
+    }
     if (!out || !row) {
         jpeg_destroy_decompress(&cinfo);
         free(out), free(row);
@@ -367,6 +379,13 @@ static int read_file(const char *path, uint8_t **out, size_t *size, Error *err) 
     return 0;
 }
 
+// Whether libjpeg-turbo reads the file: SOI, or fill bytes FF before it, which stb_image
+// would take for a JPEG too (its own JPEG decoder, never used: it writes past its Huffman
+// tables on some damaged files). libjpeg-turbo calls the second kind not a JPEG.
+static bool is_jpeg(const uint8_t *buf, size_t size) {
+    return size >= 2 && buf[0] == 0xFF && (buf[1] == 0xD8 || buf[1] == 0xFF);
+}
+
 // ---- what a decode holds, from the header alone ------------------------------------------
 
 // The frame header of a JPEG in buf: width, height, components, progressive. 0, or -1 if
@@ -405,9 +424,12 @@ static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progr
         while (M < 8 && ((int64_t)h * M + 7) / 8 < t.h) M++;
         const int ow = (int)(((int64_t)w * M + 7) / 8), oh = (int)(((int64_t)h * M + 7) / 8);
         // libjpeg: a few rows of each component at full width (the 2 x 8 row contexts and the
-        // upsampling), and a progressive file's coefficients of the whole image.
-        decode += (size_t)ow * oh * C + (size_t)ow * 4 + (size_t)w * n * 48 + 65536;
-        if (progressive) decode += (size_t)((w + 7) / 8) * ((h + 7) / 8) * n * 128;
+        // upsampling), and a progressive file's coefficients of the whole image; before it, at
+        // 1/8 scale, the DC path's tables, planes and unstuffed copy of the data.
+        size_t libjpeg = (size_t)ow * 4 + (size_t)w * n * 48;
+        if (progressive) libjpeg += (size_t)((w + 7) / 8) * ((h + 7) / 8) * n * 128;
+        const size_t eighth = M == 1 ? jpeg_eighth_bytes(w, h, n, file) : 0;
+        decode += (size_t)ow * oh * C + 65536 + (libjpeg > eighth ? libjpeg : eighth);
         w = ow, h = oh;
     } else {
         // stb_image: its decode at the file's components, then converted to C; a PNG also
@@ -430,7 +452,7 @@ size_t image_load_bytes(const char *path, Shape target) {
     if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode)) n = fread(head, 1, sizeof head, f);
     int w, h, comps;
     bool progressive = false;
-    if (n >= 2 && head[0] == 0xFF && head[1] == 0xD8) {
+    if (is_jpeg(head, n)) {
         if (!jpeg_frame(head, n, &w, &h, &comps, &progressive))
             bytes = load_bytes((size_t)st.st_size, w, h, comps, true, progressive, target);
     } else if (n && stbi_info_from_memory(head, (int)n, &w, &h, &comps) && w > 0 && h > 0) {
@@ -446,7 +468,7 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
     size_t size = 0;
     int rc = read_file(path, &buf, &size, err), w = 0, h = 0;
     if (rc) return rc;
-    const bool jpeg = size >= 2 && buf[0] == 0xFF && buf[1] == 0xD8;  // as stb_image tells one
+    const bool jpeg = is_jpeg(buf, size);
     if (jpeg) {
         rc = jpeg_load(path, buf, size, C, W, H, &px, &w, &h, err);
     } else if (!(rc = check_declared_size(path, buf, size, err))) {

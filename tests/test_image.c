@@ -6,7 +6,8 @@
 // declares more than they hold, or nothing, are bad files with a message naming them, never
 // zero-filled pixels or an abort: PGMs of width 0 or -1, maxval 0 or no pixel data, BMPs
 // cut short or declaring 20000 x 6000 pixels in 102 bytes, truncated JPEGs, a JPEG whose
-// frame header says 1 x 65000 over 30 rows of data.
+// frame header says 1 x 65000 over 30 rows of data, a JPEG after fill bytes (libjpeg-turbo's
+// "not a JPEG", never stb_image's JPEG decoder).
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -295,6 +296,13 @@ static void test_bad_jpegs(void **state) {
     expect_bad(path("head.jpg"), "libjpeg-turbo");
     write_bytes(path("soi.jpg"), "\xFF\xD8\xFF", 3);
     expect_bad(path("soi.jpg"), "libjpeg-turbo");
+    // Fill bytes before SOI: libjpeg-turbo's "not a JPEG file", never stb_image's own JPEG
+    // decoder (it takes them, and writes past its tables on some damaged files).
+    static uint8_t filled[2 + sizeof jpg];
+    memcpy(filled, "\xFF\xFF", 2);
+    memcpy(filled + 2, jpg, n);
+    write_bytes(path("filled.jpg"), filled, n + 2);
+    expect_bad(path("filled.jpg"), "Not a JPEG file");
     // Corrupt entropy-coded data in the middle: a warning, so a bad file.
     memcpy(jpg + n / 2, "\xFF\x01\xFF\x02", 4);
     write_bytes(path("corrupt.jpg"), jpg, n);

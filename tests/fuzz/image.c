@@ -2,13 +2,20 @@
 // at a DCT scale), BMP, GIF, TGA, PNM, ...; gray, RGB, alpha; resized to the target.
 //
 // Input: a byte: bit 0 the channels (1 or 3), bits 1-7 the target's side (1 to 128); then
-// the file. A bad file is DATASET_BAD with a message; never a crash, never a hang.
+// the file. A bad file is DATASET_BAD with a message; never a crash, never a hang. A JPEG is
+// also decoded at 1/8 scale by libjpeg-turbo and by the DC path (data/jpeg_eighth.c), which
+// must accept only what libjpeg-turbo decodes without a warning, to the same bytes.
 #include "fuzz.h"
 
+#include <setjmp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <jpeglib.h>
+
 #include "../../data/dataset.h"
+#include "../jpeg_reference.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
@@ -20,5 +27,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const int rc = image_load(path, s, out, &err);
     if (rc && !strstr(err.msg, path)) abort();  // every error names the file
     free(out);
+    if (size >= 3 && data[1] == 0xFF && data[2] == 0xD8) {
+        static uint8_t a[1 << 22], b[1 << 22];
+        int fast;
+        bool clean;
+        if (!jpeg_reference_agree(data + 1, size - 1, s.c, a, b, sizeof a, &fast, &clean)) abort();
+    }
     return 0;
 }

@@ -141,7 +141,7 @@ static void image_from_file(const char *name, const char *file, uint8_t control)
 }
 
 static void write_jpeg(const char *file, const uint8_t *px, int w, int h, int comps,
-                       J_COLOR_SPACE space, int progressive) {
+                       J_COLOR_SPACE space, int progressive, unsigned restart_interval) {
     struct jpeg_compress_struct c;
     struct jpeg_error_mgr e;
     c.err = jpeg_std_error(&e);
@@ -153,6 +153,7 @@ static void write_jpeg(const char *file, const uint8_t *px, int w, int h, int co
     c.input_components = comps, c.in_color_space = space;
     jpeg_set_defaults(&c);
     if (progressive) jpeg_simple_progression(&c);
+    c.restart_interval = restart_interval;
     jpeg_start_compress(&c, TRUE);
     while (c.next_scanline < c.image_height) {
         JSAMPROW r = (JSAMPROW)(px + (size_t)c.next_scanline * w * comps);
@@ -181,13 +182,15 @@ static void image_seeds(void) {
     image_from_file("rgb.bmp", tmp, 15);
     stbi_write_tga(tmp, W, H, 4, px);
     image_from_file("rgba.tga", tmp, 15);
-    write_jpeg(tmp, px, W, H, 3, JCS_RGB, 0);
+    write_jpeg(tmp, px, W, H, 3, JCS_RGB, 0, 0);
     image_from_file("baseline.jpg", tmp, 7);  // 4 x 4: a DCT scale
-    write_jpeg(tmp, px, W, H, 3, JCS_RGB, 1);
+    write_jpeg(tmp, px, W, H, 3, JCS_RGB, 0, 1);
+    image_from_file("restart.jpg", tmp, 1);  // 1 x 1: the DC path, a restart marker each MCU
+    write_jpeg(tmp, px, W, H, 3, JCS_RGB, 1, 0);
     image_from_file("progressive.jpg", tmp, 7);
-    write_jpeg(tmp, px, W, H, 1, JCS_GRAYSCALE, 0);
+    write_jpeg(tmp, px, W, H, 1, JCS_GRAYSCALE, 0, 0);
     image_from_file("gray.jpg", tmp, 30);
-    write_jpeg(tmp, px, W, H, 4, JCS_CMYK, 0);
+    write_jpeg(tmp, px, W, H, 4, JCS_CMYK, 0, 0);
     image_from_file("cmyk.jpg", tmp, 31);
     uint8_t pgm[32 + W * H];
     const int n = snprintf((char *)pgm, 32, "P5\n# seed\n%d %d\n255\n", W, H);
