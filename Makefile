@@ -12,8 +12,10 @@ CC      ?= gcc
 # x86-64-v3 = AVX2 + FMA + F16C: the most the binaries require at run time.
 ARCH    ?= -march=x86-64-v3
 CFLAGS  ?= -O3 $(ARCH)
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -MMD -MP \
-           -I/usr/include/x86_64-linux-gnu/openblas-pthread
+# An undeclared function is an error: a header missing at build time (cblas.h before
+# libopenblas-dev is installed) otherwise truncates returned pointers to int, and ./train crashes.
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
+           -fopenmp -MMD -MP -I/usr/include/x86_64-linux-gnu/openblas-pthread
 LDLIBS  += -lopenblas -lstb -ljpeg -lz -lm -lpthread -fopenmp
 
 # The build's Debian packages unpacked from .deb files into a folder, for a machine that has
