@@ -80,57 +80,83 @@ static void taps_free(Taps *t) {
     free(t->weight);
 }
 
+// The taps of each output pixel start at its first nonzero weight; t->n covers the widest
+// span, shorter ones end in zero weights (adding 0 leaves a float sum as it is).
 static int taps_make(Taps *t, int n_in, double extent, int n_out) {
     const double scale = n_out / extent, r = scale < 1 ? 1 / scale : 1;
-    t->n = (int)ceil(2 * r) + 2;
-    t->index = malloc((size_t)n_out * t->n * sizeof *t->index);
-    t->weight = malloc((size_t)n_out * t->n * sizeof *t->weight);
+    const int span = (int)ceil(2 * r) + 2;
+    t->index = malloc((size_t)n_out * span * sizeof *t->index);
+    t->weight = malloc((size_t)n_out * span * sizeof *t->weight);
     if (!t->index || !t->weight) {
         taps_free(t);
         return -1;
     }
+    t->n = 1;
     for (int o = 0; o < n_out; o++) {
         const double c = (o + 0.5) / scale;
-        const int first = (int)floor(c - r - 0.5);
-        double sum = 0, w[t->n];
-        for (int k = 0; k < t->n; k++) {
+        int first = (int)floor(c - r - 0.5), lo = span, hi = -1;
+        double sum = 0, w[span];
+        for (int k = 0; k < span; k++) {
             const double d = fabs(first + k + 0.5 - c) / r;
             w[k] = d < 1 ? 1 - d : 0;
             sum += w[k];
+            if (w[k] > 0) lo = lo < k ? lo : k, hi = k;
         }
-        for (int k = 0; k < t->n; k++) {
+        first += lo;
+        if (hi - lo + 1 > t->n) t->n = hi - lo + 1;
+        for (int k = 0; k < span; k++) {
             const int i = first + k;
-            t->index[o * t->n + k] = i < 0 ? 0 : i >= n_in ? n_in - 1 : i;
-            t->weight[o * t->n + k] = (float)(w[k] / sum);
+            t->index[o * span + k] = i < 0 ? 0 : i >= n_in ? n_in - 1 : i;
+            t->weight[o * span + k] = lo + k <= hi ? (float)(w[lo + k] / sum) : 0.0f;
         }
+    }
+    for (int o = 1; o < n_out && t->n < span; o++) {  // pack the rows to t->n taps each
+        memmove(t->index + (size_t)o * t->n, t->index + (size_t)o * span, (size_t)t->n * sizeof *t->index);
+        memmove(t->weight + (size_t)o * t->n, t->weight + (size_t)o * span, (size_t)t->n * sizeof *t->weight);
     }
     return 0;
 }
 
+// One row of (w, C) floats filtered along x into (W, C).
+static inline __attribute__((always_inline)) void filter_row(const Taps *t, const float *in, float *out, int W, int C) {
+    for (int o = 0; o < W; o++) {
+        const int *index = t->index + o * t->n;
+        const float *weight = t->weight + o * t->n;
+        for (int c = 0; c < C; c++) {
+            float v = 0;
+            for (int k = 0; k < t->n; k++) v += weight[k] * in[index[k] * C + c];
+            out[o * C + c] = v;
+        }
+    }
+}
+
 // src (h, w, C; rows `stride` bytes apart) resized to dst (H, W, C) with the triangle
 // filter, the picture being the region [0, ew) x [0, eh) of src: rows first into floats,
-// then columns, rounded to bytes.
+// then columns, rounded to bytes. Each output value sums its taps in order.
 static int triangle_resize(const uint8_t *src, int w, int h, size_t stride, double ew, double eh,
                            int C, uint8_t *dst, int W, int H) {
     Taps tx = {0}, ty = {0};
-    float *rows = malloc((size_t)h * W * C * sizeof *rows);
+    const size_t row = (size_t)W * C;
+    float *rows = malloc(((size_t)h * row + row + (size_t)w * C) * sizeof *rows);
     int rc = -1;
     if (!rows || taps_make(&tx, w, ew, W) || taps_make(&ty, h, eh, H)) goto done;
-    for (int y = 0; y < h; y++)
-        for (int o = 0; o < W; o++)
-            for (int c = 0; c < C; c++) {
-                float v = 0;
-                for (int k = 0; k < tx.n; k++)
-                    v += tx.weight[o * tx.n + k] * src[(size_t)y * stride + (size_t)tx.index[o * tx.n + k] * C + c];
-                rows[((size_t)y * W + o) * C + c] = v;
-            }
-    for (int o = 0; o < H; o++)
-        for (int x = 0; x < W * C; x++) {
-            float v = 0;
-            for (int k = 0; k < ty.n; k++)
-                v += ty.weight[o * ty.n + k] * rows[(size_t)ty.index[o * ty.n + k] * W * C + x];
-            dst[(size_t)o * W * C + x] = (uint8_t)(v <= 0 ? 0 : v >= 255 ? 255 : (int)(v + 0.5f));
+    float *acc = rows + (size_t)h * row, *in = acc + row;  // (W, C) and (w, C)
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w * C; x++) in[x] = src[(size_t)y * stride + x];
+        if (C == 3) filter_row(&tx, in, rows + (size_t)y * row, W, 3);  // the channel loop unrolled
+        else filter_row(&tx, in, rows + (size_t)y * row, W, C);
+    }
+    for (int o = 0; o < H; o++) {
+        for (size_t x = 0; x < row; x++) acc[x] = 0;
+        for (int k = 0; k < ty.n; k++) {
+            const float wk = ty.weight[o * ty.n + k], *r = rows + (size_t)ty.index[o * ty.n + k] * row;
+            for (size_t x = 0; x < row; x++) acc[x] += wk * r[x];
         }
+        for (size_t x = 0; x < row; x++) {
+            const float v = acc[x];
+            dst[(size_t)o * row + x] = (uint8_t)(v <= 0 ? 0 : v >= 255 ? 255 : (int)(v + 0.5f));
+        }
+    }
     rc = 0;
 done:
     free(rows);
@@ -186,6 +212,48 @@ static int64_t pnm_number(const uint8_t *buf, size_t size, size_t *p) {
     return v;
 }
 
+static uint8_t luma(int r, int g, int b) { return (uint8_t)((r * 77 + g * 150 + b * 29) >> 8); }
+
+static bool is_pnm(const uint8_t *buf, size_t size) {
+    return size >= 2 && buf[0] == 'P' && (buf[1] == '5' || buf[1] == '6');
+}
+
+// A binary PNM's header (P5 gray, P6 RGB): width, height, maxval and where the samples
+// start (after one whitespace byte). Any of them -1 when missing.
+static void pnm_header(const uint8_t *buf, size_t size, int64_t *w, int64_t *h, int64_t *maxval, size_t *data) {
+    size_t p = 2;
+    *w = pnm_number(buf, size, &p), *h = pnm_number(buf, size, &p), *maxval = pnm_number(buf, size, &p);
+    *data = p + 1;
+}
+
+// A binary PNM whose header check_declared_size has checked, to C channels, malloc'd (NULL
+// and errno ENOMEM when out of memory): 8- or 16-bit big-endian samples scaled by
+// 255 / maxval, rounded; gray replicated, or RGB to luma. (stb_image 2.27 reads 16-bit
+// samples in the wrong byte order, then past its buffer when it converts their channels.)
+static uint8_t *pnm_decode(const uint8_t *buf, size_t size, int C) {
+    int64_t w, h, maxval;
+    size_t p;
+    pnm_header(buf, size, &w, &h, &maxval, &p);
+    const int n = buf[1] == '6' ? 3 : 1, bytes = maxval > 255 ? 2 : 1;
+    const size_t count = (size_t)w * (size_t)h;
+    uint8_t *px = malloc(count * (size_t)C);
+    if (!px) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) {
+        int v[3];
+        for (int k = 0; k < n; k++) {
+            const uint8_t *q = buf + p + (i * n + k) * bytes;
+            const int64_t x = bytes == 2 ? q[0] << 8 | q[1] : q[0];
+            v[k] = (int)((x > maxval ? maxval : x) * 255 + maxval / 2) / (int)maxval;
+        }
+        if (C == 1) px[i] = n == 3 ? luma(v[0], v[1], v[2]) : (uint8_t)v[0];
+        else for (int k = 0; k < 3; k++) px[3 * i + k] = (uint8_t)v[n == 3 ? k : 0];
+    }
+    return px;
+}
+
 static uint32_t le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
@@ -193,20 +261,20 @@ static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 // the file. Returns 0, or DATASET_BAD with err (other formats pass: their decoders fail on
 // missing data, or it is not knowable from the header).
 static int check_declared_size(const char *path, const uint8_t *buf, size_t size, Error *err) {
-    if (size >= 2 && buf[0] == 'P' && (buf[1] == '5' || buf[1] == '6')) {
-        size_t p = 2;
-        const int64_t w = pnm_number(buf, size, &p), h = pnm_number(buf, size, &p),
-                      maxval = pnm_number(buf, size, &p);
+    if (is_pnm(buf, size)) {
+        int64_t w, h, maxval;
+        size_t p;
+        pnm_header(buf, size, &w, &h, &maxval, &p);
         if (w < 1 || h < 1 || maxval < 1 || maxval > 65535) {
             err_set(err, "%s: a PNM header with width %lld, height %lld and maxval %lld: not an image",
                     path, (long long)w, (long long)h, (long long)maxval);
             return DATASET_BAD;
         }
         const uint64_t need = (uint64_t)w * (uint64_t)h * (buf[1] == '6' ? 3u : 1u) * (maxval > 255 ? 2u : 1u);
-        if (p + 1 > size || need > size - p - 1) {
+        if (p > size || need > size - p) {
             err_set(err, "%s: the PNM header declares %lld x %lld pixels (%llu bytes) but the file "
                          "holds %zu bytes after it: truncated", path, (long long)w, (long long)h,
-                    (unsigned long long)need, p < size ? size - p - 1 : 0);
+                    (unsigned long long)need, p < size ? size - p : 0);
             return DATASET_BAD;
         }
     } else if (size >= 2 && buf[0] == 'B' && buf[1] == 'M') {
@@ -264,8 +332,6 @@ static void jpeg_fail(j_common_ptr cinfo) {
 static void jpeg_message(j_common_ptr cinfo, int level) {
     if (level < 0) jpeg_fail(cinfo);  // a warning; trace messages (level >= 0) are ignored
 }
-
-static uint8_t luma(int r, int g, int b) { return (uint8_t)((r * 77 + g * 150 + b * 29) >> 8); }
 
 // Decodes the JPEG in buf to C channels at the smallest scale M/8 (M = 1..8) whose size is
 // at least W x H (full size when the image is smaller), into *px (malloc'd, *w x *h).
@@ -439,8 +505,22 @@ static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progr
     const int kx = w / t.w / 2 > 1 ? w / t.w / 2 : 1, ky = h / t.h / 2 > 1 ? h / t.h / 2 : 1;
     const size_t rw = (size_t)(w + kx - 1) / kx, rh = (size_t)(h + ky - 1) / ky;
     const size_t resize = (size_t)w * h * C + (kx > 1 || ky > 1 ? rw * rh * C : 0) +
-                          rh * (size_t)t.w * C * sizeof(float) + ((size_t)t.w + t.h) * 10 * 8;
+                          ((rh + 1) * (size_t)t.w + rw) * C * sizeof(float) + ((size_t)t.w + t.h) * 10 * 8;
     return decode > resize ? decode : resize;
+}
+
+// The size and channels of a file that is not a JPEG, from its header: a binary PNM's own
+// (cnn.c decodes those), stb_image's for the rest. false when no decoder reads it.
+static bool image_dims(const uint8_t *buf, size_t size, int *w, int *h, int *n) {
+    if (is_pnm(buf, size)) {
+        int64_t pw, ph, maxval;
+        size_t data;
+        pnm_header(buf, size, &pw, &ph, &maxval, &data);
+        if (pw < 0 || ph < 0 || pw > INT32_MAX || ph > INT32_MAX) return false;
+        *w = (int)pw, *h = (int)ph, *n = buf[1] == '6' ? 3 : 1;
+        return true;
+    }
+    return size <= INT32_MAX && stbi_info_from_memory(buf, (int)size, w, h, n);
 }
 
 size_t image_load_bytes(const char *path, Shape target) {
@@ -455,7 +535,7 @@ size_t image_load_bytes(const char *path, Shape target) {
     if (is_jpeg(head, n)) {
         if (!jpeg_frame(head, n, &w, &h, &comps, &progressive))
             bytes = load_bytes((size_t)st.st_size, w, h, comps, true, progressive, target);
-    } else if (n && stbi_info_from_memory(head, (int)n, &w, &h, &comps) && w > 0 && h > 0) {
+    } else if (n && image_dims(head, n, &w, &h, &comps) && w > 0 && h > 0) {
         bytes = load_bytes((size_t)st.st_size, w, h, comps, false, false, target);
     }
     fclose(f);
@@ -473,7 +553,7 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
         rc = jpeg_load(path, buf, size, C, W, H, &px, &w, &h, err);
     } else if (!(rc = check_declared_size(path, buf, size, err))) {
         int n;
-        if (size > INT32_MAX || !stbi_info_from_memory(buf, (int)size, &w, &h, &n)) {
+        if (!image_dims(buf, size, &w, &h, &n)) {
             err_set(err, "%s: not a readable image (stb_image: %s)", path,
                     size > INT32_MAX ? "too large" : stbi_failure_reason());
             rc = DATASET_BAD;
@@ -487,7 +567,8 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
             err_set(err, "%s: %d x %d pixels declared in %zu bytes, more than any image format "
                          "compresses to: a damaged or forged file", path, w, h, size);
             rc = DATASET_BAD;
-        } else if (errno = 0, !(px = stbi_load_from_memory(buf, (int)size, &w, &h, &n, C))) {
+        } else if (errno = 0, !(px = is_pnm(buf, size) ? pnm_decode(buf, size, C)
+                                                        : stbi_load_from_memory(buf, (int)size, &w, &h, &n, C))) {
             // stb_image's reason is the last of the formats it tried; an allocation that
             // failed leaves ENOMEM.
             const char *why = stbi_failure_reason();
@@ -504,7 +585,6 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
     if (rc) return rc;
     if (image_resize(px, w, h, (size_t)w * C, C, out, W, H))
         rc = err_set(err, "%s: out of memory resizing %d x %d to %d x %d", path, w, h, W, H);
-    if (jpeg) free(px);
-    else stbi_image_free(px);
+    free(px);
     return rc;
 }

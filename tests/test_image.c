@@ -231,6 +231,29 @@ static void test_resize_any_size(void **state) {
 }
 
 // image_load of the file must be DATASET_BAD with a message naming it and holding `why`.
+// Binary PNMs, decoded by image.c (stb_image 2.27 reads 16-bit samples in the wrong byte
+// order, then past its buffer when it converts their channels): a 16-bit gray PGM of
+// 0x1234 everywhere is 0x12 replicated to RGB, a 16-bit PPM of (0x12.., 0x56.., 0x9A..) its
+// luma; samples are scaled by 255 / maxval (7 of 15 is 119).
+static void test_pnm_depths(void **state) {
+    static uint8_t file[64 + 3 * 5 * 4 * 2];
+    for (int color = 0; color < 2; color++) {
+        const int n = snprintf((char *)file, 64, "P%c\n5 4\n65535\n", color ? '6' : '5'), ch = color ? 3 : 1;
+        for (int i = 0; i < 5 * 4 * ch; i++) file[n + 2 * i] = (uint8_t)(0x12 + 0x44 * (i % ch)), file[n + 2 * i + 1] = 0x34;
+        write_bytes(path("deep.pnm"), file, (size_t)n + 5 * 4 * ch * 2);
+        uint8_t out[5 * 4 * 3];
+        const int C = color ? 1 : 3;
+        load_ok(path("deep.pnm"), (Shape){.c = C, .h = 4, .w = 5}, out);
+        const uint8_t want = color ? (uint8_t)((0x12 * 77 + 0x56 * 150 + 0x9A * 29) >> 8) : 0x12;
+        for (int i = 0; i < 5 * 4 * C; i++) assert_int_equal(out[i], want);
+    }
+    write_bytes(path("low.pgm"), "P5\n2 1\n15\n\x07\x0F", 13);
+    uint8_t out[2];
+    load_ok(path("low.pgm"), (Shape){.c = 1, .h = 1, .w = 2}, out);
+    assert_int_equal(out[0], 119);
+    assert_int_equal(out[1], 255);
+}
+
 static void expect_bad(const char *file, const char *why) {
     uint8_t out[8 * 8 * 3];
     Error err = {{0}};
@@ -332,6 +355,7 @@ int main(void) {
         cmocka_unit_test(test_jpeg_scaled_decode),
         cmocka_unit_test(test_jpeg_smaller_than_target),
         cmocka_unit_test(test_resize_any_size),
+        cmocka_unit_test(test_pnm_depths),
         cmocka_unit_test(test_declared_sizes),
         cmocka_unit_test(test_bad_jpegs),
     };
