@@ -257,11 +257,26 @@ static uint8_t *pnm_decode(const uint8_t *buf, size_t size, int C) {
 static uint32_t le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
+static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | p[1] << 16 | p[2] << 8 | p[3]; }
+
 // Binary PNM (P5, P6) and uncompressed BMP: the pixel data the header declares must be in
-// the file. Returns 0, or DATASET_BAD with err (other formats pass: their decoders fail on
-// missing data, or it is not knowable from the header).
+// the file; PNG: every chunk up to IEND (stb_image allocates a chunk's declared length
+// before reading it: 2 GB for a forged IDAT of 28 bytes). Returns 0, or DATASET_BAD with err
+// (other formats pass: their decoders fail on missing data, or it is not knowable from
+// the header).
 static int check_declared_size(const char *path, const uint8_t *buf, size_t size, Error *err) {
-    if (is_pnm(buf, size)) {
+    if (size >= 8 && !memcmp(buf, "\x89PNG\r\n\x1a\n", 8)) {
+        for (size_t p = 8; p + 8 <= size;) {
+            const uint32_t len = be32(buf + p);
+            if (len > size - p - 8 || size - p - 8 - len < 4) {
+                err_set(err, "%s: a PNG chunk at byte %zu declares %u bytes but the file has %zu "
+                             "after it: truncated or damaged", path, p, len, size - p - 8);
+                return DATASET_BAD;
+            }
+            if (!memcmp(buf + p + 4, "IEND", 4)) break;
+            p += 12 + (size_t)len;
+        }
+    } else if (is_pnm(buf, size)) {
         int64_t w, h, maxval;
         size_t p;
         pnm_header(buf, size, &w, &h, &maxval, &p);

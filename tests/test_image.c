@@ -5,7 +5,8 @@
 // images smaller than the target are enlarged from their full size. Files whose header
 // declares more than they hold, or nothing, are bad files with a message naming them, never
 // zero-filled pixels or an abort: PGMs of width 0 or -1, maxval 0 or no pixel data, BMPs
-// cut short or declaring 20000 x 6000 pixels in 102 bytes, truncated JPEGs, a JPEG whose
+// cut short or declaring 20000 x 6000 pixels in 102 bytes, a PNG chunk of 1.5 GB in 40 bytes,
+// truncated JPEGs, a JPEG whose
 // frame header says 1 x 65000 over 30 rows of data, a JPEG after fill bytes (libjpeg-turbo's
 // "not a JPEG", never stb_image's JPEG decoder).
 #include <stdarg.h>
@@ -274,6 +275,13 @@ static void test_declared_sizes(void **state) {
     expect_bad(path("nodata.pgm"), "truncated");
     write_bytes(path("short.ppm"), "P6\n4 4\n255\n0123456789", 21);
     expect_bad(path("short.ppm"), "truncated");
+    // A PNG whose IDAT chunk declares 1.5 GB in a 40-byte file (stb_image allocated 2 GB
+    // for it: found by the image fuzz target).
+    static const uint8_t png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                                  0, 0, 0, 12, 0, 0, 0, 9, 8, 0, 0, 0, 0, 0x23, 0xd3, 0x92, 0x88,
+                                  0x5d, 0, 0, 0x2c, 'I', 'D', 'A', 'T', 0x78};
+    write_bytes(path("forged.png"), png, sizeof png);
+    expect_bad(path("forged.png"), "a PNG chunk at byte 33 declares 1560281132 bytes");
     // A whole PGM still reads, comments and all.
     write_bytes(path("ok.pgm"), "P5\n# c\n2 2\n255\n\1\2\3\4", 19);
     uint8_t out[4];
