@@ -5,10 +5,9 @@
 // images smaller than the target are enlarged from their full size. Files whose header
 // declares more than they hold, or nothing, are bad files with a message naming them, never
 // zero-filled pixels or an abort: PGMs of width 0 or -1, maxval 0 or no pixel data, BMPs
-// cut short or declaring 20000 x 6000 pixels in 102 bytes, a PNG chunk of 1.5 GB in 40 bytes,
-// truncated JPEGs, a JPEG whose
-// frame header says 1 x 65000 over 30 rows of data, a JPEG after fill bytes (libjpeg-turbo's
-// "not a JPEG", never stb_image's JPEG decoder).
+// cut short or declaring 20000 x 6000 pixels in 102 bytes, a PNG chunk of 1.5 GB in 40
+// bytes, truncated JPEGs, a JPEG whose frame header says 1 x 65000 over 30 rows of data, a
+// JPEG after fill bytes (libjpeg-turbo's "not a JPEG", never stb_image's JPEG decoder).
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
