@@ -25,6 +25,7 @@ resnet18:32 models/resnet18.cfg 3 224 3 torchvision"
 ROWS=${ROWS:-$(echo "$ALL" | cut -d' ' -f1)}
 VARIANTS="fp32:none fp16:none fp32:sqrt fp16:sqrt"
 OUT=bench/out/resnet
+make -s train build/bench/sgemm build/bench/make_folders
 rm -rf "$OUT/runs"
 mkdir -p "$OUT/runs"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, threads $THREADS; $(uptime | sed 's/.*load/load/')"
