@@ -388,6 +388,14 @@ __host__ __device__ static inline void relu_backward_at(int64_t i, float *din, c
     din[i] = y[i] > 0.0f ? dout[i] : 0.0f;
 }
 
+// add_parts: the parts in order, then onto dst (the CPU's order).
+__host__ __device__ static inline void add_parts_at(int64_t i, float *dst, const float *parts, int count,
+                                                    int64_t stride) {
+    float sum = parts[i];
+    for (int p = 1; p < count; p++) sum += parts[p * stride + i];
+    dst[i] += sum;
+}
+
 __host__ __device__ static inline void relu_forward_at(int64_t i, float *out, const float *in) {
     out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
@@ -1012,6 +1020,9 @@ static void cuda_bias_act_forward(float *out, const float *bias, int64_t rows, i
     LAUNCH_CHECK();
 }
 
+__global__ void add_parts_kernel(float *dst, const float *parts, int count, int64_t n, int64_t stride) {
+    GRID_LOOP(i, n) add_parts_at(i, dst, parts, count, stride);
+}
 __global__ void relu_forward_kernel(float *out, const float *in, int64_t n) {
     GRID_LOOP(i, n) relu_forward_at(i, out, in);
 }
@@ -1022,6 +1033,18 @@ __global__ void relu_backward_kernel(float *din, const float *dout, const float 
 static void cuda_act_backward(float *dout, const float *y, int64_t n, Activation act) {
     if (act != ACT_RELU || n <= 0) return;
     relu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dout, dout, y, n);
+    LAUNCH_CHECK();
+}
+
+// One shard: the GPU runs a layer's images together.
+static int cuda_shard_count(void) { return 1; }
+static void cuda_shards(int64_t n, void (*fn)(void *arg, int s, int64_t lo, int64_t hi), void *arg) {
+    fn(arg, 0, 0, n);
+}
+
+static void cuda_add_parts(float *dst, const float *parts, int count, int64_t n, int64_t stride) {
+    if (n <= 0) return;
+    add_parts_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dst, parts, count, n, stride);
     LAUNCH_CHECK();
 }
 
@@ -1566,6 +1589,9 @@ static void cuda_init(void) {
     k->zero = cuda_zero;
     k->copy = cuda_copy;
     k->sync = cuda_sync;
+    k->shard_count = cuda_shard_count;
+    k->shards = cuda_shards;
+    k->add_parts = cuda_add_parts;
     k->gemm = cuda_gemm;
     k->im2col = cuda_im2col;
     k->winograd_input = cuda_winograd_input;

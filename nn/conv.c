@@ -17,6 +17,7 @@
 #include "layer.h"
 
 #define CONV_COL_BYTES ((size_t)2 << 20)
+#define WINOGRAD_SHARD_BYTES ((size_t)1 << 20)  // a Winograd chunk of one of several shards
 
 // How the layer computes (the `algorithm` key); auto picks per layer (conv_algorithm).
 typedef enum ConvAlgorithm { CONV_AUTO, CONV_GEMM, CONV_WINOGRAD, CONV_ALGORITHMS } ConvAlgorithm;
@@ -144,7 +145,13 @@ static size_t conv_weight_floats(const Conv *c) {
     return conv_permutes(c) ? (n + 15) / 16 * 16 : 0;
 }
 
-// ---- Winograd: workspace [U][dU][V chunk][M chunk] ----------------------------------------
+// ---- Winograd: workspace [U][dU][each shard's V and M chunk][each shard's dU and dbias] ----
+//
+// Each shard (Kernels.shards: one per compute thread on the CPU) takes its own images
+// through the input transform, the 16 products and the output transform, chunk by chunk,
+// its V and M within WINOGRAD_SHARD_BYTES (a core's L2; 1 MB ran as fast as 2 MB on
+// deep.cfg, 256 KB 15% slower), or CONV_COL_BYTES when one shard does it all. Backward, each
+// of several shards sums its dU and dbias apart, and they are added in shard order.
 
 // Floats of the transformed weight U (16 x OC x C), and of dU, rounded up to 64 bytes.
 static size_t winograd_weight_floats(const Conv *c) {
@@ -157,86 +164,136 @@ static size_t winograd_chunk_bytes(const Conv *c, int n) {
     return (size_t)16 * (winograd_stride(T, c->base.in.c) + winograd_stride(T, c->filters)) * sizeof(float);
 }
 
-// Images per chunk: the transformed input and output of a chunk within CONV_COL_BYTES (on
-// deep.cfg 2 MB ran as fast as 4 and 8 MB, 512 KB and 16 MB were 25-30% slower).
-static int winograd_chunk(const Conv *c, int N) {
-    int chunk = 1;
-    while (chunk < N && winograd_chunk_bytes(c, chunk + 1) <= CONV_COL_BYTES) chunk++;
-    return chunk;
-}
-
 typedef struct WinogradSpace {
-    float *U, *dU, *V, *M;  // V is dV in backward, M is dM
+    float *U, *dU;
+    float *chunks;       // shard s's V at chunks + s * chunk_floats, its M after it (dV, dM)
+    float *parts;        // shard s's dU at parts + s * part_floats, its dbias after it
+    int shards, chunk;   // images a chunk, at most
+    size_t chunk_floats, part_floats;
 } WinogradSpace;
 
-static WinogradSpace winograd_space(const Conv *c, void *workspace, int N) {
-    const int64_t T = winograd_tiles(conv_geometry(c, winograd_chunk(c, N)));
-    WinogradSpace w;
+// The workspace's layout for N images on k (workspace NULL: the sizes alone). Images per
+// chunk: as many of a shard's as fit the shard's bytes.
+static WinogradSpace winograd_space(const Conv *c, const Kernels *k, void *workspace, int N) {
+    WinogradSpace w = {.shards = k->shard_count()};
+    const size_t budget = w.shards > 1 ? WINOGRAD_SHARD_BYTES : CONV_COL_BYTES;
+    const int share = (N + w.shards - 1) / w.shards;
+    w.chunk = 1;
+    while (w.chunk < share && winograd_chunk_bytes(c, w.chunk + 1) <= budget) w.chunk++;
+    w.chunk_floats = winograd_chunk_bytes(c, w.chunk) / sizeof(float);
+    w.part_floats = w.shards > 1 ? ((size_t)16 * c->filters * c->base.in.c + c->filters + 15) / 16 * 16 : 0;
     w.U = workspace;
     w.dU = w.U + winograd_weight_floats(c);
-    w.V = w.dU + winograd_weight_floats(c);
-    w.M = w.V + 16 * winograd_stride(T, c->base.in.c);
+    w.chunks = w.dU + winograd_weight_floats(c);
+    w.parts = w.chunks + w.shards * w.chunk_floats;
     return w;
 }
 
-static size_t winograd_workspace_bytes(const Conv *c, int N) {
-    return 2 * winograd_weight_floats(c) * sizeof(float) + winograd_chunk_bytes(c, winograd_chunk(c, N));
+static size_t winograd_workspace_bytes(const Conv *c, const Kernels *k, int N) {
+    const WinogradSpace w = winograd_space(c, k, NULL, N);
+    return (2 * winograd_weight_floats(c) + w.shards * (w.chunk_floats + w.part_floats)) * sizeof(float);
+}
+
+// What a pass gives its shards.
+typedef struct WinogradPass {
+    const Conv *c;
+    const Kernels *k;
+    WinogradSpace w;
+    float *out, *din, *dout;
+    const float *in, *y;  // y: the layer's output, read by backward (NULL when not needed)
+    bool dw;              // backward: sum dU
+} WinogradPass;
+
+// Shard s's V and M for chunks of `chunk` images.
+static float *winograd_v(const WinogradPass *p, int s) { return p->w.chunks + s * p->w.chunk_floats; }
+static float *winograd_m(const WinogradPass *p, int s) {
+    const int64_t T = winograd_tiles(conv_geometry(p->c, p->w.chunk));
+    return winograd_v(p, s) + 16 * winograd_stride(T, p->c->base.in.c);
+}
+
+static void winograd_forward_shard(void *arg, int s, int64_t lo, int64_t hi) {
+    const WinogradPass *p = arg;
+    const Layer *l = &p->c->base;
+    const Kernels *k = p->k;
+    const int C = l->in.c, OC = p->c->filters;
+    float *V = winograd_v(p, s), *M = winograd_m(p, s);
+    for (int64_t n0 = lo; n0 < hi; n0 += p->w.chunk) {
+        const ConvGeometry g = conv_geometry(p->c, (int)(hi - n0 < p->w.chunk ? hi - n0 : p->w.chunk));
+        const int T = (int)winograd_tiles(g);
+        float *out = p->out + n0 * shape_numel(l->out);
+        k->winograd_input(V, p->in + n0 * shape_numel(l->in), g);
+        k->gemm_batched(M, V, p->w.U, 16, T, OC, C, false, true, 1.0f, 0.0f, winograd_stride(T, OC),
+                        winograd_stride(T, C), (int64_t)OC * C);
+        k->winograd_output(out, M, g);
+        k->bias_act_forward(out, conv_bias(p->c), (int64_t)g.N * l->out.h * l->out.w, OC, p->c->act);
+    }
 }
 
 static void winograd_forward(const Conv *c, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Layer *l = &c->base;
-    const Kernels *k = ctx->k;
-    const WinogradSpace w = winograd_space(c, ctx->workspace, N);
-    const int C = l->in.c, OC = c->filters;
-    if (!ctx->after_first) k->winograd_weights(w.U, l->params[0].data, OC, C);
-    const int chunk = winograd_chunk(c, N);
-    for (int n0 = 0; n0 < N; n0 += chunk) {
-        const ConvGeometry g = conv_geometry(c, N - n0 < chunk ? N - n0 : chunk);
-        const int T = (int)winograd_tiles(g);
-        k->winograd_input(w.V, in + (int64_t)n0 * shape_numel(l->in), g);
-        k->gemm_batched(w.M, w.V, w.U, 16, T, OC, C, false, true, 1.0f, 0.0f,
-                        winograd_stride(T, OC), winograd_stride(T, C), (int64_t)OC * C);
-        k->winograd_output(out + (int64_t)n0 * shape_numel(l->out), w.M, g);
-    }
-    k->bias_act_forward(out, conv_bias(c), (int64_t)N * l->out.h * l->out.w, OC, c->act);
+    WinogradPass p = {.c = c, .k = ctx->k, .w = winograd_space(c, ctx->k, ctx->workspace, N), .out = out, .in = in};
+    if (!ctx->after_first) ctx->k->winograd_weights(p.w.U, l->params[0].data, c->filters, l->in.c);
+    ctx->k->shards(N, winograd_forward_shard, &p);
 }
 
-// dU sums a pass's chunks (zeroed on its first, added to dW on its last); dV = dM U takes
-// V's place once dU has read V.
+// dM from dout (times act'), then dU += M^T V and dbias (this shard's sums when there are
+// several, else the pass's), then dV = dM U in V's place and din from it.
+static void winograd_backward_shard(void *arg, int s, int64_t lo, int64_t hi) {
+    const WinogradPass *p = arg;
+    const Layer *l = &p->c->base;
+    const Kernels *k = p->k;
+    const int C = l->in.c, OC = p->c->filters;
+    const int64_t su = (int64_t)OC * C;
+    float *V = winograd_v(p, s), *M = winograd_m(p, s), *dU = p->w.dU, *dbias = conv_dbias(p->c);
+    if (p->w.shards > 1) {
+        dU = p->w.parts + s * p->w.part_floats;
+        dbias = dbias ? dU + 16 * su : NULL;
+        k->zero(dU, p->w.part_floats * sizeof(float));
+    }
+    for (int64_t n0 = lo; n0 < hi; n0 += p->w.chunk) {
+        const ConvGeometry g = conv_geometry(p->c, (int)(hi - n0 < p->w.chunk ? hi - n0 : p->w.chunk));
+        const int T = (int)winograd_tiles(g);
+        const int64_t sv = winograd_stride(T, C), sm = winograd_stride(T, OC), at = n0 * shape_numel(l->out);
+        k->bias_act_backward(dbias, p->dout + at, p->y ? p->y + at : NULL, (int64_t)g.N * l->out.h * l->out.w, OC,
+                             p->c->act);
+        k->winograd_output_backward(M, p->dout + at, g);
+        if (p->dw) {
+            k->winograd_input(V, p->in + n0 * shape_numel(l->in), g);
+            k->gemm_batched(dU, M, V, 16, OC, C, T, true, false, 1.0f, 1.0f, su, sm, sv);
+        }
+        if (!p->din) continue;
+        k->gemm_batched(V, M, p->w.U, 16, T, C, OC, false, false, 1.0f, 0.0f, sv, sm, su);
+        k->winograd_input_backward(p->din + n0 * shape_numel(l->in), V, g);
+    }
+}
+
+// dU sums a pass's chunks (zeroed on its first, added to dW on its last).
 static void winograd_backward(const Conv *c, const LayerCtx *ctx, float *din, float *dout,
                               const float *in, const float *out, int N) {
     const Layer *l = &c->base;
     const Kernels *k = ctx->k;
-    const WinogradSpace w = winograd_space(c, ctx->workspace, N);
     float *dw = l->grads[0];
     const int C = l->in.c, OC = c->filters;
-    if (din && !ctx->after_first) k->winograd_weights(w.U, l->params[0].data, OC, C);
-    if (dw && !ctx->after_first) k->zero(w.dU, winograd_weight_floats(c) * sizeof(float));
-    k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * l->out.h * l->out.w, OC, c->act);
-    const int chunk = winograd_chunk(c, N);
-    for (int n0 = 0; n0 < N; n0 += chunk) {
-        const ConvGeometry g = conv_geometry(c, N - n0 < chunk ? N - n0 : chunk);
-        const int T = (int)winograd_tiles(g);
-        const int64_t sv = winograd_stride(T, C), sm = winograd_stride(T, OC), su = (int64_t)OC * C;
-        k->winograd_output_backward(w.M, dout + (int64_t)n0 * shape_numel(l->out), g);
-        if (dw) {
-            k->winograd_input(w.V, in + (int64_t)n0 * shape_numel(l->in), g);
-            k->gemm_batched(w.dU, w.M, w.V, 16, OC, C, T, true, false, 1.0f, 1.0f, su, sm, sv);
-        }
-        if (!din) continue;
-        k->gemm_batched(w.V, w.M, w.U, 16, T, C, OC, false, false, 1.0f, 0.0f, sv, sm, su);
-        k->winograd_input_backward(din + (int64_t)n0 * shape_numel(l->in), w.V, g);
+    WinogradPass p = {.c = c, .k = k, .w = winograd_space(c, k, ctx->workspace, N), .din = din, .dout = dout,
+                      .in = in, .y = out, .dw = dw != NULL};
+    if (din && !ctx->after_first) k->winograd_weights(p.w.U, l->params[0].data, OC, C);
+    if (dw && !ctx->after_first) k->zero(p.w.dU, winograd_weight_floats(c) * sizeof(float));
+    k->shards(N, winograd_backward_shard, &p);
+    if (p.w.shards > 1) {
+        const int64_t su = (int64_t)16 * OC * C;
+        if (dw) k->add_parts(p.w.dU, p.w.parts, p.w.shards, su, (int64_t)p.w.part_floats);
+        if (conv_dbias(c)) k->add_parts(conv_dbias(c), p.w.parts + su, p.w.shards, OC, (int64_t)p.w.part_floats);
     }
-    if (dw && !ctx->before_last) k->winograd_weights_backward(dw, w.dU, OC, C);
+    if (dw && !ctx->before_last) k->winograd_weights_backward(dw, p.w.dU, OC, C);
 }
 
 // ---- im2col + GEMM, and the direct kernels -------------------------------------------------
 
 // Workspace: [Wp][dWp][im2col chunk], the first two only when conv_permutes; the direct
 // kernels' partial sums instead.
-static size_t conv_workspace_bytes(const Layer *l, int N) {
+static size_t conv_workspace_bytes(const Layer *l, const Kernels *k, int N) {
     const Conv *c = (const Conv *)l;
-    if (c->algorithm == CONV_WINOGRAD) return winograd_workspace_bytes(c, N);
+    if (c->algorithm == CONV_WINOGRAD) return winograd_workspace_bytes(c, k, N);
     if (conv_is_pointwise(c)) return 0;
     if (conv_is_direct(c)) return (size_t)conv_direct_partial_floats(conv_geometry(c, N)) * sizeof(float);
     return (2 * conv_weight_floats(c) +

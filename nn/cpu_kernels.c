@@ -66,7 +66,7 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
                      bool transB, float alpha, float beta) {
     const int lda = transA ? M : K, ldb = transB ? K : N;
     const bool ta = transA, tb = transB;
-    const int threads = omp_get_max_threads();
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();  // 1 inside a shard
     // A small C over a long K (a convolution's weight gradient: 32 x 9 over 43,264 rows for
     // the seed's first layer, 32 x 288 over 1,764 for deep.cfg's): slabs of C would each
     // pack the long operand again (and cut 288 columns into slabs of 144, 4.5 tiles); instead
@@ -1342,12 +1342,34 @@ static size_t cpu_thread_scratch(void) {
 void cpu_set_threads(int n) {
     openblas_set_num_threads(1);  // see cpu_gemm
     omp_set_num_threads(n);
+    omp_set_max_active_levels(1);  // a kernel inside a shard runs on the shard's thread
+}
+
+static int cpu_shard_count(void) { return omp_get_max_threads(); }
+
+// Shard s on the team's thread s, whatever the call.
+static void cpu_shards(int64_t n, void (*fn)(void *arg, int s, int64_t lo, int64_t hi), void *arg) {
+    const int count = omp_get_max_threads();
+#pragma omp parallel for schedule(static, 1) num_threads(count)
+    for (int s = 0; s < count; s++) fn(arg, s, n * s / count, n * (s + 1) / count);
+}
+
+static void cpu_add_parts(float *dst, const float *parts, int count, int64_t n, int64_t stride) {
+#pragma omp parallel for schedule(static) if (n * count > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float sum = parts[i];
+        for (int p = 1; p < count; p++) sum += parts[p * stride + i];
+        dst[i] += sum;
+    }
 }
 
 const Kernels cpu_kernels = {
     .name = "cpu",
     .host_memory = true,
     .thread_scratch = cpu_thread_scratch,
+    .shard_count = cpu_shard_count,
+    .shards = cpu_shards,
+    .add_parts = cpu_add_parts,
     .alloc = cpu_alloc,
     .release = cpu_release,
     .upload = cpu_memcpy,

@@ -53,6 +53,23 @@ typedef struct Kernels {
     // counts them in its workspace. NULL: none.
     size_t (*thread_scratch)(void);
 
+    // ---- shards: a layer's images through all of its kernels, one share per thread ---
+    // How many shards `shards` cuts a layer's images into: the CPU's compute threads, 1 on
+    // CUDA. A shard's images stay in one core's caches from one kernel to the next, and the
+    // threads meet once a layer instead of after every kernel: on a machine whose two
+    // cores are far apart (a VM's vCPUs on different CCDs, 370 ns a cache-line round trip
+    // instead of 100) deep.cfg's step took 2.2x as long with kernels that each cut the work
+    // their own way, and no longer with shards (bench/PROFILE.md).
+    int (*shard_count)(void);
+    // Calls fn(arg, s, lo, hi) for each s < shard_count() with the contiguous share [lo,
+    // hi) of [0, n) that is shard s's (lo = n * s / count), concurrently, and returns when
+    // every one has; the kernels fn calls run on its shard's thread alone. The same n gives
+    // the same shares on the same threads in every call.
+    void (*shards)(int64_t n, void (*fn)(void *arg, int s, int64_t lo, int64_t hi), void *arg);
+    // dst (n) += ((parts[0] + parts[1]) + ...) + parts[count - 1], each part n floats, the
+    // parts `stride` floats apart: a sum of shards' partial sums in shard order.
+    void (*add_parts)(float *dst, const float *parts, int count, int64_t n, int64_t stride);
+
     // ---- memory of the device -------------------------------------------------------
     void *(*alloc)(size_t bytes);  // NULL on failure; the caller reports it
     void (*release)(void *p);

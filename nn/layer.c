@@ -23,8 +23,8 @@ void layer_free(Layer *l) {
     free(l);
 }
 
-size_t layer_workspace_bytes(const Layer *l, int N) {
-    return l->ops->workspace_bytes ? l->ops->workspace_bytes(l, N) : 0;
+size_t layer_workspace_bytes(const Layer *l, const Kernels *k, int N) {
+    return l->ops->workspace_bytes ? l->ops->workspace_bytes(l, k, N) : 0;
 }
 
 unsigned layer_backward_reads(const Layer *l) {

@@ -79,8 +79,9 @@ typedef struct LayerOps {
     // layer: out shape, parameter and buffer tensors (names, PyTorch shapes; data set
     // later), children.
     int (*create)(Layer **out, const LayerArgs *a, Error *err);
-    // Bytes of scratch that forward and backward need for a batch of N (NULL: none).
-    size_t (*workspace_bytes)(const Layer *l, int N);
+    // Bytes of scratch that forward and backward need for a batch of N on backend k
+    // (NULL: none).
+    size_t (*workspace_bytes)(const Layer *l, const Kernels *k, int N);
     // Bytes of device state kept from a forward to its backward, independent of the batch
     // (batchnorm's batch statistics): l->state. NULL: none.
     size_t (*state_bytes)(const Layer *l);
@@ -163,8 +164,8 @@ const LayerOps *layer_type(const char *section);
 
 // Frees a layer and its children.
 void layer_free(Layer *l);
-// ops->workspace_bytes(l, N), or 0 for a layer without one.
-size_t layer_workspace_bytes(const Layer *l, int N);
+// ops->workspace_bytes(l, k, N), or 0 for a layer without one.
+size_t layer_workspace_bytes(const Layer *l, const Kernels *k, int N);
 // ops->backward_reads(l), or both for a layer without one.
 unsigned layer_backward_reads(const Layer *l);
 // BACKWARD_READS_IN, with BACKWARD_READS_OUT when an activation follows (its mask is

@@ -430,7 +430,7 @@ static void net_layout(Net *net) {
     size_t layer_ws = 0;
     for (int i = 0; i < net->nmodules; i++) {
         const Layer *l = net->modules[i];
-        const size_t w = layer_workspace_bytes(l, exec_chunk(&net->exec, l, B));
+        const size_t w = layer_workspace_bytes(l, net->k, exec_chunk(&net->exec, l, B));
         if (w > layer_ws) layer_ws = w;
     }
     net->plan.workspace = ws + layer_ws;

@@ -221,7 +221,8 @@ static void test_backend(void **state) {
     assert_string_equal(k->name, "cuda");
     const void *fns[] = {
         (void *)k->alloc, (void *)k->release, (void *)k->upload, (void *)k->download,
-        (void *)k->zero, (void *)k->copy, (void *)k->sync, (void *)k->gemm, (void *)k->im2col,
+        (void *)k->zero, (void *)k->copy, (void *)k->sync, (void *)k->shard_count, (void *)k->shards,
+        (void *)k->add_parts, (void *)k->gemm, (void *)k->im2col,
         (void *)k->gemm_batched, (void *)k->winograd_input, (void *)k->winograd_input_backward,
         (void *)k->winograd_output, (void *)k->winograd_output_backward,
         (void *)k->winograd_weights, (void *)k->winograd_weights_backward,
@@ -590,6 +591,24 @@ static void test_relu(void **state) {
     expect_same_f32(hc, hg, n, "relu_backward");
     buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
     free(x), free(dy), free(hc), free(hg);
+}
+
+// add_parts: the same order of additions on both, so the same bits; 1 to 5 parts apart
+// by more than n (a shard's dU and dbias, then padding).
+static void test_add_parts(void **state) {
+    NEED_GPU();
+    rng_seed(17);
+    const int64_t n = 70001, stride = 70016;
+    for (int count = 1; count <= 5; count++) {
+        float *parts = rand_floats(stride * count, -1, 1), *dst = rand_floats(n, -1, 1);
+        Buf p = buf_from(parts, stride * count * 4), d = buf_from(dst, n * 4);
+        BOTH(k->add_parts(P(d), P(p), count, n, stride));
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        buf_fetch(d, hc, hg);
+        expect_same_f32(hc, hg, n, "add_parts");
+        buf_free(p), buf_free(d);
+        free(parts), free(dst), free(hc), free(hg);
+    }
 }
 
 static void test_bias_act_backward(void **state) {
@@ -1400,6 +1419,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_winograd),
         cmocka_unit_test(test_bias_act),
         cmocka_unit_test(test_relu),
+        cmocka_unit_test(test_add_parts),
         cmocka_unit_test(test_bias_act_backward),
         cmocka_unit_test(test_maxpool),
         cmocka_unit_test(test_add_act),

@@ -154,7 +154,7 @@ static void case_attach(Case *c, Layer *l) {
 }
 
 static size_t case_workspace(const Layer *l, int N) {
-    size_t w = layer_workspace_bytes(l, N);
+    size_t w = layer_workspace_bytes(l, &cpu_kernels, N);
     for (int i = 0; i < l->nchildren; i++) {
         const size_t cw = case_workspace(l->children[i], N);
         if (cw > w) w = cw;
@@ -708,24 +708,28 @@ static void test_conv_winograd(void **state) {
                            .pad = 2, .relu = true, .nobias = true, .algorithm = w}, true, 82);
     check_conv(&(ConvSpec){.N = 3, .C = 2, .H = 3, .W = 3, .OC = 2, .K = 3, .stride = 1,
                            .pad = 0, .relu = false, .algorithm = w}, true, 83);
-    // 40 channels at 20x20: a batch of 9 runs as chunks of 4, 4 and 1. A chunk of n images
-    // has 100n tiles and takes 16 matrices of V (100n x 40) and of M (100n x 32), each
-    // rounded up to 4 KB plus 64 bytes (winograd_stride): 4 images 16 x (16,400 + 13,328)
-    // floats = 1,902,592 bytes, 5 images 2,361,344, over the 2 MB.
+    // 40 channels at 20x20, 2 shards (the suite's 2 threads): a batch of 9 runs as images
+    // 0-3 and 4-8, in chunks of 2, 2 and 2, 2, 1. A chunk of n images has 100n tiles and
+    // takes 16 matrices of V (100n x 40) and of M (100n x 32), each rounded up to 4 KB plus
+    // 64 bytes (winograd_stride): 2 images 16 x (8,208 + 7,184) floats = 985,088 bytes, 3
+    // images 1,443,840, over a shard's 1 MB. Each shard also sums its own dU and dbias,
+    // 16 x 32 x 40 + 32 = 20,512 floats.
     const ConvSpec big = {.N = 9, .C = 40, .H = 20, .W = 20, .OC = 32, .K = 3, .stride = 1,
                           .pad = 1, .relu = true};
     char text[256];
     conv_text(text, sizeof text, &big);
     Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = big.C, .h = big.H, .w = big.W});
     const size_t weights = 2 * (size_t)16 * 32 * 40 * sizeof(float);
-    assert_int_equal(l->ops->workspace_bytes(l, big.N), weights + (size_t)16 * (16400 + 13328) * sizeof(float));
+    assert_int_equal(cpu_kernels.shard_count(), 2);
+    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, big.N),
+                     weights + 2 * ((size_t)16 * (8208 + 7184) + 20512) * sizeof(float));
     layer_free(l);
     check_conv(&big, false, 84);
     // auto: Winograd from 16 channels in and out and 100 output pixels (the workspace says
-    // which path it took: the transformed weights and one chunk, or the permuted weights
-    // and the im2col rows).
+    // which path it took: the transformed weights and each shard's chunk and sums, or the
+    // permuted weights and the im2col rows).
     const struct { int OC, H; size_t floats; } autos[] = {
-        {16, 10, 2 * 16 * 16 * 16 + 16 * 2 * (1024 + 16)},  // Winograd, 25 tiles
+        {16, 10, 2 * 16 * 16 * 16 + 2 * (16 * 2 * (1024 + 16) + 16 * 16 * 16 + 16)},  // Winograd, 25 tiles
         {16, 9, 2 * 16 * 16 * 9 + 81 * 144},                // 81 pixels: im2col
         {15, 10, 2 * 15 * 16 * 9 + 100 * 144},              // 15 filters: im2col
     };
@@ -734,7 +738,7 @@ static void test_conv_winograd(void **state) {
                             .K = 3, .stride = 1, .pad = 1};
         conv_text(text, sizeof text, &a);
         l = layer_from_text(&conv_ops, text, (Shape){.c = a.C, .h = a.H, .w = a.W});
-        assert_int_equal(l->ops->workspace_bytes(l, 1), autos[i].floats * sizeof(float));
+        assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, 1), autos[i].floats * sizeof(float));
         layer_free(l);
     }
 }
@@ -750,11 +754,11 @@ static void test_conv_chunked_batch(void **state) {
     const size_t per_image = (size_t)12 * 12 * 16 * 9 * sizeof(float);
     // Before the im2col chunk: the weight and its gradient permuted to (OC, K, K, C).
     const size_t weights = 2 * (size_t)2 * 16 * 9 * sizeof(float);
-    assert_int_equal(l->ops->workspace_bytes(l, s.N), weights + (CONV_COL_BYTES / per_image) * per_image);
-    assert_true(l->ops->workspace_bytes(l, s.N) < weights + s.N * per_image);  // it really is chunked
+    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, s.N), weights + (CONV_COL_BYTES / per_image) * per_image);
+    assert_true(l->ops->workspace_bytes(l, &cpu_kernels, s.N) < weights + s.N * per_image);  // it really is chunked
     assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);  // with a partial chunk
     // A small batch is not chunked: its workspace is all of its im2col.
-    assert_int_equal(l->ops->workspace_bytes(l, 3), weights + 3 * per_image);
+    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, 3), weights + 3 * per_image);
     layer_free(l);
     // Against the double reference, forward and backward (finite differences over
     // 69,120 inputs would take too long; the reference backward is checked against them

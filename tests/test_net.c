@@ -265,8 +265,8 @@ static void test_init_matches_pytorch(void **state) {
 //   workspace = the larger of conv1's (the direct kernels' partial sums: 64 blocks x (9
 //               taps + 1) x 32 filters x 4 = 81,920 bytes) and conv2's Winograd workspace (32 ->
 //               64 channels, 24x24 outputs: 144 tiles an image; its transformed weight and
-//               gradient 262,144 bytes, and chunks of 2 images, 1,771,520 bytes, or 1,
-//               919,552 bytes: winograd_workspace in testutil.c);
+//               gradient 262,144 bytes, and for each of the 2 shards a chunk of 1 image,
+//               919,552 bytes, and its dU and dbias, 131,328: winograd_workspace in testutil.c);
 //   threads = the GEMM's packing buffers of each thread (cpu_kernels.thread_scratch).
 // The block itself is checked by expect_activation_layout and the poisoned steps of
 // test_segments.c.
@@ -284,7 +284,10 @@ static void expect_mnist_plan(const Net *net, int B) {
     kept += align64((size_t)B * 9216) + 2 * align64((size_t)B * 10 * f) + align64((size_t)B * sizeof(int32_t)) + align64(NET_METRICS * f);
     assert_int_equal(net->plan.act_kept, kept);
     const size_t conv1 = 81920, conv2 = winograd_workspace(B, 24, 24, 32, 64);
-    assert_int_equal(conv2, 262144 + (B >= 2 ? 1771520 : 919552));
+    // 2 shards (2 threads), 1 image a chunk: a shard's chunk of 2 images would be 1,771,520
+    // bytes, over its 1 MB; each shard's dU and dbias 131,328 bytes.
+    assert_int_equal(cpu_kernels.shard_count(), 2);
+    assert_int_equal(conv2, 262144 + 2 * (919552 + 131328));
     const size_t ws = conv1 > conv2 ? conv1 : conv2;
     assert_int_equal(net->plan.workspace, ws);
     const size_t packing = cpu_kernels.thread_scratch();  // each thread's, AVX-512 GEMM

@@ -64,10 +64,12 @@ Loader *open_squares_loader(const char *images, const char *labels, Dataset **ds
 size_t expect_activation_layout(const Net *net);
 
 // The workspace of a Winograd convolution (nn/conv.c) of OH x OW outputs, C -> OC channels,
-// at batch B: its transformed weight and weight gradient, 2 x 16 x OC x C floats, and a
-// chunk of the most images n <= B (at least 1) whose transformed input and output, 16
-// matrices of (tiles x C) and 16 of (tiles x OC) floats winograd_stride apart, take at most
-// 2 MB; tiles = n x ceil(OH / 2) x ceil(OW / 2).
+// at batch B on the CPU's S shards (its threads): its transformed weight and weight
+// gradient, 2 x 16 x OC x C floats, and for each shard a chunk of the most images n <=
+// ceil(B / S) (at least 1) whose transformed input and output, 16 matrices of (tiles x C)
+// and 16 of (tiles x OC) floats winograd_stride apart, take at most 1 MB (2 MB for one
+// shard), tiles = n x ceil(OH / 2) x ceil(OW / 2); with several shards, each one's dU and
+// dbias too, 16 x OC x C + OC floats rounded up to 64 bytes.
 size_t winograd_workspace(int B, int OH, int OW, int C, int OC);
 
 #endif

@@ -144,6 +144,9 @@ static void replay_bias_act_backward(float *dbias, float *dout, const float *y, 
         dbias[c] += part[0];
     }
 }
+static void replay_add_parts(float *dst, const float *parts, int count, int64_t n, int64_t stride) {
+    for (int64_t i = 0; i < n; i++) add_parts_at(i, dst, parts, count, stride);
+}
 static void replay_relu_forward(float *out, const float *in, int64_t n) {
     for (int64_t i = 0; i < n; i++) relu_forward_at(i, out, in);
 }
@@ -294,6 +297,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->name = "cuda";
     k->alloc = replay_alloc, k->release = replay_release, k->upload = replay_copy, k->download = replay_copy;
     k->zero = replay_zero, k->copy = replay_copy, k->sync = replay_sync, k->gemm = replay_gemm;
+    k->shard_count = cuda_shard_count, k->shards = cuda_shards, k->add_parts = replay_add_parts;
     k->winograd_input = replay_winograd_input;
     k->winograd_input_backward = replay_winograd_input_backward;
     k->winograd_output = replay_winograd_output;
