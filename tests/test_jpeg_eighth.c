@@ -64,16 +64,24 @@ static uint8_t *picture(int w, int h, int c, int kind, uint32_t seed) {
     return b;
 }
 
+// A compressor writing into *j, for w x h pixels of c channels (gray, RGB, CMYK), libjpeg's
+// defaults set.
+static void compress_begin(struct jpeg_compress_struct *e, struct jpeg_error_mgr *err, Jpeg *j, int w, int h,
+                           int c) {
+    *j = (Jpeg){NULL, 0};
+    e->err = jpeg_std_error(err);
+    jpeg_create_compress(e);
+    jpeg_mem_dest(e, &j->data, &j->size);
+    e->image_width = (JDIMENSION)w, e->image_height = (JDIMENSION)h;
+    e->input_components = c, e->in_color_space = c == 1 ? JCS_GRAYSCALE : c == 4 ? JCS_CMYK : JCS_RGB;
+    jpeg_set_defaults(e);
+}
+
 static Jpeg encode(const uint8_t *px, int w, int h, int c, const Options *o) {
     struct jpeg_compress_struct e;
     struct jpeg_error_mgr err;
-    Jpeg j = {NULL, 0};
-    e.err = jpeg_std_error(&err);
-    jpeg_create_compress(&e);
-    jpeg_mem_dest(&e, &j.data, &j.size);
-    e.image_width = (JDIMENSION)w, e.image_height = (JDIMENSION)h;
-    e.input_components = c, e.in_color_space = c == 1 ? JCS_GRAYSCALE : c == 4 ? JCS_CMYK : JCS_RGB;
-    jpeg_set_defaults(&e);
+    Jpeg j;
+    compress_begin(&e, &err, &j, w, h, c);
     if (o->jpeg_space) jpeg_set_colorspace(&e, o->jpeg_space);
     jpeg_set_quality(&e, o->quality, TRUE);
     for (int i = 0; i < e.num_components && o->samp[0][0]; i++)
@@ -152,12 +160,8 @@ typedef void Fill(int comp, int bx, int by, int mcu, JCOEF *block);
 static Jpeg from_coefficients(int w, int h, int chroma_samp, int luma_q, int chroma_q, Fill *fill) {
     struct jpeg_compress_struct e;
     struct jpeg_error_mgr err;
-    Jpeg j = {NULL, 0};
-    e.err = jpeg_std_error(&err);
-    jpeg_create_compress(&e);
-    jpeg_mem_dest(&e, &j.data, &j.size);
-    e.image_width = (JDIMENSION)w, e.image_height = (JDIMENSION)h, e.input_components = 3, e.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&e);
+    Jpeg j;
+    compress_begin(&e, &err, &j, w, h, 3);
     e.comp_info[0].h_samp_factor = e.comp_info[0].v_samp_factor = chroma_samp;
     unsigned int q[2][DCTSIZE2];
     for (int k = 0; k < DCTSIZE2; k++) q[0][k] = (unsigned)luma_q, q[1][k] = (unsigned)chroma_q;
