@@ -182,6 +182,7 @@ static WinogradSpace winograd_space(const Conv *c, const Kernels *k, void *works
     while (w.chunk < share && winograd_chunk_bytes(c, w.chunk + 1) <= budget) w.chunk++;
     w.chunk_floats = winograd_chunk_bytes(c, w.chunk) / sizeof(float);
     w.part_floats = w.shards > 1 ? ((size_t)16 * c->filters * c->base.in.c + c->filters + 15) / 16 * 16 : 0;
+    if (!workspace) return w;
     w.U = workspace;
     w.dU = w.U + winograd_weight_floats(c);
     w.chunks = w.dU + winograd_weight_floats(c);
