@@ -280,10 +280,10 @@ static void winograd_backward(const Conv *c, const LayerCtx *ctx, float *din, fl
     if (din && !ctx->after_first) k->winograd_weights(p.w.U, l->params[0].data, OC, C);
     if (dw && !ctx->after_first) k->zero(p.w.dU, winograd_weight_floats(c) * sizeof(float));
     k->shards(N, winograd_backward_shard, &p);
-    if (p.w.shards > 1) {
-        const int64_t su = (int64_t)16 * OC * C;
-        if (dw) k->add_parts(p.w.dU, p.w.parts, p.w.shards, su, (int64_t)p.w.part_floats);
-        if (conv_dbias(c)) k->add_parts(conv_dbias(c), p.w.parts + su, p.w.shards, OC, (int64_t)p.w.part_floats);
+    if (p.w.shards > 1) {  // each part: the shard's dU (16 x OC x C), then its dbias (OC)
+        const int64_t du = (int64_t)16 * OC * C;
+        if (dw) k->add_parts(p.w.dU, p.w.parts, p.w.shards, du, (int64_t)p.w.part_floats);
+        if (conv_dbias(c)) k->add_parts(conv_dbias(c), p.w.parts + du, p.w.shards, OC, (int64_t)p.w.part_floats);
     }
     if (dw && !ctx->before_last) k->winograd_weights_backward(dw, p.w.dU, OC, C);
 }

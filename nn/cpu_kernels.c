@@ -1349,7 +1349,7 @@ static int cpu_shard_count(void) { return omp_get_max_threads(); }
 
 // Shard s on the team's thread s, whatever the call.
 static void cpu_shards(int64_t n, void (*fn)(void *arg, int s, int64_t lo, int64_t hi), void *arg) {
-    const int count = omp_get_max_threads();
+    const int count = cpu_shard_count();
 #pragma omp parallel for schedule(static, 1) num_threads(count)
     for (int s = 0; s < count; s++) fn(arg, s, n * s / count, n * (s + 1) / count);
 }
