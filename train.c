@@ -107,7 +107,8 @@ typedef struct Options {
     NameList init_skip, freeze;
     int freeze_bn;
     DType precision;
-    LossScaler scaler;  // its initial state
+    ScalerRules scaling;  // the loss scaler (fp16)
+    double init_scale;    // its first scale
     Optimizer optim;
     Schedule schedule;  // total is set when the data is open
     const char *device;
@@ -341,14 +342,16 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         o->memory = (size_t)(v * unit);
     }
     if (strcmp(loss_scale, "dynamic") == 0) {
-        o->scaler = scaler_make(true, init_scale, growth_interval);
+        o->scaling = scaler_rules(true, growth_interval);
+        o->init_scale = init_scale;
     } else {
         char *end;
         const double fixed = strtod(loss_scale, &end);
         if (*end || !(fixed > 0) || !isfinite(fixed))
             return err_set(err, "%s: [train] loss_scale = '%s': expected dynamic or a positive "
                                 "number", cfg_path, loss_scale);
-        o->scaler = scaler_make(false, fixed, growth_interval);
+        o->scaling = scaler_rules(false, growth_interval);
+        o->init_scale = fixed;
     }
 
     o->freeze_bn = (int)freeze_bn;
@@ -608,12 +611,10 @@ static int sync_buffers(Net *net, Error *err) {
 // this one's part starts at b->offset, which keys its dropout masks); the gradients are
 // summed across the processes; then, with loss scaling, they are unscaled and checked, and
 // the step is skipped if they are not finite (the same sum on every process: the same
-// decision).
+// decision), on the device without waiting for it (optim_step).
 static int train_step(Net *net, const Batch *b, int64_t total, const Options *o, uint64_t step,
-                      double lr, LossScaler *scaler, Error *err) {
-    const int64_t taken = (int64_t)step - scaler->skipped;  // steps the optimizer took
+                      double lr, Error *err) {
     net_zero_grads(net);
-    net->loss_scale = (float)scaler->scale;
     for (int m0 = 0; m0 < b->n; m0 += net->batch) {
         const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
         profile_enter(PROF_STEP);
@@ -627,15 +628,7 @@ static int train_step(Net *net, const Batch *b, int64_t total, const Options *o,
     if (dist.size > 1 && (dist_sum_floats(&dist, net->grads, (size_t)net->ntrain, err) ||
                           sync_buffers(net, err)))
         return -1;
-    if (net->precision == DT_F16) {
-        float nonfinite;
-        net->k->scale_check(net->grads, net->ntrain, (float)(1.0 / scaler->scale),
-                            &net->metrics[NET_NONFINITE]);
-        net->k->download(&nonfinite, &net->metrics[NET_NONFINITE], sizeof nonfinite);
-        if (nonfinite) net->k->zero(&net->metrics[NET_NONFINITE], sizeof nonfinite);
-        if (!scaler_update(scaler, nonfinite != 0.0f)) return 0;
-    }
-    optim_step(net, &o->optim, lr, taken);
+    optim_step(net, &o->optim, net->precision == DT_F16 ? &o->scaling : NULL, lr, step);
     return 0;
 }
 
@@ -804,7 +797,7 @@ typedef struct Run {
     Net *net;
     Loader *loader;
     TrainState st;
-    LossScaler scaler;
+    ScalerState scaler;  // net->scaler as last read (to print or save)
     CheckpointInfo info;
     char last[1100], best[1100];
     EvalStats eval;                 // of the test set after each epoch
@@ -820,6 +813,7 @@ static int save_checkpoint(Run *r, const char *path, Error *err) {
     if (read_metrics_all(r->net, &t, err)) return -1;
     if (dist.rank != 0) return 0;
     r->st.epoch_loss = t.loss, r->st.epoch_correct = t.correct;
+    r->net->k->download(&r->scaler, r->net->scaler, sizeof r->scaler);
     r->st.loss_scale = r->scaler.scale;
     r->st.scaler_good_steps = r->scaler.good_steps;
     r->st.scaler_skipped = r->scaler.skipped;
@@ -860,7 +854,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
         r->st.batch = b->index + 1;
         if (!total) continue;  // every sample of the batch was bad and skipped
         r->lr = schedule_lr(&r->schedule, o->optim.lr, (int64_t)r->st.step, epoch);
-        if (train_step(net, b, total, o, r->st.step, r->lr, &r->scaler, err)) return -1;
+        if (train_step(net, b, total, o, r->st.step, r->lr, err)) return -1;
         profile_enter(PROF_STEP);
         r->steps_now++, r->images_now += total;
         r->st.step++;
@@ -1085,7 +1079,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (o->profile && profile_start(&net, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
-    r.scaler = net.precision == DT_F16 ? o->scaler : scaler_make(false, 1.0, 1);
+    r.scaler = (ScalerState){.scale = net.precision == DT_F16 ? o->init_scale : 1.0};
     if (o->init[0]) {
         for (int i = 0; i < o->init_skip.n; i++)
             if (!has_module(&net, o->init_skip.names[i])) {
@@ -1115,12 +1109,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         checkpoint_info_free(&ci);
         if (!same_data || checkpoint_load_all(o->resume, &net, &r.st, err)) goto done;
         r.st.seed = o->seed;  // resume_check made them equal, or resume_force changed it
-        r.scaler.scale = r.st.loss_scale;
+        if (net.precision == DT_F16) r.scaler.scale = r.st.loss_scale;
         r.scaler.good_steps = r.st.scaler_good_steps;
         r.scaler.skipped = r.st.scaler_skipped;
         printf("resuming from %s: epoch %lld, batch %lld, step %llu\n", o->resume,
                (long long)r.st.epoch + 1, (long long)r.st.batch, (unsigned long long)r.st.step);
     }
+    net.k->upload(net.scaler, &r.scaler, sizeof r.scaler);
     if (!(r.info.cfg_text = cfg_to_text(cfg, err))) goto done;
     r.info.class_names = train->class_names;
     r.info.classes = train->classes;
@@ -1179,6 +1174,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                      100.0 * (double)r.eval.top5 / (double)te.seen);
         LoaderStats ls;
         loader_stats(data.train_loader, &ls);
+        net.k->download(&r.scaler, net.scaler, sizeof r.scaler);
         char wait[96];
         snprintf(wait, sizeof wait, "  data wait %.1f s (%.0f%%)", ls.wait_seconds,
                  seconds > 0 ? 100.0 * ls.wait_seconds / seconds : 0.0);

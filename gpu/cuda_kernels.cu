@@ -17,7 +17,7 @@
 //     the direct convolution (the CPU's sums in its order, block sums included),
 //     bias + activation, ReLU, maxpool (first maximum, argmax), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
-//     NaN payloads included), scale_check, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
+//     NaN payloads included), unscale_check, the loss scaler, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
 //     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either), the
 //     pooling layers, add_act and batchnorm's per-element arithmetic and statistics. GEMM,
 //     bias_act_backward's sums, batchnorm's sums (double) and the log-softmax/NLL sums
@@ -702,16 +702,14 @@ __host__ __device__ static inline void sgd_at(int64_t i, float *p, float *buf, c
 }
 
 __host__ __device__ static inline void adamw_at(int64_t i, float *p, float *m, float *v,
-                                                const float *grad, float decay, float beta1,
-                                                float one_minus_beta1, float beta2,
-                                                float one_minus_beta2, float eps, float step_size,
-                                                float bc2_sqrt) {
-    const float pi = mul_rn(p[i], decay);
-    const float mi = add_rn(mul_rn(m[i], beta1), mul_rn(one_minus_beta1, grad[i]));
-    const float vi = add_rn(mul_rn(v[i], beta2), mul_rn(mul_rn(one_minus_beta2, grad[i]), grad[i]));
+                                                const float *grad, AdamWScalars a) {
+    const float pi = mul_rn(p[i], a.decay);
+    const float mi = add_rn(mul_rn(m[i], a.beta1), mul_rn(a.one_minus_beta1, grad[i]));
+    const float vi =
+        add_rn(mul_rn(v[i], a.beta2), mul_rn(mul_rn(a.one_minus_beta2, grad[i]), grad[i]));
     m[i] = mi;
     v[i] = vi;
-    p[i] = add_rn(pi, div_rn(mul_rn(-step_size, mi), add_rn(div_rn(sqrt_rn(vi), bc2_sqrt), eps)));
+    p[i] = add_rn(pi, div_rn(mul_rn(-a.step_size, mi), add_rn(div_rn(sqrt_rn(vi), a.bc2_sqrt), a.eps)));
 }
 
 // ---- Winograd F(2x2, 3x3): the CPU's formulas (nn/cpu_kernels.c), operation for operation -----
@@ -1422,20 +1420,26 @@ __global__ void nll_metrics_kernel(float *metrics, const float *logp, const int3
     }
 }
 
+// The gradient's scale times the loss scale, as the CPU computes it.
+__host__ __device__ static inline float nll_grad_scale(float scale, const ScalerState *scaler) {
+    return scaler ? mul_rn(scale, (float)scaler->scale) : scale;
+}
+
 __global__ void nll_grad_kernel(float *dlogp, const int32_t *labels, int C, float scale,
-                                int64_t total) {
-    GRID_LOOP(i, total) nll_grad_at(i, dlogp, labels, C, scale);
+                                const ScalerState *scaler, int64_t total) {
+    const float s = nll_grad_scale(scale, scaler);
+    GRID_LOOP(i, total) nll_grad_at(i, dlogp, labels, C, s);
 }
 
 static void cuda_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                          int N, int C, float scale) {
+                          int N, int C, float scale, const ScalerState *scaler) {
     if (N <= 0 || C <= 0) return;
     nll_metrics_kernel<<<1, NLL_THREADS, 0, g.stream>>>(metrics, logp, labels, N, C);
     LAUNCH_CHECK();
     if (dlogp) {
         const int64_t total = (int64_t)N * C;
         nll_grad_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(dlogp, labels, C, scale,
-                                                                     total);
+                                                                     scaler, total);
         LAUNCH_CHECK();
     }
 }
@@ -1459,64 +1463,84 @@ static void cuda_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     LAUNCH_CHECK();
 }
 
-// Every thread that saw a non-finite result writes 1.0f to the flag (the same value, so
-// the race is benign); otherwise the flag is left alone and one flag covers several calls.
-__global__ void scale_check_kernel(float *grad, int64_t n, float scale, float *found_nonfinite) {
-    bool bad = false;
-    GRID_LOOP(i, n) bad |= scale_check_at(i, grad, scale);
-    if (bad) *found_nonfinite = 1.0f;
+// 1 / scale as the CPU rounds it.
+__host__ __device__ static inline float unscale_factor(const ScalerState *s) {
+    return (float)(1.0 / s->scale);
 }
 
-static void cuda_scale_check(float *grad, int64_t n, float scale, float *found_nonfinite) {
+// Every thread that saw a non-finite result writes 1.0f to the flag (the same value, so
+// the race is benign); otherwise the flag is left alone and one flag covers several calls.
+__global__ void unscale_check_kernel(float *grad, int64_t n, ScalerState *s) {
+    const float scale = unscale_factor(s);
+    bool bad = false;
+    GRID_LOOP(i, n) bad |= scale_check_at(i, grad, scale);
+    if (bad) s->found = 1.0f;
+}
+
+static void cuda_unscale_check(float *grad, int64_t n, ScalerState *s) {
     if (n <= 0) return;
-    scale_check_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(grad, n, scale, found_nonfinite);
+    unscale_check_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(grad, n, s);
     LAUNCH_CHECK();
 }
 
+__global__ void scaler_update_kernel(ScalerState *s, ScalerRules r) { scaler_advance(s, r); }
+
+static void cuda_scaler_update(ScalerState *s, ScalerRules r) {
+    scaler_update_kernel<<<1, 1, 0, g.stream>>>(s, r);
+    LAUNCH_CHECK();
+}
+
+// The optimizer kernels: every thread reads the gate (nn/scaler.h) and returns at once when
+// the step is skipped; the grid's shape does not depend on it, so the launches never wait
+// for the device.
 __global__ void adadelta_kernel(float *p, float *square_avg, float *acc_delta, const float *grad,
-                                int64_t n, float lr, float rho, float eps, float weight_decay) {
+                                int64_t n, float lr, float rho, float eps, float weight_decay,
+                                const ScalerState *gate) {
+    int64_t taken;
+    if (!scaler_gate(gate, 0, &taken)) return;
     GRID_LOOP(i, n) adadelta_at(i, p, square_avg, acc_delta, grad, lr, rho, eps, weight_decay);
 }
 
 static void cuda_adadelta_step(float *p, float *square_avg, float *acc_delta, const float *grad,
-                               int64_t n, float lr, float rho, float eps, float weight_decay) {
+                               int64_t n, float lr, float rho, float eps, float weight_decay,
+                               const ScalerState *gate) {
     if (n <= 0) return;
     adadelta_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(p, square_avg, acc_delta, grad, n, lr,
-                                                             rho, eps, weight_decay);
+                                                             rho, eps, weight_decay, gate);
     LAUNCH_CHECK();
 }
 
 __global__ void sgd_kernel(float *p, float *buf, const float *grad, int64_t n, float lr,
                            float momentum, float one_minus_dampening, float weight_decay,
-                           bool nesterov, bool first) {
-    GRID_LOOP(i, n) sgd_at(i, p, buf, grad, lr, momentum, one_minus_dampening, weight_decay, nesterov, first);
+                           bool nesterov, const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, step, &taken)) return;
+    GRID_LOOP(i, n)
+    sgd_at(i, p, buf, grad, lr, momentum, one_minus_dampening, weight_decay, nesterov, taken == 0);
 }
 
 static void cuda_sgd_step(float *p, float *buf, const float *grad, int64_t n, float lr,
                           float momentum, float one_minus_dampening, float weight_decay,
-                          bool nesterov, bool first) {
+                          bool nesterov, const ScalerState *gate, uint64_t step) {
     if (n <= 0) return;
     sgd_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(p, buf, grad, n, lr, momentum,
                                                         one_minus_dampening, weight_decay, nesterov,
-                                                        first);
+                                                        gate, step);
     LAUNCH_CHECK();
 }
 
 __global__ void adamw_kernel(float *p, float *m, float *v, const float *grad, int64_t n,
-                             float decay, float beta1, float one_minus_beta1, float beta2,
-                             float one_minus_beta2, float eps, float step_size, float bc2_sqrt) {
-    GRID_LOOP(i, n)
-    adamw_at(i, p, m, v, grad, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size,
-             bc2_sqrt);
+                             AdamWHyper h, const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, step, &taken)) return;
+    const AdamWScalars a = adamw_scalars(h, taken);
+    GRID_LOOP(i, n) adamw_at(i, p, m, v, grad, a);
 }
 
-static void cuda_adamw_step(float *p, float *m, float *v, const float *grad, int64_t n, float decay,
-                            float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
-                            float eps, float step_size, float bc2_sqrt) {
+static void cuda_adamw_step(float *p, float *m, float *v, const float *grad, int64_t n,
+                            AdamWHyper h, const ScalerState *gate, uint64_t step) {
     if (n <= 0) return;
-    adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(p, m, v, grad, n, decay, beta1,
-                                                          one_minus_beta1, beta2, one_minus_beta2,
-                                                          eps, step_size, bc2_sqrt);
+    adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(p, m, v, grad, n, h, gate, step);
     LAUNCH_CHECK();
 }
 
@@ -1631,7 +1655,8 @@ static void cuda_init(void) {
     k->nll_loss = cuda_nll_loss;
     k->f32_to_f16 = cuda_f32_to_f16;
     k->f16_to_f32 = cuda_f16_to_f32;
-    k->scale_check = cuda_scale_check;
+    k->unscale_check = cuda_unscale_check;
+    k->scaler_update = cuda_scaler_update;
     k->adadelta_step = cuda_adadelta_step;
     k->sgd_step = cuda_sgd_step;
     k->adamw_step = cuda_adamw_step;

@@ -1220,7 +1220,8 @@ static void cpu_log_softmax_backward(float *din, const float *dout, const float 
 }
 
 static void cpu_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                         int N, int C, float scale) {
+                         int N, int C, float scale, const ScalerState *scaler) {
+    if (scaler) scale *= (float)scaler->scale;
     double loss = 0.0;
     int correct = 0;
     for (int n = 0; n < N; n++) {
@@ -1273,20 +1274,26 @@ static void cpu_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     }
 }
 
-static void cpu_scale_check(float *g, int64_t n, float scale, float *found_nonfinite) {
+static void cpu_unscale_check(float *g, int64_t n, ScalerState *s) {
+    const float scale = (float)(1.0 / s->scale);
     int bad = 0;
 #pragma omp parallel for simd schedule(static) reduction(| : bad) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         g[i] *= scale;
         bad |= !isfinite(g[i]);
     }
-    if (bad) *found_nonfinite = 1.0f;
+    if (bad) s->found = 1.0f;
 }
+
+static void cpu_scaler_update(ScalerState *s, ScalerRules r) { scaler_advance(s, r); }
 
 // ---- optimizer ------------------------------------------------------------------------------
 
 static void cpu_adadelta_step(float *p, float *square_avg, float *acc_delta, const float *g,
-                              int64_t n, float lr, float rho, float eps, float weight_decay) {
+                              int64_t n, float lr, float rho, float eps, float weight_decay,
+                              const ScalerState *gate) {
+    int64_t taken;
+    if (!scaler_gate(gate, 0, &taken)) return;
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float gi = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
@@ -1300,7 +1307,11 @@ static void cpu_adadelta_step(float *p, float *square_avg, float *acc_delta, con
 }
 
 static void cpu_sgd_step(float *p, float *buf, const float *g, int64_t n, float lr, float momentum,
-                         float one_minus_dampening, float weight_decay, bool nesterov, bool first) {
+                         float one_minus_dampening, float weight_decay, bool nesterov,
+                         const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, step, &taken)) return;
+    const bool first = taken == 0;
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float d = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
@@ -1313,17 +1324,19 @@ static void cpu_sgd_step(float *p, float *buf, const float *g, int64_t n, float 
     }
 }
 
-static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t n, float decay,
-                           float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
-                           float eps, float step_size, float bc2_sqrt) {
+static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t n, AdamWHyper h,
+                           const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, step, &taken)) return;
+    const AdamWScalars a = adamw_scalars(h, taken);
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
-        const float pi = p[i] * decay;
-        const float mi = m[i] * beta1 + one_minus_beta1 * g[i];
-        const float vi = v[i] * beta2 + one_minus_beta2 * g[i] * g[i];
+        const float pi = p[i] * a.decay;
+        const float mi = m[i] * a.beta1 + a.one_minus_beta1 * g[i];
+        const float vi = v[i] * a.beta2 + a.one_minus_beta2 * g[i] * g[i];
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi + -step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        p[i] = pi + -a.step_size * mi / (sqrtf(vi) / a.bc2_sqrt + a.eps);
     }
 }
 
@@ -1416,7 +1429,8 @@ const Kernels cpu_kernels = {
     .nll_loss = cpu_nll_loss,
     .f32_to_f16 = cpu_f32_to_f16,
     .f16_to_f32 = cpu_f16_to_f32,
-    .scale_check = cpu_scale_check,
+    .unscale_check = cpu_unscale_check,
+    .scaler_update = cpu_scaler_update,
     .adadelta_step = cpu_adadelta_step,
     .sgd_step = cpu_sgd_step,
     .adamw_step = cpu_adamw_step,

@@ -12,9 +12,11 @@
 
 #include <assert.h>
 #include <stdbool.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "error.h"
+#include "scaler.h"
 
 typedef enum Activation { ACT_NONE, ACT_RELU, ACT_COUNT } Activation;
 extern const char *const activation_names[ACT_COUNT];
@@ -43,6 +45,40 @@ static inline int64_t winograd_tiles(ConvGeometry g) {
 // ran 2.5x slower than its im2col).
 static inline int64_t winograd_stride(int64_t rows, int cols) {
     return (rows * cols + 1023) / 1024 * 1024 + 16;
+}
+
+// AdamW's hyperparameters, as PyTorch holds them (Python floats: double).
+typedef struct AdamWHyper {
+    double lr, weight_decay, beta1, beta2, eps;
+} AdamWHyper;
+
+// The float scalars of one AdamW step after `taken` steps, computed as PyTorch computes
+// them, in double and then rounded: decay = 1 - lr * weight_decay, step_size = lr / (1 -
+// beta1^t), bc2_sqrt = sqrt(1 - beta2^t) at t = taken + 1. Every kernel computes them
+// with this function; CUDA's pow may differ from the C library's in the last bit of a
+// double, which changes a float scalar only when that bit decides its rounding.
+typedef struct AdamWScalars {
+    float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, bc2_sqrt;
+} AdamWScalars;
+
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline AdamWScalars adamw_scalars(AdamWHyper h, int64_t taken) {
+    const double t = (double)(taken + 1);
+#ifdef __CUDA_ARCH__
+    const double decay = __dsub_rn(1.0, __dmul_rn(h.lr, h.weight_decay));  // no FMA contraction
+#else
+    const double decay = 1.0 - h.lr * h.weight_decay;
+#endif
+    AdamWScalars a;  // (no compound literal: nvcc compiles this as C++)
+    a.decay = (float)decay;
+    a.beta1 = (float)h.beta1, a.one_minus_beta1 = (float)(1.0 - h.beta1);
+    a.beta2 = (float)h.beta2, a.one_minus_beta2 = (float)(1.0 - h.beta2);
+    a.eps = (float)h.eps;
+    a.step_size = (float)(h.lr / (1.0 - pow(h.beta1, t)));
+    a.bc2_sqrt = (float)sqrt(1.0 - pow(h.beta2, t));
+    return a;
 }
 
 typedef struct Kernels {
@@ -240,37 +276,46 @@ typedef struct Kernels {
                                  int C);
     // NLL on log-probabilities logp (N, C) with labels (N) on the device:
     // metrics[0] += sum of -logp[i, label_i]; metrics[1] += count of argmax == label.
-    // If dlogp is non-NULL, dlogp (N, C) = -scale at each label and 0 elsewhere
-    // (scale = 1/N for the mean over the batch).
+    // If dlogp is non-NULL, dlogp (N, C) = -(scale * loss scale) at each label and 0
+    // elsewhere (scale = 1/N for the mean over the batch), the loss scale being
+    // (float)scaler->scale, or 1 where scaler is NULL.
     void (*nll_loss)(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                     int N, int C, float scale);
+                     int N, int C, float scale, const ScalerState *scaler);
 
     // ---- precision -------------------------------------------------------------------------
     // IEEE binary16 storage (nn/half.h): round to nearest even, overflow to inf.
     void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
     void (*f16_to_f32)(float *out, const uint16_t *in, int64_t n);
-    // Loss scaling: g (n) *= scale; *found_nonfinite = 1 if any result is inf or NaN
-    // (left as it was otherwise, so one flag can cover several calls).
-    void (*scale_check)(float *g, int64_t n, float scale, float *found_nonfinite);
+    // ---- loss scaling (nn/scaler.h), its state s in device memory ------------------------
+    // g (n) *= (float)(1 / s->scale); s->found = 1 if any result is inf or NaN (left as it
+    // was otherwise, so one flag can cover several calls).
+    void (*unscale_check)(float *g, int64_t n, ScalerState *s);
+    // The step's outcome: scaler_advance(s, r), on the device.
+    void (*scaler_update)(ScalerState *s, ScalerRules r);
 
     // ---- optimizer ------------------------------------------------------------------------
+    // Each step kernel is gated by the loss scaler's state (device memory; NULL: none): it
+    // does nothing when gate->found is set (the step is skipped), and `taken`, the steps
+    // the optimizer took before this one, is step - gate->skipped (step without a gate),
+    // `step` counting every step of the run from 0. Nothing waits for the host.
+    //
     // One Adadelta step over n parameters, PyTorch's update exactly:
     //   g += wd * p; sq = rho*sq + (1-rho)*g^2; d = sqrt(acc + eps) / sqrt(sq + eps) * g;
     //   acc = rho*acc + (1-rho)*d^2; p -= lr * d.
     void (*adadelta_step)(float *p, float *square_avg, float *acc_delta, const float *g,
-                          int64_t n, float lr, float rho, float eps, float weight_decay);
+                          int64_t n, float lr, float rho, float eps, float weight_decay,
+                          const ScalerState *gate);
     // SGD, PyTorch's update: d = g + weight_decay * p; with momentum (buf non-NULL) buf = d
-    // on the first step, else buf = buf * momentum + one_minus_dampening * d, and d =
+    // on the first step taken, else buf = buf * momentum + one_minus_dampening * d, and d =
     // nesterov ? d + momentum * buf : buf; then p = p - lr * d.
     void (*sgd_step)(float *p, float *buf, const float *g, int64_t n, float lr, float momentum,
-                     float one_minus_dampening, float weight_decay, bool nesterov, bool first);
-    // AdamW, PyTorch's update: p = p * decay (1 - lr * weight_decay); m = m * beta1 +
-    // one_minus_beta1 * g; v = v * beta2 + one_minus_beta2 * g * g; p = p + -step_size * m /
-    // (sqrt(v) / bc2_sqrt + eps), with step_size = lr / (1 - beta1^t), bc2_sqrt =
-    // sqrt(1 - beta2^t) at step t (from 1).
-    void (*adamw_step)(float *p, float *m, float *v, const float *g, int64_t n, float decay,
-                       float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
-                       float eps, float step_size, float bc2_sqrt);
+                     float one_minus_dampening, float weight_decay, bool nesterov,
+                     const ScalerState *gate, uint64_t step);
+    // AdamW, PyTorch's update with the scalars of adamw_scalars(h, taken): p = p * decay;
+    // m = m * beta1 + one_minus_beta1 * g; v = v * beta2 + one_minus_beta2 * g * g;
+    // p = p + -step_size * m / (sqrt(v) / bc2_sqrt + eps).
+    void (*adamw_step)(float *p, float *m, float *v, const float *g, int64_t n, AdamWHyper h,
+                       const ScalerState *gate, uint64_t step);
 } Kernels;
 
 // The CPU backend (OpenBLAS), always built.

@@ -229,7 +229,7 @@ static void buffer_bytes(Net *net, const int *gid) {
     const int last = net->nlayers - 1;
     buf[BUF_INPUT].bytes = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
     buf[BUF_LABELS].bytes = align64(B * sizeof(int32_t));
-    buf[BUF_METRICS].bytes = align64(NET_METRICS * sizeof(float));
+    buf[BUF_METRICS].bytes = align64(NET_METRICS * sizeof(float)) + align64(sizeof(ScalerState));
     buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->layers[last]->out) * sizeof(float));
     for (int i = 0; i <= last; i++) {
         const Layer *l = net->layers[i];
@@ -398,6 +398,7 @@ static void net_carve_activations(Net *net, char *base) {
     net->input_buf = (float *)at[BUF_INPUT];
     net->labels = (int32_t *)at[BUF_LABELS];
     net->metrics = (float *)at[BUF_METRICS];
+    net->scaler = (ScalerState *)(at[BUF_METRICS] + align64(NET_METRICS * sizeof(float)));
     net->dlogp = (float *)at[BUF_DLOGP];
     for (int i = 0; i < n; i++) {
         net->acts[i] = at[buf_out(i)];
@@ -628,7 +629,6 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->input = input;
     net->batch = opt->batch;
     net->precision = opt->precision;
-    net->loss_scale = 1.0f;
     if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
                 opt->batch, dtype_names[opt->precision]);
@@ -659,6 +659,8 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         !(net->workspace = device_block(k, net->plan.workspace, "workspace", err)))
         goto fail;
     net_carve_activations(net, net->activations);
+    const ScalerState unscaled = {.scale = 1.0};
+    k->upload(net->scaler, &unscaled, sizeof unscaled);
     net_layout_buffers(net, net->buffers);
     for (int i = 0; i < 4 && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
@@ -784,7 +786,7 @@ void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int6
 void net_loss(Net *net, int N, int denominator, bool grad) {
     const Layer *out = net->layers[net->nlayers - 1];
     net->k->nll_loss(grad ? net->dlogp : NULL, net->metrics, net_output(net), net->labels, N,
-                     out->out.c, net->loss_scale / (float)denominator);
+                     out->out.c, 1.0f / (float)denominator, net->scaler);
 }
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {

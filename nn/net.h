@@ -55,7 +55,7 @@ typedef struct NetOptions {
 
 #define NET_SEGMENTS_SQRT (-1)
 
-enum { NET_LOSS, NET_CORRECT, NET_NONFINITE, NET_METRICS };
+enum { NET_LOSS, NET_CORRECT, NET_METRICS };
 
 // The step's schedule: every layer's forward (events 0 .. nlayers - 1), the loss (event
 // nlayers), then backward: per segment from the last, the recomputation of its layers
@@ -96,7 +96,6 @@ typedef struct Net {
     const char *const *state_names;  // their names ("square_avg", ...)
     int first_trained;  // the first top-level layer with a trained parameter: backward
                         // stops there (nlayers when everything is frozen)
-    float loss_scale; // multiplies the loss gradient (dynamic loss scaling); 1 by default
     MemPlan plan;
     Event *events;  // the schedule of a step
     int nevents;
@@ -124,8 +123,9 @@ typedef struct Net {
                        // its successor's)
     float *dlogp;        // (batch, classes) F32: the loss gradient
     int32_t *labels;     // (batch)
-    float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to
-                         // them), and the loss scaler's non-finite flag (scale_check sets it)
+    float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to them)
+    ScalerState *scaler; // the loss scaler's state (nn/scaler.h): its scale multiplies the loss
+                         // gradient; {scale 1} from net_create, the trainer's with fp16
     // Called as layer i's forward or backward begins (nn/profile.h); NULL: nothing.
     void (*on_layer)(int layer, bool backward);
 } Net;
@@ -159,8 +159,8 @@ void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int6
 static inline float *net_output(const Net *net) { return (float *)net->acts[net->nlayers - 1]; }
 
 // NLL loss of the output against net->labels, mean over `denominator` samples:
-// adds to net->metrics and, if grad, writes the output gradient, times loss_scale,
-// into dlogp.
+// adds to net->metrics and, if grad, writes the output gradient, times the loss scale of
+// net->scaler, into dlogp.
 void net_loss(Net *net, int N, int denominator, bool grad);
 
 // Backward of N samples from the output gradient in dlogp (net_loss); parameter

@@ -31,12 +31,10 @@ void optim_plan(const Optimizer *o, NetOptions *opt) {
 
 // Each trained tensor is one kernel call: its weight decay may differ (decay_skip_norm_bias),
 // and frozen tensors lie between them in the parameter block.
-void optim_step(const Net *net, const Optimizer *o, double lr, int64_t taken) {
+void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
+                uint64_t step) {
     const Kernels *k = net->k;
-    // The scalars as PyTorch computes them, in double, then rounded to float as its kernels
-    // take them.
-    const double step = (double)(taken + 1);
-    const double bc1 = 1 - pow(o->beta1, step), bc2 = 1 - pow(o->beta2, step);
+    if (scaling) k->unscale_check(net->grads, net->ntrain, net->scaler);
     for (int m = 0; m < net->nmodules; m++) {
         const Layer *l = net->modules[m];
         for (int j = 0; j < l->nparams; j++) {
@@ -45,27 +43,31 @@ void optim_step(const Net *net, const Optimizer *o, double lr, int64_t taken) {
             float *p = l->params[j].data;
             const int64_t n = tensor_numel(&l->params[j]);
             const double wd = o->decay_skip_norm_bias && l->params[j].ndim <= 1 ? 0.0 : o->weight_decay;
+            // The scalars as PyTorch computes them, in double, then rounded to float as its
+            // kernels take them.
             switch (o->kind) {
             case OPTIM_ADADELTA:
                 k->adadelta_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n,
-                                 (float)lr, (float)o->rho, (float)o->eps, (float)wd);
+                                 (float)lr, (float)o->rho, (float)o->eps, (float)wd, net->scaler);
                 break;
             case OPTIM_SGD:
                 k->sgd_step(p, o->momentum != 0.0 ? net_opt_state(net, g, 0) : NULL, g, n, (float)lr,
                             (float)o->momentum, (float)(1 - o->dampening), (float)wd, o->nesterov,
-                            taken == 0);
+                            net->scaler, step);
                 break;
-            case OPTIM_ADAMW:
-                k->adamw_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n,
-                              (float)(1 - lr * wd), (float)o->beta1, (float)(1 - o->beta1),
-                              (float)o->beta2, (float)(1 - o->beta2), (float)o->eps,
-                              (float)(lr / bc1), (float)sqrt(bc2));
+            case OPTIM_ADAMW: {
+                const AdamWHyper h = {.lr = lr, .weight_decay = wd, .beta1 = o->beta1,
+                                      .beta2 = o->beta2, .eps = o->eps};
+                k->adamw_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n, h,
+                              net->scaler, step);
                 break;
+            }
             default:
                 break;
             }
         }
     }
+    if (scaling) k->scaler_update(net->scaler, *scaling);
 }
 
 double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch) {

@@ -34,10 +34,15 @@ const char *const *optim_state_names(const Optimizer *o);
 // Sets opt's optimizer state count and names (the network plans and names the state).
 void optim_plan(const Optimizer *o, NetOptions *opt);
 
-// One step over every trained parameter with the gradients in net->grads: `lr` is this
-// step's learning rate, `taken` the number of steps this optimizer took before (adamw's
-// bias correction counts them; sgd's momentum buffer starts as the first gradient).
-void optim_step(const Net *net, const Optimizer *o, double lr, int64_t taken);
+// One optimizer step at step `step` of the run (from 0; every step counted, skipped ones
+// too) over the gradients in net->grads, with learning rate `lr`. With loss scaling
+// (`scaling` non-NULL: precision = fp16) the gradients are first unscaled and checked
+// against net->scaler, the step is skipped if one is not finite, and the scaler's state is
+// updated by its rules: all on the device, in the order of its queue, so nothing waits for
+// the host. Adamw's bias correction and sgd's first momentum buffer count the steps the
+// optimizer took (step less the skipped ones, from net->scaler).
+void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
+                uint64_t step);
 
 // The learning rate over a run, as PyTorch's schedulers give it (stepped after every
 // batch, StepLR after every epoch).

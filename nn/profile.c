@@ -210,8 +210,8 @@ static void w_log_softmax_backward(float *din, const float *dout, const float *o
     TIMED(K_LOSS, P.inner->log_softmax_backward(din, dout, out, N, C));
 }
 static void w_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels, int N,
-                       int C, float scale) {
-    TIMED(K_LOSS, P.inner->nll_loss(dlogp, metrics, logp, labels, N, C, scale));
+                       int C, float scale, const ScalerState *scaler) {
+    TIMED(K_LOSS, P.inner->nll_loss(dlogp, metrics, logp, labels, N, C, scale, scaler));
 }
 static void w_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     TIMED(K_FP16, P.inner->f32_to_f16(out, in, n));
@@ -219,21 +219,24 @@ static void w_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
 static void w_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     TIMED(K_FP16, P.inner->f16_to_f32(out, in, n));
 }
-static void w_scale_check(float *g, int64_t n, float scale, float *found) {
-    TIMED(K_FP16, P.inner->scale_check(g, n, scale, found));
+static void w_unscale_check(float *g, int64_t n, ScalerState *s) {
+    TIMED(K_FP16, P.inner->unscale_check(g, n, s));
+}
+static void w_scaler_update(ScalerState *s, ScalerRules r) {
+    TIMED(K_FP16, P.inner->scaler_update(s, r));
 }
 static void w_adadelta_step(float *p, float *sq, float *acc, const float *g, int64_t n, float lr,
-                            float rho, float eps, float wd) {
-    TIMED(K_OPTIM, P.inner->adadelta_step(p, sq, acc, g, n, lr, rho, eps, wd));
+                            float rho, float eps, float wd, const ScalerState *gate) {
+    TIMED(K_OPTIM, P.inner->adadelta_step(p, sq, acc, g, n, lr, rho, eps, wd, gate));
 }
 
 static void w_sgd_step(float *p, float *buf, const float *g, int64_t n, float lr, float mom, float omd,
-                       float wd, bool nesterov, bool first) {
-    TIMED(K_OPTIM, P.inner->sgd_step(p, buf, g, n, lr, mom, omd, wd, nesterov, first));
+                       float wd, bool nesterov, const ScalerState *gate, uint64_t step) {
+    TIMED(K_OPTIM, P.inner->sgd_step(p, buf, g, n, lr, mom, omd, wd, nesterov, gate, step));
 }
-static void w_adamw_step(float *p, float *m, float *v, const float *g, int64_t n, float decay, float b1,
-                         float omb1, float b2, float omb2, float eps, float step_size, float bc2_sqrt) {
-    TIMED(K_OPTIM, P.inner->adamw_step(p, m, v, g, n, decay, b1, omb1, b2, omb2, eps, step_size, bc2_sqrt));
+static void w_adamw_step(float *p, float *m, float *v, const float *g, int64_t n, AdamWHyper h,
+                         const ScalerState *gate, uint64_t step) {
+    TIMED(K_OPTIM, P.inner->adamw_step(p, m, v, g, n, h, gate, step));
 }
 
 int profile_start(Net *net, Error *err) {
@@ -276,7 +279,8 @@ int profile_start(Net *net, Error *err) {
     P.table.log_softmax_forward = w_log_softmax_forward;
     P.table.log_softmax_backward = w_log_softmax_backward, P.table.nll_loss = w_nll_loss;
     P.table.f32_to_f16 = w_f32_to_f16, P.table.f16_to_f32 = w_f16_to_f32;
-    P.table.scale_check = w_scale_check, P.table.adadelta_step = w_adadelta_step;
+    P.table.unscale_check = w_unscale_check, P.table.scaler_update = w_scaler_update;
+    P.table.adadelta_step = w_adadelta_step;
     P.table.sgd_step = w_sgd_step, P.table.adamw_step = w_adamw_step;
     P.scope = PROF_IDLE;
     P.since = prof_now();

@@ -7,8 +7,9 @@
 //                 CPU's order), the Winograd transforms, the direct convolution (its sums in the CPU's order), bias + activation, ReLU, maxpool (first maximum, NaNs),
 //                 dropout masks and values, layout permutes, the NLL gradient and correct
 //                 count, fp16 conversions (all 65,536 halves; rounding ties, overflow,
-//                 subnormals, NaN payloads), scale_check and Adadelta (the GPU replays the
-//                 CPU's operations without FMA contraction);
+//                 subnormals, NaN payloads), unscale_check, scaler_update, and Adadelta,
+//                 SGD and AdamW with their gates (the GPU replays the CPU's operations
+//                 without FMA contraction);
 //   gemm          |gpu - cpu| <= 1e-5 * (|alpha| * sum_k |a_ik b_kj| + |beta c_ij|),
 //                 all four transpose combinations, beta 0 and 1; gemm_batched within
 //                 1e-5 * K (operands in [-1, 1]);
@@ -231,7 +232,7 @@ static void test_backend(void **state) {
         (void *)k->maxpool_forward, (void *)k->maxpool_backward, (void *)k->dropout_forward,
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
         (void *)k->log_softmax_forward, (void *)k->log_softmax_backward, (void *)k->nll_loss,
-        (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->scale_check,
+        (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->unscale_check, (void *)k->scaler_update,
         (void *)k->adadelta_step, (void *)k->add_act, (void *)k->avgpool_forward,
         (void *)k->avgpool_backward, (void *)k->global_avgpool_forward,
         (void *)k->global_avgpool_backward, (void *)k->bn_sums, (void *)k->bn_batch_stats,
@@ -301,9 +302,9 @@ static void test_64bit_sizes(void **state) {
     float *h = rand_floats(WIN, -1, 1), *back = xmalloc(WIN * sizeof *back);
     for (int j = 0; j < 3; j++) G->upload(d + at[j], h, WIN * sizeof *h);
     G->relu_forward(d, d, n);  // in place
-    float flag = 0.0f, *dflag = dev_alloc(G, sizeof flag);
-    G->upload(dflag, &flag, sizeof flag);
-    G->scale_check(d, n, 2.0f, dflag);
+    ScalerState st = {.scale = 0.5}, *dst = dev_alloc(G, sizeof st);
+    G->upload(dst, &st, sizeof st);
+    G->unscale_check(d, n, dst);
     for (int j = 0; j < 3; j++) {
         G->download(back, d + at[j], WIN * sizeof *back);
         for (int i = 0; i < WIN; i++) {
@@ -312,10 +313,10 @@ static void test_64bit_sizes(void **state) {
                 fail_msg("element %lld: want %g, got %g", (long long)(at[j] + i), want, back[i]);
         }
     }
-    G->download(&flag, dflag, sizeof flag);
-    assert_true(flag == 0.0f);
+    G->download(&st, dst, sizeof st);
+    assert_true(st.found == 0.0f);
     G->release(d);
-    G->release(dflag);
+    G->release(dst);
     free(h);
     free(back);
 }
@@ -962,11 +963,12 @@ static void test_nll_loss(void **state) {
             }
         }
         const float m0[2] = {3.25f, 17.0f};
+        const ScalerState st = {.scale = s % 2 ? 65536.0 : 1000.5};  // the scale read on the device
         Buf lp = buf_from(logp, n * 4), labels = buf_from(lab, N * 4), met = buf_from(m0, 8),
-            dl = buf_poison(n * 4), met2 = buf_from(m0, 8);
-        const float scale = 1.0f / N * 65536.0f;
-        BOTH(k->nll_loss(P(dl), P(met), P(lp), P(labels), N, Cc, scale));
-        BOTH(k->nll_loss(NULL, P(met2), P(lp), P(labels), N, Cc, scale));
+            dl = buf_poison(n * 4), met2 = buf_from(m0, 8), scaler = buf_from(&st, sizeof st);
+        const float scale = 1.0f / N;
+        BOTH(k->nll_loss(P(dl), P(met), P(lp), P(labels), N, Cc, scale, P(scaler)));
+        BOTH(k->nll_loss(NULL, P(met2), P(lp), P(labels), N, Cc, scale, NULL));
         float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
         char what[64];
         snprintf(what, sizeof what, "nll_loss dlogp %dx%d", N, Cc);
@@ -982,7 +984,11 @@ static void test_nll_loss(void **state) {
         buf_fetch(met2, mc, mg);
         snprintf(what, sizeof what, "nll_loss metrics, no gradient, %dx%d", N, Cc);
         expect_within(mc, mg, bound, 2, what);
-        buf_free(lp), buf_free(labels), buf_free(met), buf_free(dl), buf_free(met2);
+        for (int r = 0; r < N; r++)  // the label's entry is -scale times the loss scale
+            if (hc[(int64_t)r * Cc + lab[r]] != -(scale * (float)st.scale))
+                fail_msg("nll_loss dlogp row %d: %g, want %g", r, hc[(int64_t)r * Cc + lab[r]],
+                         -(scale * (float)st.scale));
+        buf_free(lp), buf_free(labels), buf_free(met), buf_free(dl), buf_free(met2), buf_free(scaler);
         free(logp), free(lab), free(hc), free(hg);
     }
 }
@@ -1039,39 +1045,82 @@ static void test_f16(void **state) {
     free(h), free(fc), free(fg), free(f), free(hc), free(hg);
 }
 
-static void test_scale_check(void **state) {
+static void expect_same_state(Buf st, const char *what) {
+    ScalerState c, g;
+    buf_fetch(st, &c, &g);
+    if (c.scale != g.scale || c.good_steps != g.good_steps || c.skipped != g.skipped || c.found != g.found)
+        fail_msg("%s: cpu {scale %g, good %lld, skipped %lld, found %g}, gpu {%g, %lld, %lld, %g}", what,
+                 c.scale, (long long)c.good_steps, (long long)c.skipped, c.found, g.scale,
+                 (long long)g.good_steps, (long long)g.skipped, g.found);
+}
+
+static void test_unscale_check(void **state) {
     NEED_GPU();
     rng_seed(13);
     const int64_t n = 200003;
     float *g = rand_floats(n, -1e3f, 1e3f), *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
-    const float zero = 0.0f, one = 1.0f;
     // Finite results leave the flag as it was (0, or 1 from an earlier call).
-    Buf grad = buf_from(g, n * 4), flag = buf_from(&zero, 4), flag1 = buf_from(&one, 4);
-    BOTH(k->scale_check(P(grad), n, 1.0f / 65536, P(flag)));
-    BOTH(k->scale_check(P(grad), n, 3.0f, P(flag1)));
+    const ScalerState clean = {.scale = 65536}, flagged = {.scale = 1 / 3.0, .found = 1};
+    Buf grad = buf_from(g, n * 4), st = buf_from(&clean, sizeof clean),
+        st1 = buf_from(&flagged, sizeof flagged);
+    BOTH(k->unscale_check(P(grad), n, P(st)));
+    BOTH(k->unscale_check(P(grad), n, P(st1)));
     buf_fetch(grad, hc, hg);
-    expect_same_f32(hc, hg, n, "scale_check values");
-    float fc, fg;
-    buf_fetch(flag, &fc, &fg);
-    assert_true(fc == 0.0f && fg == 0.0f);
-    buf_fetch(flag1, &fc, &fg);
-    assert_true(fc == 1.0f && fg == 1.0f);
+    expect_same_f32(hc, hg, n, "unscale_check values");
+    expect_same_state(st, "unscale_check, clean");
+    expect_same_state(st1, "unscale_check, flag set before");
+    ScalerState c, d;
+    buf_fetch(st, &c, &d);
+    assert_true(c.found == 0.0f);
+    buf_fetch(st1, &c, &d);
+    assert_true(c.found == 1.0f);
     // Overflow, an inf and a NaN each set it.
     for (int j = 0; j < 3; j++) {
         const float bad[] = {3e38f, INFINITY, NAN};
         float *h = rand_floats(n, -1, 1);
         h[(j + 1) * 54321] = bad[j];
-        Buf b = buf_from(h, n * 4), fl = buf_from(&zero, 4);
-        BOTH(k->scale_check(P(b), n, 2.0f, P(fl)));
-        buf_fetch(fl, &fc, &fg);
-        if (!(fc == 1.0f && fg == 1.0f)) fail_msg("scale_check case %d: flag cpu %g gpu %g", j, fc, fg);
+        const ScalerState half = {.scale = 0.5};
+        Buf b = buf_from(h, n * 4), fl = buf_from(&half, sizeof half);
+        BOTH(k->unscale_check(P(b), n, P(fl)));
+        buf_fetch(fl, &c, &d);
+        if (!(c.found == 1.0f && d.found == 1.0f))
+            fail_msg("unscale_check case %d: flag cpu %g gpu %g", j, c.found, d.found);
         buf_fetch(b, hc, hg);
-        expect_same_f32(hc, hg, n, "scale_check values with a non-finite one");
+        expect_same_f32(hc, hg, n, "unscale_check values with a non-finite one");
         buf_free(b), buf_free(fl);
         free(h);
     }
-    buf_free(grad), buf_free(flag), buf_free(flag1);
+    buf_free(grad), buf_free(st), buf_free(st1);
     free(g), free(hc), free(hg);
+}
+
+// scaler_update on the device: a run of clean and flagged steps under dynamic and fixed
+// rules, the state the same as the CPU's after each.
+static void test_scaler_update(void **state) {
+    NEED_GPU();
+    const ScalerRules rules[] = {scaler_rules(true, 3), scaler_rules(false, 3)};
+    for (int r = 0; r < 2; r++) {
+        const ScalerState s0 = {.scale = 65536, .good_steps = 1, .skipped = 4};
+        Buf st = buf_from(&s0, sizeof s0);
+        float g[2] = {1, 2};
+        Buf grad = buf_from(g, sizeof g);
+        for (int step = 0; step < 12; step++) {
+            g[1] = step % 5 == 3 ? INFINITY : 2.0f;
+            C->upload(grad.cpu, g, sizeof g), G->upload(grad.gpu, g, sizeof g);
+            BOTH(k->unscale_check(P(grad), 2, P(st)));
+            BOTH(k->scaler_update(P(st), rules[r]));
+            char what[64];
+            snprintf(what, sizeof what, "scaler_update, %s rules, step %d",
+                     rules[r].dynamic ? "dynamic" : "fixed", step);
+            expect_same_state(st, what);
+        }
+        ScalerState c, d;
+        buf_fetch(st, &c, &d);
+        // Steps 3 and 8 skipped; dynamic: x2 at steps 1, 6 and 11, x0.5 at 3 and 8.
+        assert_int_equal(c.skipped, 4 + 2);
+        assert_true(c.scale == (rules[r].dynamic ? 131072.0 : 65536.0));
+        buf_free(st), buf_free(grad);
+    }
 }
 
 // ---- optimizer ------------------------------------------------------------------------------------
@@ -1087,8 +1136,13 @@ static void test_adadelta(void **state) {
         Buf bp = buf_from(p, n * 4), bg = buf_from(g, n * 4), bs = buf_from(sq, n * 4),
             ba = buf_from(acc, n * 4);
         const float wd = j ? 0.01f : 0.0f;
-        for (int step = 0; step < 3; step++)
-            BOTH(k->adadelta_step(P(bp), P(bs), P(ba), P(bg), n, 0.7f, 0.9f, 1e-6f, wd));
+        // A gate whose flag is set skips the step on both: the results are those of 3 steps.
+        const ScalerState open = {.scale = 1}, shut = {.scale = 1, .found = 1};
+        Buf gate = buf_from(&open, sizeof open), skip = buf_from(&shut, sizeof shut);
+        for (int step = 0; step < 4; step++)
+            BOTH(k->adadelta_step(P(bp), P(bs), P(ba), P(bg), n, 0.7f, 0.9f, 1e-6f, wd,
+                                  step == 2 ? P(skip) : j ? P(gate) : NULL));
+        buf_free(gate), buf_free(skip);
         float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
         const Buf bufs[] = {bp, bs, ba};
         const char *names[] = {"adadelta params", "adadelta square_avg", "adadelta acc_delta"};
@@ -1114,9 +1168,18 @@ static void test_sgd_adamw(void **state) {
         Buf bp = buf_from(p, n * 4), bg = buf_from(g, n * 4), bb = buf_from(buf, n * 4);
         const bool nesterov = j == 1;
         const float momentum = j ? 0.9f : 0.0f, wd = j == 2 ? 0.0f : 5e-4f;
-        for (int step = 0; step < 3; step++)
+        // Steps 5, 6 and 7 of a run whose first 5 were skipped (the gate's count): step 5 is
+        // the first one taken (the momentum buffer starts as the gradient); step 6 is skipped
+        // by the flag, then its flag is cleared as scaler_update would.
+        ScalerState gs = {.scale = 1, .skipped = 5};
+        Buf gate = buf_from(&gs, sizeof gs);
+        for (int step = 5; step < 8; step++) {
+            gs.found = step == 6;
+            C->upload(gate.cpu, &gs, sizeof gs), G->upload(gate.gpu, &gs, sizeof gs);
             BOTH(k->sgd_step(P(bp), j ? P(bb) : NULL, P(bg), n, 0.05f, momentum, 0.9f, wd, nesterov,
-                             step == 0));
+                             P(gate), (uint64_t)step));
+        }
+        buf_free(gate);
         float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
         char what[64];
         snprintf(what, sizeof what, "sgd params (case %d)", j);
@@ -1131,11 +1194,15 @@ static void test_sgd_adamw(void **state) {
     float *p = rand_floats(n, -1, 1), *g = rand_floats(n, -1, 1), *m = rand_floats(n, -0.1f, 0.1f),
           *v = rand_floats(n, 0, 1e-2f);
     Buf bp = buf_from(p, n * 4), bg = buf_from(g, n * 4), bm = buf_from(m, n * 4), bv = buf_from(v, n * 4);
-    for (int step = 1; step <= 3; step++) {
-        const double bc1 = 1 - pow(0.9, step), bc2 = 1 - pow(0.999, step);
-        BOTH(k->adamw_step(P(bp), P(bm), P(bv), P(bg), n, (float)(1 - 1e-3 * 0.01), 0.9f, 0.1f,
-                           0.999f, (float)(1 - 0.999), 1e-8f, (float)(1e-3 / bc1), (float)sqrt(bc2)));
-    }
+    // Steps 0-2 without a gate, then 7-9 of a run that skipped 4 (bias corrections of
+    // steps 4-6 taken), then one skipped.
+    const AdamWHyper h = {.lr = 1e-3, .weight_decay = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    const ScalerState four = {.scale = 1, .skipped = 4}, shut = {.scale = 1, .skipped = 4, .found = 1};
+    Buf gate = buf_from(&four, sizeof four), skip = buf_from(&shut, sizeof shut);
+    for (int step = 0; step < 3; step++) BOTH(k->adamw_step(P(bp), P(bm), P(bv), P(bg), n, h, NULL, (uint64_t)step));
+    for (int step = 7; step < 10; step++) BOTH(k->adamw_step(P(bp), P(bm), P(bv), P(bg), n, h, P(gate), (uint64_t)step));
+    BOTH(k->adamw_step(P(bp), P(bm), P(bv), P(bg), n, h, P(skip), 10));
+    buf_free(gate), buf_free(skip);
     float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
     const Buf bufs[] = {bp, bm, bv};
     const char *names[] = {"adamw params", "adamw exp_avg", "adamw exp_avg_sq"};
@@ -1221,7 +1288,7 @@ static StepResult run_step(const Kernels *k, DType precision, int micro, int seg
     }
     k->download(r.grads, net.grads, pbytes);
     k->download(r.metrics, net.metrics, sizeof r.metrics);
-    optim_step(&net, &adadelta, 1.0, 0);
+    optim_step(&net, &adadelta, NULL, 1.0, 0);
     k->download(r.after, net.params, pbytes);
     net_free(&net);
     return r;
@@ -1322,7 +1389,7 @@ static void train_once(Net *net, uint64_t seed) {
     net_forward(net, net->batch, true, seed, 1, 0);
     net_loss(net, net->batch, net->batch, true);
     net_backward(net, net->batch, seed, 1, 0);
-    optim_step(net, &adadelta, 1.0, 0);
+    optim_step(net, &adadelta, NULL, 1.0, 0);
     free(x), free(y);
 }
 
@@ -1430,7 +1497,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_log_softmax),
         cmocka_unit_test(test_nll_loss),
         cmocka_unit_test(test_f16),
-        cmocka_unit_test(test_scale_check),
+        cmocka_unit_test(test_unscale_check),
+        cmocka_unit_test(test_scaler_update),
         cmocka_unit_test(test_adadelta),
         cmocka_unit_test(test_sgd_adamw),
         cmocka_unit_test(test_net_step_fp32),

@@ -1410,16 +1410,24 @@ static void test_nll_loss(void **state) {
     float metrics[2] = {1.5f, 2.0f};
     for (int i = 0; i < N * C; i++) dlogp[i] = NAN;
     const float scale = 1.0f / N;
-    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale);
+    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale, NULL);
     assert_true(fabs(metrics[0] - (1.5 + want_loss)) < 1e-5 * (1.5 + want_loss));
     assert_true(metrics[1] == 2.0f + want_correct);
     for (int n = 0; n < N; n++)
         for (int k = 0; k < C; k++)
             assert_true(dlogp[n * C + k] == (k == labels[n] ? -scale : 0.0f));
+    // A loss scaler's scale multiplies the gradient (as a float), not the metrics.
+    const ScalerState scaler = {.scale = 3000.5};
+    metrics[0] = metrics[1] = 0;
+    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale, &scaler);
+    assert_true(fabs(metrics[0] - want_loss) < 1e-5 * want_loss);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < C; k++)
+            assert_true(dlogp[n * C + k] == (k == labels[n] ? -(scale * 3000.5f) : 0.0f));
 
     // Without a gradient buffer: metrics only.
     metrics[0] = metrics[1] = 0;
-    cpu_kernels.nll_loss(NULL, metrics, logp, labels, N, C, scale);
+    cpu_kernels.nll_loss(NULL, metrics, logp, labels, N, C, scale, NULL);
     assert_true(fabs(metrics[0] - want_loss) < 1e-5 * want_loss);
     assert_true(metrics[1] == (float)want_correct);
 
@@ -1428,7 +1436,7 @@ static void test_nll_loss(void **state) {
     const float lp[3] = {logf(0.5f), logf(0.25f), logf(0.25f)};
     const int32_t lab = 1;
     metrics[0] = metrics[1] = 0;
-    cpu_kernels.nll_loss(NULL, metrics, lp, &lab, 1, 3, 1.0f);
+    cpu_kernels.nll_loss(NULL, metrics, lp, &lab, 1, 3, 1.0f, NULL);
     assert_true(fabs(metrics[0] - 1.3862944f) < 1e-6);
     assert_true(metrics[1] == 0.0f);
 
@@ -1438,7 +1446,7 @@ static void test_nll_loss(void **state) {
     float xf[20], din[20];
     for (int i = 0; i < N * C; i++) xf[i] = (float)x[i];
     cpu_kernels.log_softmax_forward(logp, xf, N, C);
-    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale);
+    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale, NULL);
     cpu_kernels.log_softmax_backward(din, dlogp, logp, N, C);
     double fd[20];
     for (int i = 0; i < N * C; i++) {

@@ -261,7 +261,8 @@ static void test_init_matches_pytorch(void **state) {
 //                                                     (flatten reads nothing back), fc2's
 //             + align64(B * 9,216)                    maxpool's argmax, a byte an output
 //             + 2 * align64(B * 10 * 4)               the log-probabilities and dlogp
-//             + align64(B * 4) + align64(3 * 4)       labels, metrics
+//             + align64(B * 4) + align64(2 * 4)       labels, metrics
+//             + align64(32)                           the loss scaler's state
 //   workspace = the larger of conv1's (the direct kernels' partial sums: 64 blocks x (9
 //               taps + 1) x 32 filters x 4 = 81,920 bytes) and conv2's Winograd workspace (32 ->
 //               64 channels, 24x24 outputs: 144 tiles an image; its transformed weight and
@@ -281,7 +282,8 @@ static void expect_mnist_plan(const Net *net, int B) {
         const LayerWant *w = &mnist_layers[read_back[k]];
         kept += align64((size_t)B * w->c * w->h * w->w * f);
     }
-    kept += align64((size_t)B * 9216) + 2 * align64((size_t)B * 10 * f) + align64((size_t)B * sizeof(int32_t)) + align64(NET_METRICS * f);
+    kept += align64((size_t)B * 9216) + 2 * align64((size_t)B * 10 * f) + align64((size_t)B * sizeof(int32_t)) + align64(NET_METRICS * f) +
+            align64(sizeof(ScalerState));  // the metrics, then the loss scaler
     assert_int_equal(net->plan.act_kept, kept);
     const size_t conv1 = 81920, conv2 = winograd_workspace(B, 24, 24, 32, 64);
     // 2 shards (2 threads), 1 image a chunk: a shard's chunk of 2 images would be 1,771,520
@@ -599,7 +601,7 @@ static float *train_steps(uint64_t seed, int steps, size_t *bytes, double *last_
         net_forward(&net, B, true, seed, (uint64_t)step, 0);
         net_loss(&net, B, B, true);
         net_backward(&net, B, seed, (uint64_t)step, 0);
-        optim_step(&net, &opt, 1.0, step);
+        optim_step(&net, &opt, NULL, 1.0, step);
     }
     *last_loss = net.metrics[0] / B;
     *bytes = 3 * (size_t)net.nparams * sizeof(float);
@@ -706,7 +708,7 @@ static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *op
             net_zero_grads(net);
             net_backward(net, b->n, 9, step, 0);
             const Schedule steplr = {.kind = SCHEDULE_STEP, .gamma = 0.7};
-            optim_step(net, opt, schedule_lr(&steplr, opt->lr, 0, epoch), 0);
+            optim_step(net, opt, NULL, schedule_lr(&steplr, opt->lr, 0, epoch), 0);
         }
         seen += b->n;
     }

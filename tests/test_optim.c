@@ -95,7 +95,7 @@ static void check_three_steps(const Optimizer *opt, double lr, const double want
     for (int s = 0; s < 3; s++) {
         memcpy(p.net.grads, grads[s], sizeof grads[s]);
         for (int i = 0; i < 4; i++) rg[i] = grads[s][i];
-        optim_step(&p.net, opt, lr, s);
+        optim_step(&p.net, opt, NULL, lr, s);
         adadelta_ref(rp, rsq, racc, rg, 4, lr, opt->rho, opt->eps, opt->weight_decay);
         for (int i = 0; i < 4; i++) {
             expect_rel("param vs formula", i, p.net.params[i], rp[i]);
@@ -156,7 +156,7 @@ static void test_adadelta_first_step_by_hand(void **state) {
     params_init(&p, 2, opt);  // the test's parameter and one left at 0
     p.net.params[0] = 1.0f;
     p.net.grads[0] = 0.5f;
-    optim_step(&p.net, &opt, 1.0, 0);
+    optim_step(&p.net, &opt, NULL, 1.0, 0);
     expect_rel("square_avg", 0, opt_state_at(&p, 0, 0), 0.025);
     expect_rel("param", 0, p.net.params[0], 0.996837786);
     expect_rel("acc_delta", 0, opt_state_at(&p, 1, 0), 9.9996000e-7);
@@ -187,7 +187,7 @@ static void test_adadelta_many_params(void **state) {
             rg[i] = p.net.grads[i];
         }
         const double lr = schedule_lr(&sched, 1.0, step, step);  // a step an epoch
-        optim_step(&p.net, &opt, lr, step);
+        optim_step(&p.net, &opt, NULL, lr, step);
         adadelta_ref(rp, rsq, racc, rg, n, lr, opt.rho, opt.eps, opt.weight_decay);
     }
     for (int i = 0; i < n; i++) {
@@ -246,7 +246,7 @@ static void check_torch(const Optimizer *o, const uint32_t want[3][4], const cha
     memcpy(p.net.params, p0, sizeof p0);
     for (int s = 0; s < 3; s++) {
         memcpy(p.net.grads, grads[s], sizeof grads[s]);
-        optim_step(&p.net, o, o->lr, s);
+        optim_step(&p.net, o, NULL, o->lr, s);
         for (int i = 0; i < 4; i++) {
             float w;
             memcpy(&w, &want[s][i], sizeof w);
@@ -305,8 +305,8 @@ static void test_decay_skip_and_frozen(void **state) {
     params_init(&a, 3, with);
     params_init(&b, 3, skip);
     for (int i = 0; i < 3; i++) a.net.params[i] = b.net.params[i] = 1.0f, a.net.grads[i] = b.net.grads[i] = 0.25f;
-    optim_step(&a.net, &with, 0.1, 0);
-    optim_step(&b.net, &skip, 0.1, 0);
+    optim_step(&a.net, &with, NULL, 0.1, 0);
+    optim_step(&b.net, &skip, NULL, 0.1, 0);
     // weight: 1 - 0.1 * (0.25 + 0.5) = 0.925 in both; bias: 0.925 with decay, 0.975 without.
     for (int i = 0; i < 2; i++) assert_true(fabsf(a.net.params[i] - 0.925f) < 1e-6 && a.net.params[i] == b.net.params[i]);
     assert_true(fabsf(a.net.params[2] - 0.925f) < 1e-6);
@@ -329,7 +329,7 @@ static void test_decay_skip_and_frozen(void **state) {
     assert_int_equal(net.first_trained, 1);
     for (int64_t i = 0; i < net.nparams; i++) net.params[i] = 1.0f;
     for (int64_t i = 0; i < net.ntrain; i++) net.grads[i] = 1.0f;
-    optim_step(&net, &with, 0.1, 0);
+    optim_step(&net, &with, NULL, 0.1, 0);
     for (int i = 0; i < 8; i++) assert_true(net.params[i] == 1.0f);
     for (int64_t i = 8; i < net.nparams; i++) assert_true(fabsf(net.params[i] - 0.85f) < 1e-6);
     net_free(&net);

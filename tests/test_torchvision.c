@@ -165,7 +165,7 @@ static void test_resnet18_against_torchvision(void **state) {
                   checked, worst, worst_name);
 
     // One Adadelta step, the checkpoint, cnn.c's evaluation of it; torchvision loads it.
-    optim_step(&net, &adadelta, 1.0, 0);
+    optim_step(&net, &adadelta, NULL, 1.0, 0);
     char *text = cfg_to_text(&cfg, &err);
     assert_non_null(text);
     char names[CLASSES][8], *class_names[CLASSES];

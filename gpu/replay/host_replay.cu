@@ -250,7 +250,7 @@ static void replay_log_softmax_backward(float *din, const float *dout, const flo
 }
 // The kernel's algorithm: the same per-thread sums, then the kernel's tree over them.
 static void replay_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                         int N, int C, float scale) {
+                         int N, int C, float scale, const ScalerState *scaler) {
     double loss[NLL_THREADS];
     int correct[NLL_THREADS];
     for (int t = 0; t < NLL_THREADS; t++) nll_lane(logp, labels, N, C, t, &loss[t], &correct[t]);
@@ -259,7 +259,8 @@ static void replay_nll_loss(float *dlogp, float *metrics, const float *logp, con
     metrics[0] += (float)loss[0];
     metrics[1] += (float)correct[0];
     if (dlogp)
-        for (int64_t i = 0; i < (int64_t)N * C; i++) nll_grad_at(i, dlogp, labels, C, scale);
+        for (int64_t i = 0; i < (int64_t)N * C; i++)
+            nll_grad_at(i, dlogp, labels, C, nll_grad_scale(scale, scaler));
 }
 static void replay_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = f32_to_f16_bits(in[i]);
@@ -267,25 +268,32 @@ static void replay_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
 static void replay_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = f16_bits_to_f32(in[i]);
 }
-static void replay_scale_check(float *grad, int64_t n, float scale, float *found) {
+static void replay_unscale_check(float *grad, int64_t n, ScalerState *s) {
     bool bad = false;
-    for (int64_t i = 0; i < n; i++) bad |= scale_check_at(i, grad, scale);
-    if (bad) *found = 1.0f;
+    for (int64_t i = 0; i < n; i++) bad |= scale_check_at(i, grad, unscale_factor(s));
+    if (bad) s->found = 1.0f;
 }
+static void replay_scaler_update(ScalerState *s, ScalerRules r) { scaler_advance(s, r); }
 static void replay_adadelta_step(float *p, float *sq, float *acc, const float *grad, int64_t n,
-                              float lr, float rho, float eps, float wd) {
+                                 float lr, float rho, float eps, float wd, const ScalerState *gate) {
+    int64_t taken;
+    if (!scaler_gate(gate, 0, &taken)) return;
     for (int64_t i = 0; i < n; i++) adadelta_at(i, p, sq, acc, grad, lr, rho, eps, wd);
 }
 
 static void replay_sgd_step(float *p, float *buf, const float *grad, int64_t n, float lr,
-                            float momentum, float omd, float wd, bool nesterov, bool first) {
-    for (int64_t i = 0; i < n; i++) sgd_at(i, p, buf, grad, lr, momentum, omd, wd, nesterov, first);
+                            float momentum, float omd, float wd, bool nesterov,
+                            const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, step, &taken)) return;
+    for (int64_t i = 0; i < n; i++) sgd_at(i, p, buf, grad, lr, momentum, omd, wd, nesterov, taken == 0);
 }
-static void replay_adamw_step(float *p, float *m, float *v, const float *grad, int64_t n, float decay,
-                              float b1, float omb1, float b2, float omb2, float eps, float step_size,
-                              float bc2_sqrt) {
-    for (int64_t i = 0; i < n; i++)
-        adamw_at(i, p, m, v, grad, decay, b1, omb1, b2, omb2, eps, step_size, bc2_sqrt);
+static void replay_adamw_step(float *p, float *m, float *v, const float *grad, int64_t n,
+                              AdamWHyper h, const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, step, &taken)) return;
+    const AdamWScalars a = adamw_scalars(h, taken);
+    for (int64_t i = 0; i < n; i++) adamw_at(i, p, m, v, grad, a);
 }
 
 // Stands in for the CUDA table, under its name.
@@ -324,7 +332,8 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->log_softmax_forward = replay_log_softmax_forward;
     k->log_softmax_backward = replay_log_softmax_backward;
     k->nll_loss = replay_nll_loss, k->f32_to_f16 = replay_f32_to_f16, k->f16_to_f32 = replay_f16_to_f32;
-    k->scale_check = replay_scale_check, k->adadelta_step = replay_adadelta_step;
+    k->unscale_check = replay_unscale_check, k->scaler_update = replay_scaler_update;
+    k->adadelta_step = replay_adadelta_step;
     k->sgd_step = replay_sgd_step, k->adamw_step = replay_adamw_step;
     return k;
 }
