@@ -899,17 +899,19 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     return 0;
 }
 
-// The plan, and with `available` (SIZE_MAX: unknown or not host memory) what the machine
-// can still give (`source` says whence).
-static void print_plan(const MemPlan *p, size_t baseline, size_t available, const char *source,
-                       bool json) {
+// The plan for device k, and with `available` (SIZE_MAX: unknown) what the device can
+// still give (`source` says whence). `baseline` is the process's own memory before the
+// plan (the CPU), or the GPU's use once set up (its context, cuBLAS's workspace).
+static void print_plan(const MemPlan *p, const Kernels *k, size_t baseline, size_t available,
+                       const char *source, bool json) {
+    const size_t need = mem_plan_on(p, k);
     if (json) {
-        printf("{\"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, \"buffers\": %zu, "
-               "\"activations\": %zu, \"activations_kept\": %zu, "
-               "\"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, \"baseline\": %zu, "
-               "\"available\": ",
-               p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_kept,
-               p->workspace, p->threads, p->loader, mem_plan_total(p), baseline);
+        printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
+               "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
+               "\"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, "
+               "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
+               k->name, p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_kept,
+               p->workspace, p->threads, p->loader, mem_plan_total(p), need, baseline);
         if (available == SIZE_MAX) printf("null}\n");
         else printf("%zu}\n", available);
         return;
@@ -922,33 +924,41 @@ static void print_plan(const MemPlan *p, size_t baseline, size_t available, cons
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
     printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
     printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
-    printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);
-    printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);
-    printf("  %-34s %10.1f\n", "total", mem_plan_total(p) / 1e6);
-    printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);
+    if (k->host_memory) {
+        printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);
+        printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);
+        printf("  %-34s %10.1f\n", "total", need / 1e6);
+        printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);
+    } else {
+        printf("  %-34s %10.1f\n", "total on the GPU", need / 1e6);
+        printf("  %-34s %10.1f\n", "GPU baseline (context, cuBLAS)", baseline / 1e6);
+        printf("  %-34s %10.1f\n", "in host memory: loader", p->loader / 1e6);
+    }
     if (available != SIZE_MAX)
         printf("  %-34s %10.1f%s\n", "available", available / 1e6,
-               mem_plan_total(p) > available ? "  (the plan does not fit)" : "");
-    if (available != SIZE_MAX && mem_plan_total(p) > available) printf("  available is %s\n", source);
+               need > available ? "  (the plan does not fit)" : "");
+    if (available != SIZE_MAX && need > available) printf("  available is %s\n", source);
 }
 
-// With `memory = SIZE`: changes *opt and *accumulate to the first choice that fits, and
-// says what it chose and why; an error when nothing fits.
-static int apply_budget(const Options *o, const Cfg *cfg, const Dataset *train, int classes,
-                        size_t overhead, NetOptions *opt, int *accumulate, Error *err) {
+// With `memory = SIZE`: changes *opt and *accumulate to the first choice that fits device
+// k with `overhead` beside the plan, and says what it chose and why; an error when nothing
+// fits.
+static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
+                        int classes, size_t overhead, NetOptions *opt, int *accumulate, Error *err) {
     FitChoice c;
     bool fits;
-    if (fit_budget(cfg, train->shape, classes, o->batch, *opt, *accumulate, overhead, o->memory,
+    if (fit_budget(cfg, k, train->shape, classes, o->batch, *opt, *accumulate, overhead, o->memory,
                    o->auto_fp16, &c, &fits, err))
         return -1;
+    const char *with = k->host_memory ? "with the loader and this process's baseline"
+                                      : "on the GPU with its baseline (context, cuBLAS)";
+    const double need = (mem_plan_on(&c.plan, k) + overhead) / 1048576.0;
     if (!fits)
         return err_set(err, "memory = %.0f MB: nothing fits; the smallest plan (checkpoint%s, "
-                            "accumulate = %d%s) needs %.0f MB with the loader and this process's "
-                            "baseline: raise memory to at least %.0fM, lower the batch%s",
+                            "accumulate = %d%s) needs %.0f MB %s: raise memory to at least "
+                            "%.0fM, lower the batch%s",
                        o->memory / 1048576.0, c.net.segments ? " = sqrt" : " none", c.accumulate,
-                       c.net.precision == DT_F16 ? ", fp16" : "",
-                       (mem_plan_total(&c.plan) + overhead) / 1048576.0,
-                       (mem_plan_total(&c.plan) + overhead) / 1048576.0 + 1,
+                       c.net.precision == DT_F16 ? ", fp16" : "", need, with, need + 1,
                        o->auto_fp16 || o->precision == DT_F16 ? "" : " or allow auto_fp16 = 1");
     char what[256] = "";
     if (c.net.segments != opt->segments) snprintf(what + strlen(what), sizeof what - strlen(what), ", checkpoint = sqrt");
@@ -958,11 +968,10 @@ static int apply_budget(const Options *o, const Cfg *cfg, const Dataset *train, 
     if (c.net.precision != opt->precision) snprintf(what + strlen(what), sizeof what - strlen(what), ", precision = fp16");
     if (what[0])
         printf("memory = %.0f MB: the run as configured does not fit; chose%s: the plan needs "
-               "%.0f MB with the loader and baseline\n", o->memory / 1048576.0, what + 1,
-               (mem_plan_total(&c.plan) + overhead) / 1048576.0);
+               "%.0f MB %s\n", o->memory / 1048576.0, what + 1, need, with);
     else
-        printf("memory = %.0f MB: the run fits as configured (%.0f MB with the loader and "
-               "baseline)\n", o->memory / 1048576.0, (mem_plan_total(&c.plan) + overhead) / 1048576.0);
+        printf("memory = %.0f MB: the run fits as configured (%.0f MB %s)\n", o->memory / 1048576.0,
+               need, with);
     *opt = c.net;
     *accumulate = c.accumulate;
     return 0;
@@ -970,23 +979,24 @@ static int apply_budget(const Options *o, const Cfg *cfg, const Dataset *train, 
 
 // The error for a plan larger than the machine can give: what would fit instead (the
 // choices of `memory =`, fp16 included), or that nothing does.
-static void refuse_too_big(const Options *o, const Cfg *cfg, const Dataset *train, int classes,
-                           NetOptions opt, int accumulate, const MemPlan *plan, size_t available,
-                           const char *source, Error *err) {
+static void refuse_too_big(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
+                           int classes, NetOptions opt, int accumulate, const MemPlan *plan,
+                           size_t available, const char *source, Error *err) {
     FitChoice c;
     bool fits = false;
     Error ignored = {{0}};
     opt.plan_only = false;
     const size_t budget = available / 10 * 9;  // room for the process's own memory
-    const bool searched = !fit_budget(cfg, train->shape, classes, o->batch, opt, accumulate,
-                                      plan->loader, budget, true, &c, &fits, &ignored);
+    const bool searched = !fit_budget(cfg, k, train->shape, classes, o->batch, opt, accumulate,
+                                      k->host_memory ? plan->loader : 0, budget, true, &c, &fits,
+                                      &ignored);
     char what[256] = "lower the batch";
     if (searched && fits)
         snprintf(what, sizeof what, "memory=%.0fM chooses what fits: checkpoint = %s, accumulate = "
                  "%d (micro-batch %d), %s", budget / 1048576.0, c.net.segments ? "sqrt" : "none",
                  c.accumulate, c.net.batch, c.net.precision == DT_F16 ? "fp16" : "fp32");
     err_set(err, "the memory plan needs %.1f MB but %.1f MB is %s: the run cannot fit (it would "
-                 "be killed when memory runs out); %s%s", mem_plan_total(plan) / 1e6, available / 1e6,
+                 "be killed when memory runs out); %s%s", mem_plan_on(plan, k) / 1e6, available / 1e6,
             source, what, searched && !fits ? " (even checkpointing, accumulation to a micro-batch "
                                               "of 1 and fp16 do not fit)" : "");
 }
@@ -1036,8 +1046,17 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     DataConfig dc = o->data;
     dc.shard = dist.rank, dc.nshards = dist.size;
 
-    // The process's own memory (libraries, OpenBLAS) before anything of the plan exists.
-    const size_t baseline = proc_status_bytes("VmRSS:");
+    // What the device can give, and what it holds before anything of the plan exists: the
+    // process's own memory (libraries, OpenBLAS) on the CPU, the GPU's context and cuBLAS's
+    // workspace on a GPU.
+    const char *source = "the GPU's free memory (cudaMemGetInfo)";
+    size_t baseline, available, taken;
+    if (k->host_memory) {
+        baseline = proc_status_bytes("VmRSS:");
+        available = budget_machine_bytes(&source);
+    } else {
+        k->device_memory(&available, &taken, &baseline);
+    }
     if (data_open(&data, &dc, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
     r.loader = data.train_loader;
@@ -1048,7 +1067,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                           .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
-    if (o->memory && apply_budget(&mine, cfg, train, data.classes, data_loader_bytes(&data) + baseline,
+    if (o->memory && apply_budget(&mine, k, cfg, train, data.classes,
+                                  (k->host_memory ? data_loader_bytes(&data) : 0) + baseline,
                                   &net_opt, &accumulate, err))
         goto done;
     // The plan before anything of it is allocated, against what the machine can still give:
@@ -1056,15 +1076,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     net_opt.plan_only = true;
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
-    const char *source;
-    const size_t available = k->host_memory ? budget_machine_bytes(&source) : SIZE_MAX;
     if (o->plan) {
-        print_plan(&net.plan, baseline, available, source, o->json);
+        print_plan(&net.plan, k, baseline, available, source, o->json);
         rc = 0;
         goto done;
     }
-    if (mem_plan_total(&net.plan) > available) {
-        refuse_too_big(&mine, cfg, train, data.classes, net_opt, accumulate, &net.plan, available,
+    if (mem_plan_on(&net.plan, k) > available) {
+        refuse_too_big(&mine, k, cfg, train, data.classes, net_opt, accumulate, &net.plan, available,
                        source, err);
         goto done;
     }
@@ -1134,7 +1152,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (train->info) printf("       train: %s\n", train->info);
     if (test && test->info) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
-    print_plan(&net.plan, baseline, available, source, false);
+    print_plan(&net.plan, k, baseline, available, source, false);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     char path[1100];
@@ -1179,7 +1197,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         snprintf(wait, sizeof wait, "  data wait %.1f s (%.0f%%)", ls.wait_seconds,
                  seconds > 0 ? 100.0 * ls.wait_seconds / seconds : 0.0);
         if (ls.skipped) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "  skipped %lld bad", (long long)ls.skipped);
-        char scale[96] = "";
+        char scale[160] = "";
         if (net.precision == DT_F16)
             snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r.scaler.scale,
                      (long long)r.scaler.skipped);
@@ -1187,12 +1205,26 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
             snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  comm %.1f s (%.0f%%)",
                      dist.comm_seconds - comm0,
                      seconds > 0 ? 100.0 * (dist.comm_seconds - comm0) / seconds : 0.0);
+        // On a GPU: the device memory the run's allocations take (measured), and the plan's.
+        double gpu_mb = -1;
+        if (!k->host_memory) {
+            size_t avail, base;
+            k->device_memory(&avail, &taken, &base);
+            gpu_mb = taken / 1e6;
+            snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  gpu %.0f MB (plan %.0f MB)",
+                     gpu_mb, mem_plan_blocks(&net.plan) / 1e6);
+        }
         printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
                "peak %.0f MB%s%s\n",
                epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
                img_s, seconds, rss, wait, scale);
         if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
         fflush(stdout);
+        char gpu_json[32] = "null", gpu_plan_json[32] = "null";
+        if (gpu_mb >= 0) {
+            snprintf(gpu_json, sizeof gpu_json, "%.1f", gpu_mb);
+            snprintf(gpu_plan_json, sizeof gpu_plan_json, "%.1f", mem_plan_blocks(&net.plan) / 1e6);
+        }
         char val_loss[32] = "null", val_acc_s[32] = "null", val_top5[32] = "null";
         if (dist.rank == 0 && test) {
             snprintf(val_loss, sizeof val_loss, "%.6f", te.loss / te.seen);
@@ -1208,9 +1240,9 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (dist.rank == 0) fprintf(log,
                 ", \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
                 "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
-                "\"skipped_steps\": %lld}\n",
+                "\"skipped_steps\": %lld, \"gpu_mb\": %s, \"gpu_plan_mb\": %s}\n",
                 lr, img_s, seconds, rss, ls.wait_seconds, (long long)ls.skipped, r.scaler.scale,
-                (long long)r.scaler.skipped);
+                (long long)r.scaler.skipped, gpu_json, gpu_plan_json);
         if (dist.rank == 0 && (fflush(log) || ferror(log))) {
             err_set(err, "cannot write %s/metrics.jsonl: %s; the checkpoints are as before", o->save,
                     strerror(errno));

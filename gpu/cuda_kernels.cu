@@ -73,8 +73,14 @@ static void cublas_check(cublasStatus_t s, const char *file, int line) {
 static struct {
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_workspace;  // CUBLAS_WORKSPACE_BYTES, ours: allocated before used_at_init
+    size_t used_at_init;   // the device's memory in use once set up (device_memory's baseline)
     int sms;  // multiprocessors: caps grid-stride grids
 } g;
+
+// cuBLAS's workspace, given to it at set-up so that it never allocates one later (32 MiB:
+// NVIDIA's recommendation for Hopper; more than the 4 MiB older GPUs need).
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
 #define THREADS 256
 
@@ -132,6 +138,14 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 }
 
 static void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(g.stream)); }
+
+static void cuda_device_memory(size_t *avail, size_t *taken, size_t *baseline) {
+    size_t total = 0;
+    CUDA_CHECK(cudaMemGetInfo(avail, &total));
+    const size_t used = total - *avail;
+    *taken = used > g.used_at_init ? used - g.used_at_init : 0;
+    *baseline = g.used_at_init;
+}
 
 // ---- dense algebra -------------------------------------------------------------------------
 
@@ -1596,12 +1610,24 @@ static void cuda_init(void) {
     // Plain fp32 products, no TF32 (CUBLAS_DEFAULT_MATH; NVIDIA_TF32_OVERRIDE=1 in the
     // environment would still allow it).
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(g.blas, CUBLAS_DEFAULT_MATH);
+    if (s == CUBLAS_STATUS_SUCCESS && !(g.blas_workspace = cuda_alloc(CUBLAS_WORKSPACE_BYTES))) {
+        snprintf(g_error, sizeof g_error, "device=cuda: no room on the GPU for cuBLAS's "
+                 "workspace (%zu MiB)", CUBLAS_WORKSPACE_BYTES >> 20);
+        return;
+    }
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetWorkspace(g.blas, g.blas_workspace, CUBLAS_WORKSPACE_BYTES);
     if (s != CUBLAS_STATUS_SUCCESS) {
         snprintf(g_error, sizeof g_error, "device=cuda: cannot set up cuBLAS (%s)",
                  cublasGetStatusString(s));
         return;
     }
     g.sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    size_t avail;
+    if ((e = cudaMemGetInfo(&avail, &g.used_at_init)) != cudaSuccess) {
+        set_error("device=cuda: cannot query the GPU's memory (%s: %s)", "cudaMemGetInfo", e);
+        return;
+    }
+    g.used_at_init -= avail;  // total - free
 
     Kernels *k = &g_table;
     k->name = "cuda";
@@ -1613,6 +1639,7 @@ static void cuda_init(void) {
     k->zero = cuda_zero;
     k->copy = cuda_copy;
     k->sync = cuda_sync;
+    k->device_memory = cuda_device_memory;
     k->shard_count = cuda_shard_count;
     k->shards = cuda_shards;
     k->add_parts = cuda_add_parts;

@@ -5,11 +5,11 @@
 #include <string.h>
 #include <sys/resource.h>
 
-static int plan_of(const Cfg *cfg, Shape input, int classes, NetOptions opt, MemPlan *plan,
-                   Error *err) {
+static int plan_of(const Cfg *cfg, Shape input, int classes, NetOptions opt, const Kernels *k,
+                   MemPlan *plan, Error *err) {
     Net net;
     opt.plan_only = true;
-    if (net_create(&net, cfg, input, classes, &opt, &cpu_kernels, err)) return -1;
+    if (net_create(&net, cfg, input, classes, &opt, k, err)) return -1;
     *plan = net.plan;
     net_free(&net);
     return 0;
@@ -17,6 +17,7 @@ static int plan_of(const Cfg *cfg, Shape input, int classes, NetOptions opt, Mem
 
 typedef struct Search {
     const Cfg *cfg;
+    const Kernels *k;
     Shape input;
     int classes, batch;
     size_t overhead, budget, smallest;
@@ -27,14 +28,14 @@ typedef struct Search {
 // Sets c's micro-batch and plans it.
 static int plan_choice(const Search *s, FitChoice *c, Error *err) {
     c->net.batch = s->batch / c->accumulate;
-    return plan_of(s->cfg, s->input, s->classes, c->net, &c->plan, err);
+    return plan_of(s->cfg, s->input, s->classes, c->net, s->k, &c->plan, err);
 }
 
 // Plans candidate *c (its plan stays in it); returns 1 if it fits (and takes it), 0 if
 // not, -1 on error.
 static int try_choice(Search *s, FitChoice *c, Error *err) {
     if (plan_choice(s, c, err)) return -1;
-    const size_t total = mem_plan_total(&c->plan) + s->overhead;
+    const size_t total = mem_plan_on(&c->plan, s->k) + s->overhead;
     if (total <= s->budget) {
         *s->out = *c;
         *s->fits = true;
@@ -63,14 +64,14 @@ static int checkpoint_if_smaller(const Search *s, FitChoice *c, NetOptions base,
     FitChoice ckpt = *c;
     ckpt.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
     if (plan_choice(s, &ckpt, err)) return -1;
-    if (mem_plan_total(&ckpt.plan) < mem_plan_total(&c->plan)) *c = ckpt;
+    if (mem_plan_on(&ckpt.plan, s->k) < mem_plan_on(&c->plan, s->k)) *c = ckpt;
     return 0;
 }
 
-int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions base,
-               int base_accumulate, size_t overhead, size_t budget, bool allow_fp16,
-               FitChoice *out, bool *fits, Error *err) {
-    Search s = {.cfg = cfg, .input = input, .classes = classes, .batch = batch,
+int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int batch,
+               NetOptions base, int base_accumulate, size_t overhead, size_t budget,
+               bool allow_fp16, FitChoice *out, bool *fits, Error *err) {
+    Search s = {.cfg = cfg, .k = k, .input = input, .classes = classes, .batch = batch,
                 .overhead = overhead, .budget = budget, .smallest = SIZE_MAX, .out = out,
                 .fits = fits};
     *fits = false;

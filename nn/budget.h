@@ -12,8 +12,9 @@ typedef struct FitChoice {
     MemPlan plan;    // the network's plan for this choice (loader not included)
 } FitChoice;
 
-// Plans without allocating, in this order of preference, and takes the first that fits
-// plan + overhead <= budget (overhead: loader buffers and the process's own baseline):
+// Plans for device k without allocating, in this order of preference, and takes the first
+// that fits mem_plan_on(plan, k) + overhead <= budget (overhead: on the CPU the loader
+// buffers and the process's own baseline; on a GPU the device's baseline):
 //   1. the run as configured (base, base_accumulate);
 //   2. checkpoint = sqrt (unless already checkpointed), if it makes the plan smaller (a
 //      network whose peak lies in the backward of its largest layers gains nothing);
@@ -22,9 +23,9 @@ typedef struct FitChoice {
 //   4. if allow_fp16 and base is fp32: precision = fp16 with each of 2 and 3.
 // *fits says whether one did; if none, *out is the smallest plan of them all. Errors come
 // from building the network (a bad cfg).
-int fit_budget(const Cfg *cfg, Shape input, int classes, int batch, NetOptions base,
-               int base_accumulate, size_t overhead, size_t budget, bool allow_fp16,
-               FitChoice *out, bool *fits, Error *err);
+int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int batch,
+               NetOptions base, int base_accumulate, size_t overhead, size_t budget,
+               bool allow_fp16, FitChoice *out, bool *fits, Error *err);
 
 // The memory this process can still take on this machine, in bytes: the least of the
 // kernel's MemAvailable, the cgroup's memory.max less its memory.current, and the address

@@ -114,6 +114,12 @@ typedef struct Kernels {
     void (*zero)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);  // device to device
     void (*sync)(void);  // waits for queued work (no-op on the CPU)
+    // Where the device's memory is not the host's (NULL on the CPU): *free = what the device
+    // can still give now; *taken = what this process's alloc calls hold there now, measured
+    // (the device's use now less its use once the backend was set up, allocator rounding
+    // included); *baseline = the device's use once the backend was set up: the context,
+    // the cuBLAS workspace, and whatever other processes hold there.
+    void (*device_memory)(size_t *free, size_t *taken, size_t *baseline);
 
     // ---- dense algebra ---------------------------------------------------------------
     // C (M, N) = alpha * op(A) @ op(B) + beta * C, all row-major; op(A) is (M, K) and

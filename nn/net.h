@@ -33,6 +33,12 @@ typedef struct MemPlan {
 } MemPlan;
 
 size_t mem_plan_total(const MemPlan *p);
+// The blocks the network allocates through its kernel table (all but threads and loader,
+// which stay in host memory): what a GPU holds of the plan.
+size_t mem_plan_blocks(const MemPlan *p);
+// What the plan takes of the memory of device k: the total where the device's memory is
+// the host's (the CPU), the blocks elsewhere.
+size_t mem_plan_on(const MemPlan *p, const Kernels *k);
 
 // How the network is built and stored.
 typedef struct NetOptions {

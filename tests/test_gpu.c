@@ -233,6 +233,7 @@ static void test_backend(void **state) {
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
         (void *)k->log_softmax_forward, (void *)k->log_softmax_backward, (void *)k->nll_loss,
         (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->unscale_check, (void *)k->scaler_update,
+        (void *)k->device_memory,
         (void *)k->adadelta_step, (void *)k->add_act, (void *)k->avgpool_forward,
         (void *)k->avgpool_backward, (void *)k->global_avgpool_forward,
         (void *)k->global_avgpool_backward, (void *)k->bn_sums, (void *)k->bn_batch_stats,
@@ -1270,6 +1271,10 @@ static StepResult run_step(const Kernels *k, DType precision, int micro, int seg
     Net net;
     const int mb = STEP_B / micro;
     make_net(&net, k, precision, mb, segments);
+    // fp16: the loss scaled by 1024 and unscaled by the scaler's kernels (a clean step).
+    const ScalerRules rules = scaler_rules(true, 2000);
+    const ScalerState scaled = {.scale = 1024};
+    if (precision == DT_F16) k->upload(net.scaler, &scaled, sizeof scaled);
     StepResult r = {.nparams = net.nparams};
     const size_t pbytes = (size_t)net.nparams * 4, numel = (size_t)shape_numel(step_input);
     r.before = xmalloc(pbytes), r.grads = xmalloc(pbytes), r.after = xmalloc(pbytes);
@@ -1288,8 +1293,13 @@ static StepResult run_step(const Kernels *k, DType precision, int micro, int seg
     }
     k->download(r.grads, net.grads, pbytes);
     k->download(r.metrics, net.metrics, sizeof r.metrics);
-    optim_step(&net, &adadelta, NULL, 1.0, 0);
+    optim_step(&net, &adadelta, precision == DT_F16 ? &rules : NULL, 1.0, 0);
     k->download(r.after, net.params, pbytes);
+    ScalerState after;
+    k->download(&after, net.scaler, sizeof after);
+    if (precision == DT_F16 && !(after.scale == 1024 && after.good_steps == 1 && after.skipped == 0))
+        fail_msg("%s: the loss scaler after a clean step: scale %g, good %lld, skipped %lld", k->name,
+                 after.scale, (long long)after.good_steps, (long long)after.skipped);
     net_free(&net);
     return r;
 }
@@ -1363,6 +1373,49 @@ static void test_net_step_fp16(void **state) {
         check_step(DT_F16, 1, 0, 1e-2, 1e-2, 1e-2);
         check_step(DT_F16, 2, NET_SEGMENTS_SQRT, 1e-2, 1e-2, 1e-2);
     }
+}
+
+// The memory plan against the device memory a network takes after a training step (its
+// blocks, and anything the step allocated on its own, such as a cuBLAS workspace): at
+// least the plan's blocks, and at most 10% more plus the allocator's rounding (2 MiB a
+// block). The host replay counts the bytes allocated: there the two are equal.
+static void test_plan_against_device_memory(void **state) {
+    NEED_GPU();
+    static const struct {
+        DType precision;
+        int segments;
+    } runs[] = {{DT_F32, 0}, {DT_F16, 0}, {DT_F32, NET_SEGMENTS_SQRT}, {DT_F16, NET_SEGMENTS_SQRT}};
+    const int B = 512;
+    const ScalerRules rules = scaler_rules(true, 2000);
+    const int64_t nx = (int64_t)B * shape_numel(step_input);
+    float *x = rand_floats(nx, -2, 2);
+    int32_t *y = xmalloc(B * sizeof *y);
+    for (int i = 0; i < B; i++) y[i] = (int32_t)(urand64() % STEP_CLASSES);
+    for (int c = 0; c < 2; c++)
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            g_step_cfg = c ? step_resnet_cfg : step_cfg;
+            size_t avail, before, after, baseline;
+            G->device_memory(&avail, &before, &baseline);
+            Net net;
+            make_net(&net, G, runs[r].precision, B, runs[r].segments);
+            G->upload(net.input_buf, x, (size_t)nx * 4);
+            G->upload(net.labels, y, (size_t)B * 4);
+            net_zero_grads(&net);
+            net_forward(&net, B, true, 1, 0, 0);
+            net_loss(&net, B, B, true);
+            net_backward(&net, B, 1, 0, 0);
+            optim_step(&net, &adadelta, runs[r].precision == DT_F16 ? &rules : NULL, 1.0, 0);
+            G->sync();
+            G->device_memory(&avail, &after, &baseline);
+            const size_t plan = mem_plan_blocks(&net.plan), taken = after - before;
+            print_message("%s, %s, segments %d, batch %d: plan %.2f MB, device %.2f MB (baseline %.0f MB)\n",
+                          c ? "resnet" : "plain", runs[r].precision == DT_F16 ? "fp16" : "fp32",
+                          runs[r].segments, B, plan / 1e6, taken / 1e6, baseline / 1e6);
+            if (taken < plan || taken > plan + plan / 10 + 6 * ((size_t)2 << 20))
+                fail_msg("the plan's %zu bytes against %zu taken on the device", plan, taken);
+            net_free(&net);
+        }
+    free(x), free(y);
 }
 
 // ---- checkpoints across devices ----------------------------------------------------------------
@@ -1503,6 +1556,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_sgd_adamw),
         cmocka_unit_test(test_net_step_fp32),
         cmocka_unit_test(test_net_step_fp16),
+        cmocka_unit_test(test_plan_against_device_memory),
         cmocka_unit_test(test_checkpoint_across_devices),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -422,7 +422,7 @@ static void test_budget_chooser(void **state) {
     for (size_t t = 0; t < sizeof table / sizeof table[0]; t++) {
         FitChoice c;
         bool fits;
-        assert_int_equal(fit_budget(&cfg, in, 10, 64, base, 1, 0, table[t].budget,
+        assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, table[t].budget,
                                     table[t].allow_fp16, &c, &fits, &err), 0);
         assert_int_equal(fits, table[t].fits);
         if (!fits) {
@@ -439,12 +439,12 @@ static void test_budget_chooser(void **state) {
     // smallest fp32 plan (accumulate 64) that the fp16 ladder meets.
     FitChoice smallest32;
     bool fits;
-    assert_int_equal(fit_budget(&cfg, in, 10, 64, base, 1, 0, 1, false, &smallest32, &fits, &err), 0);
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, 1, false, &smallest32, &fits, &err), 0);
     const size_t below = mem_plan_total(&smallest32.plan) - 1;
     FitChoice c;
-    assert_int_equal(fit_budget(&cfg, in, 10, 64, base, 1, 0, below, false, &c, &fits, &err), 0);
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below, false, &c, &fits, &err), 0);
     assert_false(fits);
-    assert_int_equal(fit_budget(&cfg, in, 10, 64, base, 1, 0, below, true, &c, &fits, &err), 0);
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below, true, &c, &fits, &err), 0);
     if (fits) assert_int_equal(c.net.precision, DT_F16);
     cfg_free(&cfg);
     // The seed network: checkpointing saves nothing there (its peak is in the backward of
@@ -454,7 +454,7 @@ static void test_budget_chooser(void **state) {
     const Shape mnist = {.c = 1, .h = 28, .w = 28};
     const MemPlan p0 = plan_b64(&seed, mnist, 0), p1 = plan_b64(&seed, mnist, NET_SEGMENTS_SQRT);
     assert_true(mem_plan_total(&p1) >= mem_plan_total(&p0));
-    assert_int_equal(fit_budget(&seed, mnist, 10, 64, base, 1, 0, mem_plan_total(&p0) - 1, false, &c, &fits, &err), 0);
+    assert_int_equal(fit_budget(&seed, &cpu_kernels, mnist, 10, 64, base, 1, 0, mem_plan_total(&p0) - 1, false, &c, &fits, &err), 0);
     assert_true(fits);
     assert_int_equal(c.net.segments, 0);
     assert_int_equal(c.accumulate, 2);

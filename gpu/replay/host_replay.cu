@@ -20,14 +20,27 @@
 #include <stdlib.h>
 #include <cblas.h>
 
+// Each allocation's size sits in the 256 bytes before it, for device_memory's count.
+static size_t replay_taken;
 static void *replay_alloc(size_t bytes) {
-    void *p = NULL;
+    char *p = NULL;
     if (bytes > ((size_t)1 << 32)) return NULL;  // keeps test_gpu's 8.6 GB test off the host
-    if (posix_memalign(&p, 256, bytes ? bytes : 256)) return NULL;
-    memset(p, 0xa5, bytes);  // garbage, as cudaMalloc leaves it
-    return p;
+    if (posix_memalign((void **)&p, 256, 256 + (bytes ? bytes : 256))) return NULL;
+    memcpy(p, &bytes, sizeof bytes);
+    replay_taken += bytes;
+    memset(p + 256, 0xa5, bytes);  // garbage, as cudaMalloc leaves it
+    return p + 256;
 }
-static void replay_release(void *p) { free(p); }
+static void replay_release(void *p) {
+    if (!p) return;
+    size_t bytes;
+    memcpy(&bytes, (char *)p - 256, sizeof bytes);
+    replay_taken -= bytes;
+    free((char *)p - 256);
+}
+static void replay_device_memory(size_t *avail, size_t *taken, size_t *baseline) {
+    *avail = (size_t)1 << 34, *taken = replay_taken, *baseline = 0;  // a 16 GiB device
+}
 static void replay_copy(void *d, const void *s, size_t n) { if (n) memmove(d, s, n); }
 static void replay_zero(void *p, size_t n) { memset(p, 0, n); }
 static void replay_sync(void) {}
@@ -305,6 +318,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->name = "cuda";
     k->alloc = replay_alloc, k->release = replay_release, k->upload = replay_copy, k->download = replay_copy;
     k->zero = replay_zero, k->copy = replay_copy, k->sync = replay_sync, k->gemm = replay_gemm;
+    k->device_memory = replay_device_memory;
     k->shard_count = cuda_shard_count, k->shards = cuda_shards, k->add_parts = replay_add_parts;
     k->winograd_input = replay_winograd_input;
     k->winograd_input_backward = replay_winograd_input_backward;
