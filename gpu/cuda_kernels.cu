@@ -7,8 +7,10 @@
 // Contracts, beyond nn/kernels.h:
 //   - One stream for everything (created by cuda_kernels() on first use); the cuBLAS
 //     handle is bound to it, so the table's calls run in the order they are made.
-//   - upload returns when the host buffer may be reused; download returns when the data
-//     is on the host (it waits for the stream); sync waits for the stream.
+//   - upload returns when the host buffer may be reused, without waiting for the stream
+//     (it copies through page-locked staging: cuda_upload); download returns when the
+//     data is on the host (it waits for the stream); sync waits for the stream. A
+//     training step waits for nothing: the loss scaler's decisions stay on the GPU too.
 //   - Every CUDA and cuBLAS call is checked: kernels cannot return errors through the
 //     table, so a failure prints "cuda error at FILE:LINE: <reason>" and aborts. Only
 //     alloc fails softly (NULL), because the network reports out-of-memory itself.
@@ -70,12 +72,22 @@ static void cublas_check(cublasStatus_t s, const char *file, int line) {
 
 // ---- state ---------------------------------------------------------------------------------
 
+// A page-locked staging buffer of cuda_upload, and the event of its last copy.
+#define STAGES 4
+typedef struct Stage {
+    void *host;
+    size_t bytes;
+    cudaEvent_t done;
+} Stage;
+
 static struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_workspace;  // CUBLAS_WORKSPACE_BYTES, ours: allocated before used_at_init
     size_t used_at_init;   // the device's memory in use once set up (device_memory's baseline)
     int sms;  // multiprocessors: caps grid-stride grids
+    Stage stage[STAGES];  // cuda_upload's
+    int next_stage;
 } g;
 
 // cuBLAS's workspace, given to it at set-up so that it never allocates one later (32 MiB:
@@ -112,14 +124,39 @@ static void cuda_release(void *p) {
     if (p) CUDA_CHECK(cudaFree(p));
 }
 
+// Uploads go through page-locked staging buffers, so that the host never waits for the
+// stream: a copy from pageable memory may wait for everything queued before it (CUDA
+// says it "might be" synchronous), which would stall the host at every batch until the
+// previous step had finished. The host copies into the next of STAGES buffers and queues
+// the copy to the device; a buffer is reused once its last copy is done (its event), STAGES
+// uploads later: a batch's input and labels take two, so the wait is for the copies of the
+// step before last, long done. A buffer grows to the largest upload it has taken (the
+// batch, in host memory beside the loader's); larger uploads than STAGE_MAX_BYTES (weights
+// at the start) are copied directly and waited for.
+#define STAGE_MAX_BYTES ((size_t)256 << 20)
+
 static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
     if (!bytes) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, g.stream));
-    // The caller may reuse its buffer as soon as upload returns. CUDA only says that a
-    // copy from pageable memory "might be" synchronous, and one from page-locked memory is
-    // not, so wait. (This stalls the host once per upload; overlapping the next batch's
-    // copy with compute needs an asynchronous upload in the table, with an event.)
-    CUDA_CHECK(cudaStreamSynchronize(g.stream));
+    Stage *st = &g.stage[g.next_stage];
+    if (bytes <= STAGE_MAX_BYTES) {
+        if (!st->done) CUDA_CHECK(cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventSynchronize(st->done));  // its last copy (none yet: returns at once)
+        if (st->bytes < bytes) {
+            if (st->host) CUDA_CHECK(cudaFreeHost(st->host));
+            st->host = NULL, st->bytes = 0;
+            if (cudaHostAlloc(&st->host, bytes, cudaHostAllocDefault) == cudaSuccess) st->bytes = bytes;
+            else (void)cudaGetLastError(), st->host = NULL;  // no page-locked memory: copy directly
+        }
+    }
+    if (bytes > st->bytes) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, g.stream));
+        CUDA_CHECK(cudaStreamSynchronize(g.stream));  // the caller may reuse its buffer at once
+        return;
+    }
+    memcpy(st->host, host_src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, st->host, bytes, cudaMemcpyHostToDevice, g.stream));
+    CUDA_CHECK(cudaEventRecord(st->done, g.stream));
+    g.next_stage = (g.next_stage + 1) % STAGES;
 }
 
 static void cuda_download(void *host_dst, const void *src, size_t bytes) {
