@@ -43,6 +43,8 @@ static const CfgKey train_keys[] = {
     {"memory", "", "a budget (512M, 2G, ...): choose checkpointing, then accumulation, then "
                    "(with auto_fp16) fp16, until the plan fits"},
     {"auto_fp16", "0", "1: memory may also switch precision to fp16"},
+    {"tf32", "0", "1: GEMM inputs rounded to 10 mantissa bits in fp32 runs too, as fp16 runs "
+                  "always do (TF32 tensor cores on CUDA; the CPU computes in fp32 either way)"},
     {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
     {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
     {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
@@ -100,6 +102,7 @@ typedef struct Options {
     int segments;        // NetOptions.segments
     size_t memory;       // budget in bytes; 0 = none
     int auto_fp16;
+    int tf32;
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]
     const char *resume, *init;
@@ -280,7 +283,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
     int precision;
     static const char *const precisions[] = {"fp32", "fp16"};
     const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, freeze_bn, resume_force;
+    int64_t auto_fp16, tf32, freeze_bn, resume_force;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
@@ -289,6 +292,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
         cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
         cfg_str(cfg, t, "memory", "", &memory, err) ||
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
+        cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
         read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, cfg, t, err) ||
@@ -315,6 +319,7 @@ static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error 
                             "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
     o->precision = precision ? DT_F16 : DT_F32;
     o->auto_fp16 = (int)auto_fp16;
+    o->tf32 = (int)tf32;
     if (strcmp(checkpoint, "none") == 0) {
         o->segments = 0;
     } else if (strcmp(checkpoint, "sqrt") == 0) {
@@ -1064,7 +1069,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     r.schedule.total = (int64_t)o->epochs * loader_batches(r.loader);
     NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
                           .segments = o->segments, .freeze = o->freeze.names,
-                          .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0};
+                          .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
+                          .tf32 = o->tf32 != 0};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
     if (o->memory && apply_budget(&mine, k, cfg, train, data.classes,
@@ -1323,7 +1329,7 @@ static int model_open(Model *m, const char *weights, const char *cfg_path, int n
 
 // Builds the network for batches of `batch` inputs of `shape` and loads the weights.
 static int model_load(Model *m, const char *weights, Shape shape, int classes, int batch, Error *err) {
-    const NetOptions opt = {.batch = batch, .precision = m->o.precision};
+    const NetOptions opt = {.batch = batch, .precision = m->o.precision, .tf32 = m->o.tf32 != 0};
     return net_create(&m->net, &m->cfg, shape, classes, &opt, m->k, err) ||
                    checkpoint_load_weights(weights, &m->net, NULL, 0, err)
                ? -1

@@ -26,8 +26,8 @@
 //     differ by rounding only.
 //   - Reductions are deterministic: a fixed launch shape and a fixed summation tree, no
 //     atomics, so the same inputs give the same bits run after run on one GPU.
-//   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH: no TF32). A tf32 switch needs a field in
-//     the table or the trainer's cfg and is left out.
+//   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH), or TF32 on tensor cores while
+//     gemm_reduced(true) holds (CUBLAS_TF32_TENSOR_OP_MATH: precision = fp16, tf32 = 1).
 //   - The per-element work of every kernel is a __host__ __device__ function of the element
 //     index, so that a host build can replay the kernels element by element against the
 //     CPU table where no GPU is available; the kernels are grid-stride loops around them.
@@ -85,6 +85,7 @@ static struct {
     cublasHandle_t blas;
     void *blas_workspace;  // CUBLAS_WORKSPACE_BYTES, ours: allocated before used_at_init
     size_t used_at_init;   // the device's memory in use once set up (device_memory's baseline)
+    bool reduced;  // gemm_reduced's setting: the handle's math mode is TF32
     int sms;  // multiprocessors: caps grid-stride grids
     Stage stage[STAGES];  // cuda_upload's
     int next_stage;
@@ -218,6 +219,12 @@ static void cuda_gemm(float *C, const float *A, const float *B, int M, int N, in
     const ColumnMajorGemm c = gemm_for_cublas(C, A, B, M, N, K, transA, transB);
     CUBLAS_CHECK(cublasSgemm(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, c.ld1, c.a2,
                              c.ld2, &beta, c.c, c.ldc));
+}
+
+static void cuda_gemm_reduced(bool reduced) {
+    if (reduced == g.reduced) return;
+    CUBLAS_CHECK(cublasSetMathMode(g.blas, reduced ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    g.reduced = reduced;
 }
 
 static void cuda_gemm_batched(float *C, const float *A, const float *B, int count, int M, int N, int K,
@@ -1681,6 +1688,7 @@ static void cuda_init(void) {
     k->shards = cuda_shards;
     k->add_parts = cuda_add_parts;
     k->gemm = cuda_gemm;
+    k->gemm_reduced = cuda_gemm_reduced;
     k->im2col = cuda_im2col;
     k->winograd_input = cuda_winograd_input;
     k->winograd_input_backward = cuda_winograd_input_backward;

@@ -1340,6 +1340,9 @@ static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t
     }
 }
 
+// The CPU's GEMMs stay fp32 (kernels.h allows the rounding, it does not ask for it).
+static void cpu_gemm_reduced(bool reduced) { (void)reduced; }
+
 const char *cpu_gemm_kernels(void) {
     static char name[96];
     snprintf(name, sizeof name, "%sOpenBLAS %s", gemm_avx512_available() ? "AVX-512 + " : "",
@@ -1391,6 +1394,7 @@ const Kernels cpu_kernels = {
     .copy = cpu_memcpy,
     .sync = cpu_sync,
     .gemm = cpu_gemm,
+    .gemm_reduced = cpu_gemm_reduced,
     .im2col = cpu_im2col,
     .winograd_input = cpu_winograd_input,
     .winograd_input_backward = cpu_winograd_input_backward,

@@ -126,6 +126,13 @@ typedef struct Kernels {
     // op(B) is (K, N); transA/transB say A is stored (K, M) / B is stored (N, K).
     void (*gemm)(float *C, const float *A, const float *B, int M, int N, int K,
                  bool transA, bool transB, float alpha, float beta);
+    // reduced: until called again, gemm and gemm_batched may round their inputs to 10
+    // mantissa bits (fp16's precision with fp32's range) and accumulate in fp32: TF32 tensor
+    // cores on CUDA, several times fp32's speed; the CPU computes in fp32 all the same. The
+    // network sets it before each forward and backward (Net.gemm_reduced): on with
+    // precision = fp16, whose stored activations and gradients lose nothing by it (what
+    // PyTorch's autocast does with fp16 operands), or tf32 = 1.
+    void (*gemm_reduced)(bool reduced);
 
     // ---- convolution lowering --------------------------------------------------------
     // col (N*OH*OW, K*K*C) <- in (N, H, W, C); a row is one output pixel's patch, its

@@ -634,6 +634,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->input = input;
     net->batch = opt->batch;
     net->precision = opt->precision;
+    net->gemm_reduced = opt->precision == DT_F16 || opt->tf32;
     if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
                 opt->batch, dtype_names[opt->precision]);
@@ -785,6 +786,7 @@ static void forward_layer(Net *net, int i, const LayerCtx *ctx, int N) {
 
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
+    net->k->gemm_reduced(net->gemm_reduced);
     for (int i = 0; i < net->nlayers; i++) forward_layer(net, i, &ctx, N);
 }
 
@@ -796,6 +798,7 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
+    net->k->gemm_reduced(net->gemm_reduced);
     LayerCtx redo = ctx;  // recomputations: the same dropout masks and batch statistics
     redo.recompute = true;
     const int last = net->nlayers - 1;

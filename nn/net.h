@@ -48,6 +48,7 @@ typedef struct NetOptions {
     int segments;     // activation checkpointing (decision 6): 0 or 1 = none; S > 1 splits
                       // the layers into S segments; NET_SEGMENTS_SQRT = round(sqrt(layers))
     bool plan_only;   // compute net->plan and allocate nothing (./train --plan)
+    bool tf32;        // GEMM inputs rounded to 10 mantissa bits in fp32 too (Kernels.gemm_reduced)
     // Optimizer state tensors kept per trained parameter (optim_nstates) and their names.
     int opt_states;
     const char *const *opt_state_names;
@@ -92,6 +93,7 @@ typedef struct Net {
     Shape input;
     int batch;        // the largest N that forward/backward accept
     DType precision;  // of activations and activation gradients (the output is always F32)
+    bool gemm_reduced;  // Kernels.gemm_reduced during forward and backward: fp16 or tf32
     int nsegments;    // checkpoint segments (1: none)
     int *seg_first;   // (nsegments + 1): segment s is layers seg_first[s] .. seg_first[s+1]-1
     Exec exec;        // precision, the fp16 chunk and scratch
