@@ -29,12 +29,44 @@ void optim_plan(const Optimizer *o, NetOptions *opt) {
     opt->opt_state_names = optim_state_names(o);
 }
 
-// Each trained tensor is one kernel call: its weight decay may differ (decay_skip_norm_bias),
-// and frozen tensors lie between them in the parameter block.
+// One kernel call over n parameters from p (gradients at g, the states laid out as them).
+static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t step, float *p,
+                      float *g, int64_t n, double wd) {
+    const Kernels *k = net->k;
+    // The scalars as PyTorch computes them, in double, then rounded to float as its
+    // kernels take them.
+    switch (o->kind) {
+    case OPTIM_ADADELTA:
+        k->adadelta_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n, (float)lr,
+                         (float)o->rho, (float)o->eps, (float)wd, net->scaler);
+        break;
+    case OPTIM_SGD:
+        k->sgd_step(p, o->momentum != 0.0 ? net_opt_state(net, g, 0) : NULL, g, n, (float)lr,
+                    (float)o->momentum, (float)(1 - o->dampening), (float)wd, o->nesterov,
+                    net->scaler, step);
+        break;
+    case OPTIM_ADAMW: {
+        const AdamWHyper h = {.lr = lr, .weight_decay = wd, .beta1 = o->beta1, .beta2 = o->beta2,
+                              .eps = o->eps};
+        k->adamw_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n, h, net->scaler,
+                      step);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+// The updates are elementwise, so neighbouring tensors with the same weight decay are one
+// kernel call (one launch on a GPU, one parallel loop on the CPU): usually the whole
+// network. A frozen tensor between two (its parameters lie between theirs, it has no
+// gradient) or a change of weight decay (decay_skip_norm_bias) starts a new one.
 void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
                 uint64_t step) {
-    const Kernels *k = net->k;
-    if (scaling) k->unscale_check(net->grads, net->ntrain, net->scaler);
+    if (scaling) net->k->unscale_check(net->grads, net->ntrain, net->scaler);
+    float *p0 = NULL, *g0 = NULL;
+    int64_t n0 = 0;
+    double wd0 = 0;
     for (int m = 0; m < net->nmodules; m++) {
         const Layer *l = net->modules[m];
         for (int j = 0; j < l->nparams; j++) {
@@ -43,31 +75,16 @@ void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, 
             float *p = l->params[j].data;
             const int64_t n = tensor_numel(&l->params[j]);
             const double wd = o->decay_skip_norm_bias && l->params[j].ndim <= 1 ? 0.0 : o->weight_decay;
-            // The scalars as PyTorch computes them, in double, then rounded to float as its
-            // kernels take them.
-            switch (o->kind) {
-            case OPTIM_ADADELTA:
-                k->adadelta_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n,
-                                 (float)lr, (float)o->rho, (float)o->eps, (float)wd, net->scaler);
-                break;
-            case OPTIM_SGD:
-                k->sgd_step(p, o->momentum != 0.0 ? net_opt_state(net, g, 0) : NULL, g, n, (float)lr,
-                            (float)o->momentum, (float)(1 - o->dampening), (float)wd, o->nesterov,
-                            net->scaler, step);
-                break;
-            case OPTIM_ADAMW: {
-                const AdamWHyper h = {.lr = lr, .weight_decay = wd, .beta1 = o->beta1,
-                                      .beta2 = o->beta2, .eps = o->eps};
-                k->adamw_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n, h,
-                              net->scaler, step);
-                break;
+            if (n0 && p == p0 + n0 && g == g0 + n0 && wd == wd0) {
+                n0 += n;
+                continue;
             }
-            default:
-                break;
-            }
+            if (n0) step_span(net, o, lr, step, p0, g0, n0, wd0);
+            p0 = p, g0 = g, n0 = n, wd0 = wd;
         }
     }
-    if (scaling) k->scaler_update(net->scaler, *scaling);
+    if (n0) step_span(net, o, lr, step, p0, g0, n0, wd0);
+    if (scaling) net->k->scaler_update(net->scaler, *scaling);
 }
 
 double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch) {
