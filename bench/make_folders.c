@@ -12,6 +12,8 @@
 //                                           FROM, an earlier OUT of at least UNIQUE images,
 //                                           the unique files are hard links to its files
 //
+// Fashion-MNIST is read from /usr/share/datasets/fashion-mnist, or from the folder that
+// the environment's FASHION_MNIST names (the GPU machine: gpu/run.sh's unpacked packages).
 // Image j is Fashion-MNIST training image j % 60000 (the test images after that, for
 // j >= 60000 up to 70000), flipped left-right when j >= 70000 so every PNG differs. Class
 // folders are named "0_tshirt" ... "9_boot", so their sorted order is the label order.
@@ -32,7 +34,7 @@
 #include "../data/dataset.h"
 #include "../nn/rng.h"
 
-#define FM "/usr/share/datasets/fashion-mnist/"
+#define FM "/usr/share/datasets/fashion-mnist"
 #define BIG 600
 #define NTHREADS 2
 
@@ -168,10 +170,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     Error err;
-    if (idx_dataset_open(&base.train, FM "train-images-idx3-ubyte.gz",
-                         FM "train-labels-idx1-ubyte.gz", &err) ||
-        idx_dataset_open(&base.test, FM "t10k-images-idx3-ubyte.gz", FM "t10k-labels-idx1-ubyte.gz",
-                         &err)) {
+    const char *dir = getenv("FASHION_MNIST") ? getenv("FASHION_MNIST") : FM;
+    char files[4][PATH_MAX];
+    static const char *const names[4] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
+    for (int i = 0; i < 4; i++) snprintf(files[i], sizeof files[i], "%s/%s", dir, names[i]);
+    if (idx_dataset_open(&base.train, files[0], files[1], &err) ||
+        idx_dataset_open(&base.test, files[2], files[3], &err)) {
         fprintf(stderr, "make_folders: %s (apt-get install dataset-fashion-mnist)\n", err.msg);
         return 1;
     }

@@ -1,6 +1,7 @@
 // profile.c: the timing kernel table of profile.h.
 #include "profile.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,12 +66,17 @@ void profile_layer(int layer, bool backward) {
 
 // Every wrapper runs the inner kernel and charges its time to (scope, kind). A device
 // with queues is synchronised so that the time is the kernel's, not its launch's.
-#define TIMED(kind, call)                                       \
-    do {                                                        \
-        const double t0_ = prof_now();                          \
-        call;                                                   \
-        if (!P.inner->host_memory) P.inner->sync();             \
-        P.kernel[P.scope * K_KINDS + (kind)] += prof_now() - t0_; \
+// Kernels that a layer's shards (kernels.h) run on several threads at once each charge
+// their share, the time over the number of threads, atomically: the kernel times of a
+// layer then add up to its wall time.
+#define TIMED(kind, call)                                                \
+    do {                                                                 \
+        const double t0_ = prof_now();                                   \
+        call;                                                            \
+        if (!P.inner->host_memory) P.inner->sync();                      \
+        const double dt_ = (prof_now() - t0_) / omp_get_num_threads();   \
+        double *at_ = &P.kernel[P.scope * K_KINDS + (kind)];             \
+        _Pragma("omp atomic") *at_ += dt_;                               \
     } while (0)
 
 static void w_upload(void *d, const void *s, size_t b) { TIMED(K_MEMORY, P.inner->upload(d, s, b)); }
