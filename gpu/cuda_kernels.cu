@@ -1676,6 +1676,7 @@ static void cuda_init(void) {
     Kernels *k = &g_table;
     k->name = "cuda";
     k->host_memory = false;  // device pointers: the host reads them through download
+    k->fp16_scratch_bytes = (size_t)256 << 20;
     k->alloc = cuda_alloc;
     k->release = cuda_release;
     k->upload = cuda_upload;

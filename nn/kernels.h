@@ -84,6 +84,11 @@ static inline AdamWScalars adamw_scalars(AdamWHyper h, int64_t taken) {
 typedef struct Kernels {
     const char *name;  // "cpu", "cuda"
     bool host_memory;  // the device's pointers are host memory (the CPU): no copies needed
+    // fp16 runs each layer over chunks of samples through four fp32 scratch buffers of at
+    // most this many bytes in all (at least one sample a chunk): cache-sized on the CPU
+    // (16 MB), where a chunk's conversions and compute stay in the caches; larger on a GPU
+    // (256 MB), where small chunks would mean small kernels and many launches.
+    size_t fp16_scratch_bytes;
     // Bytes the backend keeps outside the network's blocks once it has computed with the
     // threads it has now (the CPU: the GEMM's packing buffers of each thread); the plan
     // counts them in its workspace. NULL: none.

@@ -107,10 +107,6 @@ done:
     return 0;
 }
 
-// fp16 runs each layer over chunks of samples through four fp32 scratch buffers; the
-// chunk is as many samples as fit in this many bytes of scratch (at least one).
-#define FP16_SCRATCH_BYTES ((size_t)16 << 20)
-
 // Bytes per sample that layer l keeps besides its output (LayerOps.inner_bytes).
 static size_t inner_bytes(const Layer *l, DType precision) {
     return l->ops->inner_bytes ? l->ops->inner_bytes(l, precision) : 0;
@@ -427,7 +423,7 @@ static void net_layout(Net *net) {
     size_t ws = 0;
     if (net->precision == DT_F16) {  // a slot holds `fit` samples of the largest activation
         const size_t per_sample = 4 * largest_any * sizeof(float);
-        size_t fit = FP16_SCRATCH_BYTES / per_sample;
+        size_t fit = net->k->fp16_scratch_bytes / per_sample;
         fit = fit < 1 ? 1 : fit > (size_t)B ? (size_t)B : fit;
         net->exec.slot_values = (int64_t)(fit * largest_any);
         ws = 4 * align64(fit * largest_any * sizeof(float));
