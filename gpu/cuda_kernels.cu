@@ -1677,6 +1677,7 @@ static void cuda_init(void) {
     k->name = "cuda";
     k->host_memory = false;  // device pointers: the host reads them through download
     k->fp16_scratch_bytes = (size_t)256 << 20;
+    k->chunk_bytes = (size_t)64 << 20;
     k->alloc = cuda_alloc;
     k->release = cuda_release;
     k->upload = cuda_upload;

@@ -6,18 +6,16 @@
 // from PyTorch's (OC, C, K, K) to (OC, K, K, C) in the workspace for each call, and the
 // weight gradient is accumulated in that order and permuted back (both orders are the
 // same when C = 1 or K = 1, and nothing is permuted then).
-// The batch is lowered in chunks of images so the im2col workspace stays near
-// CONV_COL_BYTES whatever the batch: a large batch costs activations, not workspace.
-// 2 MB keeps a chunk in the caches between im2col writing it and the GEMM reading it:
-// on the seed network (3 images a chunk) a step took 37 ms against 45 ms with 16 MB
-// chunks, which went through memory (bench/PROFILE.md).
+// The batch is lowered in chunks of images so the im2col workspace stays near the kernel
+// table's chunk_bytes whatever the batch: a large batch costs activations, not workspace.
+// The CPU's 2 MB keeps a chunk in the caches between im2col writing it and the GEMM
+// reading it: on the seed network (3 images a chunk) a step took 37 ms against 45 ms with
+// 16 MB chunks, which went through memory (bench/PROFILE.md).
 #include <math.h>
 #include <stdlib.h>
 
 #include "layer.h"
 
-#define CONV_COL_BYTES ((size_t)2 << 20)
-#define WINOGRAD_SHARD_BYTES ((size_t)1 << 20)  // a Winograd chunk of one of several shards
 
 // How the layer computes (the `algorithm` key); auto picks per layer (conv_algorithm).
 typedef enum ConvAlgorithm { CONV_AUTO, CONV_GEMM, CONV_WINOGRAD, CONV_ALGORITHMS } ConvAlgorithm;
@@ -79,11 +77,11 @@ static ConvGeometry conv_geometry(const Conv *c, int N) {
                           l->out.h, l->out.w, c->filters};
 }
 
-// Images per im2col chunk for a batch of N.
-static int conv_chunk(const Conv *c, int N) {
+// Images per im2col chunk for a batch of N on k.
+static int conv_chunk(const Conv *c, const Kernels *k, int N) {
     const Layer *l = &c->base;
     size_t per_image = (size_t)l->out.h * l->out.w * l->in.c * c->size * c->size * sizeof(float);
-    size_t chunk = CONV_COL_BYTES / per_image;
+    size_t chunk = k->chunk_bytes / per_image;
     if (chunk < 1) chunk = 1;
     return chunk < (size_t)N ? (int)chunk : N;
 }
@@ -149,8 +147,9 @@ static size_t conv_weight_floats(const Conv *c) {
 //
 // Each shard (Kernels.shards: one per compute thread on the CPU) takes its own images
 // through the input transform, the 16 products and the output transform, chunk by chunk,
-// its V and M within WINOGRAD_SHARD_BYTES (a core's L2; 1 MB ran as fast as 2 MB on
-// deep.cfg, 256 KB 15% slower), or CONV_COL_BYTES when one shard does it all. Backward, each
+// its V and M within half the table's chunk_bytes when there are several (the CPU's 1 MB:
+// a core's L2; 1 MB ran as fast as 2 MB on deep.cfg, 256 KB 15% slower), or within
+// chunk_bytes when one shard does it all. Backward, each
 // of several shards sums its dU and dbias apart, and they are added in shard order.
 
 // Floats of the transformed weight U (16 x OC x C), and of dU, rounded up to 64 bytes.
@@ -176,7 +175,7 @@ typedef struct WinogradSpace {
 // chunk: as many of a shard's as fit the shard's bytes.
 static WinogradSpace winograd_space(const Conv *c, const Kernels *k, void *workspace, int N) {
     WinogradSpace w = {.shards = k->shard_count()};
-    const size_t budget = w.shards > 1 ? WINOGRAD_SHARD_BYTES : CONV_COL_BYTES;
+    const size_t budget = w.shards > 1 ? k->chunk_bytes / 2 : k->chunk_bytes;
     const int share = (N + w.shards - 1) / w.shards;
     w.chunk = 1;
     while (w.chunk < share && winograd_chunk_bytes(c, w.chunk + 1) <= budget) w.chunk++;
@@ -298,7 +297,7 @@ static size_t conv_workspace_bytes(const Layer *l, const Kernels *k, int N) {
     if (conv_is_pointwise(c)) return 0;
     if (conv_is_direct(c)) return (size_t)conv_direct_partial_floats(conv_geometry(c, N)) * sizeof(float);
     return (2 * conv_weight_floats(c) +
-            (size_t)conv_chunk(c, N) * l->out.h * l->out.w * l->in.c * c->size * c->size) *
+            (size_t)conv_chunk(c, k, N) * l->out.h * l->out.w * l->in.c * c->size * c->size) *
            sizeof(float);
 }
 
@@ -326,7 +325,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
         if (!ctx->after_first) conv_to_khkwc(c, k, ctx->workspace, w);
         w = ctx->workspace;
     }
-    const int chunk = conv_chunk(c, N);
+    const int chunk = conv_chunk(c, k, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = N - n0 < chunk ? N - n0 : chunk;
         const float *x = in + (int64_t)n0 * shape_numel(l->in);
@@ -367,7 +366,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         w = wp, dw = dw ? dwp : NULL;
     }
     k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * pixels, c->filters, c->act);
-    const int chunk = conv_chunk(c, N);
+    const int chunk = conv_chunk(c, k, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = N - n0 < chunk ? N - n0 : chunk;
         const float *x = in + (int64_t)n0 * shape_numel(l->in);

@@ -1383,6 +1383,7 @@ const Kernels cpu_kernels = {
     .name = "cpu",
     .host_memory = true,
     .fp16_scratch_bytes = (size_t)16 << 20,
+    .chunk_bytes = (size_t)2 << 20,
     .thread_scratch = cpu_thread_scratch,
     .shard_count = cpu_shard_count,
     .shards = cpu_shards,

@@ -89,6 +89,12 @@ typedef struct Kernels {
     // (16 MB), where a chunk's conversions and compute stay in the caches; larger on a GPU
     // (256 MB), where small chunks would mean small kernels and many launches.
     size_t fp16_scratch_bytes;
+    // The workspace a convolution lowers a chunk of its images into (im2col's columns, a
+    // Winograd shard's transformed tiles; half of it a shard when there are several):
+    // cache-sized on the CPU (2 MB: a chunk stays in the caches from the kernel that
+    // writes it to the GEMM that reads it), larger on a GPU (64 MB: GEMMs big enough to
+    // fill it, and few launches).
+    size_t chunk_bytes;
     // Bytes the backend keeps outside the network's blocks once it has computed with the
     // threads it has now (the CPU: the GEMM's packing buffers of each thread); the plan
     // counts them in its workspace. NULL: none.

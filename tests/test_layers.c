@@ -39,7 +39,8 @@
 #define GRAD_TOL 1e-4  // backward: max abs error / max(1, max |gradient|)
 #define MAXP 16  // parameter tensors of a layer and its children
 
-// Mirrors CONV_COL_BYTES in nn/conv.c: the im2col workspace of one chunk of images.
+// The CPU table's chunk_bytes (nn/cpu_kernels.c): the im2col workspace of one chunk of
+// images; the workspace tests check that the table says so.
 #define CONV_COL_BYTES ((size_t)2 << 20)
 
 // ---- random numbers for test data (independent of the library's RNG) ------------------
@@ -754,6 +755,7 @@ static void test_conv_chunked_batch(void **state) {
     const size_t per_image = (size_t)12 * 12 * 16 * 9 * sizeof(float);
     // Before the im2col chunk: the weight and its gradient permuted to (OC, K, K, C).
     const size_t weights = 2 * (size_t)2 * 16 * 9 * sizeof(float);
+    assert_int_equal(cpu_kernels.chunk_bytes, CONV_COL_BYTES);
     assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, s.N), weights + (CONV_COL_BYTES / per_image) * per_image);
     assert_true(l->ops->workspace_bytes(l, &cpu_kernels, s.N) < weights + s.N * per_image);  // it really is chunked
     assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);  // with a partial chunk

@@ -336,6 +336,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     Kernels *k = &replay_table;
     k->name = "cuda";
     k->fp16_scratch_bytes = (size_t)256 << 20;
+    k->chunk_bytes = (size_t)64 << 20;
     k->alloc = replay_alloc, k->release = replay_release, k->upload = replay_copy, k->download = replay_copy;
     k->zero = replay_zero, k->copy = replay_copy, k->sync = replay_sync, k->gemm = replay_gemm;
     k->device_memory = replay_device_memory, k->gemm_reduced = replay_gemm_reduced;
