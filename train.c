@@ -971,12 +971,13 @@ static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, cons
         snprintf(what + strlen(what), sizeof what - strlen(what), ", accumulate = %d (micro-batch %d)",
                  c.accumulate, c.net.batch);
     if (c.net.precision != opt->precision) snprintf(what + strlen(what), sizeof what - strlen(what), ", precision = fp16");
+    FILE *to = o->json ? stderr : stdout;  // --plan --json: stdout is the JSON alone
     if (what[0])
-        printf("memory = %.0f MB: the run as configured does not fit; chose%s: the plan needs "
-               "%.0f MB %s\n", o->memory / 1048576.0, what + 1, need, with);
+        fprintf(to, "memory = %.0f MB: the run as configured does not fit; chose%s: the plan needs "
+                "%.0f MB %s\n", o->memory / 1048576.0, what + 1, need, with);
     else
-        printf("memory = %.0f MB: the run fits as configured (%.0f MB %s)\n", o->memory / 1048576.0,
-               need, with);
+        fprintf(to, "memory = %.0f MB: the run fits as configured (%.0f MB %s)\n",
+                o->memory / 1048576.0, need, with);
     *opt = c.net;
     *accumulate = c.accumulate;
     return 0;
@@ -1211,14 +1212,16 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
             snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  comm %.1f s (%.0f%%)",
                      dist.comm_seconds - comm0,
                      seconds > 0 ? 100.0 * (dist.comm_seconds - comm0) / seconds : 0.0);
-        // On a GPU: the device memory the run's allocations take (measured), and the plan's.
-        double gpu_mb = -1;
+        // On a GPU: the device memory the run's allocations take (measured), the plan's,
+        // and with the GPU's baseline (context, cuBLAS) what the process holds there.
+        double gpu_mb = -1, gpu_total_mb = -1;
         if (!k->host_memory) {
             size_t avail, base;
             k->device_memory(&avail, &taken, &base);
-            gpu_mb = taken / 1e6;
-            snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  gpu %.0f MB (plan %.0f MB)",
-                     gpu_mb, mem_plan_blocks(&net.plan) / 1e6);
+            gpu_mb = taken / 1e6, gpu_total_mb = (taken + base) / 1e6;
+            snprintf(scale + strlen(scale), sizeof scale - strlen(scale),
+                     "  gpu %.0f MB (plan %.0f MB), %.0f MB with the context", gpu_mb,
+                     mem_plan_blocks(&net.plan) / 1e6, gpu_total_mb);
         }
         printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
                "peak %.0f MB%s%s\n",
@@ -1226,10 +1229,11 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                img_s, seconds, rss, wait, scale);
         if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
         fflush(stdout);
-        char gpu_json[32] = "null", gpu_plan_json[32] = "null";
+        char gpu_json[32] = "null", gpu_plan_json[32] = "null", gpu_total_json[32] = "null";
         if (gpu_mb >= 0) {
             snprintf(gpu_json, sizeof gpu_json, "%.1f", gpu_mb);
             snprintf(gpu_plan_json, sizeof gpu_plan_json, "%.1f", mem_plan_blocks(&net.plan) / 1e6);
+            snprintf(gpu_total_json, sizeof gpu_total_json, "%.1f", gpu_total_mb);
         }
         char val_loss[32] = "null", val_acc_s[32] = "null", val_top5[32] = "null";
         if (dist.rank == 0 && test) {
@@ -1246,9 +1250,9 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (dist.rank == 0) fprintf(log,
                 ", \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
                 "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
-                "\"skipped_steps\": %lld, \"gpu_mb\": %s, \"gpu_plan_mb\": %s}\n",
+                "\"skipped_steps\": %lld, \"gpu_mb\": %s, \"gpu_plan_mb\": %s, \"gpu_total_mb\": %s}\n",
                 lr, img_s, seconds, rss, ls.wait_seconds, (long long)ls.skipped, r.scaler.scale,
-                (long long)r.scaler.skipped, gpu_json, gpu_plan_json);
+                (long long)r.scaler.skipped, gpu_json, gpu_plan_json, gpu_total_json);
         if (dist.rank == 0 && (fflush(log) || ferror(log))) {
             err_set(err, "cannot write %s/metrics.jsonl: %s; the checkpoints are as before", o->save,
                     strerror(errno));
