@@ -87,8 +87,9 @@ $(BUILD)/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
+# The toolkit's libraries by rpath: a machine whose loader does not list them still finds them.
 libcnn_cuda.so: $(GPU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/gpu/error.pic.o
-	$(NVCC) -shared $^ -o $@ -L$(CUDA_HOME)/lib64 -lcudart -lcublas
+	$(NVCC) -shared $^ -o $@ -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas
 
 $(BUILD)/gpu/error.pic.o: nn/error.c
 	@mkdir -p $(dir $@)

@@ -1130,7 +1130,10 @@ __host__ __device__ static inline float bias_lane_sum(const float *dout, int64_t
     return acc;
 }
 
-__global__ void bias_backward_kernel(float *dbias, const float *dout, int64_t rows, int cols) {
+// (The launch bounds: 1024 threads a block fit a T4's 64K registers only at 64 a thread;
+// without them sm_75 took 66 for bn_sums_kernel and every launch failed.)
+__global__ void __launch_bounds__(BB_COLS * BB_ROWS)
+bias_backward_kernel(float *dbias, const float *dout, int64_t rows, int cols) {
     __shared__ float part[BB_ROWS][BB_COLS + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int c0 = blockIdx.x * BB_COLS; c0 < cols; c0 += gridDim.x * BB_COLS) {
@@ -1273,8 +1276,9 @@ __host__ __device__ static inline void bn_lane_sums(const float *x, const float 
     *s1 = a, *s2 = b;
 }
 
-__global__ void bn_sums_kernel(double *acc, const float *x, const float *dout, BnChannels s,
-                               int64_t rows, int C, bool relu) {
+__global__ void __launch_bounds__(BB_COLS * BB_ROWS)
+bn_sums_kernel(double *acc, const float *x, const float *dout, BnChannels s, int64_t rows, int C,
+               bool relu) {
     __shared__ double p1[BB_ROWS][BB_COLS + 1], p2[BB_ROWS][BB_COLS + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int c0 = blockIdx.x * BB_COLS; c0 < C; c0 += gridDim.x * BB_COLS) {

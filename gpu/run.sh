@@ -103,10 +103,19 @@ for stage in $STAGES; do
         ;;
     train)
         run fashion-cpu-fp32 models/fashion.cfg epochs=1 device=cpu
+        run fashion-cpu-fp32-1thread models/fashion.cfg epochs=1 device=cpu threads=1
         run fashion-gpu-fp32 models/fashion.cfg epochs=1 device=$GPU
+        run fashion-gpu-fp32-tf32 models/fashion.cfg epochs=1 device=$GPU tf32=1
         run fashion-gpu-fp16 models/fashion.cfg epochs=1 device=$GPU precision=fp16
-        c=$(first_loss fashion-cpu-fp32) g=$(first_loss fashion-gpu-fp32)
-        say "first-epoch train_loss: cpu $c, gpu fp32 $g (|difference| must be <= 1e-3)"
+        # Issue 17 asks for the GPU's first-epoch loss within 1e-3 of the CPU's. An epoch of
+        # Adadelta at lr 1 carries each product's rounding forward: here the CPU with 2
+        # threads and with 1 differed by 1.5e-3 (0.5496, 0.5481), the host replay of the
+        # CUDA kernels by 1.7e-3. The CPU's own spread is printed beside the GPU's.
+        c=$(first_loss fashion-cpu-fp32) c1=$(first_loss fashion-cpu-fp32-1thread)
+        g=$(first_loss fashion-gpu-fp32)
+        say "first-epoch train_loss: cpu $c, cpu 1 thread $c1, gpu fp32 $g"
+        say "    |gpu - cpu| = $(awk -v a="$g" -v b="$c" 'BEGIN { d = a - b; print (d < 0 ? -d : d) }')," \
+            "|cpu 1 thread - cpu| = $(awk -v a="$c1" -v b="$c" 'BEGIN { d = a - b; print (d < 0 ? -d : d) }') (issue 17: <= 1e-3)"
         for v in "plain" "fp16 precision=fp16" "sqrt checkpoint=sqrt" "sqrt-fp16 checkpoint=sqrt precision=fp16"; do
             set -- $v
             name=$1
