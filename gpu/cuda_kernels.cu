@@ -25,7 +25,8 @@
 //     bias_act_backward's sums, batchnorm's sums (double) and the log-softmax/NLL sums
 //     differ by rounding only.
 //   - Reductions are deterministic: a fixed launch shape and a fixed summation tree, no
-//     atomics, so the same inputs give the same bits run after run on one GPU.
+//     atomics, so the same inputs give the same bits run after run on one GPU (the column
+//     sums' slabs depend on the shape alone: on every GPU).
 //   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH), or TF32 on tensor cores while
 //     gemm_reduced(true) holds (CUBLAS_TF32_TENSOR_OP_MATH: precision = fp16, tf32 = 1).
 //   - The per-element work of every kernel is a __host__ __device__ function of the element
@@ -84,6 +85,7 @@ static struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_workspace;  // CUBLAS_WORKSPACE_BYTES, ours: allocated before used_at_init
+    void *slab_scratch;    // SLAB_SCRATCH_BYTES: the column sums' slabs (bias, batchnorm)
     size_t used_at_init;   // the device's memory in use once set up (device_memory's baseline)
     bool reduced;  // gemm_reduced's setting: the handle's math mode is TF32
     int sms;  // multiprocessors: caps grid-stride grids
@@ -1116,45 +1118,88 @@ static void cuda_relu_backward(float *din, const float *dout, const float *out, 
     LAUNCH_CHECK();
 }
 
-// Column sums: a block takes 32 columns (one per lane, so a warp reads 32 consecutive
-// floats of a row) and 32 row lanes; row lane ty sums rows ty, ty + 32, ... in order,
-// then a fixed tree adds the 32 partial sums. No atomics: the same bits on every run.
-// (A column block runs on one multiprocessor: enough for these bias sizes; a split over
-// row slabs would need scratch memory that the table does not plan.)
+// Column sums: the rows are cut into `slabs` (slab_count: a function of the shape alone)
+// and a block takes 32 columns (one per lane, so a warp reads 32 consecutive floats of a
+// row) of one slab with 32 row lanes; row lane ty sums the slab's rows r0 + ty, r0 + ty +
+// 32, ... in order, then a fixed tree adds the 32 lane sums. With one slab the block adds
+// its sum to the result; with several it writes it to the backend's slab scratch and a
+// second kernel adds the slabs' sums in slab order. No atomics: the same bits on every
+// run and on every GPU. (One slab, a column block on one multiprocessor, read the 205 MB
+// of resnet18's stem batchnorm at batch 64 with 2 of an H100's 132 multiprocessors.)
 #define BB_COLS 32
 #define BB_ROWS 32
-__host__ __device__ static inline float bias_lane_sum(const float *dout, int64_t rows, int cols,
-                                                      int c, int lane) {
+#define SLAB_ROWS 1024   // rows a slab at least (32 a lane)
+#define SLABS_MAX 64
+#define SLAB_SCRATCH_BYTES ((size_t)4 << 20)  // allocated at set-up, before the baseline
+
+// Slabs of `rows` for a column sum of `cols` values of `bytes` each (1: no scratch used).
+__host__ __device__ static inline int slab_count(int64_t rows, int cols, size_t bytes) {
+    int64_t s = rows / SLAB_ROWS;
+    const int64_t fit = (int64_t)(SLAB_SCRATCH_BYTES / ((size_t)cols * bytes));
+    if (s > SLABS_MAX) s = SLABS_MAX;
+    if (s > fit) s = fit;
+    return s > 1 ? (int)s : 1;
+}
+__host__ __device__ static inline int64_t slab_start(int64_t rows, int slabs, int j) {
+    return rows * j / slabs;
+}
+
+__host__ __device__ static inline float bias_lane_sum(const float *dout, int64_t r0, int64_t r1,
+                                                      int cols, int c, int lane) {
     float acc = 0.0f;
-    for (int64_t r = lane; r < rows; r += BB_ROWS) acc += dout[r * cols + c];
+    for (int64_t r = r0 + lane; r < r1; r += BB_ROWS) acc += dout[r * cols + c];
     return acc;
+}
+
+// dbias[c] += the slabs' sums in slab order (part: slabs x cols).
+__host__ __device__ static inline void bias_slabs_at(int64_t c, float *dbias, const float *part,
+                                                     int slabs, int cols) {
+    float sum = 0.0f;
+    for (int j = 0; j < slabs; j++) sum += part[(int64_t)j * cols + c];
+    dbias[c] += sum;
 }
 
 // (The launch bounds: 1024 threads a block fit a T4's 64K registers only at 64 a thread;
 // without them sm_75 took 66 for bn_sums_kernel and every launch failed.)
 __global__ void __launch_bounds__(BB_COLS * BB_ROWS)
-bias_backward_kernel(float *dbias, const float *dout, int64_t rows, int cols) {
+bias_backward_kernel(float *dbias, float *slab_part, const float *dout, int64_t rows, int cols,
+                     int slabs) {
     __shared__ float part[BB_ROWS][BB_COLS + 1];
-    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y, j = blockIdx.y;
+    const int64_t r0 = slab_start(rows, slabs, j), r1 = slab_start(rows, slabs, j + 1);
     for (int c0 = blockIdx.x * BB_COLS; c0 < cols; c0 += gridDim.x * BB_COLS) {
         const int c = c0 + tx;
-        part[ty][tx] = c < cols ? bias_lane_sum(dout, rows, cols, c, ty) : 0.0f;
+        part[ty][tx] = c < cols ? bias_lane_sum(dout, r0, r1, cols, c, ty) : 0.0f;
         __syncthreads();
         for (int half = BB_ROWS / 2; half > 0; half /= 2) {
             if (ty < half) part[ty][tx] += part[ty + half][tx];
             __syncthreads();
         }
-        if (ty == 0 && c < cols) dbias[c] += part[0][tx];
+        if (ty == 0 && c < cols) {
+            if (slabs == 1) dbias[c] += part[0][tx];
+            else slab_part[(int64_t)j * cols + c] = part[0][tx];
+        }
         __syncthreads();  // part is reused by the next column block
     }
+}
+
+__global__ void bias_slabs_kernel(float *dbias, const float *part, int slabs, int cols) {
+    GRID_LOOP(c, (int64_t)cols) bias_slabs_at(c, dbias, part, slabs, cols);
 }
 
 static void cuda_bias_backward(float *dbias, const float *dout, int64_t rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
     const int col_blocks = (cols + BB_COLS - 1) / BB_COLS;
     const unsigned blocks = (unsigned)(col_blocks < g.sms * 8 ? col_blocks : g.sms * 8);
-    bias_backward_kernel<<<blocks, dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(dbias, dout, rows, cols);
+    const int slabs = slab_count(rows, cols, sizeof(float));
+    float *part = (float *)g.slab_scratch;
+    bias_backward_kernel<<<dim3(blocks, (unsigned)slabs), dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(
+        dbias, part, dout, rows, cols, slabs);
     LAUNCH_CHECK();
+    if (slabs > 1) {
+        bias_slabs_kernel<<<blocks_for(cols), THREADS, 0, g.stream>>>(dbias, part, slabs, cols);
+        LAUNCH_CHECK();
+    }
 }
 
 // The activation's gradient in place, then the column sums: two kernels on the stream.
@@ -1257,10 +1302,10 @@ static void cuda_add_act(float *out, const float *a, const float *b, int64_t n, 
 // ty sums rows ty, ty + 32, ... in order in double, then a fixed tree adds the lanes.
 // (Deterministic; the CPU sums in other blocks, so the two differ by double rounding.)
 __host__ __device__ static inline void bn_lane_sums(const float *x, const float *dout, BnChannels s,
-                                                    int64_t rows, int C, int c, int lane, bool relu,
-                                                    double *s1, double *s2) {
+                                                    int64_t r0, int64_t r1, int C, int c, int lane,
+                                                    bool relu, double *s1, double *s2) {
     double a = 0.0, b = 0.0;
-    for (int64_t r = lane; r < rows; r += BB_ROWS) {
+    for (int64_t r = r0 + lane; r < r1; r += BB_ROWS) {
         const int64_t e = r * C + c;
         if (!dout) {
             const double v = x[e];
@@ -1277,14 +1322,15 @@ __host__ __device__ static inline void bn_lane_sums(const float *x, const float 
 }
 
 __global__ void __launch_bounds__(BB_COLS * BB_ROWS)
-bn_sums_kernel(double *acc, const float *x, const float *dout, BnChannels s, int64_t rows, int C,
-               bool relu) {
+bn_sums_kernel(double *acc, double *slab_part, const float *x, const float *dout, BnChannels s,
+               int64_t rows, int C, bool relu, int slabs) {
     __shared__ double p1[BB_ROWS][BB_COLS + 1], p2[BB_ROWS][BB_COLS + 1];
-    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y, j = blockIdx.y;
+    const int64_t r0 = slab_start(rows, slabs, j), r1 = slab_start(rows, slabs, j + 1);
     for (int c0 = blockIdx.x * BB_COLS; c0 < C; c0 += gridDim.x * BB_COLS) {
         const int c = c0 + tx;
         double a = 0.0, b = 0.0;
-        if (c < C) bn_lane_sums(x, dout, s, rows, C, c, ty, relu, &a, &b);
+        if (c < C) bn_lane_sums(x, dout, s, r0, r1, C, c, ty, relu, &a, &b);
         p1[ty][tx] = a, p2[ty][tx] = b;
         __syncthreads();
         for (int half = BB_ROWS / 2; half > 0; half /= 2) {
@@ -1294,12 +1340,27 @@ bn_sums_kernel(double *acc, const float *x, const float *dout, BnChannels s, int
             }
             __syncthreads();
         }
-        if (ty == 0 && c < C) {
+        if (ty == 0 && c < C && slabs == 1) {
             acc[c] = dadd_rn(acc[c], p1[0][tx]);
             acc[C + c] = dadd_rn(acc[C + c], p2[0][tx]);
+        } else if (ty == 0 && c < C) {
+            slab_part[(int64_t)j * 2 * C + c] = p1[0][tx];
+            slab_part[(int64_t)j * 2 * C + C + c] = p2[0][tx];
         }
         __syncthreads();  // p1 and p2 are reused by the next channel block
     }
+}
+
+// acc[i] += the slabs' sums in slab order, for i < 2C (part: slabs x 2C).
+__host__ __device__ static inline void bn_slabs_at(int64_t i, double *acc, const double *part,
+                                                   int slabs, int C) {
+    double sum = 0.0;
+    for (int j = 0; j < slabs; j++) sum = dadd_rn(sum, part[(int64_t)j * 2 * C + i]);
+    acc[i] = dadd_rn(acc[i], sum);
+}
+
+__global__ void bn_slabs_kernel(double *acc, const double *part, int slabs, int C) {
+    GRID_LOOP(i, 2 * (int64_t)C) bn_slabs_at(i, acc, part, slabs, C);
 }
 
 static void bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s, int64_t rows,
@@ -1307,8 +1368,15 @@ static void bn_column_sums(double *acc, const float *x, const float *dout, BnCha
     if (rows <= 0 || C <= 0) return;
     const int col_blocks = (C + BB_COLS - 1) / BB_COLS;
     const unsigned blocks = (unsigned)(col_blocks < g.sms * 8 ? col_blocks : g.sms * 8);
-    bn_sums_kernel<<<blocks, dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(acc, x, dout, s, rows, C, relu);
+    const int slabs = slab_count(rows, 2 * C, sizeof(double));
+    double *part = (double *)g.slab_scratch;
+    bn_sums_kernel<<<dim3(blocks, (unsigned)slabs), dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(
+        acc, part, x, dout, s, rows, C, relu, slabs);
     LAUNCH_CHECK();
+    if (slabs > 1) {
+        bn_slabs_kernel<<<blocks_for(2 * (int64_t)C), THREADS, 0, g.stream>>>(acc, part, slabs, C);
+        LAUNCH_CHECK();
+    }
 }
 
 static void cuda_bn_sums(double *acc, const float *x, int64_t rows, int C) {
@@ -1664,6 +1732,11 @@ static void cuda_init(void) {
         return;
     }
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetWorkspace(g.blas, g.blas_workspace, CUBLAS_WORKSPACE_BYTES);
+    if (s == CUBLAS_STATUS_SUCCESS && !(g.slab_scratch = cuda_alloc(SLAB_SCRATCH_BYTES))) {
+        snprintf(g_error, sizeof g_error, "device=cuda: no room on the GPU for the reductions' "
+                 "scratch (%zu MiB)", SLAB_SCRATCH_BYTES >> 20);
+        return;
+    }
     if (s != CUBLAS_STATUS_SUCCESS) {
         snprintf(g_error, sizeof g_error, "device=cuda: cannot set up cuBLAS (%s)",
                  cublasGetStatusString(s));

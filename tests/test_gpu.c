@@ -792,7 +792,8 @@ static void test_avgpool(void **state) {
 static void test_batchnorm(void **state) {
     NEED_GPU();
     rng_seed(10);
-    static const int shapes[][2] = {{1568, 128}, {3, 5}, {401, 70}, {2, 1}};  // rows, C
+    // rows, C: 40,000 rows are 39 slabs of the column sums, 70,000 the most (64)
+    static const int shapes[][2] = {{1568, 128}, {3, 5}, {401, 70}, {2, 1}, {40000, 24}, {70000, 3}};
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
         for (int act = 0; act < ACT_COUNT; act++) {
             const int64_t rows = shapes[t][0], n = rows * shapes[t][1];

@@ -162,19 +162,30 @@ static void replay_bias_act_forward(float *out, const float *bias, int64_t rows,
     if (!bias && act != ACT_RELU) return;
     for (int64_t i = 0; i < rows * cols; i++) bias_act_at(i, out, bias, cols, act == ACT_RELU);
 }
-// The kernels' algorithm: ReLU's gradient in place, then the same lane sums and the
-// bias kernel's tree over them.
+// The column sums' slab scratch (SLAB_SCRATCH_BYTES, as the backend's).
+static double replay_slabs[SLAB_SCRATCH_BYTES / sizeof(double)];
+
+// The kernels' algorithm: ReLU's gradient in place, then for each slab the same lane sums
+// and the bias kernel's tree over them, and the slabs added in order.
 static void replay_bias_act_backward(float *dbias, float *dout, const float *y, int64_t rows, int cols,
                                      Activation act) {
     if (act == ACT_RELU)
         for (int64_t i = 0; i < rows * cols; i++) relu_backward_at(i, dout, dout, y);
-    for (int c = 0; c < cols && dbias; c++) {
-        float part[BB_ROWS];
-        for (int ty = 0; ty < BB_ROWS; ty++) part[ty] = bias_lane_sum(dout, rows, cols, c, ty);
-        for (int half = BB_ROWS / 2; half > 0; half /= 2)
-            for (int ty = 0; ty < half; ty++) part[ty] += part[ty + half];
-        dbias[c] += part[0];
-    }
+    if (!dbias || rows <= 0) return;
+    const int slabs = slab_count(rows, cols, sizeof(float));
+    float *slab_part = (float *)replay_slabs;
+    for (int j = 0; j < slabs; j++)
+        for (int c = 0; c < cols; c++) {
+            float part[BB_ROWS];
+            const int64_t r0 = slab_start(rows, slabs, j), r1 = slab_start(rows, slabs, j + 1);
+            for (int ty = 0; ty < BB_ROWS; ty++) part[ty] = bias_lane_sum(dout, r0, r1, cols, c, ty);
+            for (int half = BB_ROWS / 2; half > 0; half /= 2)
+                for (int ty = 0; ty < half; ty++) part[ty] += part[ty + half];
+            if (slabs == 1) dbias[c] += part[0];
+            else slab_part[(int64_t)j * cols + c] = part[0];
+        }
+    if (slabs > 1)
+        for (int c = 0; c < cols; c++) bias_slabs_at(c, dbias, slab_part, slabs, cols);
 }
 static void replay_add_parts(float *dst, const float *parts, int count, int64_t n, int64_t stride) {
     for (int64_t i = 0; i < n; i++) add_parts_at(i, dst, parts, count, stride);
@@ -214,18 +225,30 @@ static void replay_global_avgpool_backward(float *din, const float *dout, int N,
 static void replay_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
     for (int64_t i = 0; i < n; i++) add_act_at(i, out, a, b, act == ACT_RELU);
 }
-// The kernel's algorithm: the same lane sums and the same tree per channel.
+// The kernels' algorithm: for each slab the same lane sums and the same tree per
+// channel, and the slabs added in order.
 static void replay_bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s,
                                   int64_t rows, int C, bool relu) {
-    for (int c = 0; c < C; c++) {
-        double p1[BB_ROWS], p2[BB_ROWS];
-        for (int ty = 0; ty < BB_ROWS; ty++)
-            bn_lane_sums(x, dout, s, rows, C, c, ty, relu, &p1[ty], &p2[ty]);
-        for (int half = BB_ROWS / 2; half > 0; half /= 2)
-            for (int ty = 0; ty < half; ty++) p1[ty] += p1[ty + half], p2[ty] += p2[ty + half];
-        acc[c] += p1[0];
-        acc[C + c] += p2[0];
-    }
+    if (rows <= 0) return;
+    const int slabs = slab_count(rows, 2 * C, sizeof(double));
+    for (int j = 0; j < slabs; j++)
+        for (int c = 0; c < C; c++) {
+            double p1[BB_ROWS], p2[BB_ROWS];
+            const int64_t r0 = slab_start(rows, slabs, j), r1 = slab_start(rows, slabs, j + 1);
+            for (int ty = 0; ty < BB_ROWS; ty++)
+                bn_lane_sums(x, dout, s, r0, r1, C, c, ty, relu, &p1[ty], &p2[ty]);
+            for (int half = BB_ROWS / 2; half > 0; half /= 2)
+                for (int ty = 0; ty < half; ty++) p1[ty] += p1[ty + half], p2[ty] += p2[ty + half];
+            if (slabs == 1) {
+                acc[c] += p1[0];
+                acc[C + c] += p2[0];
+            } else {
+                replay_slabs[(int64_t)j * 2 * C + c] = p1[0];
+                replay_slabs[(int64_t)j * 2 * C + C + c] = p2[0];
+            }
+        }
+    if (slabs > 1)
+        for (int64_t i = 0; i < 2 * (int64_t)C; i++) bn_slabs_at(i, acc, replay_slabs, slabs, C);
 }
 static void replay_bn_sums(double *acc, const float *x, int64_t rows, int C) {
     replay_bn_column_sums(acc, x, NULL, BnChannels{}, rows, C, false);
