@@ -7,6 +7,8 @@
 #   on the GPU:       sh gpu/run.sh OUT [STAGE ...]     (the device tool: carry gpu/debs)
 # Stages, all of them in this order by default (the build always comes first):
 #   test     make test-gpu: every kernel, a training step and checkpoints against the CPU
+#   sanitize compute-sanitizer's memcheck and racecheck over a few steps of fashion.cfg and
+#            of resnet-small in fp16 with checkpoint=sqrt (errors only a GPU shows)
 #   train    issue 17: a Fashion-MNIST epoch on the CPU in fp32 and on the GPU in fp32 and
 #            fp16 (accuracy; the GPU's first-epoch loss against the CPU's), resnet-small on
 #            the GPU plain, fp16, checkpoint=sqrt and both (the GPU memory against the plan)
@@ -20,9 +22,9 @@
 # device=cpu, a few steps a run (the numbers mean nothing). A run stopped by stop_after
 # exits with 130, as one stopped by a signal: its checkpoint is written.
 set -u
-OUT=${1:?usage: sh gpu/run.sh OUTDIR [test train resume memory profile bench]}
+OUT=${1:?usage: sh gpu/run.sh OUTDIR [test sanitize train resume memory profile bench]}
 shift
-STAGES=${*:-test train resume memory profile bench}
+STAGES=${*:-test sanitize train resume memory profile bench}
 DRY=${DRY:-0}
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
@@ -101,6 +103,24 @@ for stage in $STAGES; do
         say "make test-gpu: exit $? ($(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/test-gpu.log" | tr '\n' ' '))"
         grep -E '^\[  FAILED  \] test_|^ERROR|plan .* MB, device' "$OUT/test-gpu.log" | sed 's/^/    /' | tee -a "$SUMMARY"
         ;;
+    sanitize)
+        if [ "$DRY" = 1 ] || ! command -v compute-sanitizer > /dev/null; then
+            say "compute-sanitizer: not here (DRY=1, or not on PATH)"
+        else
+            for tool in memcheck racecheck; do
+                for v in "fashion models/fashion.cfg" "resnet-small models/resnet-small.cfg precision=fp16 checkpoint=sqrt"; do
+                    set -- $v
+                    name=$1 cfg=$2
+                    shift 2
+                    compute-sanitizer --tool $tool --error-exitcode 99 ./train "$cfg" $DATA device=cuda \
+                        stop_after=3 save="$RUNS/san-$tool-$name" "$@" > "$OUT/sanitize-$tool-$name.log" 2>&1
+                    say "compute-sanitizer --tool $tool $name: exit $? (130: clean, stopped; 99: errors)"
+                    grep -E '^========= (ERROR|Invalid|Race|.*errors)' "$OUT/sanitize-$tool-$name.log" | head -8 |
+                        sed 's/^/    /' | tee -a "$SUMMARY"
+                done
+            done
+        fi
+        ;;
     train)
         run fashion-cpu-fp32 models/fashion.cfg epochs=1 device=cpu
         run fashion-cpu-fp32-1thread models/fashion.cfg epochs=1 device=cpu threads=1
@@ -174,7 +194,7 @@ for stage in $STAGES; do
         fi
         ;;
     *)
-        say "unknown stage $stage (test train resume memory profile bench)"
+        say "unknown stage $stage (test sanitize train resume memory profile bench)"
         ;;
     esac
 done
