@@ -1056,12 +1056,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     // process's own memory (libraries, OpenBLAS) on the CPU, the GPU's context and cuBLAS's
     // workspace on a GPU.
     const char *source = "the GPU's free memory (cudaMemGetInfo)";
-    size_t baseline, available, taken;
+    size_t baseline, available;
     if (k->host_memory) {
         baseline = proc_status_bytes("VmRSS:");
         available = budget_machine_bytes(&source);
     } else {
-        k->device_memory(&available, &taken, &baseline);
+        size_t none_yet;  // nothing of the run is allocated yet
+        k->device_memory(&available, &none_yet, &baseline);
     }
     if (data_open(&data, &dc, o->batch, o->seed, err)) goto done;
     const Dataset *train = data.train, *test = data.test;
@@ -1216,7 +1217,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         // and with the GPU's baseline (context, cuBLAS) what the process holds there.
         double gpu_mb = -1, gpu_total_mb = -1;
         if (!k->host_memory) {
-            size_t avail, base;
+            size_t avail, taken, base;
             k->device_memory(&avail, &taken, &base);
             gpu_mb = taken / 1e6, gpu_total_mb = (taken + base) / 1e6;
             snprintf(scale + strlen(scale), sizeof scale - strlen(scale),

@@ -61,10 +61,7 @@ typedef struct AdamWScalars {
     float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, bc2_sqrt;
 } AdamWScalars;
 
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-static inline AdamWScalars adamw_scalars(AdamWHyper h, int64_t taken) {
+HOST_DEVICE static inline AdamWScalars adamw_scalars(AdamWHyper h, int64_t taken) {
     const double t = (double)(taken + 1);
 #ifdef __CUDA_ARCH__
     const double decay = __dsub_rn(1.0, __dmul_rn(h.lr, h.weight_decay));  // no FMA contraction
@@ -125,12 +122,12 @@ typedef struct Kernels {
     void (*zero)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);  // device to device
     void (*sync)(void);  // waits for queued work (no-op on the CPU)
-    // Where the device's memory is not the host's (NULL on the CPU): *free = what the device
+    // Where the device's memory is not the host's (NULL on the CPU): *avail = what the device
     // can still give now; *taken = what this process's alloc calls hold there now, measured
     // (the device's use now less its use once the backend was set up, allocator rounding
     // included); *baseline = the device's use once the backend was set up: the context,
     // the cuBLAS workspace, and whatever other processes hold there.
-    void (*device_memory)(size_t *free, size_t *taken, size_t *baseline);
+    void (*device_memory)(size_t *avail, size_t *taken, size_t *baseline);
 
     // ---- dense algebra ---------------------------------------------------------------
     // C (M, N) = alpha * op(A) @ op(B) + beta * C, all row-major; op(A) is (M, K) and

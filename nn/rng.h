@@ -8,14 +8,10 @@
 
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define RNG_FN __host__ __device__ static inline
-#else
-#define RNG_FN static inline
-#endif
+#include "hostdevice.h"
 
 // SplitMix64's finaliser: a bijective 64-bit mixer with full avalanche.
-RNG_FN uint64_t rng_mix64(uint64_t x) {
+HOST_DEVICE static inline uint64_t rng_mix64(uint64_t x) {
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 27;
@@ -26,19 +22,20 @@ RNG_FN uint64_t rng_mix64(uint64_t x) {
 
 // A key from a seed, a stream (below) and two indices, e.g. (seed, RNG_STREAM_DROPOUT,
 // step, layer) for a dropout mask.
-RNG_FN uint64_t rng_key(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b) {
+HOST_DEVICE static inline uint64_t rng_key(uint64_t seed, uint64_t stream, uint64_t a,
+                                           uint64_t b) {
     uint64_t k = rng_mix64(seed ^ 0x5851f42d4c957f2dULL);
     k = rng_mix64(k ^ (stream * 0xd6e8feb86659fd93ULL));
     k = rng_mix64(k ^ (a + 0x9e3779b97f4a7c15ULL));
     return rng_mix64(k ^ (b * 0xa0761d6478bd642fULL + 1));
 }
 
-RNG_FN uint64_t rng_u64(uint64_t key, uint64_t counter) {
+HOST_DEVICE static inline uint64_t rng_u64(uint64_t key, uint64_t counter) {
     return rng_mix64(key + (counter + 1) * 0x9e3779b97f4a7c15ULL);
 }
 
 // Uniform in [0, 1) with 24 bits, exactly representable as a float.
-RNG_FN float rng_uniform(uint64_t key, uint64_t counter) {
+HOST_DEVICE static inline float rng_uniform(uint64_t key, uint64_t counter) {
     return (float)(rng_u64(key, counter) >> 40) * (1.0f / 16777216.0f);
 }
 

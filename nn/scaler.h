@@ -17,11 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define SCALER_FN __host__ __device__ static inline
-#else
-#define SCALER_FN static inline
-#endif
+#include "hostdevice.h"
 
 // The rules, fixed for a run.
 typedef struct ScalerRules {
@@ -50,7 +46,7 @@ static inline ScalerRules scaler_rules(bool dynamic, int64_t growth_interval) {
 // step counts as skipped, resets the clean count and backs the scale off (dynamic); a
 // clean one grows the scale after growth_interval in a row (dynamic). Clears the flag
 // for the next step.
-SCALER_FN void scaler_advance(ScalerState *s, ScalerRules r) {
+HOST_DEVICE static inline void scaler_advance(ScalerState *s, ScalerRules r) {
     if (s->found != 0.0f) {
         s->skipped++;
         s->good_steps = 0;
@@ -65,7 +61,8 @@ SCALER_FN void scaler_advance(ScalerState *s, ScalerRules r) {
 // An optimizer step's gate (the kernel table's optimizer entries): false if the step is
 // skipped (gate->found); otherwise true with *taken = the steps the optimizer took before
 // step `step` of the run (from 0). A NULL gate never skips: *taken = step.
-SCALER_FN bool scaler_gate(const ScalerState *gate, uint64_t step, int64_t *taken) {
+HOST_DEVICE static inline bool scaler_gate(const ScalerState *gate, uint64_t step,
+                                           int64_t *taken) {
     if (gate && gate->found != 0.0f) return false;
     *taken = (int64_t)step - (gate ? gate->skipped : 0);
     return true;
