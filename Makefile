@@ -72,6 +72,11 @@ ifeq ($(MPI),1)
   LDLIBS += $(shell $(MPICC) --showme:link)
 endif
 
+# The trainer's own jobs besides training (cli/): options, --eval, --predict, the metrics
+# log, resuming, the save folder; linked into ./train and the predict fuzz target.
+CLI_SRC   := $(wildcard cli/*.c)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
+
 BINS      := train ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -105,7 +110,7 @@ $(BUILD)/libcnn.a: $(LIB_OBJ)
 BIN_FLAGS := build/bin-flags
 $(shell mkdir -p build; [ "$$(cat $(BIN_FLAGS) 2>/dev/null)" = "$(BUILD)" ] || echo "$(BUILD)" > $(BIN_FLAGS))
 
-train: $(BUILD)/train.o $(BUILD)/libcnn.a $(BIN_FLAGS)
+train: $(BUILD)/train.o $(CLI_OBJ) $(BUILD)/libcnn.a $(BIN_FLAGS)
 	$(CC) $(CFLAGS) $(filter-out $(BIN_FLAGS),$^) -o $@ $(LDLIBS)
 
 ckpt: $(BUILD)/ckpt.o $(BUILD)/libcnn.a $(BIN_FLAGS)
@@ -162,14 +167,14 @@ test: deps-test
 # Fuzzing (tests/fuzz/, README "Fuzzing"): each target under libFuzzer with ASan and UBSan
 # (clang) for FUZZ_SECONDS; a crash fails and names its reproducer. `make test` runs the
 # same targets over their seeds and tests/fuzz/regress/ (the crashes found before).
-FUZZ_TARGETS := cfg safetensors idx image rename
+FUZZ_TARGETS := cfg safetensors idx image rename predict
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build/fuzz
 FUZZ_FLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=undefined -std=c11 -D_GNU_SOURCE -fopenmp -Wno-pass-failed \
                 -I/usr/include/x86_64-linux-gnu/openblas-pthread
-FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o) $(CLI_SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz_replay_%)
 .SECONDARY: $(FUZZ_LIB_OBJ) $(patsubst %,$(FUZZ_BUILD)/tests/fuzz/%.o,$(FUZZ_TARGETS) fuzz_util stb_image_impl) \
             $(patsubst %,$(BUILD)/tests/fuzz/%.o,$(FUZZ_TARGETS) fuzz_util replay seeds)
@@ -184,7 +189,7 @@ $(FUZZ_BUILD)/tests/fuzz/stb_image_impl.o: FUZZ_FLAGS += -fno-sanitize=pointer-o
 $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/tests/fuzz/%.o $(FUZZ_BUILD)/tests/fuzz/fuzz_util.o \
                       $(FUZZ_BUILD)/tests/fuzz/stb_image_impl.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer $^ -o $@ -lopenblas -ljpeg -lz -lm -lpthread -ldl
-$(BUILD)/tests/fuzz_replay_%: $(BUILD)/tests/fuzz/%.o $(BUILD)/tests/fuzz/fuzz_util.o $(BUILD)/tests/fuzz/replay.o $(BUILD)/libcnn.a
+$(BUILD)/tests/fuzz_replay_%: $(BUILD)/tests/fuzz/%.o $(BUILD)/tests/fuzz/fuzz_util.o $(BUILD)/tests/fuzz/replay.o $(CLI_OBJ) $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/tests/fuzz_seeds: $(BUILD)/tests/fuzz/seeds.o $(BUILD)/tests/fuzz/fuzz_util.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

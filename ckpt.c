@@ -180,7 +180,16 @@ static int cmd_ls(const char *file) {
         printf("  cfg:\n%s", *cfg && *cfg != '\n' ? "    " : "");
         print_value(cfg, 4);
     }
+    const bool is_checkpoint = st_meta(&f, "format") != NULL;
     st_close(&f);
+    if (!is_checkpoint) return 0;
+    // The metadata as ./train checks it before any use: a file that fails here is refused by
+    // every command (exit status 1).
+    if (checkpoint_read_info(file, NULL, NULL, &err)) {
+        printf("check: the metadata is not one ./train takes: %s\n", err.msg);
+        return 1;
+    }
+    printf("check: the metadata is valid\n");
     return 0;
 }
 

@@ -1,9 +1,11 @@
 // train.c: the trainer. ./train CFG [key=value ...]
 //
 // Reads the cfg, applies command-line overrides, opens the data, builds the network on
-// the chosen device and trains it with Adadelta on the NLL loss, evaluating on the test
-// set after each epoch. Prints a line per epoch and appends it to SAVE/metrics.jsonl.
-#include <dirent.h>
+// the chosen device and trains it, evaluating on the test set after each epoch. Prints a
+// line per epoch and logs it to SAVE/metrics.jsonl. Its other jobs have files of their
+// own in cli/: the options (options.c), --eval (evaluate.c), --predict (predict.c), the
+// metrics log and curves (metrics.c), resuming (resume.c) and the save folder
+// (run_folder.c).
 #include <errno.h>
 #include <stddef.h>
 #include <limits.h>
@@ -12,14 +14,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/evaluate.h"
+#include "cli/metrics.h"
+#include "cli/options.h"
+#include "cli/predict.h"
+#include "cli/resume.h"
+#include "cli/run_folder.h"
 #include "data/data_cfg.h"
-#include "nn/cfg.h"
-#include "nn/file.h"
 #include "nn/budget.h"
+#include "nn/cfg.h"
 #include "nn/checkpoint.h"
 #include "nn/dist.h"
 #include "nn/kernels.h"
@@ -28,348 +34,16 @@
 #include "nn/profile.h"
 #include "nn/scaler.h"
 
+// The exit statuses besides 0 (trained, or done) and 1 (an error).
+enum {
+    EXIT_USAGE = 2,         // the command line is not one ./train takes
+    EXIT_NOTHING_LEFT = 3,  // resume: the checkpoint has trained every epoch asked for
+    EXIT_STOPPED = 130,     // a signal or stop_after stopped it, with a checkpoint to resume
+};
+
 // The processes of a data-parallel run (nn/dist.h): rank 0 of 1 without mpirun.
 static Dist dist;
 static int train_main(int argc, char **argv);
-
-// ---- the [train] and [data] sections -------------------------------------------------------
-
-static const CfgKey train_keys[] = {
-    {"epochs", "14", "passes over the training set"},
-    {"batch", "64", "samples per optimizer step"},
-    {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
-    {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
-    {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
-    {"memory", "", "a budget (512M, 2G, ...): choose checkpointing, then accumulation, then "
-                   "(with auto_fp16) fp16, until the plan fits"},
-    {"auto_fp16", "0", "1: memory may also switch precision to fp16"},
-    {"tf32", "0", "1: GEMM inputs rounded to 10 mantissa bits in fp32 runs too, as fp16 runs "
-                  "always do (TF32 tensor cores on CUDA; the CPU computes in fp32 either way)"},
-    {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
-    {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
-    {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
-    {"optimizer", "adadelta", "adadelta, sgd or adamw: PyTorch's updates and defaults"},
-    {"lr", "by optimizer", "learning rate: adadelta 1.0, sgd 0.01, adamw 0.001"},
-    {"rho", "0.9", "adadelta: the running averages' coefficient"},
-    {"eps", "by optimizer", "adadelta 1e-6, adamw 1e-8: added to the denominator"},
-    {"momentum", "0", "sgd: momentum"},
-    {"dampening", "0", "sgd: dampening of the momentum"},
-    {"nesterov", "0", "sgd: 1 for Nesterov momentum"},
-    {"betas", "0.9, 0.999", "adamw: the coefficients of the running averages"},
-    {"weight_decay", "by optimizer", "adadelta and sgd (0): L2 penalty added to the gradient; "
-                                     "adamw (0.01): decoupled decay"},
-    {"decay_skip_norm_bias", "0", "1: no weight decay for biases and batchnorm parameters"},
-    {"schedule", "step", "step (StepLR: lr_gamma each epoch) or cosine (annealed each step to "
-                         "lr_min over the run)"},
-    {"lr_gamma", "0.7", "step: the learning rate is multiplied by this after each epoch"},
-    {"lr_min", "0", "cosine: the learning rate at the end of the run"},
-    {"warmup", "0", "steps of linear warmup first, from warmup_start * lr (PyTorch's LinearLR)"},
-    {"warmup_start", "0.3333333333333333", "warmup: the fraction of lr at the first step"},
-    {"freeze", "", "layers whose parameters stay fixed, names or prefixes, comma-separated "
-                   "(conv1, layer1): no gradients, no optimizer state"},
-    {"freeze_bn", "1", "1: frozen layers' batchnorms normalise by their running statistics, "
-                       "which stay; 0: by the batch's, updating them"},
-    {"device", "cpu", "cpu, or cuda in builds with the CUDA backend"},
-    {"threads", "0", "CPU threads for OpenBLAS and the kernels; 0 = all cores"},
-    {"seed", "1", "seeds initialisation (the weights PyTorch draws after torch.manual_seed), shuffling and dropout"},
-    {"save", "runs/<cfg name>", "folder for checkpoints (last, best) and metrics.jsonl"},
-    {"save_every", "0", "also write the last checkpoint every N batches; 0 = each epoch only"},
-    {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint, as on "
-                        "Ctrl-C (for time-boxed sessions); 0 = never"},
-    {"resume", "", "a checkpoint to continue training from exactly: ./train resume=CKPT takes "
-                   "the cfg stored in it; settings that change the run are refused"},
-    {"resume_force", "0", "1: resume although settings that change the run differ from the "
-                          "checkpoint's"},
-    {"init", "", "weights that start this run (optimizer starts fresh): a checkpoint, or any "
-                 "safetensors state_dict with the network's names (PyTorch's)"},
-    {"init_skip", "", "layers that init leaves at their fresh initialisation, comma-separated "
-                      "(fc: a new classifier head; layer4: a whole stage)"},
-    {"profile", "0", "1: time every kernel and layer and print where the training time went "
-                     "(milliseconds per step) after each epoch"},
-};
-enum { NTRAIN_KEYS = sizeof train_keys / sizeof train_keys[0] };
-
-// A comma-separated list of layer names of the cfg: names[0..n) point into text.
-typedef struct NameList {
-    char text[1024];
-    const char *names[64];
-    int n;
-} NameList;
-
-typedef struct Options {
-    int epochs, batch, threads, accumulate;
-    int64_t save_every, stop_after;
-    int segments;        // NetOptions.segments
-    size_t memory;       // budget in bytes; 0 = none
-    int auto_fp16;
-    int tf32;
-    int profile;         // print the profile table (nn/profile.h) after each epoch
-    bool plan, json;     // --plan [--json]
-    const char *resume, *init;
-    int resume_force;
-    NameList init_skip, freeze;
-    int freeze_bn;
-    DType precision;
-    ScalerRules scaling;  // the loss scaler (fp16)
-    double init_scale;    // its first scale
-    Optimizer optim;
-    Schedule schedule;  // total is set when the data is open
-    const char *device;
-    char save[1024];
-    uint64_t seed;
-    DataConfig data;
-} Options;
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ./train CFG [key=value ...]\n"
-            "\n"
-            "Trains the network described by the cfg file CFG (see models/mnist.cfg).\n"
-            "Any cfg key can be overridden on the command line:\n"
-            "  key=value          a key of [train] or [data]   (epochs=1 batch=128)\n"
-            "  train.key=value    a key of a named section     (data.shuffle=0)\n"
-            "  LAYER.key=value    a key of the layer named LAYER (conv1.filters=16)\n"
-            "  key=               (empty) the key's default, as if the cfg did not set it\n"
-            "\n"
-            "Options:\n"
-            "  --plan             print the memory plan for the cfg and stop (no training)\n"
-            "  --plan --json      the same as one JSON object of byte counts\n"
-            "  -h, --help         this text, with every cfg key\n"
-            "\n"
-            "usage: ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]\n"
-            "  evaluates a checkpoint (SAVE/best.safetensors) on the test set of the cfg stored\n"
-            "  in it (the held-out part with val_split), or on another: test=PATH\n"
-            "  test_labels=PATH. Prints loss, accuracy, top-5, each class's accuracy and the\n"
-            "  confusion matrix (--json: one JSON object). Plain weights (any safetensors\n"
-            "  state_dict, PyTorch's) need the network's cfg: --cfg CFG\n"
-            "\n"
-            "usage: ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] IMAGE|FOLDER...\n"
-            "  the K (5) most likely classes of each image file (PNG, JPEG, BMP, GIF, TGA, PNM)\n"
-            "  and of every image in the folders, decoded, resized to the network's input and\n"
-            "  normalised as in training (--json: one JSON object per line). Files that do not\n"
-            "  decode are reported and the exit status is 1\n"
-            "\n");
-    cfg_print_keys(f, "train", train_keys, NTRAIN_KEYS);
-    fprintf(f, "\n");
-    cfg_print_keys(f, "data", data_keys, data_nkeys);
-    fprintf(f, "\nLayer sections, in network order after [train] and [data]:\n");
-    for (int i = 0; i < layer_ntypes; i++) {
-        fprintf(f, "\n# %s\n", layer_types[i]->summary);
-        cfg_print_keys(f, layer_types[i]->type, layer_types[i]->keys, layer_types[i]->nkeys);
-    }
-}
-
-static bool has_key(const CfgKey *keys, int n, const char *key) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(keys[i].key, key) == 0) return true;
-    return false;
-}
-
-// Applies one command-line override "key=value", "section.key=value" or "layer.key=value".
-static int apply_override(Cfg *cfg, const char *arg, Error *err) {
-    const char *eq = strchr(arg, '=');
-    if (!eq || eq == arg)
-        return err_set(err, "command line: '%s' is not key=value (see ./train --help)", arg);
-    char key[256];
-    if ((size_t)(eq - arg) >= sizeof key) return err_set(err, "command line: key too long in '%s'", arg);
-    memcpy(key, arg, (size_t)(eq - arg));
-    key[eq - arg] = '\0';
-    const char *value = eq + 1;
-    CfgSection *s = NULL;
-    const char *k = key;
-    char *dot = strrchr(key, '.');  // layer names may hold dots (layer1.0), keys never do
-    if (dot) {
-        *dot = '\0';
-        k = dot + 1;
-        s = cfg_section(cfg, key);
-        if (s && strcmp(key, "train") != 0 && strcmp(key, "data") != 0) s = NULL;
-        if (!s) s = layer_find_section(cfg, key);
-        if (!s) return err_set(err, "command line: '%s': no section or layer named '%s' in %s", arg, key, cfg->path);
-    } else if (has_key(train_keys, NTRAIN_KEYS, key)) {
-        s = cfg_section(cfg, "train");
-    } else if (has_key(data_keys, data_nkeys, key)) {
-        s = cfg_section(cfg, "data");
-    } else {
-        return err_set(err, "command line: unknown key '%s': not a key of [train] or [data] "
-                            "(for a layer's key write LAYER.%s=...; see ./train --help)", key, key);
-    }
-    if (!s) return err_set(err, "command line: '%s': %s has no [%s] section", arg, cfg->path,
-                           has_key(train_keys, NTRAIN_KEYS, key) ? "train" : "data");
-    if (!*value) {  // key= : back to the default (test= turns a cfg's test set off)
-        cfg_unset(s, k);
-        return 0;
-    }
-    return cfg_set(s, k, value, err);
-}
-
-// key = a, b: the names, trimmed, into *list.
-static int read_names(const Cfg *cfg, const CfgSection *t, const char *key, NameList *list,
-                      Error *err) {
-    const char *text;
-    if (cfg_str(cfg, t, key, "", &text, err)) return -1;
-    list->n = 0;
-    if (strlen(text) >= sizeof list->text)
-        return err_set(err, "%s: [train] %s is too long", cfg->path, key);
-    strcpy(list->text, text);
-    for (char *p = list->text; *p;) {
-        p += strspn(p, " \t,");
-        if (!*p) break;
-        char *end = p + strcspn(p, ",");
-        char *next = *end ? end + 1 : end;
-        while (end > p && (end[-1] == ' ' || end[-1] == '\t')) end--;
-        *end = '\0';
-        if (list->n == (int)(sizeof list->names / sizeof list->names[0]))
-            return err_set(err, "%s: [train] %s names more than %d layers", cfg->path, key,
-                           (int)(sizeof list->names / sizeof list->names[0]));
-        list->names[list->n++] = p;
-        p = next;
-    }
-    return 0;
-}
-
-// The optimizer's keys, with its defaults.
-static int read_optimizer(Optimizer *o, const Cfg *cfg, const CfgSection *t, Error *err) {
-    int kind;
-    if (cfg_choice(cfg, t, "optimizer", "adadelta", optim_names, OPTIM_COUNT, &kind, err)) return -1;
-    o->kind = (OptimKind)kind;
-    static const char *const lr0[] = {"1.0", "0.01", "0.001"}, *const eps0[] = {"1e-6", "1e-6", "1e-8"},
-                             *const wd0[] = {"0", "0", "0.01"};
-    static_assert(OPTIM_COUNT == 3, "the optimizers' defaults above");
-    double betas[2];
-    int nbetas;
-    int64_t nesterov, skip;
-    if (cfg_float(cfg, t, "lr", lr0[kind], 0.0, 1e6, &o->lr, err) ||
-        cfg_float(cfg, t, "rho", "0.9", 0.0, 1.0, &o->rho, err) ||
-        cfg_float(cfg, t, "eps", eps0[kind], 0.0, 1.0, &o->eps, err) ||
-        cfg_float(cfg, t, "momentum", "0", 0.0, 1.0, &o->momentum, err) ||
-        cfg_float(cfg, t, "dampening", "0", 0.0, 1.0, &o->dampening, err) ||
-        cfg_int(cfg, t, "nesterov", "0", 0, 1, &nesterov, err) ||
-        cfg_floats(cfg, t, "betas", "0.9, 0.999", betas, 2, &nbetas, err) ||
-        cfg_float(cfg, t, "weight_decay", wd0[kind], 0.0, 1e6, &o->weight_decay, err) ||
-        cfg_int(cfg, t, "decay_skip_norm_bias", "0", 0, 1, &skip, err))
-        return -1;
-    if (nbetas != 2 || !(betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1))
-        return err_set(err, "%s: [train] betas: expected two numbers in [0, 1), such as 0.9, 0.999",
-                       cfg->path);
-    o->beta1 = betas[0], o->beta2 = betas[1];
-    o->nesterov = nesterov != 0;
-    o->decay_skip_norm_bias = skip != 0;
-    if (o->nesterov && (o->momentum == 0 || o->dampening != 0))
-        return err_set(err, "%s: [train] nesterov = 1 needs momentum > 0 and dampening = 0 (as "
-                            "PyTorch's SGD)", cfg->path);
-    return 0;
-}
-
-static int read_schedule(Schedule *s, const Cfg *cfg, const CfgSection *t, Error *err) {
-    int kind;
-    if (cfg_choice(cfg, t, "schedule", "step", schedule_names, SCHEDULE_COUNT, &kind, err) ||
-        cfg_float(cfg, t, "lr_gamma", "0.7", 0.0, 1e6, &s->gamma, err) ||
-        cfg_float(cfg, t, "lr_min", "0", 0.0, 1e6, &s->lr_min, err) ||
-        cfg_int(cfg, t, "warmup", "0", 0, INT64_MAX, &s->warmup, err) ||
-        cfg_float(cfg, t, "warmup_start", "0.3333333333333333", 1e-9, 1.0, &s->warmup_start, err))
-        return -1;
-    s->kind = (ScheduleKind)kind;
-    return 0;
-}
-
-static int read_options(Options *o, const Cfg *cfg, const char *cfg_path, Error *err) {
-    const CfgSection *t = cfg_section(cfg, "train"), *d = cfg_section(cfg, "data");
-    if (!t) return err_set(err, "%s: no [train] section (see models/mnist.cfg)", cfg_path);
-    if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
-    if (cfg_check_keys(cfg, t, train_keys, NTRAIN_KEYS, err) || data_cfg_read(&o->data, cfg, d, err))
-        return -1;
-    int64_t epochs, batch, threads, seed, accumulate, growth_interval, profile;
-    double init_scale;
-    int precision;
-    static const char *const precisions[] = {"fp32", "fp16"};
-    const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, tf32, freeze_bn, resume_force;
-    if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
-        cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
-        cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
-        cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
-        cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
-        cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
-        cfg_str(cfg, t, "memory", "", &memory, err) ||
-        cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
-        cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
-        cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
-        cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
-        read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, cfg, t, err) ||
-        cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
-        cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err) ||
-        cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
-        cfg_str(cfg, t, "save", "", &save, err) ||
-        cfg_int(cfg, t, "save_every", "0", 0, INT64_MAX, &o->save_every, err) ||
-        cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
-        cfg_str(cfg, t, "resume", "", &o->resume, err) ||
-        cfg_int(cfg, t, "resume_force", "0", 0, 1, &resume_force, err) ||
-        cfg_str(cfg, t, "init", "", &o->init, err) ||
-        read_names(cfg, t, "init_skip", &o->init_skip, err) ||
-        read_names(cfg, t, "freeze", &o->freeze, err) ||
-        cfg_int(cfg, t, "freeze_bn", "1", 0, 1, &freeze_bn, err) ||
-        cfg_int(cfg, t, "profile", "0", 0, 1, &profile, err))
-        return -1;
-    o->profile = (int)profile;
-    o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
-    o->seed = (uint64_t)seed;
-    o->accumulate = (int)accumulate;
-    if (batch % accumulate != 0)
-        return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
-                            "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
-    o->precision = precision ? DT_F16 : DT_F32;
-    o->auto_fp16 = (int)auto_fp16;
-    o->tf32 = (int)tf32;
-    if (strcmp(checkpoint, "none") == 0) {
-        o->segments = 0;
-    } else if (strcmp(checkpoint, "sqrt") == 0) {
-        o->segments = NET_SEGMENTS_SQRT;
-    } else {
-        char *end;
-        const long n = strtol(checkpoint, &end, 10);
-        if (*end || n < 1 || n > 100000)
-            return err_set(err, "%s: [train] checkpoint = '%s': expected none, sqrt or a number "
-                                "of segments >= 1", cfg_path, checkpoint);
-        o->segments = (int)n;
-    }
-    o->memory = 0;
-    if (memory[0]) {
-        char *end;
-        const double v = strtod(memory, &end);
-        double unit = 1;
-        if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
-        else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
-        else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
-        if (*end == 'B' || *end == 'b') end++;
-        if (*end || !(v > 0) || v * unit > 1e18)
-            return err_set(err, "%s: [train] memory = '%s': expected a size such as 512M, 2G "
-                                "or 800000K", cfg_path, memory);
-        o->memory = (size_t)(v * unit);
-    }
-    if (strcmp(loss_scale, "dynamic") == 0) {
-        o->scaling = scaler_rules(true, growth_interval);
-        o->init_scale = init_scale;
-    } else {
-        char *end;
-        const double fixed = strtod(loss_scale, &end);
-        if (*end || !(fixed > 0) || !isfinite(fixed))
-            return err_set(err, "%s: [train] loss_scale = '%s': expected dynamic or a positive "
-                                "number", cfg_path, loss_scale);
-        o->scaling = scaler_rules(false, growth_interval);
-        o->init_scale = fixed;
-    }
-
-    o->freeze_bn = (int)freeze_bn;
-    o->resume_force = (int)resume_force;
-    if (save[0]) {
-        snprintf(o->save, sizeof o->save, "%s", save);
-    } else {  // runs/<cfg file name without directory and extension>
-        const char *base = strrchr(cfg_path, '/') ? strrchr(cfg_path, '/') + 1 : cfg_path;
-        int len = (int)strcspn(base, ".");
-        snprintf(o->save, sizeof o->save, "runs/%.*s", len, base);
-    }
-    return 0;
-}
 
 // ---- utilities -----------------------------------------------------------------------------
 
@@ -398,189 +72,8 @@ static void format_eta(char *buf, size_t n, double seconds) {
     else snprintf(buf, n, "%d:%02d", s / 60, s % 60);
 }
 
-// ---- the picture of training: SAVE/curves.svg ----------------------------------------------
-
-// One epoch of SAVE/metrics.jsonl as curves.svg draws it (NAN where not logged).
-typedef struct EpochPoint {
-    int epoch;
-    double train_loss, train_acc, val_loss, val_acc, lr;
-} EpochPoint;
-
-// The number after "key": in a metrics line; NAN for null or a missing key.
-static double json_number(const char *line, const char *key) {
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\": ", key);
-    const char *p = strstr(line, pattern);
-    if (!p) return NAN;
-    char *end;
-    const double v = strtod(p + strlen(pattern), &end);
-    return end == p + strlen(pattern) ? NAN : v;
-}
-
-// The epochs of metrics.jsonl in order, each from its last line (a run resumed from an
-// earlier checkpoint logs epochs again), none after the last line's epoch.
-static int read_epoch_points(const char *path, EpochPoint **out, int *n, Error *err) {
-    *out = NULL, *n = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return err_set(err, "cannot read %s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    int rc = 0;
-    while (getline(&line, &cap, f) > 0) {
-        const double e = json_number(line, "epoch");
-        if (!(e >= 1 && e < 1e7)) continue;
-        const EpochPoint p = {(int)e, json_number(line, "train_loss"), json_number(line, "train_acc"),
-                              json_number(line, "val_loss"), json_number(line, "val_acc"),
-                              json_number(line, "lr")};
-        int i = 0;
-        while (i < *n && (*out)[i].epoch < p.epoch) i++;
-        *n = i;  // epochs after this one are from before a resume
-        EpochPoint *q = realloc(*out, (size_t)(i + 1) * sizeof *q);
-        if (!q) {
-            rc = err_set(err, "out of memory reading %s", path);
-            break;
-        }
-        *out = q;
-        (*out)[(*n)++] = p;
-    }
-    free(line);
-    fclose(f);
-    return rc;
-}
-
-// A curve: the field of EpochPoint it draws.
-typedef struct Curve {
-    const char *id, *label, *color;
-    size_t field;
-} Curve;
-
-static double curve_value(const EpochPoint *p, const Curve *c) {
-    return *(const double *)((const char *)p + c->field);
-}
-
-// One panel of the picture: the curves against the epoch, at x0, with the value axis
-// from zero (losses, the learning rate) or around the values (accuracies).
-static void svg_panel(FILE *f, double x0, const char *title, const EpochPoint *pts, int n,
-                      const Curve *curves, int ncurves, bool from_zero) {
-    const double left = x0 + 56, top = 56, w = 250, h = 220;
-    double lo = INFINITY, hi = -INFINITY;
-    for (int c = 0; c < ncurves; c++)
-        for (int i = 0; i < n; i++) {
-            const double v = curve_value(&pts[i], &curves[c]);
-            if (isfinite(v)) lo = fmin(lo, v), hi = fmax(hi, v);
-        }
-    if (!isfinite(lo)) lo = 0, hi = 1;
-    if (from_zero && lo > 0) lo = 0;
-    if (hi - lo < 1e-9 * fmax(1.0, fabs(hi))) lo -= 0.5, hi += 0.5;
-    // Ticks at a round step (1, 2 or 5 times a power of ten), the axis from tick to tick.
-    double tick = pow(10, floor(log10((hi - lo) / 4)));
-    if ((hi - lo) / tick > 20) tick *= 5;
-    else if ((hi - lo) / tick > 8) tick *= 2;
-    lo = floor(lo / tick + 1e-9) * tick, hi = ceil(hi / tick - 1e-9) * tick;
-    const int first = pts[0].epoch, last = pts[n - 1].epoch;
-#define X(e) (left + (last == first ? w / 2 : ((e) - first) * w / (last - first)))
-#define Y(v) (top + h - ((v) - lo) * h / (hi - lo))
-    fprintf(f, "<g font-family=\"sans-serif\" font-size=\"11\">\n");
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">%s</text>\n",
-            left + w / 2, top - 12, title);
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n",
-            left, top, w, h);
-    for (double v = lo; v <= hi + tick / 2; v += tick) {
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>"
-                   "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n",
-                left, Y(v), left + w, Y(v), left - 4, Y(v) + 4, v);
-    }
-    const int step = (last - first) / 8 + 1;
-    for (int e = first; e <= last; e += step)
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", X(e), top + h + 14, e);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">epoch</text>\n", left + w / 2, top + h + 30);
-    for (int c = 0, legend = 0; c < ncurves; c++) {
-        const Curve *cv = &curves[c];
-        int finite = 0;
-        for (int i = 0; i < n; i++) finite += isfinite(curve_value(&pts[i], cv));
-        if (!finite) continue;  // no test set: no validation curves
-        fprintf(f, "<polyline id=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", cv->id, cv->color);
-        for (int i = 0, k = 0; i < n; i++) {
-            const double v = curve_value(&pts[i], cv);
-            if (isfinite(v)) fprintf(f, "%s%.1f,%.1f", k++ ? " " : "", X(pts[i].epoch), Y(v));
-        }
-        fprintf(f, "\"/>\n");
-        for (int i = 0; i < n; i++) {
-            const double v = curve_value(&pts[i], cv);
-            if (isfinite(v))
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"><title>epoch %d: %.6g</title></circle>\n",
-                        X(pts[i].epoch), Y(v), cv->color, pts[i].epoch, v);
-        }
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">&#9679; %s</text>\n", left + 100 * legend++,
-                top + h + 48, cv->color, cv->label);
-    }
-    fprintf(f, "</g>\n");
-#undef X
-#undef Y
-}
-
-// Draws SAVE/curves.svg from SAVE/metrics.jsonl: loss, accuracy and learning rate per
-// epoch, one point per epoch, a plain SVG file any browser shows. Written to a temporary
-// file and renamed, so that a browser never reads half of it.
-static int write_curves(const char *save, const char *title, Error *err) {
-    char log[1100], svg[1100], tmp[1140];
-    snprintf(log, sizeof log, "%s/metrics.jsonl", save);
-    snprintf(svg, sizeof svg, "%s/curves.svg", save);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", svg, (long)getpid());
-    EpochPoint *pts;
-    int n;
-    if (read_epoch_points(log, &pts, &n, err)) return -1;
-    if (!n) {
-        free(pts);
-        return 0;
-    }
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        free(pts);
-        return err_set(err, "cannot write %s: %s", tmp, strerror(errno));
-    }
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"960\" height=\"350\" viewBox=\"0 0 960 350\">\n"
-               "<rect width=\"960\" height=\"350\" fill=\"white\"/>\n"
-               "<text x=\"480\" y=\"18\" font-family=\"sans-serif\" font-size=\"13\" text-anchor=\"middle\">");
-    for (const char *c = title; *c; c++) {  // XML text
-        if (*c == '<') fputs("&lt;", f);
-        else if (*c == '&') fputs("&amp;", f);
-        else if (*c == '>') fputs("&gt;", f);
-        else fputc(*c, f);
-    }
-    fprintf(f, "</text>\n");
-    const Curve loss[] = {{"train_loss", "train", "#1f77b4", offsetof(EpochPoint, train_loss)},
-                          {"val_loss", "validation", "#d62728", offsetof(EpochPoint, val_loss)}};
-    const Curve acc[] = {{"train_acc", "train", "#1f77b4", offsetof(EpochPoint, train_acc)},
-                         {"val_acc", "validation", "#d62728", offsetof(EpochPoint, val_acc)}};
-    const Curve lr[] = {{"lr", "at the epoch's end", "#2ca02c", offsetof(EpochPoint, lr)}};
-    svg_panel(f, 0, "loss", pts, n, loss, 2, true);
-    svg_panel(f, 320, "accuracy (%)", pts, n, acc, 2, false);
-    svg_panel(f, 640, "learning rate", pts, n, lr, 1, true);
-    fprintf(f, "</svg>\n");
-    free(pts);
-    if (ferror(f) | fclose(f) || rename(tmp, svg)) {
-        remove(tmp);
-        return err_set(err, "cannot write %s: %s", svg, strerror(errno));
-    }
-    return 0;
-}
 
 // ---- training ------------------------------------------------------------------------------
-
-typedef struct Totals {
-    double loss, correct;
-    int64_t seen;         // samples of the epoch (a resumed epoch counts its first part)
-    int64_t trained_now;  // samples this process trained (for images per second)
-} Totals;
-
-// Copies samples [first, first + n) of a host batch into the network's input and labels.
-static void put_batch(Net *net, const Batch *b, int first, int n) {
-    const int64_t numel = shape_numel(net->input);
-    net->k->upload(net->input_buf, b->x + first * numel, (size_t)n * numel * sizeof(float));
-    net->k->upload(net->labels, b->y + first, (size_t)n * sizeof(int32_t));
-}
 
 // Every process takes rank 0's batchnorm statistics and counters (PyTorch DDP's
 // broadcast_buffers): each normalised its own part of the batch. The F32 buffers lie
@@ -637,150 +130,7 @@ static int train_step(Net *net, const Batch *b, int64_t total, const Options *o,
     return 0;
 }
 
-static void read_metrics(Net *net, Totals *t) {
-    float m[2];
-    net->k->download(m, net->metrics, sizeof m);
-    t->loss = m[0], t->correct = m[1];
-}
-
-// The loss and correct count of every process summed (of this one alone without MPI).
-static int read_metrics_all(Net *net, Totals *t, Error *err) {
-    read_metrics(net, t);
-    double v[2] = {t->loss, t->correct};
-    if (dist_sum_doubles(&dist, v, 2, err)) return -1;
-    t->loss = v[0], t->correct = v[1];
-    return 0;
-}
-
-// What an evaluation finds beyond loss and accuracy: the confusion matrix (rows: the
-// true class, columns: the predicted one, the first maximum as the accuracy counts it),
-// and how many labels were among the five most likely classes.
-typedef struct EvalStats {
-    int classes;
-    int64_t *confusion;  // (classes, classes)
-    int64_t top5;
-    float *logp;         // (net batch, classes): a host copy of one forward's output
-} EvalStats;
-
-static int eval_stats_init(EvalStats *e, int classes, int batch, Error *err) {
-    memset(e, 0, sizeof *e);
-    e->classes = classes;
-    e->confusion = xcalloc((size_t)classes * (size_t)classes, sizeof *e->confusion, err);
-    e->logp = e->confusion ? xcalloc((size_t)batch * (size_t)classes, sizeof *e->logp, err) : NULL;
-    return e->logp ? 0 : -1;
-}
-
-static void eval_stats_free(EvalStats *e) {
-    free(e->confusion);
-    free(e->logp);
-    memset(e, 0, sizeof *e);
-}
-
-// Adds n samples of log-probabilities e->logp with their labels.
-static void eval_stats_add(EvalStats *e, const int32_t *labels, int n) {
-    const int C = e->classes;
-    for (int i = 0; i < n; i++) {
-        const float *y = e->logp + (size_t)i * C;
-        int best = 0, above = 0;
-        for (int c = 1; c < C; c++)
-            if (y[c] > y[best]) best = c;
-        for (int c = 0; c < C; c++) above += y[c] > y[labels[i]];
-        e->confusion[(size_t)labels[i] * C + best]++;
-        e->top5 += above < 5;
-    }
-}
-
-static int64_t eval_stats_total(const EvalStats *e, int c) {
-    int64_t n = 0;
-    for (int j = 0; j < e->classes; j++) n += e->confusion[(size_t)c * e->classes + j];
-    return n;
-}
-
-// Each class's accuracy in percent as a JSON list (null for a class without samples); null
-// without stats.
-static void write_per_class(FILE *f, const EvalStats *e) {
-    if (!e) {
-        fputs("null", f);
-        return;
-    }
-    fputc('[', f);
-    for (int c = 0; c < e->classes; c++) {
-        const int64_t n = eval_stats_total(e, c);
-        if (n) fprintf(f, "%s%.4f", c ? ", " : "", 100.0 * (double)e->confusion[(size_t)c * e->classes + c] / (double)n);
-        else fprintf(f, "%snull", c ? ", " : "");
-    }
-    fputc(']', f);
-}
-
-// Loss and accuracy over a whole dataset, without training; with stats (may be NULL), the
-// confusion matrix and top-5 as well.
-static int evaluate(Net *net, Loader *loader, Totals *t, EvalStats *stats, Error *err) {
-    net->k->zero(net->metrics, 2 * sizeof(float));
-    if (stats) {
-        memset(stats->confusion, 0, (size_t)stats->classes * stats->classes * sizeof *stats->confusion);
-        stats->top5 = 0;
-    }
-    if (loader_start_epoch(loader, 0, 0, err)) return -1;
-    t->seen = 0;
-    const Batch *b;
-    while (1) {
-        if (loader_next(loader, &b, err)) return -1;
-        if (!b) break;
-        for (int m0 = 0; m0 < b->n; m0 += net->batch) {
-            const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
-            put_batch(net, b, m0, n);
-            net_forward(net, n, false, 0, 0, 0);
-            net_loss(net, n, n, false);
-            if (!stats) continue;
-            net->k->download(stats->logp, net_output(net), (size_t)n * stats->classes * sizeof(float));
-            eval_stats_add(stats, b->y + m0, n);
-        }
-        t->seen += b->n;
-    }
-    // Each process evaluated its part of every batch: the totals of all of them.
-    if (read_metrics_all(net, t, err)) return -1;
-    double seen = (double)t->seen;
-    if (dist_sum_doubles(&dist, &seen, 1, err)) return -1;
-    t->seen = (int64_t)seen;
-    if (stats && dist.size > 1) {
-        const size_t n = (size_t)stats->classes * stats->classes + 1;
-        double *v = xcalloc(n, sizeof *v, err);
-        if (!v) return -1;
-        for (size_t i = 0; i + 1 < n; i++) v[i] = (double)stats->confusion[i];
-        v[n - 1] = (double)stats->top5;
-        const int rc = dist_sum_doubles(&dist, v, n, err);
-        for (size_t i = 0; i + 1 < n; i++) stats->confusion[i] = (int64_t)v[i];
-        stats->top5 = (int64_t)v[n - 1];
-        free(v);
-        if (rc) return -1;
-    }
-    return 0;
-}
-
-// ---- checkpoints and signals ---------------------------------------------------------------
-
-// Removes the temporary files that a trainer killed while writing left in the save folder:
-// NAME.tmp.PID (st_write's and curves.svg's pattern) of a process that no longer runs.
-// Other files are never touched.
-static void remove_stale_temporaries(const char *save) {
-    DIR *d = opendir(save);
-    if (!d) return;
-    for (struct dirent *e; (e = readdir(d));) {
-        const char *t = strstr(e->d_name, ".tmp.");
-        if (!t || t == e->d_name) continue;
-        char *end;
-        const long pid = strtol(t + 5, &end, 10);
-        const bool ours = !strncmp(e->d_name, "last.safetensors.tmp.", 21) ||
-                          !strncmp(e->d_name, "best.safetensors.tmp.", 21) ||
-                          !strncmp(e->d_name, "curves.svg.tmp.", 15);
-        if (!ours || *end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue;
-        char path[PATH_MAX];
-        if (snprintf(path, sizeof path, "%s/%s", save, e->d_name) < (int)sizeof path && !unlink(path))
-            printf("removed %s, left by process %ld, which no longer runs\n", path, pid);
-    }
-    closedir(d);
-}
+// ---- signals and checkpoints ---------------------------------------------------------------
 
 // The first SIGINT or SIGTERM asks the training loop to finish its step, write a
 // checkpoint and stop; a second one kills as usual (SA_RESETHAND).
@@ -809,13 +159,23 @@ typedef struct Run {
     int64_t steps_now, images_now;  // trained by this process (for the profile)
     Schedule schedule;              // the options' with its total: epochs x batches
     double lr;                      // of the last step
+    const char *stopped;            // why the run stops after this epoch (a stop at its last
+                                    // batch), or NULL
 } Run;
+
+// Why training stops early: stop_after, or a signal to this process or another one.
+static const char *stop_reason(bool step_limit) {
+    return step_limit               ? "at stop_after"
+           : stop_signal == SIGINT  ? "by SIGINT"
+           : stop_signal == SIGTERM ? "by SIGTERM"
+                                    : "by a signal to another process";
+}
 
 // Writes the run's state to path (the epoch totals so far come from the device, summed
 // over the processes); every process calls it, rank 0 writes.
 static int save_checkpoint(Run *r, const char *path, Error *err) {
     Totals t;
-    if (read_metrics_all(r->net, &t, err)) return -1;
+    if (read_metrics_all(r->net, &dist, &t, err)) return -1;
     if (dist.rank != 0) return 0;
     r->st.epoch_loss = t.loss, r->st.epoch_correct = t.correct;
     r->net->k->download(&r->scaler, r->net->scaler, sizeof r->scaler);
@@ -825,8 +185,10 @@ static int save_checkpoint(Run *r, const char *path, Error *err) {
     return checkpoint_save(path, r->net, &r->st, &r->info, err);
 }
 
-// Trains epoch r->st.epoch from batch r->st.batch to its end, or until a stop signal
-// (returns 1 then, with the checkpoint written). Totals t cover the whole epoch.
+// Trains epoch r->st.epoch from batch r->st.batch to its end, or until a stop signal or
+// stop_after (returns 1 then, with the checkpoint written). A stop at the epoch's last batch
+// finishes the epoch instead (evaluation, log, the epoch's checkpoint) and sets r->stopped,
+// so that a resumed run starts the next epoch. Totals t cover the whole epoch.
 static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     const Options *o = r->o;
     Net *net = r->net;
@@ -838,6 +200,9 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
                              dist.rank ? 0.0f : (float)r->st.epoch_correct};
     net->k->upload(net->metrics, totals, sizeof totals);
     if (loader_start_epoch(r->loader, epoch, r->st.batch, err)) return -1;
+    // The learning rate of the last step taken: what the epoch logs if it has no step left
+    // (a checkpoint written after its last batch).
+    r->lr = schedule_lr(&r->schedule, o->optim.lr, r->st.step ? (int64_t)r->st.step - 1 : 0, epoch);
     const int64_t seen0 = r->st.epoch_seen;
     int64_t mine = 0;  // samples this process trained this epoch (its loss in the progress line)
     const double t0 = now();
@@ -867,16 +232,17 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
         mine += b->n;
         const double tn = now();
         const bool step_limit = o->stop_after && r->st.step >= (uint64_t)o->stop_after;
+        if ((stop || step_limit) && r->st.batch == nbatches) {
+            r->stopped = stop_reason(step_limit);
+            break;
+        }
         if (stop || step_limit) {
             if (live) printf("\r\033[K");
             if (save_checkpoint(r, r->last, err)) return -1;
             printf("stopped %s in epoch %d after batch %lld/%lld; wrote %s\n"
                    "resume with: ./train resume=%s\n",
-                   step_limit               ? "at stop_after"
-                   : stop_signal == SIGINT  ? "by SIGINT"
-                   : stop_signal == SIGTERM ? "by SIGTERM"
-                                            : "by a signal to another process",
-                   epoch + 1, (long long)r->st.batch, (long long)nbatches, r->last, r->last);
+                   stop_reason(step_limit), epoch + 1, (long long)r->st.batch, (long long)nbatches,
+                   r->last, r->last);
             return 1;
         }
         if (o->save_every && r->st.batch % o->save_every == 0 && r->st.batch < nbatches &&
@@ -898,7 +264,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     profile_enter(PROF_IDLE);
     *seconds = now() - t0;
     if (live) printf("\r\033[K");
-    if (read_metrics_all(net, t, err)) return -1;
+    if (read_metrics_all(net, &dist, t, err)) return -1;
     t->seen = r->st.epoch_seen;
     t->trained_now = r->st.epoch_seen - seen0;
     return 0;
@@ -1017,11 +383,15 @@ static bool has_module(const Net *net, const char *name) {
     return false;
 }
 
+// How a run ends (train_main turns it into the exit status).
+enum { RUN_TRAINED, RUN_STOPPED, RUN_NOTHING_LEFT };
+
+// Trains the run that o and cfg describe (--plan: prints its plan). Returns a RUN_ value, or
+// -1 with err.
 static int run(const Options *o, const Cfg *cfg, Error *err) {
     int rc = -1;
     Data data = {0};
     Net net = {0};
-    FILE *log = NULL;
     Run r = {.o = o, .net = &net};
 
     const Kernels *k = kernels_for_device(o->device, err);
@@ -1140,6 +510,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         r.scaler.skipped = r.st.scaler_skipped;
         printf("resuming from %s: epoch %lld, batch %lld, step %llu\n", o->resume,
                (long long)r.st.epoch + 1, (long long)r.st.batch, (unsigned long long)r.st.step);
+        if (r.st.epoch >= o->epochs) {
+            printf("nothing left to train: %s has finished %lld epoch%s and epochs = %d; give "
+                   "epochs=%lld (or more) to train on\n", o->resume, (long long)r.st.epoch,
+                   r.st.epoch == 1 ? "" : "s", o->epochs, (long long)r.st.epoch + 1);
+            rc = RUN_NOTHING_LEFT;
+            goto done;
+        }
     }
     net.k->upload(net.scaler, &r.scaler, sizeof r.scaler);
     if (!(r.info.cfg_text = cfg_to_text(cfg, err))) goto done;
@@ -1163,19 +540,15 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     print_plan(&net.plan, k, baseline, available, source, false);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
-    char path[1100];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", o->save);
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);
     snprintf(r.best, sizeof r.best, "%s/best.safetensors", o->save);
-    // Rank 0 writes the files; a resumed run appends to the log of the run it continues.
-    if (dist.rank == 0) {
-        if (file_mkdirs(o->save, err)) goto done;
-        remove_stale_temporaries(o->save);
-        if (!(log = fopen(path, o->resume[0] ? "a" : "w"))) {
-            err_set(err, "cannot write %s: %s", path, strerror(errno));
-            goto done;
-        }
-    }
+    // Rank 0 writes the files: a run resumed from a checkpoint of its folder continues the
+    // log there; any other run moves an earlier run's files aside first. The log is written
+    // now (empty, or as it was) so that a folder that cannot be written stops the run here.
+    if (dist.rank == 0 &&
+        (run_folder_prepare(o->save, o->resume[0] && run_folder_contains(o->save, o->resume), err) ||
+         metrics_log_line(o->save, "", err)))
+        goto done;
     catch_stop_signals();
     while (r.st.epoch < o->epochs) {
         const int epoch = (int)r.st.epoch;
@@ -1186,11 +559,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (stopped < 0) goto done;
         if (stopped) {
             if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
-            rc = 1;
+            rc = RUN_STOPPED;
             goto done;
         }
-        if (test && evaluate(&net, data.test_loader, &te, &r.eval, err)) goto done;
-        const double img_s = tr.trained_now / seconds, rss = proc_status_bytes("VmHWM:") / 1048576.0;
+        if (test && evaluate(&net, data.test_loader, &dist, &te, &r.eval, err)) goto done;
+        // An epoch resumed after its last batch trained nothing now: no speed to report.
+        const double img_s = tr.trained_now ? tr.trained_now / seconds : NAN;
+        const double rss = proc_status_bytes("VmHWM:") / 1048576.0;
         const double lr = r.lr;
         const double val_acc = test ? 100.0 * te.correct / te.seen : -1;
         char val[128] = "";
@@ -1224,10 +599,15 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                      "  gpu %.0f MB (plan %.0f MB), %.0f MB with the context", gpu_mb,
                      mem_plan_blocks(&net.plan) / 1e6, gpu_total_mb);
         }
-        printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %.0f img/s  %.1f s  "
+        char speed[32] = "- img/s", speed_json[32] = "null";
+        if (isfinite(img_s)) {
+            snprintf(speed, sizeof speed, "%.0f img/s", img_s);
+            snprintf(speed_json, sizeof speed_json, "%.1f", img_s);
+        }
+        printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %s  %.1f s  "
                "peak %.0f MB%s%s\n",
                epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
-               img_s, seconds, rss, wait, scale);
+               speed, seconds, rss, wait, scale);
         if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
         fflush(stdout);
         char gpu_json[32] = "null", gpu_plan_json[32] = "null", gpu_total_json[32] = "null";
@@ -1242,26 +622,38 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
             snprintf(val_acc_s, sizeof val_acc_s, "%.4f", val_acc);
             snprintf(val_top5, sizeof val_top5, "%.4f", 100.0 * (double)r.eval.top5 / (double)te.seen);
         }
-        if (dist.rank == 0) fprintf(log,
-                "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
-                "\"val_acc\": %s, \"val_top5\": %s, \"val_per_class\": ",
-                epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc_s,
-                val_top5);
-        if (dist.rank == 0) write_per_class(log, test ? &r.eval : NULL);
-        if (dist.rank == 0) fprintf(log,
-                ", \"lr\": %.6g, \"img_per_s\": %.1f, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
-                "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
-                "\"skipped_steps\": %lld, \"gpu_mb\": %s, \"gpu_plan_mb\": %s, \"gpu_total_mb\": %s}\n",
-                lr, img_s, seconds, rss, ls.wait_seconds, (long long)ls.skipped, r.scaler.scale,
-                (long long)r.scaler.skipped, gpu_json, gpu_plan_json, gpu_total_json);
-        if (dist.rank == 0 && (fflush(log) || ferror(log))) {
-            err_set(err, "cannot write %s/metrics.jsonl: %s; the checkpoints are as before", o->save,
-                    strerror(errno));
-            goto done;
+        if (dist.rank == 0) {
+            char *line = NULL;
+            size_t nline = 0;
+            FILE *f = open_memstream(&line, &nline);
+            if (!f) {
+                err_set(err, "out of memory writing the epoch's line of %s/metrics.jsonl", o->save);
+                goto done;
+            }
+            fprintf(f, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
+                       "\"val_acc\": %s, \"val_top5\": %s, \"val_per_class\": ",
+                    epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc_s,
+                    val_top5);
+            write_per_class(f, test ? &r.eval : NULL);
+            fprintf(f, ", \"lr\": %.6g, \"img_per_s\": %s, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
+                       "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
+                       "\"skipped_steps\": %lld, \"gpu_mb\": %s, \"gpu_plan_mb\": %s, "
+                       "\"gpu_total_mb\": %s}\n",
+                    lr, speed_json, seconds, rss, ls.wait_seconds, (long long)ls.skipped,
+                    r.scaler.scale, (long long)r.scaler.skipped, gpu_json, gpu_plan_json,
+                    gpu_total_json);
+            const bool ok = !fclose(f) && line;
+            char title[1200];
+            snprintf(title, sizeof title, "%s: %s", cfg->path, o->save);
+            const int logged = ok ? metrics_log_epoch(o->save, line, title, err)
+                                  : err_set(err, "out of memory writing the epoch's line of %s/metrics.jsonl", o->save);
+            free(line);
+            if (logged) {
+                const size_t len = strlen(err->msg);
+                snprintf(err->msg + len, sizeof err->msg - len, "; the checkpoints are as before");
+                goto done;
+            }
         }
-        char title[1200];
-        snprintf(title, sizeof title, "%s: %s", cfg->path, o->save);
-        if (dist.rank == 0 && write_curves(o->save, title, err)) goto done;
 
         // The epoch is done: the checkpoint starts the next one from scratch.
         r.st.epoch = epoch + 1;
@@ -1272,471 +664,24 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (improved) r.st.best_val_acc = val_acc;
         if (save_checkpoint(&r, r.last, err) || (improved && save_checkpoint(&r, r.best, err)))
             goto done;
+        if (r.stopped) {
+            printf("stopped %s at the end of epoch %d; wrote %s\nresume with: ./train resume=%s\n",
+                   r.stopped, epoch + 1, r.last, r.last);
+            rc = RUN_STOPPED;
+            goto done;
+        }
     }
     printf("wrote %s%s%s\n", r.last, test ? " and " : "", test ? r.best : "");
-    rc = 0;
+    rc = RUN_TRAINED;
 done:
     free(r.info.cfg_text);
     eval_stats_free(&r.eval);
-    if (log) fclose(log);
     profile_stop(&net);
     net_free(&net);
     data_close(&data);
     return rc;
 }
 
-// ---- evaluation and prediction --------------------------------------------------------------
-
-// A trained network for --eval and --predict: its cfg (the one stored in a cnn.c
-// checkpoint, or the one given with --cfg, which plain weights need) and its weights.
-typedef struct Model {
-    bool is_checkpoint;  // a cnn.c checkpoint (info is read), not a plain state_dict
-    CheckpointInfo info;
-    Cfg cfg;
-    Options o;
-    const Kernels *k;
-    Net net;
-    Data data;
-    char name[1100];  // the cfg's name in messages
-} Model;
-
-static void model_close(Model *m) {
-    net_free(&m->net);
-    data_close(&m->data);
-    cfg_free(&m->cfg);
-    checkpoint_info_free(&m->info);
-}
-
-// Reads the cfg of `weights` (or cfg_path) with the overrides and the options.
-static int model_open(Model *m, const char *weights, const char *cfg_path, int noverrides,
-                      char **overrides, Error *err) {
-    memset(m, 0, sizeof *m);
-    if (checkpoint_probe(weights, &m->is_checkpoint, err) ||
-        (m->is_checkpoint && checkpoint_read_info(weights, &m->info, NULL, err)))
-        return -1;
-    if (cfg_path) {
-        snprintf(m->name, sizeof m->name, "%s", cfg_path);
-        if (cfg_load(&m->cfg, cfg_path, err)) return -1;
-    } else if (m->is_checkpoint) {
-        snprintf(m->name, sizeof m->name, "%s (its stored cfg)", weights);
-        if (cfg_parse(&m->cfg, m->info.cfg_text, m->name, err)) return -1;
-    } else {
-        return err_set(err, "%s holds plain weights (a state_dict without cnn.c's metadata): give "
-                            "the network's cfg with --cfg CFG", weights);
-    }
-    for (int i = 0; i < noverrides; i++)
-        if (apply_override(&m->cfg, overrides[i], err)) return -1;
-    if (read_options(&m->o, &m->cfg, m->name, err) || !(m->k = kernels_for_device(m->o.device, err)))
-        return -1;
-    cpu_set_threads(m->o.threads > 0 ? m->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
-    return 0;
-}
-
-// Builds the network for batches of `batch` inputs of `shape` and loads the weights.
-static int model_load(Model *m, const char *weights, Shape shape, int classes, int batch, Error *err) {
-    const NetOptions opt = {.batch = batch, .precision = m->o.precision, .tf32 = m->o.tf32 != 0};
-    return net_create(&m->net, &m->cfg, shape, classes, &opt, m->k, err) ||
-                   checkpoint_load_weights(weights, &m->net, NULL, 0, err)
-               ? -1
-               : 0;
-}
-
-// A JSON string of s (class names may hold quotes and backslashes).
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
-// The evaluation's report: loss, accuracy, top-5 (more than 5 classes), each class's
-// accuracy and the confusion matrix (up to 20 classes; all of it with json).
-static void print_evaluation(const char *weights, const char *source, const Totals *t,
-                             const EvalStats *e, char *const *names, bool json) {
-    const int C = e->classes;
-    const double acc = 100.0 * t->correct / t->seen, top5 = 100.0 * (double)e->top5 / t->seen;
-    if (json) {
-        printf("{\"weights\": ");
-        json_string(stdout, weights);
-        printf(", \"data\": ");
-        json_string(stdout, source);
-        printf(", \"images\": %lld, \"loss\": %.6f, \"acc\": %.4f, \"top5\": %.4f, \"classes\": [",
-               (long long)t->seen, t->loss / t->seen, acc, top5);
-        for (int c = 0; c < C; c++) {
-            if (c) printf(", ");
-            json_string(stdout, names[c]);
-        }
-        printf("], \"per_class\": ");
-        write_per_class(stdout, e);
-        printf(", \"confusion\": [");
-        for (int c = 0; c < C; c++) {
-            printf("%s[", c ? ", " : "");
-            for (int j = 0; j < C; j++) printf("%s%lld", j ? ", " : "", (long long)e->confusion[(size_t)c * C + j]);
-            printf("]");
-        }
-        printf("]}\n");
-        return;
-    }
-    printf("%s on %s: loss %.4f  acc %.2f%% (%lld images)", weights, source,
-           t->loss / t->seen, acc, (long long)t->seen);
-    if (C > 5) printf("  top5 %.2f%%", top5);
-    printf("\n%-24s %9s %8s\n", "class", "accuracy", "images");
-    for (int c = 0; c < C; c++) {
-        const int64_t n = eval_stats_total(e, c);
-        char a[16] = "-";
-        if (n) snprintf(a, sizeof a, "%.2f%%", 100.0 * (double)e->confusion[(size_t)c * C + c] / (double)n);
-        printf("%-24.24s %9s %8lld\n", names[c], a, (long long)n);
-    }
-    if (C > 20) {
-        printf("confusion matrix: %d classes, see --json\n", C);
-        return;
-    }
-    printf("confusion matrix (rows: true class, columns: predicted, in the order above):\n");
-    for (int c = 0; c < C; c++) {
-        printf("  %-16.16s", names[c]);
-        for (int j = 0; j < C; j++) printf(" %6lld", (long long)e->confusion[(size_t)c * C + j]);
-        printf("\n");
-    }
-}
-
-// ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]: the network and weights,
-// evaluated on the test set of the cfg (or another: test=PATH test_labels=PATH), or on the
-// held-out part of a val_split run, split as training split it (the cfg's seed). A
-// checkpoint's class names and count are its own; plain weights take them from the
-// cfg's data.
-static int eval_weights(const char *weights, const char *cfg_path, bool json, int noverrides,
-                        char **overrides, Error *err) {
-    Model m;
-    EvalStats e = {0};
-    int rc = -1;
-    if (model_open(&m, weights, cfg_path, noverrides, overrides, err)) goto done;
-    const bool split = m.o.data.val_split > 0;
-    if (split || !m.is_checkpoint ? data_open(&m.data, &m.o.data, m.o.batch, m.o.seed, err)
-                                  : data_open_test(&m.data, &m.o.data, m.o.batch, err))
-        goto done;
-    if (!m.data.test) {
-        err_set(err, "%s: [data] has no test set (test, test_labels or val_split) to evaluate on",
-                m.name);
-        goto done;
-    }
-    const int classes = m.is_checkpoint ? m.info.classes : m.data.classes;
-    const DataConfig *dc = &m.o.data;
-    const char *labels = split ? (dc->train_folder ? dc->train : dc->train_labels)
-                               : (dc->test_folder ? dc->test : dc->test_labels);
-    if (m.data.test->classes > classes) {
-        err_set(err, "%s has labels up to %d but %s knows %d classes", labels,
-                m.data.test->classes - 1, weights, classes);
-        goto done;
-    }
-    const Shape in = m.data.test->shape;
-    if (m.is_checkpoint && (in.c != m.info.input.c || in.h != m.info.input.h || in.w != m.info.input.w)) {
-        err_set(err, "%s holds %dx%dx%d images but %s was trained on %dx%dx%d (channels x height x "
-                     "width)", m.data.test->source, in.c, in.h, in.w, weights, m.info.input.c,
-                m.info.input.h, m.info.input.w);
-        goto done;
-    }
-    if (model_load(&m, weights, m.data.test->shape, classes, m.o.batch, err) ||
-        eval_stats_init(&e, classes, m.net.batch, err))
-        goto done;
-    Totals t = {0};
-    if (evaluate(&m.net, m.data.test_loader, &t, &e, err)) goto done;
-    char *const *names = m.is_checkpoint ? m.info.class_names
-                         : m.data.train && m.data.train->classes == classes ? m.data.train->class_names
-                                                                           : m.data.test->class_names;
-    print_evaluation(weights, m.data.test->source, &t, &e, names, json);
-    rc = 0;
-done:
-    eval_stats_free(&e);
-    model_close(&m);
-    return rc;
-}
-
-// How --predict reports: --cfg CFG (plain weights need it), --json, --top K.
-typedef struct PredictOptions {
-    const char *cfg;
-    bool json;  // one JSON object per line and image
-    int top;    // classes listed per image
-} PredictOptions;
-
-// The files --predict reads: each path named that is not a folder, and in folders every
-// file with an image extension at any depth (hidden entries left out), in strcmp order.
-typedef struct PathList {
-    char **paths;
-    int n, cap;
-} PathList;
-
-static void paths_free(PathList *l) {
-    for (int i = 0; i < l->n; i++) free(l->paths[i]);
-    free(l->paths);
-}
-
-static int paths_add(PathList *l, const char *path, Error *err) {
-    if (l->n == l->cap) {
-        const int cap = l->cap ? 2 * l->cap : 64;
-        char **p = realloc(l->paths, (size_t)cap * sizeof *p);
-        if (!p) return err_set(err, "out of memory listing the images");
-        l->paths = p, l->cap = cap;
-    }
-    return (l->paths[l->n] = xstrdup(path, err)) ? (l->n++, 0) : -1;
-}
-
-static int cmp_strings(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static int paths_collect(PathList *l, const char *path, bool named, int depth, Error *err) {
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        // A file named on the command line is read whatever its extension (a missing one
-        // is reported when it is read); in a folder only image files are.
-        return named || (S_ISREG(st.st_mode) && image_name_has_ext(path)) ? paths_add(l, path, err) : 0;
-    }
-    if (depth >= 64)
-        return err_set(err, "%s: more than 64 folders deep; is there a symbolic link loop?", path);
-    DIR *d = opendir(path);
-    if (!d) return err_set(err, "%s: cannot open the folder: %s", path, strerror(errno));
-    PathList here = {0};
-    int rc = 0;
-    for (struct dirent *e; !rc && (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        char sub[PATH_MAX];
-        if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub)
-            rc = err_set(err, "%s/%s: path too long", path, e->d_name);
-        else rc = paths_add(&here, sub, err);
-    }
-    closedir(d);
-    if (!rc) qsort(here.paths, (size_t)here.n, sizeof *here.paths, cmp_strings);
-    for (int i = 0; !rc && i < here.n; i++) rc = paths_collect(l, here.paths[i], false, depth + 1, err);
-    paths_free(&here);
-    return rc;
-}
-
-// One image's line: its `top` most likely classes from the log-probabilities logp
-// (which it overwrites).
-static void print_prediction(const char *file, float *logp, int classes, char *const *names,
-                             const PredictOptions *po) {
-    if (po->json) {
-        printf("{\"file\": ");
-        json_string(stdout, file);
-        printf(", \"top\": [");
-    } else {
-        printf("%s:", file);
-    }
-    for (int k = 0; k < po->top && k < classes; k++) {
-        int best = 0;
-        for (int c = 1; c < classes; c++)
-            if (logp[c] > logp[best]) best = c;
-        if (po->json) {
-            printf("%s{\"class\": ", k ? ", " : "");
-            json_string(stdout, names[best]);
-            printf(", \"index\": %d, \"prob\": %.6g}", best, exp(logp[best]));
-        } else {
-            printf("  %s %.1f%%", names[best], 100.0 * exp(logp[best]));
-        }
-        logp[best] = -INFINITY;
-    }
-    printf(po->json ? "]}\n" : "\n");
-}
-
-// ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] IMAGE|FOLDER...: the top
-// classes of each image, decoded and resized to the network's input as a folder data set
-// does and normalised with the cfg's mean and std, in batches of the cfg's batch size.
-// Plain weights take the input shape and the class names from the cfg's training data.
-// A file that cannot be read or decoded is reported (on stderr, or as a JSON line with
-// "error") and the others go on. Returns the number of such files, or -1.
-static int predict(const char *weights, const PredictOptions *po, int nargs, char **args, Error *err) {
-    Model m = {0};
-    PathList files = {0};
-    int failed = -1;
-    uint8_t *pixels = NULL;
-    float *x = NULL, *logp = NULL;
-    int *slot_file = NULL;  // the file of each image of the batch
-    for (int i = 0; i < nargs; i++)
-        if (paths_collect(&files, args[i], true, 0, err)) goto done;
-    if (!files.n) {
-        err_set(err, "no image files in %s%s", args[0], nargs > 1 ? " and the other paths" : "");
-        goto done;
-    }
-    if (model_open(&m, weights, po->cfg, 0, NULL, err)) goto done;
-    Shape input = m.info.input;
-    int classes = m.info.classes;
-    char *const *names = m.info.class_names;
-    if (!m.is_checkpoint) {
-        if (data_open(&m.data, &m.o.data, 1, m.o.seed, err)) {
-            err_wrap(err, "%s: the input size and class names of plain weights come from the "
-                          "cfg's training data", m.name);
-            goto done;
-        }
-        input = m.data.train->shape;
-        classes = m.data.classes;
-        names = m.data.train->class_names;
-    }
-    const int batch = m.o.batch < files.n ? m.o.batch : files.n;
-    if (model_load(&m, weights, input, classes, batch, err)) goto done;
-    const int64_t numel = shape_numel(input);
-    const DataConfig *dc = &m.o.data;
-    if ((dc->nmean != 1 && dc->nmean != input.c) || (dc->nstd != 1 && dc->nstd != input.c)) {
-        err_set(err, "%s: mean and std do not match the %d input channels", m.name, input.c);
-        goto done;
-    }
-    if (!(pixels = xcalloc((size_t)numel, 1, err)) ||
-        !(x = xcalloc((size_t)(batch * numel), sizeof *x, err)) ||
-        !(logp = xcalloc((size_t)batch * classes, sizeof *logp, err)) ||
-        !(slot_file = xcalloc((size_t)batch, sizeof *slot_file, err)))
-        goto done;
-    failed = 0;
-    for (int next = 0; next < files.n;) {
-        int n = 0;  // images of this batch that decoded
-        for (; n < batch && next < files.n; next++) {
-            Error why = {0};
-            const int r = image_load(files.paths[next], input, pixels, &why);
-            if (r < 0) {
-                *err = why;
-                failed = -1;
-                goto done;
-            }
-            if (r == DATASET_BAD) {
-                if (n) break;  // the batch so far first: the output keeps the files' order
-                failed++;
-                if (po->json) {
-                    printf("{\"file\": ");
-                    json_string(stdout, files.paths[next]);
-                    printf(", \"error\": ");
-                    json_string(stdout, why.msg);
-                    printf("}\n");
-                } else {
-                    fprintf(stderr, "train: %s\n", why.msg);
-                }
-                continue;
-            }
-            float *xi = x + (size_t)n * numel;
-            for (int64_t i = 0; i < numel; i++) {  // (H, W, C): the channel is i % C
-                const int c = (int)(i % input.c);
-                xi[i] = ((float)pixels[i] / 255.0f - dc->mean[dc->nmean == 1 ? 0 : c]) /
-                        dc->std[dc->nstd == 1 ? 0 : c];
-            }
-            slot_file[n++] = next;
-        }
-        if (!n) continue;
-        m.k->upload(m.net.input_buf, x, (size_t)n * numel * sizeof *x);
-        net_forward(&m.net, n, false, 0, 0, 0);
-        m.k->download(logp, net_output(&m.net), (size_t)n * classes * sizeof *logp);
-        for (int j = 0; j < n; j++)
-            print_prediction(files.paths[slot_file[j]], logp + (size_t)j * classes, classes, names, po);
-        fflush(stdout);
-    }
-    if (failed)
-        fprintf(stderr, "train: %d of %d files could not be read as images\n", failed, files.n);
-done:
-    model_close(&m);
-    paths_free(&files);
-    free(slot_file);
-    free(pixels);
-    free(x);
-    free(logp);
-    return failed;
-}
-
-// ---- resuming ----------------------------------------------------------------------------
-
-// Keys that may change when a run resumes: they leave its numbers as they were (threads
-// and device change the rounding, not the arithmetic).
-static bool resume_may_change(const char *section, const char *key) {
-    static const char *const train[] = {"epochs", "save", "save_every", "stop_after", "threads",
-                                        "device", "profile", "resume", "resume_force", "init",
-                                        "init_skip", "checkpoint"};
-    static const char *const data[] = {"workers", "prefetch", "cache"};
-    const bool is_train = !strcmp(section, "train"), is_data = !strcmp(section, "data");
-    const char *const *keys = is_train ? train : data;
-    const size_t n = is_train ? sizeof train / sizeof *train : is_data ? sizeof data / sizeof *data : 0;
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(keys[i], key)) return true;
-    return false;
-}
-
-// Compares the run's cfg with the one stored in checkpoint `ckpt`: a difference in a
-// setting that changes the run is an error, unless force (then it is printed).
-static int resume_check(const Cfg *cfg, const char *ckpt, bool force, Error *err) {
-    CheckpointInfo info;
-    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
-    char name[1100];
-    snprintf(name, sizeof name, "%s (its stored cfg)", ckpt);
-    Cfg stored;
-    int rc = -1;
-    if (cfg_parse(&stored, info.cfg_text, name, err)) goto done;
-    char diffs[900] = "";
-    int ndiff = 0;
-    if (stored.nsections != cfg->nsections) {
-        snprintf(diffs, sizeof diffs, "; the checkpoint's network has %d sections, this cfg %d",
-                 stored.nsections, cfg->nsections);
-        ndiff++;
-    }
-    for (int i = 0; i < cfg->nsections && i < stored.nsections; i++) {
-        const CfgSection *a = &stored.sections[i], *b = &cfg->sections[i];
-        if (strcmp(a->name, b->name)) {
-            snprintf(diffs + strlen(diffs), sizeof diffs - strlen(diffs),
-                     "; section %d is [%s] in the checkpoint, [%s] here", i + 1, a->name, b->name);
-            ndiff++;
-            continue;
-        }
-        for (int pass = 0; pass < 2; pass++) {  // keys of the checkpoint's section, then new ones
-            const CfgSection *x = pass ? b : a, *y = pass ? a : b;
-            for (int j = 0; j < x->nentries; j++) {
-                const CfgEntry *e = &x->entries[j], *f = cfg_entry(y, e->key);
-                if ((pass && f) || (f && !strcmp(e->value, f->value)) || resume_may_change(a->name, e->key))
-                    continue;
-                const char *was = pass ? "(unset)" : e->value, *now = pass ? e->value : f ? f->value : "(unset)";
-                snprintf(diffs + strlen(diffs), sizeof diffs - strlen(diffs), "; [%s] %s = %s, now %s",
-                         a->name, e->key, was, now);
-                ndiff++;
-            }
-        }
-    }
-    if (ndiff && !force) {
-        err_set(err, "%s was trained with other settings%s: resuming needs the run's own (./train "
-                     "resume=%s alone takes them from the checkpoint); resume_force=1 resumes with "
-                     "the changes, no longer the same run", ckpt, diffs, ckpt);
-        goto done;
-    }
-    if (ndiff) printf("resume_force: resuming %s with changed settings%s\n", ckpt, diffs);
-    rc = 0;
-done:
-    cfg_free(&stored);
-    checkpoint_info_free(&info);
-    return rc;
-}
-
-// ./train resume=CKPT [key=value ...]: the cfg stored in CKPT, the overrides applied; its
-// checkpoints go on in CKPT's folder unless the cfg names one, and a stop_after that ended
-// the stored run is dropped (give it again to stop again).
-static int cfg_from_checkpoint(Cfg *cfg, char *name, size_t cap, int argc, char **argv, Error *err) {
-    const char *ckpt = NULL;
-    for (int i = 1; i < argc && !ckpt; i++)
-        if (!strncmp(argv[i], "resume=", 7)) ckpt = argv[i] + 7;
-    if (!ckpt)
-        return err_set(err, "no cfg file: give one (./train CFG [key=value ...]), or resume=CKPT to "
-                            "continue a run from its checkpoint alone");
-    CheckpointInfo info;
-    if (checkpoint_read_info(ckpt, &info, NULL, err)) return -1;
-    snprintf(name, cap, "%s (its stored cfg)", ckpt);
-    const int rc = cfg_parse(cfg, info.cfg_text, name, err);
-    checkpoint_info_free(&info);
-    if (rc) return -1;
-    CfgSection *t = cfg_section(cfg, "train");
-    if (t && cfg_entry(t, "stop_after") && cfg_set(t, "stop_after", "0", err)) return -1;
-    if (t && !cfg_entry(t, "save")) {
-        char dir[1024];
-        snprintf(dir, sizeof dir, "%s", ckpt);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = '\0';
-        else snprintf(dir, sizeof dir, ".");
-        if (cfg_set(t, "save", dir, err)) return -1;
-    }
-    return 0;
-}
 
 int main(int argc, char **argv) {
     Error err = {0};
@@ -1754,12 +699,12 @@ int main(int argc, char **argv) {
 static int train_main(int argc, char **argv) {
     if (dist.rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
     if (argc < 2) {
-        usage(stderr);
-        return 2;
+        options_usage(stderr);
+        return EXIT_USAGE;
     }
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            usage(stdout);
+            options_usage(stdout);
             return 0;
         }
     Error err = {0};
@@ -1797,7 +742,7 @@ static int train_main(int argc, char **argv) {
             fprintf(stderr, eval ? "usage: ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]\n"
                                  : "usage: ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] "
                                    "IMAGE|FOLDER...\n");
-            return 2;
+            return EXIT_USAGE;
         }
         if (eval) {
             if (eval_weights(argv[2], po.cfg, po.json, nrest, rest, &err)) goto fail;
@@ -1819,26 +764,27 @@ static int train_main(int argc, char **argv) {
         } else if (!cfg_path && strchr(argv[i], '=')) {  // no cfg file: the checkpoint's
             if (cfg_from_checkpoint(&cfg, stored_name, sizeof stored_name, argc, argv, &err)) goto fail;
             cfg_path = stored_name;
-            if (apply_override(&cfg, argv[i], &err)) goto fail;
+            if (options_override(&cfg, argv[i], &err)) goto fail;
         } else if (!cfg_path) {
             cfg_path = argv[i];
             if (cfg_load(&cfg, cfg_path, &err)) goto fail;
-        } else if (apply_override(&cfg, argv[i], &err)) goto fail;
+        } else if (options_override(&cfg, argv[i], &err)) goto fail;
     }
     if (!cfg_path) {
-        usage(stderr);
-        return 2;
+        options_usage(stderr);
+        return EXIT_USAGE;
     }
     if (json && !plan) {
         err_set(&err, "--json goes with --plan");
         goto fail;
     }
-    if (read_options(&o, &cfg, cfg_path, &err)) goto fail;
+    if (options_read(&o, &cfg, cfg_path, true, &err)) goto fail;
     if (o.resume[0] && resume_check(&cfg, o.resume, o.resume_force, &err)) goto fail;
     o.plan = plan, o.json = json;
     const int ran = run(&o, &cfg, &err);
     if (ran < 0) goto fail;
-    rc = ran ? 130 : 0;  // stopped by a signal: the checkpoint is written, resume is possible
+    // Stopped (a signal, stop_after): the checkpoint is written, resume is possible.
+    rc = ran == RUN_STOPPED ? EXIT_STOPPED : ran == RUN_NOTHING_LEFT ? EXIT_NOTHING_LEFT : 0;
     goto out;
 fail:
     if (dist.size > 1) {
@@ -1851,3 +797,4 @@ out:
     cfg_free(&cfg);
     return rc;
 }
+

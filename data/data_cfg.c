@@ -97,7 +97,53 @@ static int check_labels(const Cfg *cfg, const CfgSection *s, const char *key, co
     return 0;
 }
 
-int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *err) {
+// The checks of [data] that look at the file system: whether train and test are image
+// folders or IDX files, their labels keys, and what that means for the size keys. *channels
+// gets its default (3 for a folder, 1 for IDX).
+static int check_files(DataConfig *dc, const Cfg *cfg, const CfgSection *s, int64_t width,
+                       int64_t height, int64_t *channels, Error *err) {
+    char w[1100];
+    if ((dc->train_folder = is_dir(cfg, s, "train", dc->train, err)) < 0) return -1;
+    if (dc->test[0] && (dc->test_folder = is_dir(cfg, s, "test", dc->test, err)) < 0) return -1;
+    if (check_labels(cfg, s, "train", dc->train, dc->train_folder, "train_labels",
+                     dc->train_labels, err))
+        return -1;
+    if (dc->test[0]) {
+        if (check_labels(cfg, s, "test", dc->test, dc->test_folder, "test_labels",
+                         dc->test_labels, err))
+            return -1;
+        if (dc->test_folder != dc->train_folder)
+            return err_set(err, "%s: [data] test = %s is %s but train = %s is %s; both must be "
+                           "image folders or both IDX", where(w, sizeof w, cfg, s, "test"),
+                           dc->test, dc->test_folder ? "a folder" : "an IDX file", dc->train,
+                           dc->train_folder ? "a folder" : "an IDX file");
+    } else if (dc->test_labels[0]) {
+        return err_set(err, "%s: [data] test_labels is set but test is not",
+                       where(w, sizeof w, cfg, s, "test_labels"));
+    }
+    if (dc->train_folder) {
+        if (width == 0 || height == 0)
+            return err_set(err, "%s: [data] train = %s is an image folder: set width and height, "
+                           "the size every image is resized to (e.g. width = 64, height = 64)",
+                           where(w, sizeof w, cfg, s, width == 0 ? "width" : "height"), dc->train);
+        if (*channels == 0) *channels = 3;
+        if (*channels == 2)
+            return err_set(err, "%s: [data] channels = 2: images are converted to 1 (gray) or 3 "
+                           "(RGB) channels", where(w, sizeof w, cfg, s, "channels"));
+    } else {
+        if (*channels > 1)
+            return err_set(err, "%s: [data] channels = %lld, but IDX images have 1 channel",
+                           where(w, sizeof w, cfg, s, "channels"), (long long)*channels);
+        *channels = 1;
+        if (dc->cache[0])
+            return err_set(err, "%s: [data] cache is for image folders; IDX files are read "
+                           "directly and need none (remove the key, or cache=none)",
+                           where(w, sizeof w, cfg, s, "cache"));
+    }
+    return 0;
+}
+
+int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, bool files, Error *err) {
     int64_t shuffle, drop_last, width, height, channels, workers, prefetch, skip_bad, crop_pad, flip;
     double val_split, crop_scale;
     memset(dc, 0, sizeof *dc);
@@ -107,8 +153,8 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *er
         read_path(cfg, s, "test", "", &dc->test, err) ||
         read_path(cfg, s, "test_labels", "", &dc->test_labels, err) ||
         cfg_float(cfg, s, "val_split", "0", 0.0, 0.99, &val_split, err) ||
-        cfg_int(cfg, s, "width", "0", 0, 16384, &width, err) ||
-        cfg_int(cfg, s, "height", "0", 0, 16384, &height, err) ||
+        cfg_int(cfg, s, "width", "0", 0, INPUT_MAX_SIDE, &width, err) ||
+        cfg_int(cfg, s, "height", "0", 0, INPUT_MAX_SIDE, &height, err) ||
         cfg_int(cfg, s, "channels", "0", 0, 3, &channels, err) ||
         read_floats(cfg, s, "mean", "0", dc->mean, &dc->nmean, err) ||
         read_floats(cfg, s, "std", "1", dc->std, &dc->nstd, err) ||
@@ -137,47 +183,11 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *er
             return err_set(err, "%s: [data] mean = %g: the mean of the pixels in units of [0, 1] "
                                 "(0.1307 for MNIST), between -1000 and 1000",
                            where(w, sizeof w, cfg, s, "mean"), dc->mean[i]);
-    if ((dc->train_folder = is_dir(cfg, s, "train", dc->train, err)) < 0) return -1;
-    if (dc->test[0] && (dc->test_folder = is_dir(cfg, s, "test", dc->test, err)) < 0) return -1;
-    if (check_labels(cfg, s, "train", dc->train, dc->train_folder, "train_labels",
-                     dc->train_labels, err))
-        return -1;
-    if (dc->test[0]) {
-        if (check_labels(cfg, s, "test", dc->test, dc->test_folder, "test_labels",
-                         dc->test_labels, err))
-            return -1;
-        if (dc->test_folder != dc->train_folder)
-            return err_set(err, "%s: [data] test = %s is %s but train = %s is %s; both must be "
-                           "image folders or both IDX", where(w, sizeof w, cfg, s, "test"),
-                           dc->test, dc->test_folder ? "a folder" : "an IDX file", dc->train,
-                           dc->train_folder ? "a folder" : "an IDX file");
-    } else if (dc->test_labels[0]) {
-        return err_set(err, "%s: [data] test_labels is set but test is not",
-                       where(w, sizeof w, cfg, s, "test_labels"));
-    }
     if (val_split > 0.0 && dc->test[0])
         return err_set(err, "%s: [data] val_split = %g and test = %s: validate on a held-out "
                        "part of train or on a test set, not both",
                        where(w, sizeof w, cfg, s, "val_split"), val_split, dc->test);
-    if (dc->train_folder) {
-        if (width == 0 || height == 0)
-            return err_set(err, "%s: [data] train = %s is an image folder: set width and height, "
-                           "the size every image is resized to (e.g. width = 64, height = 64)",
-                           where(w, sizeof w, cfg, s, width == 0 ? "width" : "height"), dc->train);
-        if (channels == 0) channels = 3;
-        if (channels == 2)
-            return err_set(err, "%s: [data] channels = 2: images are converted to 1 (gray) or 3 "
-                           "(RGB) channels", where(w, sizeof w, cfg, s, "channels"));
-    } else {
-        if (channels > 1)
-            return err_set(err, "%s: [data] channels = %lld, but IDX images have 1 channel",
-                           where(w, sizeof w, cfg, s, "channels"), (long long)channels);
-        channels = 1;
-        if (dc->cache[0])
-            return err_set(err, "%s: [data] cache is for image folders; IDX files are read "
-                           "directly and need none (remove the key, or cache=none)",
-                           where(w, sizeof w, cfg, s, "cache"));
-    }
+    if (files && check_files(dc, cfg, s, width, height, &channels, err)) return -1;
     dc->val_split = val_split;
     dc->width = (int)width, dc->height = (int)height, dc->channels = (int)channels;
     dc->shuffle = (int)shuffle, dc->drop_last = (int)drop_last;

@@ -5,6 +5,8 @@
 #ifndef DATA_DATA_CFG_H
 #define DATA_DATA_CFG_H
 
+#include <stdbool.h>
+
 #include "../nn/cfg.h"
 #include "dataset.h"
 
@@ -29,9 +31,12 @@ typedef struct DataConfig {
 } DataConfig;
 
 // Reads and checks [data] (s may not be NULL). Errors name the file, line and key.
-// It looks at the file system once: train (and test) is an image folder if it is a
-// directory, else IDX (which then needs train_labels / test_labels).
-int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, Error *err);
+// With `files` it looks at the file system once: train (and test) is an image folder if it
+// is a directory, else IDX (which then needs train_labels / test_labels). Without, the
+// values alone are read and checked (the normalisation for --predict of a checkpoint,
+// whose training data may be on another machine): train_folder and test_folder stay 0, and
+// channels 0 where the cfg does not set it.
+int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, bool files, Error *err);
 
 // The opened data: train is always there; test and test_loader may be NULL.
 typedef struct Data {

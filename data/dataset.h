@@ -90,9 +90,10 @@ bool image_name_has_ext(const char *name);
 // channels (1: luma, 3: gray replicated; alpha dropped) and resized to shape.w x shape.h
 // (stretched; box reduction, then a triangle filter, clamped edges), into out (H, W, C)
 // bytes. A header that declares more pixels than the file holds, a JPEG warning (premature
-// end, corrupt data) or an image of no pixels makes the file bad. Returns 0, or
-// DATASET_BAD (the file cannot be read or decoded) or -1 (out of memory) with err naming
-// the file.
+// end, corrupt data) or an image of no pixels makes the file bad. shape.c must be 1 or 3
+// (anything else is refused with -1: every decoder writes one of those). Returns 0, or
+// DATASET_BAD (the file cannot be read or decoded) or -1 (out of memory, a shape no image
+// becomes) with err naming the file.
 int image_load(const char *path, Shape shape, uint8_t *out, Error *err);
 
 // Splits ds into *train and *val: in each class, round(fraction * its samples) go to val

@@ -270,9 +270,9 @@ static int idx_check_header(const IdxFile *f, const char *path, int is_images, u
     if (!is_images && dims[0] == 0)
         return err_set(err, "%s: count is zero; an IDX labels file needs at least one label",
                        path);
-    if (dims[1] > INT_MAX || dims[2] > INT_MAX)
+    if (is_images && (dims[1] > INPUT_MAX_SIDE || dims[2] > INPUT_MAX_SIDE))
         return err_set(err, "%s: image size %u x %u is too large (at most %d a side)", path,
-                       dims[1], dims[2], INT_MAX);
+                       dims[1], dims[2], INPUT_MAX_SIDE);
     // rows * cols < 2^62 fits; count * that may not.
     int64_t sample = (int64_t)dims[1] * dims[2];
     if (sample > (INT64_MAX - header) / dims[0])

@@ -348,10 +348,12 @@ static void jpeg_message(j_common_ptr cinfo, int level) {
     if (level < 0) jpeg_fail(cinfo);  // a warning; trace messages (level >= 0) are ignored
 }
 
-// Decodes the JPEG in buf to C channels at the smallest scale M/8 (M = 1..8) whose size is
-// at least W x H (full size when the image is smaller), into *px (malloc'd, *w x *h).
+// Decodes the JPEG in buf to C (1 or 3) channels at the smallest scale M/8 (M = 1..8) whose
+// size is at least W x H (full size when the image is smaller), into *px (malloc'd, *w x *h).
 // Grayscale output of a colour JPEG is its luma channel Y; CMYK (Adobe's inverted or
-// plain) is converted to RGB as K times each of C, M, Y.
+// plain) is converted to RGB as K times each of C, M, Y. Every buffer is sized from what
+// the decoder says it writes (output_components), never from C alone: the decoder's rows
+// go straight into *px only when it writes C bytes a pixel.
 static int jpeg_load(const char *path, const uint8_t *buf, size_t size, int C, int W, int H,
                      uint8_t **px, int *w, int *h, Error *err) {
     struct jpeg_decompress_struct cinfo;
@@ -386,10 +388,16 @@ static int jpeg_load(const char *path, const uint8_t *buf, size_t size, int C, i
         return DATASET_BAD;
     }
     const int ow = (int)cinfo.output_width, oh = (int)cinfo.output_height, n = cinfo.output_components;
+    if (n != C && n != 4) {  // libjpeg-turbo writes 1 (gray), 3 (RGB) or 4 (CMYK) a pixel
+        jpeg_destroy_decompress(&cinfo);
+        err_set(err, "%s: libjpeg-turbo decodes it to %d components a pixel, not %d", path, n, C);
+        return DATASET_BAD;
+    }
     out = malloc((size_t)ow * oh * C);
     // At 1/8 scale the DC path gives libjpeg-turbo's bytes in less than half its time, or
-    // declines and leaves the file to it.
-    const int fast = !out || cinfo.scale_num != 1 ? JPEG_EIGHTH_DECLINED : jpeg_eighth_decode(&cinfo, out);
+    // declines and leaves the file to it. It writes output_components bytes a pixel.
+    const int fast = !out || cinfo.scale_num != 1 || n != C ? JPEG_EIGHTH_DECLINED
+                                                            : jpeg_eighth_decode(&cinfo, out);
     if (fast == 0) {
         jpeg_destroy_decompress(&cinfo);
         *px = out, *w = ow, *h = oh;
@@ -559,6 +567,9 @@ size_t image_load_bytes(const char *path, Shape target) {
 
 int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
     const int W = shape.w, H = shape.h, C = shape.c;
+    if ((C != 1 && C != 3) || W < 1 || H < 1)
+        return err_set(err, "%s: cannot decode to %d x %d pixels of %d channels: images become 1 "
+                            "(gray) or 3 (RGB) channels of at least 1 x 1", path, W, H, C);
     uint8_t *buf, *px = NULL;
     size_t size = 0;
     int rc = read_file(path, &buf, &size, err), w = 0, h = 0;

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cfg.h"
+#include "optim.h"
 #include "safetensors.h"
 
 #define OPT_PREFIX CHECKPOINT_OPTIMIZER_PREFIX
@@ -140,11 +142,16 @@ static char *join_classes(const CheckpointInfo *info, const char *path, Error *e
 
 int checkpoint_save(const char *path, const Net *net, const TrainState *st,
                     const CheckpointInfo *info, Error *err) {
-    if (!st || !info || !info->cfg_text || info->classes < 0)
+    if (!st || !info || !info->cfg_text || info->classes < 1 ||
+        info->classes > CHECKPOINT_MAX_CLASSES)
         return err_set(err,
                        "cannot write '%s': checkpoint_save needs the TrainState, the cfg text "
-                       "and the class names",
-                       path);
+                       "and 1 to %d class names", path, CHECKPOINT_MAX_CLASSES);
+    // What checkpoint_read_info accepts, and nothing else, is written.
+    if (!shape_is_input(net->input))
+        return err_set(err, "cannot write '%s': the network's input %dx%dx%d is not one that "
+                            "images decode to (1 or 3 channels, 1 to %d pixels a side)", path,
+                       net->input.c, net->input.h, net->input.w, INPUT_MAX_SIDE);
     int nm = 0, nt = 0, rc = -1;
     const int S = net->nstates;
     Tensor *t = NULL;
@@ -294,9 +301,9 @@ static int meta_number(const StFile *f, const StateField *sf, void *out, Error *
 }
 
 // The training state must be one a run can reach: counts below 2^62 (the step keys the
-// dropout masks and the schedule), the epoch's totals consistent (its loss may be NaN: a
-// run that diverged), an accuracy in percent, a loss scale a scaler can hold. Anything else
-// is a damaged or forged file.
+// dropout masks and the schedule), the epoch's totals consistent (its loss finite: a run
+// whose loss was not has diverged, and its weights are no start either), an accuracy in
+// percent, a loss scale a scaler can hold. Anything else is a damaged or forged file.
 static int check_state(const StFile *f, const TrainState *s, Error *err) {
     const int64_t big = INT64_C(1) << 62;
     const char *bad = s->epoch >= INT32_MAX                                ? "epoch"
@@ -305,7 +312,7 @@ static int check_state(const StFile *f, const TrainState *s, Error *err) {
                       : !(s->best_val_acc == -1 || (s->best_val_acc >= 0 && s->best_val_acc <= 100))
                           ? "best_val_acc"
                       : s->epoch_seen >= big                               ? "epoch_seen"
-                      : s->epoch_loss < 0                                  ? "epoch_loss"
+                      : !(s->epoch_loss >= 0 && s->epoch_loss <= DBL_MAX)  ? "epoch_loss"
                       : !(s->epoch_correct >= 0 && s->epoch_correct <= (double)s->epoch_seen)
                           ? "epoch_correct"
                       : !(s->loss_scale > 0 && s->loss_scale <= FLT_MAX)    ? "loss_scale"
@@ -314,9 +321,10 @@ static int check_state(const StFile *f, const TrainState *s, Error *err) {
                                                                            : NULL;
     if (!bad) return 0;
     return err_set(err, "%s: metadata \"%s\" = \"%.60s\" is not a training state a run can reach "
-                        "(counts below 2^62, best_val_acc -1 or 0 to 100, epoch_correct at most "
-                        "epoch_seen, loss_scale finite and above 0, scaler_skipped at most step); "
-                        "the file is damaged", f->path, bad, st_meta(f, bad));
+                        "(counts below 2^62, best_val_acc -1 or 0 to 100, epoch_loss finite and "
+                        "at least 0, epoch_correct at most epoch_seen, loss_scale finite and above "
+                        "0, scaler_skipped at most step); the file is damaged", f->path, bad,
+                   st_meta(f, bad));
 }
 
 static int read_state(const StFile *f, TrainState *st, Error *err) {
@@ -330,6 +338,23 @@ static int read_state(const StFile *f, TrainState *st, Error *err) {
 }
 
 
+// Whether the stored cfg's [data] key (width, height, channels), where it is set to a
+// number other than 0 (its default: taken from the data), says v.
+static bool data_key_agrees(const Cfg *cfg, const char *key, int v) {
+    const CfgSection *d = cfg_section(cfg, "data");
+    const CfgEntry *e = d ? cfg_entry(d, key) : NULL;
+    if (!e) return true;
+    char *end;
+    errno = 0;
+    const long x = strtol(e->value, &end, 10);
+    return end == e->value || *end || errno || x == 0 || x == v;
+}
+
+// The metadata besides the TrainState, each value checked against what the code can
+// handle: the input one an image decodes to (shape_is_input), 1 to CHECKPOINT_MAX_CLASSES
+// class names as checkpoint_save writes them (non-empty, one line each), and a cfg that
+// parses and whose [data] agrees with the input. Anything else is a
+// damaged or forged file: it never reaches the network, the decoders or the loader.
 static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
     CheckpointInfo in = {0};
     const char *cfg, *classes, *input;
@@ -338,12 +363,38 @@ static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
         return -1;
     char end;
     if (sscanf(input, "%d,%d,%d%c", &in.input.c, &in.input.h, &in.input.w, &end) != 3 ||
-        in.input.c < 1 || in.input.h < 1 || in.input.w < 1)
-        return err_set(err, "%s: metadata \"input\" = \"%s\" is not C,H,W", f->path, input);
+        !shape_is_input(in.input))
+        return err_set(err, "%s: metadata \"input\" = \"%.60s\" is not an input shape C,H,W that "
+                            "images decode to (C = 1 or 3 channels, H and W from 1 to %d); the "
+                            "file is damaged", f->path, input, INPUT_MAX_SIDE);
+    int n = *classes ? 1 : 0;
+    for (const char *p = classes; *p && n <= CHECKPOINT_MAX_CLASSES; p++) n += *p == '\n';
+    if (n < 1 || n > CHECKPOINT_MAX_CLASSES)
+        return err_set(err, "%s: metadata \"classes\" names %s classes, not 1 to %d; the file is "
+                            "damaged", f->path, n ? "too many" : "no", CHECKPOINT_MAX_CLASSES);
+    for (const char *p = classes, *q; p; p = q ? q + 1 : NULL) {
+        q = strchr(p, '\n');
+        const size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (!len || memchr(p, '\r', len))
+            return err_set(err, "%s: metadata \"classes\" holds %s class name; a name is "
+                                "non-empty and on one line; the file is damaged", f->path,
+                           len ? "a broken" : "an empty");
+    }
+    Cfg parsed;
+    char label[1100];
+    snprintf(label, sizeof label, "%s (its stored cfg)", f->path);
+    if (cfg_parse(&parsed, cfg, label, err)) return -1;
+    const char *differs = !data_key_agrees(&parsed, "channels", in.input.c) ? "channels"
+                          : !data_key_agrees(&parsed, "height", in.input.h) ? "height"
+                          : !data_key_agrees(&parsed, "width", in.input.w)  ? "width"
+                                                                            : NULL;
+    cfg_free(&parsed);
+    if (differs)
+        return err_set(err, "%s: the stored cfg's [data] %s disagrees with the metadata's input "
+                            "%d,%d,%d (channels, height, width); the file is damaged", f->path,
+                       differs, in.input.c, in.input.h, in.input.w);
     in.cfg_text = xstrndup(cfg, strlen(cfg), err);
     if (!in.cfg_text) return -1;
-    int n = *classes ? 1 : 0;
-    for (const char *p = classes; *p; p++) n += *p == '\n';
     in.class_names = xcalloc((size_t)n, sizeof *in.class_names, err);
     if (!in.class_names) goto fail;
     const char *p = classes;
@@ -369,10 +420,11 @@ int checkpoint_read_info(const char *path, CheckpointInfo *info, TrainState *st,
     CheckpointInfo in = {0};
     TrainState s;
     int rc = -1;
-    if (check_format(&f, err) || (st && read_state(&f, &s, err)) ||
-        (info && read_info(&f, &in, err)))
-        goto done;
+    // Every value is checked whatever the caller asked for: a file that fails here fails
+    // for every use (training, resume, --eval, --predict, ./ckpt).
+    if (check_format(&f, err) || read_state(&f, &s, err) || read_info(&f, &in, err)) goto done;
     if (info) *info = in;
+    else checkpoint_info_free(&in);
     if (st) *st = s;
     rc = 0;
 done:
@@ -464,8 +516,60 @@ typedef struct Want {
     void *dev;            // where it goes: the device, or the host (on_host)
     bool host;
     bool optional;        // num_batches_tracked: PyTorch fills it in when it is missing
+    bool nonnegative;     // a variance or a counter: no value below 0 can be right
     const StEntry *e;     // the file's entry, or NULL if missing
 } Want;
+
+// Whether model tensor `name` holds values that cannot be negative: batchnorm's running
+// variance and its counter.
+static bool model_nonnegative(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return dot && (!strcmp(dot, ".running_var") || !strcmp(dot, ".num_batches_tracked"));
+}
+
+// The values a load would take, in host memory (`data` as read, each tensor's bytes rounded
+// up to whole floats), checked before any of them reaches the network: every float finite,
+// and none below 0 where none can be (variances, counters, optimizer state that averages
+// squares). A file with such values comes from a run that diverged, or was damaged or
+// forged: training from it gives NaN, and evaluation garbage. The message names the tensors.
+static int check_values(const char *path, const Want *want, int nwant, const float *data,
+                        Error *err) {
+    int nbad = 0;
+    char names[512] = "";
+    size_t off = 0;
+    for (int i = 0; i < nwant; i++) {
+        if (!want[i].e) continue;
+        const Tensor *t = want[i].param;
+        const size_t bytes = tensor_bytes(t);
+        const float *x = data + off;
+        off += (bytes + sizeof(float) - 1) / sizeof(float);
+        int64_t nonfinite = 0, negative = 0, n = tensor_numel(t);
+        if (t->dtype == DT_F32) {
+            for (int64_t j = 0; j < n; j++) {
+                nonfinite += !isfinite(x[j]);
+                negative += want[i].nonnegative && x[j] < 0;
+            }
+        } else if (t->dtype == DT_I64) {
+            int64_t v;
+            for (int64_t j = 0; j < n; j++) {
+                memcpy(&v, (const char *)x + j * sizeof v, sizeof v);
+                negative += v < 0;
+            }
+        }
+        if (!nonfinite && !negative) continue;
+        if (nbad++ < 4) {
+            const size_t len = strlen(names);
+            snprintf(names + len, sizeof names - len, "%s%s (%lld of %lld values %s)",
+                     nbad > 1 ? ", " : "", want[i].name, (long long)(nonfinite ? nonfinite : negative),
+                     (long long)n, nonfinite ? "NaN or infinite" : "negative");
+        }
+    }
+    if (!nbad) return 0;
+    return err_set(err, "%s holds values no trained network has: %s%s; a run whose loss became "
+                        "NaN writes NaN weights (start from an earlier checkpoint, with a lower "
+                        "lr); otherwise the file is damaged; nothing was loaded", path, names,
+                   nbad > 4 ? ", and more tensors" : "");
+}
 
 static int cmp_str_ptr(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -814,6 +918,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         w->dev = p->data;
         w->host = on_host(net, p);
         w->optional = p->dtype == DT_I64;  // num_batches_tracked
+        w->nonnegative = model_nonnegative(p->name);
     }
     nwant = nmodel;
     for (int i = 0; i < nm; i++) {
@@ -827,6 +932,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
             w->param = model[i].t;
             w->dev = net_opt_state(net, model[i].grad, h);
             w->host = net->k->host_memory;
+            w->nonnegative = optim_state_nonnegative(net->state_names[h]);
         }
     }
     if (match(&f, want, nwant, nmodel, st != NULL, skip, err)) goto done;
@@ -841,6 +947,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         if (st_read_tensor(&f, &t, err)) goto done;
         off += (tensor_bytes(&t) + sizeof(float) - 1) / sizeof(float);
     }
+    if (check_values(path, want, nwant, host, err)) goto done;
     off = 0;
     static const int64_t zero = 0;
     for (int i = 0; i < nwant; i++) {

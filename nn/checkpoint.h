@@ -29,6 +29,7 @@
 
 #define CHECKPOINT_FORMAT "cnn.c-checkpoint-1"
 #define CHECKPOINT_OPTIMIZER_PREFIX "optimizer."
+#define CHECKPOINT_MAX_CLASSES (1 << 20)  // class names a checkpoint may list
 
 // Where training stands. Stored in __metadata__ as decimal text (doubles with %.17g, so
 // they read back bit for bit).
@@ -63,9 +64,12 @@ void checkpoint_info_free(CheckpointInfo *info);
 int checkpoint_save(const char *path, const Net *net, const TrainState *st,
                     const CheckpointInfo *info, Error *err);
 
-// Reads the metadata of a checkpoint: its info (caller frees with checkpoint_info_free)
-// and, if st is non-NULL, its TrainState. Errors for files that are not cnn.c
-// checkpoints (no "format", another format) name the file.
+// Reads the metadata of a checkpoint: its info (if info is non-NULL; caller frees with
+// checkpoint_info_free) and its TrainState (if st is non-NULL). This is where every value
+// of the metadata is validated, whatever the caller asks for: the format, the input shape
+// (one images decode to: shape_is_input), 1 to CHECKPOINT_MAX_CLASSES class names as
+// checkpoint_save writes them, a cfg that parses and agrees with the input, and a
+// TrainState a run can reach. Errors name the file and the value.
 int checkpoint_read_info(const char *path, CheckpointInfo *info, TrainState *st, Error *err);
 
 // Loads the model's parameters and buffers into net (uploads to the device) from a cnn.c

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "error.h"
 
@@ -14,6 +15,12 @@ int64_t file_pread_full(int fd, void *buf, size_t n, int64_t off);
 // and EINTR. Return 0, or -1 with errno set.
 int file_pwrite_full(int fd, const void *buf, size_t n, int64_t off);
 int file_write_full(int fd, const void *buf, size_t n);
+// Replaces the file at path atomically: fill writes the new contents into a temporary file
+// PATH.tmp.PID (returning 0, or -1 with errno set), which is then flushed, synced to disk
+// and renamed onto path, and the folder is synced. On any failure the temporary file is
+// removed and path is as it was, which err says. A process killed on the way leaves path
+// whole, the old contents or the new, and at most the temporary file.
+int file_write_atomic(const char *path, int (*fill)(FILE *f, void *arg), void *arg, Error *err);
 // Creates the folder path and its missing parents (mkdir -p). Errors name the folder
 // that could not be made, or a path that exists and is not a folder.
 int file_mkdirs(const char *path, Error *err);

@@ -2,6 +2,7 @@
 #include "optim.h"
 
 #include <math.h>
+#include <string.h>
 
 const char *const optim_names[OPTIM_COUNT] = {"adadelta", "sgd", "adamw"};
 static_assert(OPTIM_COUNT == 3, "optim_names must list every OptimKind");
@@ -22,6 +23,11 @@ int optim_nstates(const Optimizer *o) {
 
 const char *const *optim_state_names(const Optimizer *o) {
     return o->kind == OPTIM_SGD ? sgd_states : o->kind == OPTIM_ADAMW ? adamw_states : adadelta_states;
+}
+
+bool optim_state_nonnegative(const char *state_name) {
+    return !strcmp(state_name, "square_avg") || !strcmp(state_name, "acc_delta") ||
+           !strcmp(state_name, "exp_avg_sq");
 }
 
 void optim_plan(const Optimizer *o, NetOptions *opt) {

@@ -31,6 +31,9 @@ typedef struct Optimizer {
 // acc_delta; sgd momentum_buffer (none without momentum); adamw exp_avg and exp_avg_sq.
 int optim_nstates(const Optimizer *o);
 const char *const *optim_state_names(const Optimizer *o);
+// Whether a state of that name holds only values >= 0 (it averages squares: adadelta's
+// square_avg and acc_delta, adamw's exp_avg_sq); a checkpoint's negative ones are refused.
+bool optim_state_nonnegative(const char *state_name);
 // Sets opt's optimizer state count and names (the network plans and names the state).
 void optim_plan(const Optimizer *o, NetOptions *opt);
 

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "file.h"
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c copies tensor data raw: it assumes a little-endian host"
 #endif
@@ -1084,28 +1086,23 @@ static int write_all(FILE *fp, const void *p, size_t n) {
     return n && fwrite(p, 1, n, fp) != n ? -1 : 0;
 }
 
-// The folder of path, for fsyncing the rename: "." if path has no '/'.
-static int sync_dir(const char *path, Error *err) {
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else
-        return err_set(err, "wrote '%s' but its folder name is too long to sync", path);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return err_set(err, "wrote '%s' but cannot open its folder '%s' to sync it: %s", path, dir,
-                       strerror(errno));
-    int rc = fsync(fd), e = errno;
-    close(fd);
-    // Some file systems cannot fsync a folder (EINVAL): the rename is as durable as they allow.
-    if (rc && e != EINVAL)
-        return err_set(err, "wrote '%s' but syncing its folder '%s' failed: %s", path, dir,
-                       strerror(e));
+// What st_write puts in the file, in order: the header's length, the header, the data.
+typedef struct StBody {
+    const Buf *header;
+    const Tensor *tensors;
+    const int *order;
+    const size_t *sizes;
+    int n;
+} StBody;
+
+static int write_body(FILE *fp, void *arg) {
+    const StBody *b = arg;
+    unsigned char len8[8];
+    const uint64_t hn = b->header->n;
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(hn >> 8 * i);
+    if (write_all(fp, len8, 8) || write_all(fp, b->header->s, b->header->n)) return -1;
+    for (int k = 0; k < b->n; k++)
+        if (write_all(fp, b->tensors[b->order[k]].data, b->sizes[b->order[k]])) return -1;
     return 0;
 }
 
@@ -1117,8 +1114,6 @@ int st_write(const char *path, const Tensor *tensors, int n, const char *const *
     Buf b = {0};
     int *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     size_t *sizes = malloc((size_t)(n ? n : 1) * sizeof *sizes);
-    char *tmp = NULL;
-    FILE *fp = NULL;
     int rc = -1;
     if (!order || !sizes) {
         err_set(err, "cannot write '%s': out of memory", path);
@@ -1126,62 +1121,9 @@ int st_write(const char *path, const Tensor *tensors, int n, const char *const *
     }
     if (build_header(&b, order, sizes, path, tensors, n, meta_keys, meta_values, nmeta, err))
         goto done;
-
-    size_t tlen = strlen(path) + 32;
-    tmp = malloc(tlen);
-    if (!tmp) {
-        err_set(err, "cannot write '%s': out of memory", path);
-        goto done;
-    }
-    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        err_set(
-            err,
-            "cannot create '%s' (to write '%s'): %s; check that the folder exists and is writable",
-            tmp, path, strerror(errno));
-        goto done;
-    }
-    fp = fdopen(fd, "wb");
-    if (!fp) {
-        err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
-        close(fd);
-        goto fail;
-    }
-    unsigned char len8[8];
-    uint64_t hn = b.n;
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(hn >> 8 * i);
-    bool ok = !write_all(fp, len8, 8) && !write_all(fp, b.s, b.n);
-    for (int k = 0; ok && k < n; k++) ok = !write_all(fp, tensors[order[k]].data, sizes[order[k]]);
-    if (!ok || fflush(fp)) {
-        err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (fsync(fileno(fp))) {
-        err_set(err, "cannot sync '%s' to disk: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    int c = fclose(fp);
-    fp = NULL;
-    if (c) {
-        err_set(err, "cannot write '%s': %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path)) {
-        err_set(err, "cannot rename '%s' onto '%s': %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    rc = sync_dir(path, err);
-    goto done;
-fail:
-    if (fp) fclose(fp);
-    unlink(tmp);
-    if (err) {  // the point of the temporary file: say so
-        size_t len = strlen(err->msg);
-        snprintf(err->msg + len, sizeof err->msg - len, "; '%s' is unchanged", path);
-    }
+    StBody body = {&b, tensors, order, sizes, n};
+    rc = file_write_atomic(path, write_body, &body, err);
 done:
-    free(tmp);
     free(order);
     free(sizes);
     free(b.s);

@@ -3,6 +3,7 @@
 #define NN_TENSOR_H
 
 #include <assert.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,5 +35,14 @@ typedef struct Shape {
 } Shape;
 
 static inline int64_t shape_numel(Shape s) { return (int64_t)s.c * s.h * s.w; }
+
+// The network's input as the data code makes it: 1 (gray) or 3 (RGB) channels and sides
+// of 1 to INPUT_MAX_SIDE pixels. [data]'s width and height, IDX files and a checkpoint's
+// metadata are held to it, so no image is ever decoded into another shape.
+#define INPUT_MAX_SIDE 16384
+static inline bool shape_is_input(Shape s) {
+    return (s.c == 1 || s.c == 3) && s.h >= 1 && s.h <= INPUT_MAX_SIDE && s.w >= 1 &&
+           s.w <= INPUT_MAX_SIDE;
+}
 
 #endif

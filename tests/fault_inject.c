@@ -4,8 +4,13 @@
 //   FAULT_ENOSPC_DIR=DIR   files under DIR opened for writing behave as a full disk:
 //                          every write fails with ENOSPC (open/openat write to /dev/full,
 //                          fopen opens /dev/full)
+//   FAULT_ENOSPC_NAME=N    with FAULT_ENOSPC_DIR: only files whose name (after the last
+//                          '/') starts with N (a disk that fills while one file is written)
 //   FAULT_EROFS_DIR=DIR    opening a file under DIR for writing fails with EROFS (a
 //                          read-only folder; root ignores permissions, so chmod cannot)
+//   FAULT_KILL_RENAME=N    the process kills itself with SIGKILL at its Nth rename (1, 2,
+//                          ...), before it happens: a kill -9 at that point of a sequence
+//                          of renames (moving a run aside, an atomic write)
 //   FAULT_MALLOC_LIMIT=N   malloc, calloc, realloc and the aligned allocators return NULL
 //                          (ENOMEM) for N bytes or more (not in the FAULT_FILES_ONLY build,
 //                          which AddressSanitizer's binaries preload: their allocator is
@@ -16,6 +21,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,14 +29,18 @@
 #include <string.h>
 #include <sys/types.h>
 
-static const char *enospc_dir, *erofs_dir;
+static const char *enospc_dir, *enospc_name, *erofs_dir;
+static long kill_rename;
 #ifndef FAULT_FILES_ONLY
 static size_t malloc_limit = (size_t)-1;
 #endif
 
 __attribute__((constructor)) static void fault_init(void) {
     enospc_dir = getenv("FAULT_ENOSPC_DIR");
+    enospc_name = getenv("FAULT_ENOSPC_NAME");
     erofs_dir = getenv("FAULT_EROFS_DIR");
+    const char *k = getenv("FAULT_KILL_RENAME");
+    if (k && *k) kill_rename = strtol(k, NULL, 10);
 #ifndef FAULT_FILES_ONLY
     const char *m = getenv("FAULT_MALLOC_LIMIT");
     if (m && *m) malloc_limit = strtoull(m, NULL, 10);
@@ -47,9 +57,13 @@ static bool under(const char *path, const char *dir) {
 static int fault_for(const char *path, bool writing) {
     if (!writing) return 0;
     if (under(path, erofs_dir)) return -1;
-    if (under(path, enospc_dir)) return 1;
+    if (under(path, enospc_dir)) {
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        return !enospc_name || !*enospc_name || !strncmp(base, enospc_name, strlen(enospc_name));
+    }
     return 0;
 }
+
 
 static bool flags_write(int flags) { return (flags & O_ACCMODE) != O_RDONLY || (flags & O_CREAT); }
 
@@ -117,6 +131,15 @@ FILE *fopen(const char *path, const char *mode) {
 FILE *fopen64(const char *path, const char *mode) {
     REAL(fopen64, fopen_fn);
     return fopen_common(real_fopen64, path, mode);
+}
+
+typedef int (*rename_fn)(const char *, const char *);
+
+int rename(const char *from, const char *to) {
+    REAL(rename, rename_fn);
+    static long renames;
+    if (kill_rename && ++renames == kill_rename) raise(SIGKILL);
+    return real_rename(from, to);
 }
 
 #ifndef FAULT_FILES_ONLY

@@ -5,7 +5,10 @@
 //     killed processes are removed at the next start (only the trainer's own pattern);
 //   - a full disk and a read-only save folder (tests/fault_inject.c, preloaded: root
 //     ignores permissions, so chmod cannot make one): a clear error, exit status 1, the old
-//     checkpoint unchanged byte for byte;
+//     checkpoint unchanged byte for byte; a disk that fills while metrics.jsonl or
+//     curves.svg is written: the old copies whole;
+//   - kill -9 at each rename of a run moved aside (an earlier run in the save folder): the
+//     next start finishes the move, the old run whole in previous-1/;
 //   - an allocation that fails (the network's blocks, an image to decode): a message with
 //     the size asked for, exit status 1, never an abort, and before any training.
 // Under AddressSanitizer the preloaded library is the files-only build and ASan's own
@@ -174,6 +177,91 @@ static void test_full_disk_and_read_only(void **state) {
     free(before), free(after);
 }
 
+// The four files a run leaves, read into bufs (sizes in n); missing ones NULL.
+static const char *const run_files[] = {"last.safetensors", "best.safetensors", "metrics.jsonl",
+                                        "curves.svg"};
+static void read_run(const char *folder, char *bufs[4], size_t n[4]) {
+    for (int i = 0; i < 4; i++) {
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s", folder, run_files[i]);
+        bufs[i] = access(path, R_OK) ? NULL : test_read_file(path, &n[i]);
+    }
+}
+
+static void expect_same_run(char *a[4], size_t na[4], char *b[4], size_t nb[4]) {
+    for (int i = 0; i < 4; i++) {
+        if (!a[i] || !b[i]) fail_msg("%s: %s", run_files[i], a[i] ? "missing" : "unexpected");
+        assert_int_equal(na[i], nb[i]);
+        assert_memory_equal(a[i], b[i], na[i]);
+    }
+}
+
+// A run started in a folder that holds another run moves that run into previous-1/ by
+// renames; killed (kill -9) at each of them, and at the first atomic write after them, the
+// next start finishes the move: previous-1 holds the old run whole, byte for byte, and the
+// new run trains in the folder.
+static void test_kill_during_move_aside(void **state) {
+    need_train();
+    char ref[PATH_MAX], save[PATH_MAX], prev[PATH_MAX + 32];
+    snprintf(ref, sizeof ref, "%s/move-ref", dir);
+    snprintf(save, sizeof save, "%s/move", dir);
+    snprintf(prev, sizeof prev, "%s/previous-1", save);
+    assert_int_equal(run("./train %s epochs=1 save=%s", cfg, ref), 0);
+    char *old[4], *moved[4];
+    size_t nold[4], nmoved[4];
+    read_run(ref, old, nold);
+    for (int n = 1; n <= 6; n++) {
+        assert_int_equal(run("rm -rf %s && mkdir %s && cp %s/* %s/", save, save, ref, save), 0);
+        const int rc = run("FAULT_KILL_RENAME=%d %s ./train %s epochs=1 save=%s", n, preload(), cfg, save);
+        if (rc != 137 && rc != -1) fail_msg("rename %d: not killed (exit status %d):\n%s", n, rc, output());
+        assert_int_equal(run("./train %s epochs=1 save=%s", cfg, save), 0);
+        if (n <= 5) expect_output("finished moving an earlier run's files");
+        read_run(prev, moved, nmoved);
+        expect_same_run(old, nold, moved, nmoved);
+        for (int i = 0; i < 4; i++) free(moved[i]);
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/previous-2", save);
+        assert_int_not_equal(access(path, F_OK), 0);
+        snprintf(path, sizeof path, "%s/last.safetensors", save);
+        assert_int_equal(access(path, R_OK), 0);
+        assert_int_equal(count_temporaries(save), 0);
+    }
+    for (int i = 0; i < 4; i++) free(old[i]);
+}
+
+// A disk that fills while metrics.jsonl, then curves.svg, is written after an epoch: exit
+// status 1 naming the file, and the old log, picture and checkpoints whole, byte for byte.
+static void test_full_disk_metrics(void **state) {
+    need_train();
+    char save[PATH_MAX];
+    snprintf(save, sizeof save, "%s/fullm", dir);
+    assert_int_equal(run("./train %s epochs=1 save=%s", cfg, save), 0);
+    char *before[4], *after[4];
+    size_t nb[4], na[4];
+    read_run(save, before, nb);
+    const char *names[] = {"metrics.jsonl", "curves.svg"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(run("FAULT_ENOSPC_DIR=%s FAULT_ENOSPC_NAME=%s %s ./train %s epochs=2 save=%s "
+                             "resume=%s/last.safetensors", save, names[i], preload(), cfg, save, save), 1);
+        expect_output("No space left on device");
+        expect_output(names[i]);
+        expect_output("is unchanged");
+        if (i == 1) expect_output("epoch 2/2");  // the log was written: the picture failed
+        read_run(save, after, na);
+        if (i == 0) {
+            expect_same_run(before, nb, after, na);
+        } else {  // the log has the new epoch; the picture and the checkpoints are as before
+            assert_int_equal(nb[3], na[3]);
+            assert_memory_equal(before[3], after[3], nb[3]);
+            assert_memory_equal(before[0], after[0], nb[0]);
+            assert_true(na[2] > nb[2] && !memcmp(before[2], after[2], nb[2]));
+        }
+        for (int k = 0; k < 4; k++) free(after[k]);
+        assert_int_equal(count_temporaries(save), 0);
+    }
+    for (int k = 0; k < 4; k++) free(before[k]);
+}
+
 // Allocations that fail: the network's blocks (batch 4096: 8 MB of activations, over a
 // limit of 4 MB), and an image of 2000 x 2000 RGB (12 MB) under a limit of 8 MB. A message
 // naming the size, exit status 1, no epoch started.
@@ -235,6 +323,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_loop),
         cmocka_unit_test(test_full_disk_and_read_only),
+        cmocka_unit_test(test_kill_during_move_aside),
+        cmocka_unit_test(test_full_disk_metrics),
         cmocka_unit_test(test_allocation_failure),
         cmocka_unit_test(test_plan_allocates_nothing),
     };

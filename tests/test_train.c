@@ -523,6 +523,192 @@ static void test_data_mismatch(void **state) {
     assert_non_null(strstr(read_output(), "was trained on 1 classes"));
 }
 
+// Copies checkpoint `in` to `out` with metadata "input" saying `channels` input channels
+// and a conv1.weight to match: the forged file of issue 29 (a 2- or 4-channel input made
+// --predict decode a JPEG past the end of its buffer).
+static void forge_channels(const char *in, const char *out, int channels) {
+    StFile f;
+    Error err = {{0}};
+    if (st_open(&f, in, &err)) fail_msg("%s", err.msg);
+    Tensor *t = calloc((size_t)f.count, sizeof *t);
+    const char **keys = calloc((size_t)f.nmeta, sizeof *keys), **values = calloc((size_t)f.nmeta, sizeof *values);
+    float *w = calloc(4096, sizeof *w);
+    assert_true(t && keys && values && w);
+    char input[64];
+    for (int i = 0; i < f.count; i++) {
+        if (st_as_tensor(&f, &f.entries[i], &t[i], &err)) fail_msg("%s", err.msg);
+        if (strstr(t[i].name, "conv1.weight")) {  // and its optimizer state
+            assert_true(t[i].shape[0] * channels * t[i].shape[2] * t[i].shape[3] <= 4096);
+            t[i].shape[1] = channels;
+            t[i].data = w;
+        }
+    }
+    for (int i = 0; i < f.nmeta; i++) {
+        keys[i] = f.meta[i].key, values[i] = f.meta[i].value;
+        if (!strcmp(keys[i], "input")) {
+            snprintf(input, sizeof input, "%d%s", channels, strchr(values[i], ','));
+            values[i] = input;
+        }
+    }
+    if (st_write(out, t, f.count, keys, values, f.nmeta, &err)) fail_msg("%s", err.msg);
+    st_close(&f);
+    free(t), free(keys), free(values), free(w);
+}
+
+// Issue 29, finding 1: a checkpoint whose metadata gives an input of 2 or 4 channels (its
+// conv1.weight to match) made --predict write past a heap buffer while decoding a JPEG.
+// Refused now where the metadata is read, for every command, naming the value; and a JPEG
+// large enough for the DC path, and a PNG, still predict with the real checkpoint.
+static void test_forged_input_channels(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX], ckpt[PATH_MAX + 64], forged[PATH_MAX + 64], jpg[PATH_MAX + 64];
+    snprintf(args, sizeof args, "epochs=1 save=%s/fc", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(ckpt, sizeof ckpt, "%s/fc/last.safetensors", dir);
+    snprintf(jpg, sizeof jpg, "%s/photo.jpg", dir);
+    uint8_t px[96 * 96 * 3];
+    for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)(i * 13 + i / 288);
+    assert_true(stbi_write_jpg(jpg, 96, 96, 3, px, 90));  // 1/8 of 96 covers 10 x 10
+    assert_int_equal(run("./train --predict %s %s", ckpt, jpg), 0);
+    for (int channels = 2; channels <= 4; channels += 2) {
+        snprintf(forged, sizeof forged, "%s/fc/forged%d.safetensors", dir, channels);
+        forge_channels(ckpt, forged, channels);
+        char want[PATH_MAX + 128];
+        snprintf(want, sizeof want, "%s: metadata \"input\" = \"%d,10,10\" is not an input shape",
+                 forged, channels);
+        assert_int_equal(run("./train --predict %s %s", forged, jpg), 1);
+        if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
+        assert_int_equal(run("./train --eval %s", forged), 1);
+        assert_non_null(strstr(read_output(), want));
+        assert_int_equal(run("./train resume=%s", forged), 1);
+        assert_non_null(strstr(read_output(), want));
+        assert_int_equal(run("./ckpt ls %s", forged), 1);
+        assert_non_null(strstr(read_output(), want));
+    }
+    // --predict of a checkpoint needs neither its training data nor its test data.
+    assert_int_equal(run("(mv %s/train-images %s/train-images.away && ./train --predict %s %s; "
+                         "rc=$?; mv %s/train-images.away %s/train-images; exit $rc)",
+                         dir, dir, ckpt, jpg, dir, dir), 0);
+    assert_non_null(strstr(read_output(), "photo.jpg: "));
+}
+
+// Issue 29, finding 2: a run into a folder that holds another run moves that run's files
+// into previous-N/ (byte for byte) and says so; a run resumed from its own folder goes on
+// there, moving nothing.
+static void test_run_folder_kept(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX], path[PATH_MAX + 64];
+    snprintf(args, sizeof args, "epochs=2 save=%s/kept", dir);
+    assert_int_equal(train(args), 0);
+    const char *files[] = {"last.safetensors", "best.safetensors", "metrics.jsonl", "curves.svg"};
+    char *before[4];
+    size_t nbefore[4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/kept/%s", dir, files[i]);
+        before[i] = test_read_file(path, &nbefore[i]);
+    }
+    snprintf(args, sizeof args, "epochs=1 save=%s/kept", dir);
+    assert_int_equal(train(args), 0);
+    char want[PATH_MAX + 128];
+    snprintf(want, sizeof want, "%s/kept held an earlier run (2 epochs logged): moved its files to "
+             "%s/kept/previous-1/", dir, dir);
+    if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
+    for (int i = 0; i < 4; i++) {
+        size_t n;
+        snprintf(path, sizeof path, "%s/kept/previous-1/%s", dir, files[i]);
+        char *after = test_read_file(path, &n);
+        assert_int_equal(n, nbefore[i]);
+        assert_memory_equal(after, before[i], n);
+        free(after), free(before[i]);
+    }
+    // The new run's log holds its own epoch alone.
+    snprintf(path, sizeof path, "%s/kept/metrics.jsonl", dir);
+    size_t n;
+    char *log = test_read_file(path, &n);
+    assert_non_null(strstr(log, "{\"epoch\": 1,"));
+    assert_null(strstr(log, "{\"epoch\": 2,"));
+    free(log);
+    // Resumed from its own folder: the same run, nothing moved, the log goes on.
+    snprintf(args, sizeof args, "epochs=2 save=%s/kept resume=%s/kept/last.safetensors", dir, dir);
+    assert_int_equal(train(args), 0);
+    assert_null(strstr(read_output(), "held an earlier run"));
+    snprintf(path, sizeof path, "%s/kept/previous-2", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/kept/metrics.jsonl", dir);
+    log = test_read_file(path, &n);
+    assert_true(strstr(log, "{\"epoch\": 1,") && strstr(log, "{\"epoch\": 2,"));
+    free(log);
+    // A second new run: previous-2.
+    snprintf(args, sizeof args, "epochs=1 save=%s/kept", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(path, sizeof path, "%s/kept/previous-2/last.safetensors", dir);
+    assert_int_equal(access(path, R_OK), 0);
+}
+
+// Issue 29, finding 3: stop_after at an epoch's last batch finishes that epoch (its test,
+// its log line with the learning rate and speed, the epoch's checkpoint), so the resumed
+// run starts the next epoch and both logs and weights equal the uninterrupted run's.
+static void test_stop_at_epoch_end(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX];
+    snprintf(args, sizeof args, "epochs=2 optimizer=sgd lr=0.05 schedule=cosine save=%s/end-a", dir);
+    assert_int_equal(train(args), 0);
+    // 600 samples in batches of 32: 19 batches an epoch.
+    snprintf(args, sizeof args, "epochs=2 optimizer=sgd lr=0.05 schedule=cosine save=%s/end-b "
+             "stop_after=19", dir);
+    assert_int_equal(train(args), 130);
+    assert_non_null(strstr(read_output(), "epoch 1/2"));
+    assert_non_null(strstr(read_output(), "stopped at stop_after at the end of epoch 1"));
+    assert_int_equal(run("./train resume=%s/end-b/last.safetensors", dir), 0);
+    assert_non_null(strstr(read_output(), "resuming from"));
+    assert_non_null(strstr(read_output(), "epoch 2, batch 0"));
+    expect_same_tensors("end-a/last.safetensors", "end-b/last.safetensors");
+    // Both epochs' lines agree up to the learning rate (the speeds differ).
+    char cmd[3 * PATH_MAX];
+    snprintf(cmd, sizeof cmd,
+             "test \"$(sed 's/, \"img_per_s.*//' %s/end-a/metrics.jsonl)\" = "
+             "\"$(sed 's/, \"img_per_s.*//' %s/end-b/metrics.jsonl)\" && "
+             "! grep -q '\"lr\": 0,\\|\"img_per_s\": 0' %s/end-b/metrics.jsonl",
+             dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+// Issue 29, finding 4: values that cannot be right are refused with their names, never
+// trained on: NaN weights through init= and resume=; a resume with nothing left to train
+// says so, exits with status 3 and writes nothing.
+static void test_impossible_values(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX], ckpt[PATH_MAX + 64], bad[PATH_MAX + 64];
+    snprintf(args, sizeof args, "epochs=1 save=%s/iv", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(ckpt, sizeof ckpt, "%s/iv/last.safetensors", dir);
+    snprintf(bad, sizeof bad, "%s/nan.safetensors", dir);
+    assert_int_equal(run("/usr/bin/python3 -c \"import sys; sys.path.insert(0, 'bench'); import st_torch; "
+                         "t, m = st_torch.read(sys.argv[1]); t['fc1.weight'][0, 0] = float('nan'); "
+                         "st_torch.write(sys.argv[2], t, m)\" %s %s", ckpt, bad), 0);
+    snprintf(args, sizeof args, "epochs=1 save=%s/iv-init init=%s", dir, bad);
+    assert_int_equal(train(args), 1);
+    assert_non_null(strstr(read_output(), "fc1.weight (1 of"));
+    assert_non_null(strstr(read_output(), "NaN or infinite"));
+    assert_int_equal(run("./train resume=%s epochs=2", bad), 1);
+    assert_non_null(strstr(read_output(), "fc1.weight (1 of"));
+    // Nothing left: epochs = 1 is done.
+    size_t n0, n1;
+    char *before = test_read_file(ckpt, &n0);
+    assert_int_equal(run("./train resume=%s", ckpt), 3);
+    assert_non_null(strstr(read_output(), "nothing left to train"));
+    assert_non_null(strstr(read_output(), "give epochs=2"));
+    char *after = test_read_file(ckpt, &n1);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(before, after, n0);
+    free(before), free(after);
+    char forged[PATH_MAX + 64];
+    snprintf(forged, sizeof forged, "%s/iv/epoch99.safetensors", dir);
+    copy_with_meta(ckpt, forged, "epoch", "99");
+    assert_int_equal(run("./train resume=%s epochs=3", forged), 3);
+    assert_non_null(strstr(read_output(), "has finished 99 epochs and epochs = 3"));
+}
+
 static void test_bad_input(void **state) {
     if (access("./train", X_OK) != 0) skip();
     assert_int_equal(train("epochs=0"), 1);
@@ -567,6 +753,10 @@ int main(void) {
         cmocka_unit_test_setup(test_predict_folder, use_net_cfg),
         cmocka_unit_test_setup(test_data_mismatch, use_net_cfg),
         cmocka_unit_test_setup(test_bad_input, use_net_cfg),
+        cmocka_unit_test_setup(test_forged_input_channels, use_net_cfg),
+        cmocka_unit_test_setup(test_run_folder_kept, use_net_cfg),
+        cmocka_unit_test_setup(test_stop_at_epoch_end, use_net_cfg),
+        cmocka_unit_test_setup(test_impossible_values, use_net_cfg),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

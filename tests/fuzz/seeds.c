@@ -204,6 +204,152 @@ static void image_seeds(void) {
     put("image", "pixel.gif", &control, 1, gif, sizeof gif);
 }
 
+// ---- predict: (checkpoint, image) pairs -------------------------------------------------
+
+// A file's bytes, then removed.
+static uint8_t *take_file(const char *file, size_t *n) {
+    uint8_t *b = slurp(file, n);
+    if (!b) exit(1);
+    remove(file);
+    return b;
+}
+
+// A checkpoint of a small network for `input` and `classes`, trained by nobody (PyTorch's
+// initial weights), as ./train writes it.
+static uint8_t *predict_checkpoint(const char *cfg_text, Shape input, int classes, size_t *n) {
+    Cfg cfg;
+    Net net;
+    Error err = {{0}};
+    const NetOptions opt = {.batch = 2};
+    if (cfg_parse(&cfg, cfg_text, "seed", &err) ||
+        net_create(&net, &cfg, input, classes, &opt, &cpu_kernels, &err) ||
+        net_init_params(&net, 5, &err)) {
+        fprintf(stderr, "seeds: %s\n", err.msg);
+        exit(1);
+    }
+    cfg_free(&cfg);
+    char *names[4] = {"cat", "dog", "bird", "fish"};
+    const TrainState st = {.epoch = 1, .step = 10, .loss_scale = 1, .best_val_acc = 50};
+    const CheckpointInfo info = {.cfg_text = (char *)cfg_text, .class_names = names, .classes = classes};
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/seed.safetensors", out);
+    if (checkpoint_save(tmp, &net, &st, &info, &err)) {
+        fprintf(stderr, "seeds: %s\n", err.msg);
+        exit(1);
+    }
+    net_free(&net);
+    return take_file(tmp, n);
+}
+
+// The forged checkpoint of issue 29: metadata that says `channels` input channels, and a
+// conv1.weight to match, from a valid checkpoint (the rest as it was).
+static uint8_t *forge_channels(const uint8_t *ckpt, size_t n, int channels, size_t *out_n) {
+    StFile f;
+    Error err = {{0}};
+    if (st_open_buffer(&f, ckpt, n, "seed", &err)) exit(1);
+    Tensor t[64];
+    const char *keys[32], *values[32];
+    char input[32];
+    float w[4 * 4 * 9] = {0};
+    if (f.count > 64 || f.nmeta > 32) exit(1);
+    for (int i = 0; i < f.count; i++) {
+        if (st_as_tensor(&f, &f.entries[i], &t[i], &err)) exit(1);
+        if (!strcmp(t[i].name, "conv1.weight")) {
+            t[i].shape[1] = channels;
+            for (int j = 0; j < 4 * channels * 9; j++) w[j] = (float)(j % 7) * 0.1f - 0.3f;
+            t[i].data = w;
+        }
+    }
+    for (int i = 0; i < f.nmeta; i++) {
+        keys[i] = f.meta[i].key, values[i] = f.meta[i].value;
+        if (!strcmp(keys[i], "input")) {
+            snprintf(input, sizeof input, "%d%s", channels, strchr(values[i], ','));
+            values[i] = input;
+        }
+    }
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/seed.safetensors", out);
+    if (st_write(tmp, t, f.count, keys, values, f.nmeta, &err)) exit(1);
+    st_close(&f);
+    return take_file(tmp, out_n);
+}
+
+static void predict_seeds(void) {
+    static const char gray_cfg[] =
+        "[train]\nbatch = 2\n[data]\ntrain = photos\nmean = 0.5\nstd = 0.25\n"
+        "[conv]\nname = conv1\nfilters = 4\nsize = 3\nactivation = relu\n[maxpool]\n[flatten]\n"
+        "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
+    static const char rgb_cfg[] =
+        "[train]\nbatch = 2\n[data]\ntrain = photos\nwidth = 8\nheight = 8\nchannels = 3\n"
+        "mean = 0.5, 0.4, 0.3\nstd = 0.2\n"
+        "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+        "[batchnorm]\nname = bn1\nactivation = relu\n[global_avgpool]\n[flatten]\n"
+        "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
+    struct {
+        const char *name;
+        uint8_t *b;
+        size_t n;
+    } ck[4] = {{"gray", NULL, 0}, {"rgb", NULL, 0}, {"forged2", NULL, 0}, {"forged4", NULL, 0}};
+    ck[0].b = predict_checkpoint(gray_cfg, (Shape){1, 8, 8}, 3, &ck[0].n);
+    ck[1].b = predict_checkpoint(rgb_cfg, (Shape){3, 8, 8}, 4, &ck[1].n);
+    ck[2].b = forge_channels(ck[0].b, ck[0].n, 2, &ck[2].n);
+    ck[3].b = forge_channels(ck[1].b, ck[1].n, 4, &ck[3].n);
+
+    // Images for an 8 x 8 input: 64 x 64 JPEGs go through the DC path (1/8 scale), 24 x 24
+    // ones through libjpeg-turbo at 3/8; PNG and PNM through the other decoders.
+    enum { S = 64 };
+    static uint8_t px[S * S * 4];
+    for (int i = 0; i < S * S * 4; i++) px[i] = (uint8_t)(i * 29 + (i >> 5) * 7);
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/seed.tmp", out);
+    struct {
+        const char *name;
+        uint8_t *b;
+        size_t n;
+    } im[8];
+    int nim = 0;
+#define IMAGE(label) (im[nim].name = label, im[nim].b = take_file(tmp, &im[nim].n), nim++)
+    write_jpeg(tmp, px, S, S, 3, JCS_RGB, 0, 0);
+    IMAGE("dc.jpg");
+    write_jpeg(tmp, px, S, S, 1, JCS_GRAYSCALE, 0, 0);
+    IMAGE("dc-gray.jpg");
+    write_jpeg(tmp, px, 24, 24, 3, JCS_RGB, 0, 0);
+    IMAGE("scaled.jpg");
+    write_jpeg(tmp, px, S, S, 3, JCS_RGB, 1, 0);
+    IMAGE("progressive.jpg");
+    write_jpeg(tmp, px, 24, 24, 4, JCS_CMYK, 0, 0);
+    IMAGE("cmyk.jpg");
+    stbi_write_png(tmp, 12, 9, 3, px, 12 * 3);
+    IMAGE("rgb.png");
+    stbi_write_png(tmp, 12, 9, 2, px, 12 * 2);
+    IMAGE("graya.png");
+#undef IMAGE
+    uint8_t pnm[32 + 10 * 10 * 3];
+    const int h = snprintf((char *)pnm, 32, "P6\n10 10\n255\n");
+    memcpy(pnm + h, px, 10 * 10 * 3);
+    im[nim].name = "rgb.ppm", im[nim].n = (size_t)h + 300;
+    im[nim].b = malloc(im[nim].n);
+    if (!im[nim].b) exit(1);
+    memcpy(im[nim].b, pnm, im[nim].n);
+    nim++;
+
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < nim; i++) {
+            uint8_t head[5] = {(uint8_t)(i & 1 ? 5 : 2), (uint8_t)ck[c].n, (uint8_t)(ck[c].n >> 8),
+                               (uint8_t)(ck[c].n >> 16), (uint8_t)(ck[c].n >> 24)};
+            char name[64];
+            snprintf(name, sizeof name, "%s-%s", ck[c].name, im[i].name);
+            uint8_t *pair = malloc(sizeof head + ck[c].n);
+            if (!pair) exit(1);
+            memcpy(pair, head, sizeof head);
+            memcpy(pair + sizeof head, ck[c].b, ck[c].n);
+            put("predict", name, pair, sizeof head + ck[c].n, im[i].b, im[i].n);
+            free(pair);
+        }
+    for (int c = 0; c < 4; c++) free(ck[c].b);
+    for (int i = 0; i < nim; i++) free(im[i].b);
+}
+
 static void rename_seeds(void) {
     static const char *const seeds[][2] = {
         {"substring", "0\nconv1=stem\n%%\nconv1.weight\noptimizer.conv1.weight.square_avg\nlayer1.0.conv1.weight\n"},
@@ -227,6 +373,7 @@ int main(int argc, char **argv) {
     idx_seeds();
     image_seeds();
     rename_seeds();
+    predict_seeds();
     printf("seeds: written to %s\n", out);
     return 0;
 }

@@ -1,0 +1,317 @@
+// options.c: the [train] section and ./train's command line (options.h).
+#include "options.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../nn/layer.h"
+#include "../nn/net.h"
+
+const CfgKey train_keys[] = {
+    {"epochs", "14", "passes over the training set"},
+    {"batch", "64", "samples per optimizer step"},
+    {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
+    {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
+    {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
+    {"memory", "", "a budget (512M, 2G, ...): choose checkpointing, then accumulation, then "
+                   "(with auto_fp16) fp16, until the plan fits"},
+    {"auto_fp16", "0", "1: memory may also switch precision to fp16"},
+    {"tf32", "0", "1: GEMM inputs rounded to 10 mantissa bits in fp32 runs too, as fp16 runs "
+                  "always do (TF32 tensor cores on CUDA; the CPU computes in fp32 either way)"},
+    {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
+    {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
+    {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
+    {"optimizer", "adadelta", "adadelta, sgd or adamw: PyTorch's updates and defaults"},
+    {"lr", "by optimizer", "learning rate: adadelta 1.0, sgd 0.01, adamw 0.001"},
+    {"rho", "0.9", "adadelta: the running averages' coefficient"},
+    {"eps", "by optimizer", "adadelta 1e-6, adamw 1e-8: added to the denominator"},
+    {"momentum", "0", "sgd: momentum"},
+    {"dampening", "0", "sgd: dampening of the momentum"},
+    {"nesterov", "0", "sgd: 1 for Nesterov momentum"},
+    {"betas", "0.9, 0.999", "adamw: the coefficients of the running averages"},
+    {"weight_decay", "by optimizer", "adadelta and sgd (0): L2 penalty added to the gradient; "
+                                     "adamw (0.01): decoupled decay"},
+    {"decay_skip_norm_bias", "0", "1: no weight decay for biases and batchnorm parameters"},
+    {"schedule", "step", "step (StepLR: lr_gamma each epoch) or cosine (annealed each step to "
+                         "lr_min over the run)"},
+    {"lr_gamma", "0.7", "step: the learning rate is multiplied by this after each epoch"},
+    {"lr_min", "0", "cosine: the learning rate at the end of the run"},
+    {"warmup", "0", "steps of linear warmup first, from warmup_start * lr (PyTorch's LinearLR)"},
+    {"warmup_start", "0.3333333333333333", "warmup: the fraction of lr at the first step"},
+    {"freeze", "", "layers whose parameters stay fixed, names or prefixes, comma-separated "
+                   "(conv1, layer1): no gradients, no optimizer state"},
+    {"freeze_bn", "1", "1: frozen layers' batchnorms normalise by their running statistics, "
+                       "which stay; 0: by the batch's, updating them"},
+    {"device", "cpu", "cpu, or cuda in builds with the CUDA backend"},
+    {"threads", "0", "CPU threads for OpenBLAS and the kernels; 0 = all cores"},
+    {"seed", "1", "seeds initialisation (the weights PyTorch draws after torch.manual_seed), shuffling and dropout"},
+    {"save", "runs/<cfg name>", "folder for checkpoints (last, best), metrics.jsonl and "
+                                "curves.svg; another run's files there move to previous-N/"},
+    {"save_every", "0", "also write the last checkpoint every N batches; 0 = each epoch only"},
+    {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint, as on "
+                        "Ctrl-C (for time-boxed sessions); 0 = never"},
+    {"resume", "", "a checkpoint to continue training from exactly: ./train resume=CKPT takes "
+                   "the cfg stored in it; settings that change the run are refused"},
+    {"resume_force", "0", "1: resume although settings that change the run differ from the "
+                          "checkpoint's"},
+    {"init", "", "weights that start this run (optimizer starts fresh): a checkpoint, or any "
+                 "safetensors state_dict with the network's names (PyTorch's)"},
+    {"init_skip", "", "layers that init leaves at their fresh initialisation, comma-separated "
+                      "(fc: a new classifier head; layer4: a whole stage)"},
+    {"profile", "0", "1: time every kernel and layer and print where the training time went "
+                     "(milliseconds per step) after each epoch"},
+};
+const int train_nkeys = sizeof train_keys / sizeof train_keys[0];
+
+void options_usage(FILE *f) {
+    fprintf(f,
+            "usage: ./train CFG [key=value ...]\n"
+            "\n"
+            "Trains the network described by the cfg file CFG (see models/mnist.cfg).\n"
+            "Any cfg key can be overridden on the command line:\n"
+            "  key=value          a key of [train] or [data]   (epochs=1 batch=128)\n"
+            "  train.key=value    a key of a named section     (data.shuffle=0)\n"
+            "  LAYER.key=value    a key of the layer named LAYER (conv1.filters=16)\n"
+            "  key=               (empty) the key's default, as if the cfg did not set it\n"
+            "\n"
+            "Options:\n"
+            "  --plan             print the memory plan for the cfg and stop (no training)\n"
+            "  --plan --json      the same as one JSON object of byte counts\n"
+            "  -h, --help         this text, with every cfg key\n"
+            "\n"
+            "usage: ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]\n"
+            "  evaluates a checkpoint (SAVE/best.safetensors) on the test set of the cfg stored\n"
+            "  in it (the held-out part with val_split), or on another: test=PATH\n"
+            "  test_labels=PATH. Prints loss, accuracy, top-5, each class's accuracy and the\n"
+            "  confusion matrix (--json: one JSON object). Plain weights (any safetensors\n"
+            "  state_dict, PyTorch's) need the network's cfg: --cfg CFG\n"
+            "\n"
+            "usage: ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] IMAGE|FOLDER...\n"
+            "  the K (5) most likely classes of each image file (PNG, JPEG, BMP, GIF, TGA, PNM)\n"
+            "  and of every image in the folders, decoded, resized to the network's input and\n"
+            "  normalised as in training (--json: one JSON object per line). Files that do not\n"
+            "  decode are reported and the exit status is 1\n"
+            "\n");
+    cfg_print_keys(f, "train", train_keys, train_nkeys);
+    fprintf(f, "\n");
+    cfg_print_keys(f, "data", data_keys, data_nkeys);
+    fprintf(f, "\nLayer sections, in network order after [train] and [data]:\n");
+    for (int i = 0; i < layer_ntypes; i++) {
+        fprintf(f, "\n# %s\n", layer_types[i]->summary);
+        cfg_print_keys(f, layer_types[i]->type, layer_types[i]->keys, layer_types[i]->nkeys);
+    }
+}
+
+static bool has_key(const CfgKey *keys, int n, const char *key) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(keys[i].key, key) == 0) return true;
+    return false;
+}
+
+// Applies one command-line override "key=value", "section.key=value" or "layer.key=value".
+int options_override(Cfg *cfg, const char *arg, Error *err) {
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg)
+        return err_set(err, "command line: '%s' is not key=value (see ./train --help)", arg);
+    char key[256];
+    if ((size_t)(eq - arg) >= sizeof key) return err_set(err, "command line: key too long in '%s'", arg);
+    memcpy(key, arg, (size_t)(eq - arg));
+    key[eq - arg] = '\0';
+    const char *value = eq + 1;
+    CfgSection *s = NULL;
+    const char *k = key;
+    char *dot = strrchr(key, '.');  // layer names may hold dots (layer1.0), keys never do
+    if (dot) {
+        *dot = '\0';
+        k = dot + 1;
+        s = cfg_section(cfg, key);
+        if (s && strcmp(key, "train") != 0 && strcmp(key, "data") != 0) s = NULL;
+        if (!s) s = layer_find_section(cfg, key);
+        if (!s) return err_set(err, "command line: '%s': no section or layer named '%s' in %s", arg, key, cfg->path);
+    } else if (has_key(train_keys, train_nkeys, key)) {
+        s = cfg_section(cfg, "train");
+    } else if (has_key(data_keys, data_nkeys, key)) {
+        s = cfg_section(cfg, "data");
+    } else {
+        return err_set(err, "command line: unknown key '%s': not a key of [train] or [data] "
+                            "(for a layer's key write LAYER.%s=...; see ./train --help)", key, key);
+    }
+    if (!s) return err_set(err, "command line: '%s': %s has no [%s] section", arg, cfg->path,
+                           has_key(train_keys, train_nkeys, key) ? "train" : "data");
+    if (!*value) {  // key= : back to the default (test= turns a cfg's test set off)
+        cfg_unset(s, k);
+        return 0;
+    }
+    return cfg_set(s, k, value, err);
+}
+
+// key = a, b: the names, trimmed, into *list.
+static int read_names(const Cfg *cfg, const CfgSection *t, const char *key, NameList *list,
+                      Error *err) {
+    const char *text;
+    if (cfg_str(cfg, t, key, "", &text, err)) return -1;
+    list->n = 0;
+    if (strlen(text) >= sizeof list->text)
+        return err_set(err, "%s: [train] %s is too long", cfg->path, key);
+    strcpy(list->text, text);
+    for (char *p = list->text; *p;) {
+        p += strspn(p, " \t,");
+        if (!*p) break;
+        char *end = p + strcspn(p, ",");
+        char *next = *end ? end + 1 : end;
+        while (end > p && (end[-1] == ' ' || end[-1] == '\t')) end--;
+        *end = '\0';
+        if (list->n == (int)(sizeof list->names / sizeof list->names[0]))
+            return err_set(err, "%s: [train] %s names more than %d layers", cfg->path, key,
+                           (int)(sizeof list->names / sizeof list->names[0]));
+        list->names[list->n++] = p;
+        p = next;
+    }
+    return 0;
+}
+
+// The optimizer's keys, with its defaults.
+static int read_optimizer(Optimizer *o, const Cfg *cfg, const CfgSection *t, Error *err) {
+    int kind;
+    if (cfg_choice(cfg, t, "optimizer", "adadelta", optim_names, OPTIM_COUNT, &kind, err)) return -1;
+    o->kind = (OptimKind)kind;
+    static const char *const lr0[] = {"1.0", "0.01", "0.001"}, *const eps0[] = {"1e-6", "1e-6", "1e-8"},
+                             *const wd0[] = {"0", "0", "0.01"};
+    static_assert(OPTIM_COUNT == 3, "the optimizers' defaults above");
+    double betas[2];
+    int nbetas;
+    int64_t nesterov, skip;
+    if (cfg_float(cfg, t, "lr", lr0[kind], 0.0, 1e6, &o->lr, err) ||
+        cfg_float(cfg, t, "rho", "0.9", 0.0, 1.0, &o->rho, err) ||
+        cfg_float(cfg, t, "eps", eps0[kind], 0.0, 1.0, &o->eps, err) ||
+        cfg_float(cfg, t, "momentum", "0", 0.0, 1.0, &o->momentum, err) ||
+        cfg_float(cfg, t, "dampening", "0", 0.0, 1.0, &o->dampening, err) ||
+        cfg_int(cfg, t, "nesterov", "0", 0, 1, &nesterov, err) ||
+        cfg_floats(cfg, t, "betas", "0.9, 0.999", betas, 2, &nbetas, err) ||
+        cfg_float(cfg, t, "weight_decay", wd0[kind], 0.0, 1e6, &o->weight_decay, err) ||
+        cfg_int(cfg, t, "decay_skip_norm_bias", "0", 0, 1, &skip, err))
+        return -1;
+    if (nbetas != 2 || !(betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1))
+        return err_set(err, "%s: [train] betas: expected two numbers in [0, 1), such as 0.9, 0.999",
+                       cfg->path);
+    o->beta1 = betas[0], o->beta2 = betas[1];
+    o->nesterov = nesterov != 0;
+    o->decay_skip_norm_bias = skip != 0;
+    if (o->nesterov && (o->momentum == 0 || o->dampening != 0))
+        return err_set(err, "%s: [train] nesterov = 1 needs momentum > 0 and dampening = 0 (as "
+                            "PyTorch's SGD)", cfg->path);
+    return 0;
+}
+
+static int read_schedule(Schedule *s, const Cfg *cfg, const CfgSection *t, Error *err) {
+    int kind;
+    if (cfg_choice(cfg, t, "schedule", "step", schedule_names, SCHEDULE_COUNT, &kind, err) ||
+        cfg_float(cfg, t, "lr_gamma", "0.7", 0.0, 1e6, &s->gamma, err) ||
+        cfg_float(cfg, t, "lr_min", "0", 0.0, 1e6, &s->lr_min, err) ||
+        cfg_int(cfg, t, "warmup", "0", 0, INT64_MAX, &s->warmup, err) ||
+        cfg_float(cfg, t, "warmup_start", "0.3333333333333333", 1e-9, 1.0, &s->warmup_start, err))
+        return -1;
+    s->kind = (ScheduleKind)kind;
+    return 0;
+}
+
+int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_files, Error *err) {
+    const CfgSection *t = cfg_section(cfg, "train"), *d = cfg_section(cfg, "data");
+    if (!t) return err_set(err, "%s: no [train] section (see models/mnist.cfg)", cfg_path);
+    if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
+    if (cfg_check_keys(cfg, t, train_keys, train_nkeys, err) || data_cfg_read(&o->data, cfg, d, data_files, err))
+        return -1;
+    int64_t epochs, batch, threads, seed, accumulate, growth_interval, profile;
+    double init_scale;
+    int precision;
+    static const char *const precisions[] = {"fp32", "fp16"};
+    const char *save, *loss_scale, *checkpoint, *memory;
+    int64_t auto_fp16, tf32, freeze_bn, resume_force;
+    if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
+        cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
+        cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
+        cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
+        cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
+        cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
+        cfg_str(cfg, t, "memory", "", &memory, err) ||
+        cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
+        cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
+        cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
+        cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
+        read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, cfg, t, err) ||
+        cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
+        cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err) ||
+        cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
+        cfg_str(cfg, t, "save", "", &save, err) ||
+        cfg_int(cfg, t, "save_every", "0", 0, INT64_MAX, &o->save_every, err) ||
+        cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
+        cfg_str(cfg, t, "resume", "", &o->resume, err) ||
+        cfg_int(cfg, t, "resume_force", "0", 0, 1, &resume_force, err) ||
+        cfg_str(cfg, t, "init", "", &o->init, err) ||
+        read_names(cfg, t, "init_skip", &o->init_skip, err) ||
+        read_names(cfg, t, "freeze", &o->freeze, err) ||
+        cfg_int(cfg, t, "freeze_bn", "1", 0, 1, &freeze_bn, err) ||
+        cfg_int(cfg, t, "profile", "0", 0, 1, &profile, err))
+        return -1;
+    o->profile = (int)profile;
+    o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
+    o->seed = (uint64_t)seed;
+    o->accumulate = (int)accumulate;
+    if (batch % accumulate != 0)
+        return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
+                            "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
+    o->precision = precision ? DT_F16 : DT_F32;
+    o->auto_fp16 = (int)auto_fp16;
+    o->tf32 = (int)tf32;
+    if (strcmp(checkpoint, "none") == 0) {
+        o->segments = 0;
+    } else if (strcmp(checkpoint, "sqrt") == 0) {
+        o->segments = NET_SEGMENTS_SQRT;
+    } else {
+        char *end;
+        const long n = strtol(checkpoint, &end, 10);
+        if (*end || n < 1 || n > 100000)
+            return err_set(err, "%s: [train] checkpoint = '%s': expected none, sqrt or a number "
+                                "of segments >= 1", cfg_path, checkpoint);
+        o->segments = (int)n;
+    }
+    o->memory = 0;
+    if (memory[0]) {
+        char *end;
+        const double v = strtod(memory, &end);
+        double unit = 1;
+        if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+        else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
+        else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end || !(v > 0) || v * unit > 1e18)
+            return err_set(err, "%s: [train] memory = '%s': expected a size such as 512M, 2G "
+                                "or 800000K", cfg_path, memory);
+        o->memory = (size_t)(v * unit);
+    }
+    if (strcmp(loss_scale, "dynamic") == 0) {
+        o->scaling = scaler_rules(true, growth_interval);
+        o->init_scale = init_scale;
+    } else {
+        char *end;
+        const double fixed = strtod(loss_scale, &end);
+        if (*end || !(fixed > 0) || !isfinite(fixed))
+            return err_set(err, "%s: [train] loss_scale = '%s': expected dynamic or a positive "
+                                "number", cfg_path, loss_scale);
+        o->scaling = scaler_rules(false, growth_interval);
+        o->init_scale = fixed;
+    }
+
+    o->freeze_bn = (int)freeze_bn;
+    o->resume_force = (int)resume_force;
+    if (save[0]) {
+        snprintf(o->save, sizeof o->save, "%s", save);
+    } else {  // runs/<cfg file name without directory and extension>
+        const char *base = strrchr(cfg_path, '/') ? strrchr(cfg_path, '/') + 1 : cfg_path;
+        int len = (int)strcspn(base, ".");
+        snprintf(o->save, sizeof o->save, "runs/%.*s", len, base);
+    }
+    return 0;
+}
+
