@@ -8,7 +8,6 @@
 #include "json.h"
 #include "model.h"
 
-// Copies samples [first, first + n) of a host batch into the network's input and labels.
 void put_batch(Net *net, const Batch *b, int first, int n) {
     const int64_t numel = shape_numel(net->input);
     net->k->upload(net->input_buf, b->x + first * numel, (size_t)n * numel * sizeof(float));
@@ -21,7 +20,6 @@ void read_metrics(Net *net, Totals *t) {
     t->loss = m[0], t->correct = m[1];
 }
 
-// The loss and correct count of every process summed (of this one alone without MPI).
 int read_metrics_all(Net *net, Dist *dist, Totals *t, Error *err) {
     read_metrics(net, t);
     double v[2] = {t->loss, t->correct};
@@ -29,7 +27,6 @@ int read_metrics_all(Net *net, Dist *dist, Totals *t, Error *err) {
     t->loss = v[0], t->correct = v[1];
     return 0;
 }
-
 
 int eval_stats_init(EvalStats *e, int classes, int batch, Error *err) {
     memset(e, 0, sizeof *e);
@@ -65,8 +62,6 @@ static int64_t eval_stats_total(const EvalStats *e, int c) {
     return n;
 }
 
-// Each class's accuracy in percent as a JSON list (null for a class without samples); null
-// without stats.
 void write_per_class(FILE *f, const EvalStats *e) {
     if (!e) {
         fputs("null", f);
@@ -81,8 +76,6 @@ void write_per_class(FILE *f, const EvalStats *e) {
     fputc(']', f);
 }
 
-// Loss and accuracy over a whole dataset, without training; with stats (may be NULL), the
-// confusion matrix and top-5 as well.
 int evaluate(Net *net, Loader *loader, Dist *dist, Totals *t, EvalStats *stats, Error *err) {
     net->k->zero(net->metrics, 2 * sizeof(float));
     if (stats) {
@@ -176,13 +169,8 @@ static void print_evaluation(const char *weights, const char *source, const Tota
     }
 }
 
-// ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]: the network and weights,
-// evaluated on the test set of the cfg (or another: test=PATH test_labels=PATH), or on the
-// held-out part of a val_split run, split as training split it (the cfg's seed). A
-// checkpoint's class names and count are its own; plain weights take them from the
-// cfg's data.
 int eval_weights(const char *weights, const char *cfg_path, bool json, int noverrides,
-                        char **overrides, Error *err) {
+                 char **overrides, Error *err) {
     Model m;
     EvalStats e = {0};
     int rc = -1;

@@ -47,8 +47,11 @@ int read_metrics_all(Net *net, Dist *dist, Totals *t, Error *err);
 // processes of dist (NULL: alone); with stats (may be NULL), the confusion matrix and top-5.
 int evaluate(Net *net, Loader *loader, Dist *dist, Totals *t, EvalStats *stats, Error *err);
 
-// ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]: prints the evaluation of the
-// weights on the cfg's test set (or the held-out part of a val_split run).
+// ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]: the network and weights,
+// evaluated on the test set of the cfg (or another: test=PATH test_labels=PATH), or on the
+// held-out part of a val_split run, split as training split it (the cfg's seed). A
+// checkpoint's class names and count are its own; plain weights take them from the
+// cfg's data.
 int eval_weights(const char *weights, const char *cfg_path, bool json, int noverrides,
                  char **overrides, Error *err);
 
