@@ -311,27 +311,54 @@ static void print_plan(const MemPlan *p, const Kernels *k, size_t baseline, size
     if (available != SIZE_MAX && need > available) printf("  available is %s\n", source);
 }
 
+// The user's leave for the savers that change the result (DESIGN decision 17).
+static BudgetLeave leave_of(const Options *o) {
+    return (BudgetLeave){.fp16 = o->auto_fp16 != 0, .microbatch = o->auto_microbatch != 0};
+}
+
+// The keys that would allow what choice c changes, beyond the leave given (for messages):
+// " auto_fp16=1", " auto_microbatch=1", both or "".
+static const char *keys_for(const FitChoice *c, const Options *o, int accumulate, char *buf,
+                            size_t cap) {
+    snprintf(buf, cap, "%s%s", c->net.precision == DT_F16 && o->precision != DT_F16 && !o->auto_fp16
+                                   ? " auto_fp16=1" : "",
+             c->accumulate > accumulate && c->coupled && !o->auto_microbatch ? " auto_microbatch=1" : "");
+    return buf;
+}
+
 // With `memory = SIZE`: changes *opt and *accumulate to the first choice that fits device
-// k with `overhead` beside the plan, and says what it chose and why; an error when nothing
-// fits.
+// k with `overhead` beside the plan, and says what it chose, and what that changes in the
+// training when it changes more than float rounding (only with the user's leave); an error
+// when nothing fits, naming what would with which leave.
 static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
                         int classes, size_t overhead, NetOptions *opt, int *accumulate, Error *err) {
     FitChoice c;
     bool fits;
     if (fit_budget(cfg, k, train->shape, classes, o->batch, *opt, *accumulate, overhead, o->memory,
-                   o->auto_fp16, &c, &fits, err))
+                   leave_of(o), &c, &fits, err))
         return -1;
     const char *with = k->host_memory ? "with the loader and this process's baseline"
                                       : "on the GPU with its baseline (context, cuBLAS)";
     const double need = (mem_plan_on(&c.plan, k) + overhead) / 1048576.0;
-    if (!fits)
-        return err_set(err, "memory = %.0f MB: nothing fits; the smallest plan (checkpoint%s, "
-                            "accumulate = %d%s) needs %.0f MB %s: raise memory to at least "
-                            "%.0fM, lower the batch%s",
+    if (!fits) {
+        // Would a saver the user has not allowed fit? Say which, and what it would change.
+        FitChoice any;
+        bool any_fits = false;
+        char extra[400] = "", keys[64], why[300];
+        if (!fit_budget(cfg, k, train->shape, classes, o->batch, *opt, *accumulate, overhead,
+                        o->memory, (BudgetLeave){true, true}, &any, &any_fits, err) &&
+            any_fits)
+            snprintf(extra, sizeof extra, "; accumulate = %d%s would fit with%s, but %s",
+                     any.accumulate, any.net.precision == DT_F16 ? " and fp16" : "",
+                     keys_for(&any, o, *accumulate, keys, sizeof keys),
+                     fit_changes(&any, o->precision, *accumulate, o->batch, why, sizeof why));
+        return err_set(err, "memory = %.0f MB: nothing fits that trains as asked; the smallest plan "
+                            "(checkpoint%s, accumulate = %d%s) needs %.0f MB %s: raise memory to at "
+                            "least %.0fM or lower the batch%s",
                        o->memory / 1048576.0, c.net.segments ? " = sqrt" : " none", c.accumulate,
-                       c.net.precision == DT_F16 ? ", fp16" : "", need, with, need + 1,
-                       o->auto_fp16 || o->precision == DT_F16 ? "" : " or allow auto_fp16 = 1");
-    char what[256] = "";
+                       c.net.precision == DT_F16 ? ", fp16" : "", need, with, need + 1, extra);
+    }
+    char what[256] = "", why[300];
     if (c.net.segments != opt->segments) snprintf(what + strlen(what), sizeof what - strlen(what), ", checkpoint = sqrt");
     if (c.accumulate != *accumulate)
         snprintf(what + strlen(what), sizeof what - strlen(what), ", accumulate = %d (micro-batch %d)",
@@ -344,13 +371,22 @@ static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, cons
     else
         fprintf(to, "memory = %.0f MB: the run fits as configured (%.0f MB %s)\n",
                 o->memory / 1048576.0, need, with);
+    if (fit_changes(&c, opt->precision, *accumulate, o->batch, why, sizeof why)[0])
+        fprintf(to, "memory = %.0f MB: this changes the training, as%s%s allow%s: %s\n",
+                o->memory / 1048576.0, c.net.precision != opt->precision ? " auto_fp16 = 1" : "",
+                c.accumulate > *accumulate && c.coupled
+                    ? (c.net.precision != opt->precision ? " and auto_microbatch = 1" : " auto_microbatch = 1")
+                    : "",
+                c.net.precision != opt->precision && c.accumulate > *accumulate && c.coupled ? "" : "s",
+                why);
     *opt = c.net;
     *accumulate = c.accumulate;
     return 0;
 }
 
 // The error for a plan larger than the machine can give: what would fit instead (the
-// choices of `memory =`, fp16 included), or that nothing does.
+// choices of `memory =`, with the leave they need and what it changes), or that nothing
+// does.
 static void refuse_too_big(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
                            int classes, NetOptions opt, int accumulate, const MemPlan *plan,
                            size_t available, const char *source, Error *err) {
@@ -360,13 +396,18 @@ static void refuse_too_big(const Options *o, const Kernels *k, const Cfg *cfg, c
     opt.plan_only = false;
     const size_t budget = available / 10 * 9;  // room for the process's own memory
     const bool searched = !fit_budget(cfg, k, train->shape, classes, o->batch, opt, accumulate,
-                                      k->host_memory ? plan->loader : 0, budget, true, &c, &fits,
-                                      &ignored);
-    char what[256] = "lower the batch";
-    if (searched && fits)
-        snprintf(what, sizeof what, "memory=%.0fM chooses what fits: checkpoint = %s, accumulate = "
-                 "%d (micro-batch %d), %s", budget / 1048576.0, c.net.segments ? "sqrt" : "none",
-                 c.accumulate, c.net.batch, c.net.precision == DT_F16 ? "fp16" : "fp32");
+                                      k->host_memory ? plan->loader : 0, budget,
+                                      (BudgetLeave){true, true}, &c, &fits, &ignored);
+    char what[700] = "lower the batch", keys[64], why[300];
+    if (searched && fits) {
+        const int n = snprintf(what, sizeof what, "memory=%.0fM%s chooses what fits: checkpoint = "
+                               "%s, accumulate = %d (micro-batch %d), %s", budget / 1048576.0,
+                               keys_for(&c, o, accumulate, keys, sizeof keys),
+                               c.net.segments ? "sqrt" : "none", c.accumulate, c.net.batch,
+                               c.net.precision == DT_F16 ? "fp16" : "fp32");
+        if (fit_changes(&c, o->precision, accumulate, o->batch, why, sizeof why)[0])
+            snprintf(what + n, sizeof what - (size_t)n, " (%s)", why);
+    }
     err_set(err, "the memory plan needs %.1f MB but %.1f MB is %s: the run cannot fit (it would "
                  "be killed when memory runs out); %s%s", mem_plan_on(plan, k) / 1e6, available / 1e6,
             source, what, searched && !fits ? " (even checkpointing, accumulation to a micro-batch "

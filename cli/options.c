@@ -14,9 +14,13 @@ const CfgKey train_keys[] = {
     {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
     {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
     {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
-    {"memory", "", "a budget (512M, 2G, ...): choose checkpointing, then accumulation, then "
-                   "(with auto_fp16) fp16, until the plan fits"},
-    {"auto_fp16", "0", "1: memory may also switch precision to fp16"},
+    {"memory", "", "a budget (512M, 2G, ...): choose checkpointing, then accumulation (with "
+                   "batchnorm: only with auto_microbatch), then (with auto_fp16) fp16, until the "
+                   "plan fits"},
+    {"auto_fp16", "0", "1: memory may also switch precision to fp16 (a different result)"},
+    {"auto_microbatch", "0", "1: memory may also split the batch into micro-batches on a network "
+                             "with batchnorm, which then normalises each micro-batch by its own "
+                             "statistics (a different training)"},
     {"tf32", "0", "1: GEMM inputs rounded to 10 mantissa bits in fp32 runs too, as fp16 runs "
                   "always do (TF32 tensor cores on CUDA; the CPU computes in fp32 either way)"},
     {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
@@ -227,7 +231,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
     int precision;
     static const char *const precisions[] = {"fp32", "fp16"};
     const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, tf32, freeze_bn, resume_force;
+    int64_t auto_fp16, auto_microbatch, tf32, freeze_bn, resume_force;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
@@ -236,6 +240,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
         cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
         cfg_str(cfg, t, "memory", "", &memory, err) ||
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
+        cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
         cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
@@ -263,6 +268,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
                             "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
     o->precision = precision ? DT_F16 : DT_F32;
     o->auto_fp16 = (int)auto_fp16;
+    o->auto_microbatch = (int)auto_microbatch;
     o->tf32 = (int)tf32;
     if (strcmp(checkpoint, "none") == 0) {
         o->segments = 0;

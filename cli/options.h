@@ -25,7 +25,8 @@ typedef struct Options {
     int64_t save_every, stop_after;
     int segments;        // NetOptions.segments
     size_t memory;       // budget in bytes; 0 = none
-    int auto_fp16;
+    int auto_fp16;       // memory may choose fp16
+    int auto_microbatch; // memory may choose micro-batches on a batch-coupled network
     int tf32;
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]

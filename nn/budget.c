@@ -6,11 +6,12 @@
 #include <sys/resource.h>
 
 static int plan_of(const Cfg *cfg, Shape input, int classes, NetOptions opt, const Kernels *k,
-                   MemPlan *plan, Error *err) {
+                   MemPlan *plan, bool *coupled, Error *err) {
     Net net;
     opt.plan_only = true;
     if (net_create(&net, cfg, input, classes, &opt, k, err)) return -1;
     *plan = net.plan;
+    *coupled = net_batch_coupled(&net);
     net_free(&net);
     return 0;
 }
@@ -21,6 +22,7 @@ typedef struct Search {
     Shape input;
     int classes, batch;
     size_t overhead, budget, smallest;
+    BudgetLeave leave;
     FitChoice *out;
     bool *fits;
 } Search;
@@ -28,7 +30,7 @@ typedef struct Search {
 // Sets c's micro-batch and plans it.
 static int plan_choice(const Search *s, FitChoice *c, Error *err) {
     c->net.batch = s->batch / c->accumulate;
-    return plan_of(s->cfg, s->input, s->classes, c->net, s->k, &c->plan, err);
+    return plan_of(s->cfg, s->input, s->classes, c->net, s->k, &c->plan, &c->coupled, err);
 }
 
 // Plans candidate *c (its plan stays in it); returns 1 if it fits (and takes it), 0 if
@@ -45,11 +47,12 @@ static int try_choice(Search *s, FitChoice *c, Error *err) {
     return 0;
 }
 
-// Tries `c` with accumulate = base, then each larger divisor of the batch.
+// Tries `c` with accumulate = base, then each larger divisor of the batch (on a
+// batch-coupled network only with leave.microbatch: c is planned, so c.coupled is known).
 static int try_accumulations(Search *s, FitChoice c, Error *err) {
     const int base = c.accumulate;
     for (int acc = base; acc <= s->batch; acc++) {
-        if (s->batch % acc) continue;
+        if (s->batch % acc || (acc > base && c.coupled && !s->leave.microbatch)) continue;
         c.accumulate = acc;
         const int r = try_choice(s, &c, err);
         if (r) return r;
@@ -70,22 +73,36 @@ static int checkpoint_if_smaller(const Search *s, FitChoice *c, NetOptions base,
 
 int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int batch,
                NetOptions base, int base_accumulate, size_t overhead, size_t budget,
-               bool allow_fp16, FitChoice *out, bool *fits, Error *err) {
+               BudgetLeave leave, FitChoice *out, bool *fits, Error *err) {
     Search s = {.cfg = cfg, .k = k, .input = input, .classes = classes, .batch = batch,
-                .overhead = overhead, .budget = budget, .smallest = SIZE_MAX, .out = out,
-                .fits = fits};
+                .overhead = overhead, .budget = budget, .smallest = SIZE_MAX, .leave = leave,
+                .out = out, .fits = fits};
     *fits = false;
     FitChoice c = {.net = base, .accumulate = base_accumulate};
     int r = try_choice(&s, &c, err);  // 1. as configured
     if (r) return r < 0 ? -1 : 0;
     if (checkpoint_if_smaller(&s, &c, base, err)) return -1;  // 2. checkpointing
     r = try_accumulations(&s, c, err);  // 3. then accumulation
-    if (r || !allow_fp16 || base.precision == DT_F16) return r < 0 ? -1 : 0;
+    if (r || !leave.fp16 || base.precision == DT_F16) return r < 0 ? -1 : 0;
     c = (FitChoice){.net = base, .accumulate = base_accumulate};
     c.net.precision = DT_F16;
     if (plan_choice(&s, &c, err) || checkpoint_if_smaller(&s, &c, base, err)) return -1;
     r = try_accumulations(&s, c, err);  // 4. then fp16
     return r < 0 ? -1 : 0;
+}
+
+const char *fit_changes(const FitChoice *c, DType base_precision, int base_accumulate, int batch,
+                        char *why, size_t cap) {
+    why[0] = '\0';
+    size_t n = 0;
+    if (c->net.precision == DT_F16 && base_precision != DT_F16)
+        n += (size_t)snprintf(why + n, cap - n, "fp16 stores activations and their gradients as "
+                              "halves (rounded to 11 significant bits)");
+    if (c->accumulate > base_accumulate && c->coupled && n < cap)
+        snprintf(why + n, cap - n, "%sbatchnorm normalises each micro-batch of %d by its own "
+                 "statistics and moves its running statistics %d times a step: a different "
+                 "training from batch %d", n ? "; " : "", c->net.batch, c->accumulate, batch);
+    return why;
 }
 
 // The value of `field` (in kB) in a /proc file such as /proc/meminfo, in bytes; 0 if absent.

@@ -10,7 +10,18 @@ typedef struct FitChoice {
     NetOptions net;  // batch here is the micro-batch
     int accumulate;
     MemPlan plan;    // the network's plan for this choice (loader not included)
+    bool coupled;    // the network's result depends on the micro-batch (net_batch_coupled)
 } FitChoice;
+
+// The savers that change the result, which the budget may choose only with the user's
+// leave (DESIGN decision 17): fp16 storage (auto_fp16), and micro-batches on a network
+// whose layers normalise by the statistics of the batch they see (auto_microbatch):
+// batchnorm then normalises each micro-batch by its own, a different training from the
+// batch asked for. Micro-batches on a network without such layers give the same gradient
+// up to float rounding and need no leave.
+typedef struct BudgetLeave {
+    bool fp16, microbatch;
+} BudgetLeave;
 
 // Plans for device k without allocating, in this order of preference, and takes the first
 // that fits mem_plan_on(plan, k) + overhead <= budget (overhead: on the CPU the loader
@@ -19,13 +30,19 @@ typedef struct FitChoice {
 //   2. checkpoint = sqrt (unless already checkpointed), if it makes the plan smaller (a
 //      network whose peak lies in the backward of its largest layers gains nothing);
 //   3. with it (or without), accumulate = each divisor of batch above base_accumulate,
-//      smallest first;
-//   4. if allow_fp16 and base is fp32: precision = fp16 with each of 2 and 3.
+//      smallest first (on a batch-coupled network only with leave.microbatch);
+//   4. if leave.fp16 and base is fp32: precision = fp16 with each of 2 and 3.
 // *fits says whether one did; if none, *out is the smallest plan of them all. Errors come
 // from building the network (a bad cfg).
 int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int batch,
                NetOptions base, int base_accumulate, size_t overhead, size_t budget,
-               bool allow_fp16, FitChoice *out, bool *fits, Error *err);
+               BudgetLeave leave, FitChoice *out, bool *fits, Error *err);
+
+// What choice c changes in the training asked for (base precision, base_accumulate and the
+// global batch), in words for the message that chooses it ("" when it changes nothing but
+// float rounding), into why (cap bytes). Returns why.
+const char *fit_changes(const FitChoice *c, DType base_precision, int base_accumulate, int batch,
+                        char *why, size_t cap);
 
 // The memory this process can still take on this machine, in bytes: the least of the
 // kernel's MemAvailable, the cgroup's memory.max less its memory.current, and the address

@@ -845,3 +845,11 @@ void net_print(const Net *net, FILE *f) {
     else
         fprintf(f, "  parameters: %lld\n", (long long)net->nparams);
 }
+
+bool net_batch_coupled(const Net *net) {
+    for (int i = 0; i < net->nmodules; i++) {
+        const Layer *l = net->modules[i];
+        if (l->ops->forward_reduce && !l->frozen_stats) return true;
+    }
+    return false;
+}

@@ -183,4 +183,9 @@ bool net_buffer_live(const Net *net, int b, int t);
 // Prints the layer table (name, type, output shape, parameters) and the total.
 void net_print(const Net *net, FILE *f);
 
+// Whether a training step's result depends on how its batch is split into micro-batches
+// beyond float rounding: some layer normalises by the statistics of the (micro-)batch it
+// sees (batchnorm in training mode, not frozen).
+bool net_batch_coupled(const Net *net);
+
 #endif

@@ -423,7 +423,7 @@ static void test_budget_chooser(void **state) {
         FitChoice c;
         bool fits;
         assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, table[t].budget,
-                                    table[t].allow_fp16, &c, &fits, &err), 0);
+                                    (BudgetLeave){table[t].allow_fp16, false}, &c, &fits, &err), 0);
         assert_int_equal(fits, table[t].fits);
         if (!fits) {
             assert_true(mem_plan_total(&c.plan) > table[t].budget);  // the smallest it found
@@ -439,12 +439,12 @@ static void test_budget_chooser(void **state) {
     // smallest fp32 plan (accumulate 64) that the fp16 ladder meets.
     FitChoice smallest32;
     bool fits;
-    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, 1, false, &smallest32, &fits, &err), 0);
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, 1, (BudgetLeave){0}, &smallest32, &fits, &err), 0);
     const size_t below = mem_plan_total(&smallest32.plan) - 1;
     FitChoice c;
-    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below, false, &c, &fits, &err), 0);
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below, (BudgetLeave){0}, &c, &fits, &err), 0);
     assert_false(fits);
-    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below, true, &c, &fits, &err), 0);
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below, (BudgetLeave){.fp16 = true}, &c, &fits, &err), 0);
     if (fits) assert_int_equal(c.net.precision, DT_F16);
     cfg_free(&cfg);
     // The seed network: checkpointing saves nothing there (its peak is in the backward of
@@ -454,11 +454,52 @@ static void test_budget_chooser(void **state) {
     const Shape mnist = {.c = 1, .h = 28, .w = 28};
     const MemPlan p0 = plan_b64(&seed, mnist, 0), p1 = plan_b64(&seed, mnist, NET_SEGMENTS_SQRT);
     assert_true(mem_plan_total(&p1) >= mem_plan_total(&p0));
-    assert_int_equal(fit_budget(&seed, &cpu_kernels, mnist, 10, 64, base, 1, 0, mem_plan_total(&p0) - 1, false, &c, &fits, &err), 0);
+    assert_int_equal(fit_budget(&seed, &cpu_kernels, mnist, 10, 64, base, 1, 0, mem_plan_total(&p0) - 1, (BudgetLeave){0}, &c, &fits, &err), 0);
     assert_true(fits);
     assert_int_equal(c.net.segments, 0);
     assert_int_equal(c.accumulate, 2);
+    assert_false(c.coupled);
     cfg_free(&seed);
+}
+
+// Issue 30: on a network with batchnorm, micro-batches change the training (each is
+// normalised by its own statistics): the budget never chooses them without the user's
+// leave (auto_microbatch), and says what they change when it may. Frozen batchnorms
+// (running statistics) couple nothing.
+static void test_budget_leave(void **state) {
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
+    const Shape in = {.c = 3, .h = 10, .w = 9};
+    const NetOptions base = {.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT};
+    const MemPlan ckpt = plan_b64(&cfg, in, NET_SEGMENTS_SQRT);
+    const size_t below = mem_plan_total(&ckpt) - 1;
+    FitChoice c;
+    bool fits;
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below, (BudgetLeave){0}, &c,
+                                &fits, &err), 0);
+    assert_false(fits);
+    assert_true(c.coupled);
+    assert_int_equal(c.accumulate, 1);  // the smallest plan it may choose: no micro-batches
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, base, 1, 0, below,
+                                (BudgetLeave){.microbatch = true}, &c, &fits, &err), 0);
+    assert_true(fits);
+    assert_int_equal(c.accumulate, 2);
+    char why[300];
+    assert_non_null(strstr(fit_changes(&c, DT_F32, 1, 64, why, sizeof why),
+                           "batchnorm normalises each micro-batch of 32 by its own statistics and "
+                           "moves its running statistics 2 times a step"));
+    // The same network with every batchnorm frozen (freeze_stats): micro-batches are exact
+    // up to rounding, and chosen without leave.
+    NetOptions frozen = base;
+    const char *all[] = {"conv1", "bn1", "layer1", "layer2", "bn2"};  // all but fc
+    frozen.freeze = all, frozen.nfreeze = 5, frozen.freeze_stats = true;
+    assert_int_equal(fit_budget(&cfg, &cpu_kernels, in, 10, 64, frozen, 1, 0, 1, (BudgetLeave){0}, &c,
+                                &fits, &err), 0);
+    assert_false(c.coupled);
+    assert_true(c.accumulate > 1);
+    assert_string_equal(fit_changes(&c, DT_F32, 1, 64, why, sizeof why), "");
+    cfg_free(&cfg);
 }
 
 int main(void) {
@@ -475,6 +516,7 @@ int main(void) {
         cmocka_unit_test(test_freeze),
         cmocka_unit_test(test_plan_is_allocation),
         cmocka_unit_test(test_budget_chooser),
+        cmocka_unit_test(test_budget_leave),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
