@@ -397,6 +397,9 @@ static unsigned conv_backward_reads(const Layer *l) {
     return layer_reads_with_act(((const Conv *)l)->act);
 }
 
+// The activation's derivative scales dout in place (bias_act_backward).
+static bool conv_backward_writes_dout(const Layer *l) { return ((const Conv *)l)->act != ACT_NONE; }
+
 const LayerOps conv_ops = {
     .type = "conv",
     .summary = "2-D convolution (PyTorch Conv2d), optionally followed by an activation",
@@ -407,4 +410,5 @@ const LayerOps conv_ops = {
     .forward = conv_forward,
     .backward = conv_backward,
     .backward_reads = conv_backward_reads,
+    .backward_writes_dout = conv_backward_writes_dout,
 };

@@ -1,4 +1,4 @@
-// exec.c: the executor of exec.h and the layer_run_* helpers of layer.h.
+// exec.c: the executor of exec.h.
 #include "exec.h"
 
 static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
@@ -45,10 +45,6 @@ static LayerCtx chunk_ctx(const LayerCtx *ctx, int n0, int n, int N) {
 
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
     const LayerOps *ops = l->ops;
-    if (ops->run_forward) {
-        ops->run_forward(l, ctx, out.p, in.p, N);
-        return;
-    }
     const bool reduce = ops->forward_reduce && (!ops->forward_reduces || ops->forward_reduces(l, ctx));
     if (!exec_f16(ctx)) {
         if (reduce) ops->forward_reduce(l, ctx, in.p, 0, N, N);
@@ -75,10 +71,6 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N) {
     const LayerOps *ops = l->ops;
-    if (ops->run_backward) {
-        ops->run_backward(l, ctx, din.p, dout.p, in.p, out.p, N);
-        return;
-    }
     if (!exec_f16(ctx)) {
         if (ops->backward_reduce) ops->backward_reduce(l, ctx, dout.p, in.p, out.p, 0, N, N);
         ops->backward(l, ctx, din.p, dout.p, in.p, out.p, N);
@@ -107,52 +99,37 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
     }
 }
 
-// ---- layer_run_*: containers' children, all stored in the executor's precision -------------
+// ---- sums -----------------------------------------------------------------------------------
 
-static Stored stored(const LayerCtx *ctx, const void *p) { return (Stored){(void *)p, !exec_f16(ctx)}; }
-
-void layer_run_forward(const LayerCtx *ctx, Layer *l, void *out, const void *in, int N) {
-    exec_forward(ctx, l, stored(ctx, out), stored(ctx, in), N);
-}
-
-void layer_run_backward(const LayerCtx *ctx, Layer *l, void *din, void *dout, const void *in,
-                        const void *out, int N) {
-    exec_backward(ctx, l, stored(ctx, din), stored(ctx, dout), stored(ctx, in), stored(ctx, out), N);
-}
-
-void layer_run_add_act(const LayerCtx *ctx, void *out, const void *a, const void *b,
-                       int64_t values, int N, Activation act) {
+void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t values, int N,
+                  Activation act) {
     if (!exec_f16(ctx)) {
-        ctx->k->add_act(out, a, b, N * values, act);
+        ctx->k->add_act(out.p, a.p, b.p, N * values, act);
         return;
     }
     const int chunk = slot_chunk(ctx->exec, values, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
-        const float *x = view(ctx, stored(ctx, a), values, n0, n, 0);
-        float *y = view(ctx, stored(ctx, b), values, n0, n, 1);
+        const float *x = view(ctx, a, values, n0, n, 0);
+        float *y = view(ctx, b, values, n0, n, 1);
         ctx->k->add_act(y, x, y, n * values, act);
-        store(ctx, out, y, values, n0, n);
+        store(ctx, out.p, y, values, n0, n);
     }
 }
 
-void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, int64_t values,
-                            int N, Activation act) {
+void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
+                       Activation act) {
     if (act == ACT_NONE) return;
     if (!exec_f16(ctx)) {
-        ctx->k->relu_backward(dout, dout, out, N * values);
+        ctx->k->relu_backward(dout.p, dout.p, out.p, N * values);
         return;
     }
     const int chunk = slot_chunk(ctx->exec, values, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
-        const float *y = view(ctx, stored(ctx, out), values, n0, n, 1);
-        float *dy = view(ctx, stored(ctx, dout), values, n0, n, 2);
+        const float *y = view(ctx, out, values, n0, n, 1);
+        float *dy = view(ctx, dout, values, n0, n, 2);
         ctx->k->relu_backward(dy, dy, y, n * values);
-        store(ctx, dout, dy, values, n0, n);
+        store(ctx, dout.p, dy, values, n0, n);
     }
-}
-
-size_t layer_stored_bytes(const LayerCtx *ctx, int64_t n) {
-    return (size_t)n * dtype_sizes[ctx->exec->precision];
 }

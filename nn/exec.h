@@ -4,8 +4,8 @@
 // memory). Leaf layers compute in fp32; in F16 the executor runs a leaf over chunks of
 // samples, converting each chunk's input (and, in backward, output and output gradient)
 // into fp32 scratch and the result back to halves, so layers stay fp32 code. Layers
-// with batch passes (batchnorm) get their pass over every chunk first. Containers run
-// their children through the same functions (layer_run_* in layer.h).
+// with batch passes (batchnorm) get their pass over every chunk first. The network runs
+// its nodes (leaves and sums, nn/net.h) through these functions.
 #ifndef NN_EXEC_H
 #define NN_EXEC_H
 
@@ -35,5 +35,12 @@ typedef struct Stored {
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N);
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N);
+
+// out = act(a + b) over N samples of `values` each (out may be a or b).
+void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t values, int N,
+                  Activation act);
+// dout *= act'(out), in place (ReLU: where out > 0).
+void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
+                       Activation act);
 
 #endif

@@ -1490,7 +1490,8 @@ static void save_and_load(Net *from, Net *to, const char *file) {
     snprintf(path, sizeof path, "%s/%s", g_dir, file);
     const TrainState st = {.epoch = 2, .batch = 5, .step = 123, .seed = 7, .best_val_acc = -1,
                            .loss_scale = 65536};
-    CheckpointInfo info = {.cfg_text = (char *)g_step_cfg, .class_names = NULL, .classes = 0};
+    char *names[] = {"a", "b", "c", "d", "e"};  // the networks' 5 classes
+    CheckpointInfo info = {.cfg_text = (char *)g_step_cfg, .class_names = names, .classes = 5};
     Error err = {{0}};
     if (checkpoint_save(path, from, &st, &info, &err))
         fail_msg("checkpoint_save on %s: %s", from->k->name, err.msg);
