@@ -123,6 +123,12 @@ static unsigned batchnorm_backward_reads(const Layer *l) {
     return BACKWARD_READS_IN;
 }
 
+// bn_backward is elementwise: each value of x is read before din's is written.
+static bool batchnorm_din_over_in(const Layer *l) {
+    (void)l;
+    return true;
+}
+
 const LayerOps batchnorm_ops = {
     .type = "batchnorm",
     .summary = "batch normalisation (PyTorch BatchNorm2d / BatchNorm1d), optionally followed by an activation",
@@ -134,6 +140,7 @@ const LayerOps batchnorm_ops = {
     .backward = batchnorm_backward,
     .backward_in_place = true,
     .backward_reads = batchnorm_backward_reads,
+    .din_over_in = batchnorm_din_over_in,
     .forward_reduces = batchnorm_forward_reduces,
     .forward_reduce = batchnorm_forward_reduce,
     .backward_reduce = batchnorm_backward_reduce,

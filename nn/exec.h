@@ -43,4 +43,24 @@ void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t v
 void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
                        Activation act);
 
+// A sweep (a NODE_SWEEP of nn/net.h): leaves m[0 .. nm), each reading the one before,
+// run over chunks of `chunk` samples, each chunk through all of them before the next, so
+// what passes between them exists one chunk at a time, in `scratch` (exec_sweep_bytes).
+// A member's batch pass (batchnorm's) runs over every chunk first, with the members before
+// it for its input; backward runs the members' forward again on each chunk where their
+// backward reads it (their inner activations, max pooling's argmax, included), with the
+// forward's batch statistics. The results are the unswept members' bits where their
+// batch sums and chunked calls give one call's (LayerOps.sample_quantum); in F16 what
+// passes between members is rounded to halves as the network would store it.
+typedef struct Sweep {
+    Layer *const *m;
+    int nm, chunk;
+    void *scratch;
+} Sweep;
+size_t exec_sweep_bytes(const Exec *e, const Sweep *s);
+void exec_sweep_forward(const LayerCtx *ctx, const Sweep *s, Stored out, Stored in, int N);
+// din.p NULL: the chain's input gradient is not needed (the network's input).
+void exec_sweep_backward(const LayerCtx *ctx, const Sweep *s, Stored din, Stored dout, Stored in,
+                         int N);
+
 #endif

@@ -51,7 +51,7 @@ int node_leaf(NodeList *nl, Layer *l, int in, bool jit, Error *err) {
         return err_set(err, "%s: node %d cannot feed it (a container's expand is wrong)", l->name, in);
     NetNode *n = node_append(nl, err);
     if (!n) return -1;
-    n->l = l, n->in[0] = in, n->out = l->out, n->jit = jit;
+    n->kind = NODE_LEAF, n->l = l, n->in[0] = in, n->out = l->out, n->jit = jit;
     return nl->n - 1;
 }
 
@@ -62,7 +62,7 @@ int node_sum(NodeList *nl, int a, int b, Activation act, Error *err) {
     const Shape out = node_shape(nl, a);
     NetNode *n = node_append(nl, err);
     if (!n) return -1;
-    n->act = act, n->in[0] = a, n->in[1] = b, n->out = out;
+    n->kind = NODE_SUM, n->act = act, n->in[0] = a, n->in[1] = b, n->out = out;
     return nl->n - 1;
 }
 

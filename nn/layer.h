@@ -55,11 +55,18 @@ typedef struct LayerCtx {
 
 typedef struct Layer Layer;
 
-// The network computes with nodes (nn/net.h): a leaf layer, or a sum of two nodes' outputs.
+// The network computes with nodes (nn/net.h): a leaf layer, a sum of two nodes' outputs, or
+// a sweep: a chain of leaves run over chunks of samples (nn/exec.h).
 enum { NODE_INPUT = -1 };  // the network's input, where a node's input may be
+typedef enum NodeKind { NODE_LEAF, NODE_SUM, NODE_SWEEP } NodeKind;
+#define NODE_CHAIN_MAX 4
 typedef struct NetNode {
-    Layer *l;         // the leaf it runs; NULL: a sum, out = act(in[0] + in[1])
-    Activation act;   // a sum's activation
+    NodeKind kind;
+    Layer *l;                      // NODE_LEAF: the layer it runs
+    Activation act;                // NODE_SUM: out = act(in[0] + in[1])
+    Layer *chain[NODE_CHAIN_MAX];  // NODE_SWEEP: leaves, each reading the one before
+    int nchain;
+    int chunk;                     // NODE_SWEEP: samples a chunk
     int in[2];        // the nodes it reads (NODE_INPUT: the network's input); in[1]: sums only
     Shape out;
     bool jit;         // cheap to recompute: its output is not kept for backward but computed
@@ -124,6 +131,15 @@ typedef struct LayerOps {
     // Whether backward scales dout in place (an activation's derivative: conv and linear
     // with a ReLU); NULL: it leaves dout as it is.
     bool (*backward_writes_dout)(const Layer *l);
+    // A sweep's first member (nn/exec.h) may be a layer with parameters, when it gives the
+    // bits of one call over consecutive calls of multiples of sample_quantum(l, k) samples
+    // (a convolution whose GEMMs go image chunk by image chunk); 0 or NULL: it is not
+    // swept. The cheap members (batchnorm, ReLU, pooling, dropout) compute each sample alone.
+    int (*sample_quantum)(const Layer *l, const Kernels *k);
+    // Whether din may be the same buffer as in: backward reads each sample's input before
+    // it writes that sample's input gradient (the network then writes a gradient over an
+    // output nothing reads any more). NULL: no.
+    bool (*din_over_in)(const Layer *l);
     // Which of in and out backward reads (BACKWARD_READS_IN | BACKWARD_READS_OUT); NULL:
     // both. The network plans an activation that no backward reads to live only until
     // the forward of its consumer, so its memory serves others during backward.

@@ -107,10 +107,16 @@ done:
     return 0;
 }
 
-// Bytes per sample that node j keeps besides its output (a leaf's LayerOps.inner_bytes).
+// Bytes per sample that node j keeps besides its output (a leaf's LayerOps.inner_bytes; a
+// sweep keeps its members' a chunk at a time, in its scratch).
 static size_t inner_bytes(const Net *net, int j) {
-    const Layer *l = net->nodes[j].l;
+    const Layer *l = net->nodes[j].kind == NODE_LEAF ? net->nodes[j].l : NULL;
     return l && l->ops->inner_bytes ? l->ops->inner_bytes(l, net->precision) : 0;
+}
+
+// A sweep node's chain as exec.h runs it (scratch set by the caller).
+static Sweep node_sweep(const NetNode *nd, void *scratch) {
+    return (Sweep){.m = nd->chain, .nm = nd->nchain, .chunk = nd->chunk, .scratch = scratch};
 }
 
 // Values of the largest input or output of l and its children.
@@ -142,13 +148,117 @@ static int net_build_nodes(Net *net, Error *err) {
     return 0;
 }
 
-// The inputs of node j that it reads: 1 for a leaf, 2 for a sum.
-static int node_nin(const NetNode *n) { return n->l ? 1 : 2; }
+// The inputs of node j that it reads: 2 for a sum, else 1.
+static int node_nin(const NetNode *n) { return n->kind == NODE_SUM ? 2 : 1; }
 
-// What node j's backward reads of the forward's (a sum reads its output: the ReLU mask).
+// What node j's backward reads of the forward's (a sum reads its output: the ReLU mask; a
+// sweep its input, from which it runs its members again).
 static unsigned node_reads(const NetNode *n) {
-    if (!n->l) return n->act == ACT_NONE ? 0 : BACKWARD_READS_OUT;
+    if (n->kind == NODE_SUM) return n->act == ACT_NONE ? 0 : BACKWARD_READS_OUT;
+    if (n->kind == NODE_SWEEP) return BACKWARD_READS_IN;
     return layer_backward_reads(n->l);
+}
+
+// Whether node j's backward may write its input gradient over its output gradient.
+static bool node_in_place(const NetNode *n) { return n->kind == NODE_LEAF && n->l->ops->backward_in_place; }
+
+// Whether node j's backward may write its input gradient over its input (LayerOps.din_over_in;
+// a sweep reads each chunk's input before it writes the chunk's gradient).
+static bool node_din_over_in(const NetNode *n) {
+    if (n->kind == NODE_SWEEP) return true;
+    return n->kind == NODE_LEAF && n->l->ops->din_over_in && n->l->ops->din_over_in(n->l);
+}
+
+// Whether node j's backward may change its output gradient (a sweep copies it, but its
+// last member may be anything it allows).
+static bool node_writes_dout(const NetNode *n) {
+    if (n->kind == NODE_LEAF)
+        return n->l->ops->backward_writes_dout && n->l->ops->backward_writes_dout(n->l);
+    return false;
+}
+
+// Whether node j has a trained parameter.
+static bool node_trained(const NetNode *n) {
+    if (n->kind == NODE_LEAF) return !n->l->frozen && n->l->nparams;
+    for (int i = 0; i < n->nchain; i++)
+        if (!n->chain[i]->frozen && n->chain[i]->nparams) return true;
+    return false;
+}
+
+// The readers of node p's output.
+static int consumers(const Net *net, int p) {
+    int c = 0;
+    for (int j = p + 1; j < net->nnodes; j++)
+        for (int k = 0; k < node_nin(&net->nodes[j]); k++) c += net->nodes[j].in[k] == p;
+    return c;
+}
+
+// Whether leaf l may be a sweep's member after its first: it computes each sample alone
+// (its batch pass, batchnorm's, sums chunk by chunk) and is cheap to run again.
+static bool sweep_cheap(const Layer *l) {
+    const LayerOps *o = l->ops;
+    return o == &batchnorm_ops || o == &relu_ops || o == &maxpool_ops || o == &avgpool_ops ||
+           o == &dropout_ops;
+}
+
+// Per sample, the scratch bytes a sweep needs: about what exec_sweep_bytes takes.
+static size_t sweep_sample_bytes(const NetNode *nd) {
+    size_t b = 0, big = (size_t)shape_numel(nd->chain[0]->in);
+    for (int i = 0; i < nd->nchain; i++) {
+        const Layer *l = nd->chain[i];
+        b += (size_t)shape_numel(l->out) * sizeof(float) + (l->ops->inner_bytes ? l->ops->inner_bytes(l, DT_F32) : 0);
+        if ((size_t)shape_numel(l->out) > big) big = (size_t)shape_numel(l->out);
+    }
+    return b + 4 * big * sizeof(float);
+}
+
+// Under checkpointing, each chain of leaves that a sweep may run becomes one NODE_SWEEP,
+// so what passes between them never exists for the whole batch: cheap members (sweep_cheap)
+// each read only by the next, the first one possibly a layer with parameters
+// (LayerOps.sample_quantum) when it reads the network's input (nobody needs its input
+// gradient: the stem convolution of an image network). Chunks are a multiple of that
+// quantum, as many samples as fit in SWEEP_CHUNK_BYTES of scratch.
+#define SWEEP_CHUNK_BYTES ((size_t)8 << 20)
+static int net_fuse_sweeps(Net *net, Error *err) {
+    NetNode *nodes = net->nodes;
+    const int n = net->nnodes;
+    int *to = xcalloc((size_t)n, sizeof *to, err);  // old index -> new index
+    if (!to) return -1;
+    int m = 0;
+    for (int j = 0; j < n;) {
+        int q = 0;
+        const NetNode *a = &nodes[j];
+        if (a->kind == NODE_LEAF && !a->jit) {
+            if (sweep_cheap(a->l)) q = 1;
+            else if (a->in[0] == NODE_INPUT && a->l->ops->sample_quantum)
+                q = a->l->ops->sample_quantum(a->l, net->k);
+        }
+        int e = j + 1;  // the chain [j, e)
+        while (q > 0 && e < n && e - j < NODE_CHAIN_MAX && nodes[e].kind == NODE_LEAF && !nodes[e].jit &&
+               sweep_cheap(nodes[e].l) && nodes[e].in[0] == e - 1 && consumers(net, e - 1) == 1)
+            e++;
+        if (q <= 0 || e - j < 2 || e == n) {  // none (the network's output is never swept)
+            NetNode c = nodes[j];
+            for (int k = 0; k < node_nin(&c); k++) c.in[k] = c.in[k] == NODE_INPUT ? NODE_INPUT : to[c.in[k]];
+            to[j] = m;
+            nodes[m++] = c;
+            j++;
+            continue;
+        }
+        NetNode sw = {.kind = NODE_SWEEP, .nchain = e - j, .in = {a->in[0] == NODE_INPUT ? NODE_INPUT : to[a->in[0]], NODE_INPUT},
+                      .out = nodes[e - 1].out, .top = a->top};
+        for (int i = j; i < e; i++) sw.chain[i - j] = nodes[i].l;
+        const size_t per = sweep_sample_bytes(&sw);
+        int fit = (int)(SWEEP_CHUNK_BYTES / per / (size_t)q) * q;
+        sw.chunk = fit < q ? q : fit;
+        if (sw.chunk > net->batch) sw.chunk = net->batch;
+        for (int i = j; i < e; i++) to[i] = m;
+        nodes[m++] = sw;
+        j = e;
+    }
+    net->nnodes = m;
+    free(to);
+    return 0;
 }
 
 // The last node that reads node p's output in forward (p itself if none).
@@ -190,12 +300,13 @@ static bool crosses(const Net *net, int p) {
 // placement of TFLite's memory planner). The block is as large as the highest end.
 
 // Buffer ids: four fixed ones, then per node its output, its inner activations, its output
-// gradient and that gradient's second term.
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_NODES, BUFS_A_NODE = 4 };
+// gradient, that gradient's second term and a sweep's scratch.
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_NODES, BUFS_A_NODE = 5 };
 static int buf_out(int j) { return BUF_NODES + BUFS_A_NODE * j; }
 static int buf_inner(int j) { return buf_out(j) + 1; }
 static int buf_grad(int j) { return buf_out(j) + 2; }
 static int buf_term(int j) { return buf_out(j) + 3; }
+static int buf_scratch(int j) { return buf_out(j) + 4; }  // a sweep's, during its own events
 
 // The buffer of node p's output as a reader sees it (NODE_INPUT: the network's input).
 static int out_buffer(const Net *net, int p) { return p == NODE_INPUT ? BUF_INPUT : net->nbuf[p].out; }
@@ -216,90 +327,130 @@ static bool shared_later(const Net *net, int b, int j) {
 // Events being built.
 typedef struct Schedule {
     Net *net;
-    bool *fresh;  // a jit node recomputed in this segment's backward (still valid)
-    bool *redo;   // recomputed with its segment
+    bool *fresh;  // recomputed while backward goes through the current segment (still valid)
     int n;
 } Schedule;
 
-// Which nodes of segment [first, end) (not the last: the kept outputs of later segments
-// have been overwritten since the first forward) backward recomputes before it goes
-// through the segment, into redo: those whose output something still reads (a backward of
-// the segment, or another recomputation) and that were not kept (they do not cross into a
-// later segment), and those whose inner activations the backward reads. A jit node counts
-// only for the recomputations that read it: its backward readers get it again themselves
-// (from its inputs, which count as read).
-static void mark_recomputed(const Net *net, int first, int end, bool *redo) {
-    for (int j = end - 1; j >= first; j--) {
-        const NetNode *nd = &net->nodes[j];
-        bool read = !nd->jit && j >= net->first_trained && (node_reads(nd) & BACKWARD_READS_OUT);
-        for (int c = j + 1; c < end && !read; c++) {
-            const NetNode *cn = &net->nodes[c];
-            for (int k = 0; k < node_nin(cn); k++)
-                if (cn->in[k] == j && (redo[c] || cn->jit ||
-                                       (!nd->jit && k == 0 && c >= net->first_trained &&
-                                        (node_reads(cn) & BACKWARD_READS_IN))))
-                    read = true;
-        }
-        redo[j] = (read && !crosses(net, j)) || (inner_bytes(net, j) && j >= net->first_trained);
-    }
-}
-
 static void sched_add(Schedule *sc, EventKind kind, int j) { sc->net->events[sc->n++] = (Event){kind, j}; }
 
-// Node p's output, read by a backward next: a jit node that was not kept (it does not
-// cross a cut) is recomputed first, once in each segment's backward, after its own inputs.
+// Whether backward must compute node p's output again before it reads it: a jit node's is
+// not kept; neither are those of an earlier segment's nodes (later segments reused their
+// buffers), but for the outputs that cross into a later segment, which are kept; and a
+// kept node's inner activations are not (max pooling's argmax).
+static bool recomputed(const Net *net, int p) {
+    if (p == NODE_INPUT) return false;
+    if (net->nodes[p].jit && !crosses(net, p)) return true;
+    return segment_of(net, p) < net->nsegments - 1 && (!crosses(net, p) || inner_bytes(net, p));
+}
+
+// Node p's output (and inner activations), read by a backward next: computed again first
+// where it was not kept, once in each segment's backward, after its own inputs. So a
+// segment's nodes come back one by one as its backward needs them, not all at once.
 static void sched_live(Schedule *sc, int p) {
     Net *net = sc->net;
-    if (p == NODE_INPUT || !net->nodes[p].jit || sc->fresh[p] || crosses(net, p)) return;
+    if (p == NODE_INPUT || sc->fresh[p] || !recomputed(net, p)) return;
     for (int k = 0; k < node_nin(&net->nodes[p]); k++) sched_live(sc, net->nodes[p].in[k]);
     sched_add(sc, EV_RECOMPUTE, p);
     sc->fresh[p] = true;
 }
 
-// Where node j's backward sends its input gradient(s), decided as the schedule reaches it
-// (nodes after j have sent theirs): the first term of an input's gradient is written to
-// (or, in place or passed on by a sum, shares) a gradient buffer, a later one goes to the
-// input's term buffer and an EV_GRAD_ADD adds it. Returns the inputs that got a term.
-static int route_gradients(Net *net, int j, int term_of[2], Error *err) {
+// Whether an event after t reads buffer b as a forward value (an input, an output that a
+// backward reads, the loss's) or writes a forward value into it.
+static bool data_used_after(const Net *net, int b, int t) {
+    for (int e = t + 1; e < net->nevents; e++) {
+        const int j = net->events[e].node;
+        const NetNode *nd = &net->nodes[j];
+        switch (net->events[e].kind) {
+        case EV_FORWARD:
+        case EV_RECOMPUTE:
+            if (net->nbuf[j].out == b) return true;
+            for (int k = 0; k < node_nin(nd); k++)
+                if (out_buffer(net, nd->in[k]) == b) return true;
+            break;
+        case EV_LOSS:
+            if (net->nbuf[j].out == b) return true;
+            break;
+        case EV_BACKWARD: {
+            const unsigned reads = node_reads(nd);
+            if (((reads & BACKWARD_READS_IN) && out_buffer(net, nd->in[0]) == b) ||
+                ((reads & BACKWARD_READS_OUT) && net->nbuf[j].out == b))
+                return true;
+            break;
+        }
+        default: break;
+        }
+    }
+    return b == BUF_INPUT || b == net->nbuf[net->nnodes - 1].out;  // read after the step
+}
+
+// Whether some node's gradient or term already lives in buffer b.
+static bool holds_gradient(const Net *net, int b) {
+    for (int q = 0; q < net->nnodes; q++)
+        if (net->nbuf[q].grad == b || net->nbuf[q].term == b) return true;
+    return false;
+}
+
+// Where leaf j's backward at event t may write node p's gradient (a first term) or its
+// second term, besides a buffer of its own: over p's output (LayerOps.din_over_in), which
+// then serves as the gradient, when nothing reads or writes that output after t.
+static int over_input(const Net *net, int j, int p, int t) {
+    const int b = out_buffer(net, p);
+    if (!node_din_over_in(&net->nodes[j]) || b == BUF_INPUT || data_used_after(net, b, t) ||
+        holds_gradient(net, b))
+        return -1;
+    return b;
+}
+
+// The buffers of the gradients that node j's backward at event t sends to its inputs
+// (nodes after j have sent theirs): the first term of an input's gradient is written to,
+// or shares, a gradient buffer (in place over j's output gradient, over the input's own
+// output, or a buffer of its own; a sum passes its own gradient on); a later term goes to
+// the input's term buffer (or a sum's gradient) and the EV_GRAD_ADD after j adds it.
+static int route_gradients(Net *net, int j, int t, Error *err) {
     const NetNode *n = &net->nodes[j];
     NodeBufs *b = net->nbuf;
-    int nterms = 0;
+    // A backward that changes its output gradient must have it to itself: a sum passes its
+    // gradient on to both its inputs, and the first one's backward comes before the other's.
+    if (node_writes_dout(n) && shared_later(net, b[j].grad, j))
+        return err_set(err, "%s: its backward scales its output gradient in place, which a sum "
+                            "also passes to another node; the network cannot run it",
+                       n->l->name);
     for (int k = 0; k < node_nin(n); k++) {
         const int p = n->in[k];
         if (!needs_grad(net, p)) continue;
-        if (b[p].grad < 0 && !n->l) {  // a sum's first term: its own gradient, passed on
-            // The input's backward must then leave it as it is: others still read it.
-            const Layer *in = net->nodes[p].l;
-            if (in && in->ops->backward_writes_dout && in->ops->backward_writes_dout(in))
-                return err_set(err, "%s: a sum's input scales its output gradient in place in "
-                                    "backward; the network cannot pass the sum's gradient to it",
-                               in->name);
+        const bool sum = n->kind == NODE_SUM;
+        if (b[p].grad < 0 && sum) {  // a sum's first term: its own gradient, passed on
             b[p].grad = b[j].grad;
-        } else if (b[p].grad < 0) {  // a leaf's first term: in place, or a buffer of its own
-            b[p].grad = n->l->ops->backward_in_place && !shared_later(net, b[j].grad, j)
-                            ? b[j].grad : buf_grad(p);
+        } else if (b[p].grad < 0) {  // a leaf's or sweep's first term
+            const int over = over_input(net, j, p, t);
+            b[p].grad = node_in_place(n) && !shared_later(net, b[j].grad, j) ? b[j].grad
+                        : over >= 0                                           ? over
+                                                                              : buf_grad(p);
             b[j].din = b[p].grad;
-        } else {  // a later term, added by an EV_GRAD_ADD
-            b[p].term = n->l ? buf_term(p) : b[j].grad;
-            if (n->l) b[j].din = b[p].term;
-            term_of[nterms++] = p;
+        } else if (sum) {  // a sum's later term: its gradient as it is
+            b[p].term = b[j].grad;
+        } else {  // a leaf's or sweep's later term
+            const int over = over_input(net, j, p, t);
+            b[p].term = over >= 0 ? over : buf_term(p);
+            b[j].din = b[p].term;
         }
     }
-    return nterms;
+    return 0;
 }
 
 // Builds net->events and the nodes' buffer ids (net->nbuf) from the segments and the
-// first trained node.
+// first trained node: the events first (a node's inputs that already have a gradient term
+// get an EV_GRAD_ADD after its backward), then, going through them, the gradients' buffers.
 static int net_schedule(Net *net, Error *err) {
     const int n = net->nnodes, S = net->nsegments, stop = net->first_trained;
     free(net->events);
-    // Each node: forward, recompute in its segment, jit recompute, backward, one sum of
-    // terms per input; and the loss.
-    net->events = xcalloc(6 * (size_t)n + 1, sizeof *net->events, err);
-    Schedule sc = {.net = net, .fresh = xcalloc((size_t)n, sizeof *sc.fresh, err),
-                   .redo = xcalloc((size_t)n, sizeof *sc.redo, err)};
-    if (!net->events || !sc.fresh || !sc.redo) {
-        free(sc.fresh), free(sc.redo);
+    // Each node: forward, backward, a sum of terms for each of (at most 2) inputs, and at
+    // most one recomputation in each segment's backward; the loss.
+    net->events = xcalloc((size_t)n * (4 + (size_t)S) + 1, sizeof *net->events, err);
+    Schedule sc = {.net = net, .fresh = xcalloc((size_t)n, sizeof *sc.fresh, err)};
+    bool *has_grad = xcalloc((size_t)n, sizeof *has_grad, err);
+    if (!net->events || !sc.fresh || !has_grad) {
+        free(sc.fresh), free(has_grad);
         return -1;
     }
     for (int j = 0; j < n; j++) {
@@ -308,9 +459,9 @@ static int net_schedule(Net *net, Error *err) {
         // sum: a leaf in the sum's segment, not recomputed on its own, whose backward does
         // not read its output, with the sum its only reader.
         const int a = nd->in[0];
-        const bool over = !nd->l && a != NODE_INPUT && net->nodes[a].l && !net->nodes[a].jit &&
-                          !inner_bytes(net, a) &&
-                          !(layer_backward_reads(net->nodes[a].l) & BACKWARD_READS_OUT) &&
+        const bool over = nd->kind == NODE_SUM && a != NODE_INPUT && net->nodes[a].kind != NODE_SUM &&
+                          !net->nodes[a].jit && !inner_bytes(net, a) &&
+                          !(node_reads(&net->nodes[a]) & BACKWARD_READS_OUT) &&
                           last_consumer(net, a) == j && segment_of(net, a) == segment_of(net, j);
         net->nbuf[j] = (NodeBufs){.out = over ? net->nbuf[a].out : buf_out(j), .grad = -1,
                                   .term = -1, .din = -1};
@@ -318,35 +469,29 @@ static int net_schedule(Net *net, Error *err) {
     net->nbuf[n - 1].grad = BUF_DLOGP;
     for (int j = 0; j < n; j++) sched_add(&sc, EV_FORWARD, j);
     sched_add(&sc, EV_LOSS, n - 1);
-    int rc = 0;
-    for (int g = S - 1; g >= 0 && net->seg_first[g + 1] > stop && !rc; g--) {
+    for (int g = S - 1; g >= 0 && net->seg_first[g + 1] > stop; g--) {
         const int first = net->seg_first[g], end = net->seg_first[g + 1];
-        // Later segments reused this one's buffers: recompute them from the kept outputs.
-        // A kept output is recomputed only for its inner activations.
-        for (int j = first; j < end; j++) sc.fresh[j] = false;
-        if (g < S - 1) {
-            mark_recomputed(net, first, end, sc.redo);
-            for (int j = first; j < end; j++)
-                if (sc.redo[j]) sched_add(&sc, EV_RECOMPUTE, j);
-        }
+        for (int j = 0; j < end; j++) sc.fresh[j] = false;
         for (int j = end - 1; j >= first && j >= stop; j--) {
             const NetNode *nd = &net->nodes[j];
             const unsigned reads = node_reads(nd);
             if (reads & BACKWARD_READS_IN) sched_live(&sc, nd->in[0]);
-            if (reads & BACKWARD_READS_OUT) sched_live(&sc, j);
-            int terms[2];
-            const int nterms = route_gradients(net, j, terms, err);
-            if (nterms < 0) {
-                rc = -1;
-                break;
-            }
+            if ((reads & BACKWARD_READS_OUT) || inner_bytes(net, j)) sched_live(&sc, j);
             sched_add(&sc, EV_BACKWARD, j);
-            for (int t = 0; t < nterms; t++) sched_add(&sc, EV_GRAD_ADD, terms[t]);
+            for (int k = 0; k < node_nin(nd); k++) {
+                const int p = nd->in[k];
+                if (!needs_grad(net, p)) continue;
+                if (has_grad[p]) sched_add(&sc, EV_GRAD_ADD, p);  // a second term
+                has_grad[p] = true;
+            }
         }
     }
     net->nevents = sc.n;
-    free(sc.fresh), free(sc.redo);
-    return rc;
+    free(sc.fresh), free(has_grad);
+    for (int t = n + 1; t < net->nevents; t++)
+        if (net->events[t].kind == EV_BACKWARD && route_gradients(net, net->events[t].node, t, err))
+            return -1;
+    return 0;
 }
 
 // Spans being built: per buffer the open one (from < 0: none), and the closed ones.
@@ -392,6 +537,7 @@ static void spans_forward(const Net *net, SpanBuilder *sb, int j, int t) {
     for (int k = 0; k < node_nin(nd); k++) span_read(sb, out_buffer(net, nd->in[k]), t);
     span_write(sb, net->nbuf[j].out, t);
     if (inner_bytes(net, j)) span_write(sb, buf_inner(j), t);
+    if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
 }
 
 // Node j's backward at event t: its output gradient (updated by a sum, or overwritten by
@@ -404,6 +550,7 @@ static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
     if (reads & BACKWARD_READS_IN) span_read(sb, out_buffer(net, nd->in[0]), t);
     if (reads & BACKWARD_READS_OUT) span_read(sb, b[j].out, t);
     if (inner_bytes(net, j)) span_read(sb, buf_inner(j), t);
+    if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
     if (b[j].din >= 0 && b[j].din != b[j].grad) span_write(sb, b[j].din, t);  // else in place
 }
 
@@ -422,6 +569,8 @@ static void buffer_bytes(Net *net) {
         buf[buf_inner(j)].bytes = align64(B * inner_bytes(net, j));
         buf[buf_grad(j)].bytes = align64(values * es);
         buf[buf_term(j)].bytes = align64(values * es);
+        const Sweep sw = node_sweep(&net->nodes[j], NULL);
+        buf[buf_scratch(j)].bytes = net->nodes[j].kind == NODE_SWEEP ? align64(exec_sweep_bytes(&net->exec, &sw)) : 0;
     }
 }
 
@@ -496,22 +645,21 @@ bool net_buffer_live(const Net *net, int b, int t) {
     return false;
 }
 
-// Places every used buffer (bytes > 0), largest first, at the lowest offset where it
-// overlaps no placed buffer that is live with it; sets plan.activations (the highest
-// end) and plan.act_kept (the bytes live at the loss).
-static int place_buffers(Net *net, Error *err) {
-    const int nb = net->nbufs;
-    int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
-    int rc = -1;
-    if (!order || !placed) goto done;
-    int used = 0;
-    for (int b = 0; b < nb; b++)
-        if (net->bufs[b].bytes) order[used++] = b;
-    for (int a = 1; a < used; a++)  // by size, largest first; ties in id order
-        for (int c = a; c > 0 && net->bufs[order[c]].bytes > net->bufs[order[c - 1]].bytes; c--) {
-            const int t = order[c];
-            order[c] = order[c - 1], order[c - 1] = t;
-        }
+// The events over which buffer b holds something, and its first.
+static int buffer_events(const Net *net, int b, int *first) {
+    int n = 0, f = INT32_MAX;
+    for (int i = 0; i < net->bufs[b].nspans; i++) {
+        const ActSpan x = net->spans[net->bufs[b].span0 + i];
+        n += x.to - x.from + 1;
+        if (x.from < f) f = x.from;
+    }
+    *first = f;
+    return n;
+}
+
+// Places the buffers in `order` (used of them) one by one at the lowest offset where each
+// overlaps no placed buffer that is live with it; returns the highest end.
+static size_t place_in_order(Net *net, const int *order, int used, int *placed) {
     size_t top = 0;
     for (int k = 0; k < used; k++) {
         ActBuffer *x = &net->bufs[order[k]];
@@ -532,13 +680,52 @@ static int place_buffers(Net *net, Error *err) {
         x->offset = off;
         if (off + x->bytes > top) top = off + x->bytes;
     }
-    net->plan.activations = top;
+    return top;
+}
+
+// Places every used buffer (bytes > 0) greedily (TFLite's memory planner's placement: each
+// at the lowest offset where it overlaps no placed buffer live with it), in each of a few
+// orders: largest first; largest over the most events first (bytes x events); the earliest
+// first; and keeps the placement with the lowest end. Sets plan.activations (that end)
+// and plan.act_kept (the bytes live at the loss). Ties keep id order, so a plan is the
+// same every time.
+static int place_buffers(Net *net, Error *err) {
+    const int nb = net->nbufs;
+    int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
+    double *key = xcalloc((size_t)nb, sizeof *key, err);
+    size_t *best = xcalloc((size_t)nb, sizeof *best, err);
+    int rc = -1;
+    if (!order || !placed || !key || !best) goto done;
+    size_t top = SIZE_MAX;
+    for (int strategy = 0; strategy < 3; strategy++) {
+        int used = 0;
+        for (int b = 0; b < nb; b++) {
+            if (!net->bufs[b].bytes) continue;
+            int first;
+            const int events = buffer_events(net, b, &first);
+            const double bytes = (double)net->bufs[b].bytes;
+            key[b] = strategy == 0 ? bytes : strategy == 1 ? bytes * events : -(double)first * 1e15 + bytes;
+            order[used++] = b;
+        }
+        for (int a = 1; a < used; a++)  // by key, largest first; ties in id order
+            for (int c = a; c > 0 && key[order[c]] > key[order[c - 1]]; c--) {
+                const int t = order[c];
+                order[c] = order[c - 1], order[c - 1] = t;
+            }
+        const size_t end = place_in_order(net, order, used, placed);
+        if (end < top) {
+            top = end;
+            for (int b = 0; b < nb; b++) best[b] = net->bufs[b].offset;
+        }
+    }
+    for (int b = 0; b < nb; b++) net->bufs[b].offset = best[b];
+    net->plan.activations = top == SIZE_MAX ? 0 : top;
     net->plan.act_kept = 0;
     for (int b = 0; b < nb; b++)
         if (net->bufs[b].bytes && net_buffer_live(net, b, net->nnodes)) net->plan.act_kept += net->bufs[b].bytes;
     rc = 0;
 done:
-    free(order), free(placed);
+    free(order), free(placed), free(key), free(best);
     return rc;
 }
 
@@ -573,6 +760,7 @@ static void net_carve_activations(Net *net, char *base) {
         net->acts[j] = at[b->out];
         net->grad[j] = b->grad >= 0 ? at[b->grad] : NULL;
         net->term[j] = b->term >= 0 ? at[b->term] : NULL;
+        net->scratch[j] = at[buf_scratch(j)];
         if (inner_bytes(net, j)) net->nodes[j].l->inner = at[buf_inner(j)];
     }
 }
@@ -630,6 +818,16 @@ static void net_layout_buffers(Net *net, char *base) {
         off += align64(l->ops->state_bytes(l));
     }
     net->plan.buffers = off;
+}
+
+// The bytes live at each event, summed over the step: a plan's second measure, so that of
+// two cuts with the same block the one that holds less for less long is taken.
+static double plan_area(const Net *net) {
+    double area = 0;
+    for (int t = 0; t <= net->nevents; t++)
+        for (int b = 0; b < net->nbufs; b++)
+            if (net->bufs[b].bytes && net_buffer_live(net, b, t)) area += (double)net->bufs[b].bytes;
+    return area;
 }
 
 // Checkpoint segments (DESIGN.md decision 6) over the nodes, so a segment may begin inside
@@ -723,29 +921,42 @@ static int net_segments(Net *net, int segments, Error *err) {
         for (int e = s + 1; e <= n; e++) limits[m++] = seg_scratch(&c, s, e);
     qsort(limits, m, sizeof *limits, cmp_size);
     size_t best = SIZE_MAX;
+    double best_area = INFINITY;
     for (size_t t = 0; t < m; t++) {
         if ((t && limits[t] == limits[t - 1]) || seg_fit(&c, S, limits[t], dp, from, cut) == SIZE_MAX ||
             (best != SIZE_MAX && !memcmp(cut, best_cut, ((size_t)S + 1) * sizeof *cut)))
             continue;
         memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
         if (net_plan_activations(net, err)) goto done;
-        if (net->plan.activations < best) {
-            best = net->plan.activations;
+        const double area = plan_area(net);
+        if (net->plan.activations < best || (net->plan.activations == best && area < best_area)) {
+            best = net->plan.activations, best_area = area;
             memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
         }
     }
-    // Then moves single cuts by one node while that shrinks the block.
+    // Then moves single cuts anywhere (a cut taken out, one put in at another node) while
+    // that shrinks the block: plans are cheap (resnet18: 51 nodes, 7 segments, some hundreds
+    // of plans in 0.1 s), and the best cuts of a segment of large tensors often lie several
+    // nodes from the model's.
     for (bool moved = true; moved;) {
         moved = false;
         for (int k = 1; k < S; k++)
-            for (int d = -1; d <= 1; d += 2) {
-                memcpy(cut, best_cut, ((size_t)S + 1) * sizeof *cut);
-                cut[k] += d;
-                if (cut[k] <= cut[k - 1] || cut[k] >= cut[k + 1]) continue;
+            for (int at = 1; at < n; at++) {
+                bool taken = false;
+                for (int m = 1; m < S; m++) taken |= best_cut[m] == at;
+                if (taken) continue;
+                int w = 0;  // best_cut without cut k, with `at`, in order
+                for (int m = 0; m <= S; m++) {
+                    if (m == k) continue;
+                    if (at < best_cut[m] && (w == 0 || cut[w - 1] < at)) cut[w++] = at;
+                    cut[w++] = best_cut[m];
+                }
                 memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
                 if (net_plan_activations(net, err)) goto done;
-                if (net->plan.activations < best) {
-                    best = net->plan.activations;
+                if (net->plan.activations > best) continue;
+                const double area = plan_area(net);
+                if (net->plan.activations < best || area < best_area) {
+                    best = net->plan.activations, best_area = area;
                     memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
                     moved = true;
                 }
@@ -792,10 +1003,8 @@ static int net_freeze(Net *net, const Cfg *cfg, const NetOptions *opt, Error *er
                                 "(see the table of layers ./train prints)", cfg->path, opt->freeze[f]);
     }
     net->first_trained = net->nnodes;
-    for (int j = net->nnodes - 1; j >= 0; j--) {
-        const Layer *l = net->nodes[j].l;
-        if (l && !l->frozen && l->nparams) net->first_trained = j;
-    }
+    for (int j = net->nnodes - 1; j >= 0; j--)
+        if (node_trained(&net->nodes[j])) net->first_trained = j;
     return 0;
 }
 
@@ -806,6 +1015,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->input = input;
     net->batch = opt->batch;
     net->precision = opt->precision;
+    net->exec.precision = opt->precision;  // sweeps' scratch is planned by it
     net->gemm_reduced = opt->precision == DT_F16 || opt->tf32;
     if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
@@ -813,6 +1023,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         goto fail;
     }
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
+        ((opt->segments > 1 || opt->segments == NET_SEGMENTS_SQRT) && net_fuse_sweeps(net, err)) ||
         net_freeze(net, cfg, opt, err))
         goto fail;
     net->nstates = opt->opt_states;
@@ -831,7 +1042,8 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->acts = xcalloc((size_t)net->nnodes, sizeof *net->acts, err);
     net->grad = xcalloc((size_t)net->nnodes, sizeof *net->grad, err);
     net->term = xcalloc((size_t)net->nnodes, sizeof *net->term, err);
-    if (!net->acts || !net->grad || !net->term) goto fail;
+    net->scratch = xcalloc((size_t)net->nnodes, sizeof *net->scratch, err);
+    if (!net->acts || !net->grad || !net->term || !net->scratch) goto fail;
     if (!(net->params = device_block(k, net->plan.params, "parameter", err)) ||
         !(net->grads = device_block(k, net->plan.grads, "gradient", err)) ||
         !(net->optimizer = device_block(k, net->plan.optimizer, "optimizer state", err)) ||
@@ -877,6 +1089,7 @@ void net_free(Net *net) {
     free(net->acts);
     free(net->grad);
     free(net->term);
+    free(net->scratch);
     free(net->seg_first);
     free(net->events);
     free(net->bufs);
@@ -959,12 +1172,15 @@ static Stored stored(const Net *net, void *p) { return (Stored){p, net->precisio
 
 static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
-    if (nd->l) {
+    if (nd->kind == NODE_LEAF) {
         exec_forward(ctx, nd->l, node_out(net, j), node_out(net, nd->in[0]), N);
-        return;
+    } else if (nd->kind == NODE_SWEEP) {
+        const Sweep sw = node_sweep(nd, net->scratch[j]);
+        exec_sweep_forward(ctx, &sw, node_out(net, j), node_out(net, nd->in[0]), N);
+    } else {
+        exec_add_act(ctx, node_out(net, j), node_out(net, nd->in[0]), node_out(net, nd->in[1]),
+                     shape_numel(nd->out), N, nd->act);
     }
-    exec_add_act(ctx, node_out(net, j), node_out(net, nd->in[0]), node_out(net, nd->in[1]),
-                 shape_numel(nd->out), N, nd->act);
 }
 
 // Node j's backward: a leaf's (its input gradient to where the plan routed it: its input's
@@ -974,7 +1190,7 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
     const Stored none = {NULL, true}, dout = j == net->nnodes - 1 ? (Stored){net->dlogp, true}
                                                                    : stored(net, net->grad[j]);
-    if (!nd->l) {
+    if (nd->kind == NODE_SUM) {
         exec_act_backward(ctx, dout, node_out(net, j), shape_numel(nd->out), N, nd->act);
         return;
     }
@@ -982,6 +1198,11 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const unsigned reads = node_reads(nd);
     const int p = nd->in[0], din = net->nbuf[j].din;
     void *dst = din < 0 ? NULL : din == net->nbuf[p].term ? net->term[p] : net->grad[p];
+    if (nd->kind == NODE_SWEEP) {
+        const Sweep sw = node_sweep(nd, net->scratch[j]);
+        exec_sweep_backward(ctx, &sw, stored(net, dst), dout, node_out(net, p), N);
+        return;
+    }
     exec_backward(ctx, nd->l, stored(net, dst), dout,
                   reads & BACKWARD_READS_IN ? node_out(net, p) : none,
                   reads & BACKWARD_READS_OUT ? node_out(net, j) : none, N);

@@ -147,6 +147,7 @@ typedef struct Net {
                        // backward, a sum passing its gradient on)
     void **term;       // term[j]: where a second term of grad[j] is written before
                        // EV_GRAD_ADD adds it (NULL: none)
+    void **scratch;    // scratch[j]: a sweep's (exec_sweep_bytes), during its own events
     float *dlogp;        // (batch, classes) F32: the loss gradient
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to them)
