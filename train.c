@@ -481,7 +481,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     r.schedule = o->schedule;
     r.schedule.total = (int64_t)o->epochs * loader_batches(r.loader);
     NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
-                          .segments = o->segments, .freeze = o->freeze.names,
+                          .segments = o->segments, .sweep = o->segments != 0, .freeze = o->freeze.names,
                           .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
                           .tf32 = o->tf32 != 0};
     optim_plan(&o->optim, &net_opt);

@@ -66,6 +66,7 @@ static int try_accumulations(Search *s, FitChoice c, Error *err) {
 static int checkpoint_if_smaller(const Search *s, FitChoice *c, NetOptions base, Error *err) {
     FitChoice ckpt = *c;
     ckpt.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
+    ckpt.net.sweep = true;
     if (plan_choice(s, &ckpt, err)) return -1;
     if (mem_plan_on(&ckpt.plan, s->k) < mem_plan_on(&c->plan, s->k)) *c = ckpt;
     return 0;

@@ -217,9 +217,8 @@ static size_t sweep_sample_bytes(const NetNode *nd) {
 // each read only by the next, the first one possibly a layer with parameters
 // (LayerOps.sample_quantum) when it reads the network's input (nobody needs its input
 // gradient: the stem convolution of an image network). Chunks are a multiple of that
-// quantum, as many samples as fit in SWEEP_CHUNK_BYTES of scratch.
-#define SWEEP_CHUNK_BYTES ((size_t)8 << 20)
-static int net_fuse_sweeps(Net *net, Error *err) {
+// quantum, as many samples as fit in `budget` bytes of scratch.
+static int net_fuse_sweeps(Net *net, size_t budget, Error *err) {
     NetNode *nodes = net->nodes;
     const int n = net->nnodes;
     int *to = xcalloc((size_t)n, sizeof *to, err);  // old index -> new index
@@ -249,7 +248,7 @@ static int net_fuse_sweeps(Net *net, Error *err) {
                       .out = nodes[e - 1].out, .top = a->top};
         for (int i = j; i < e; i++) sw.chain[i - j] = nodes[i].l;
         const size_t per = sweep_sample_bytes(&sw);
-        int fit = (int)(SWEEP_CHUNK_BYTES / per / (size_t)q) * q;
+        int fit = (int)(budget / per / (size_t)q) * q;
         sw.chunk = fit < q ? q : fit;
         if (sw.chunk > net->batch) sw.chunk = net->batch;
         for (int i = j; i < e; i++) to[i] = m;
@@ -1023,7 +1022,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         goto fail;
     }
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
-        ((opt->segments > 1 || opt->segments == NET_SEGMENTS_SQRT) && net_fuse_sweeps(net, err)) ||
+        (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||
         net_freeze(net, cfg, opt, err))
         goto fail;
     net->nstates = opt->opt_states;

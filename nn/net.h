@@ -52,6 +52,10 @@ typedef struct NetOptions {
     int segments;     // activation checkpointing (decision 6): 0 or 1 = none; S > 1 splits
                       // the nodes into S segments; NET_SEGMENTS_SQRT = round(sqrt(nodes))
     bool plan_only;   // compute net->plan and allocate nothing (./train --plan)
+    bool sweep;          // chains of cheap per-sample layers (and the stem convolution) run
+                         // as sweeps over chunks of samples (nn/exec.h): checkpointing's
+                         // recomputation below the layer (the trainer sets it with segments)
+    size_t sweep_bytes;  // the scratch a sweep's chunk may take, which sets its samples (0: 8 MB)
     bool tf32;        // GEMM inputs rounded to 10 mantissa bits in fp32 too (Kernels.gemm_reduced)
     // Optimizer state tensors kept per trained parameter (optim_nstates) and their names.
     int opt_states;

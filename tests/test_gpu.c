@@ -1275,7 +1275,7 @@ static void make_net(Net *net, const Kernels *k, DType precision, int batch, int
     Cfg cfg;
     Error err = {{0}};
     if (cfg_parse(&cfg, g_step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
-    NetOptions opt = {.batch = batch, .precision = precision, .segments = segments};
+    NetOptions opt = {.batch = batch, .precision = precision, .segments = segments, .sweep = segments != 0};
     optim_plan(&adadelta, &opt);
     if (net_create(net, &cfg, step_input, STEP_CLASSES, &opt, k, &err))
         fail_msg("net_create on %s: %s", k->name, err.msg);

@@ -54,11 +54,15 @@ static void make_deep(void) {
              "[maxpool]\n[flatten]\n[linear]\noutputs = 10\n[log_softmax]\n");
 }
 
+// The scratch a sweep's chunk may take in the networks build() makes (0: the default).
+static size_t g_sweep_bytes;
+
 static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int segments,
                   DType precision) {
     Error err = {{0}};
     if (cfg_parse(cfg, text, "test.cfg", &err)) fail_msg("%s", err.msg);
-    const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments};
+    const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
+                            .sweep = segments != 0, .sweep_bytes = g_sweep_bytes};
     if (net_create(net, cfg, in, 10, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
 }
@@ -174,24 +178,30 @@ static void expect_equal_gradients(const char *text, Shape in, int batch, DType 
     Net probe;
     Cfg cfg;
     build(&probe, &cfg, text, in, 1, 0, precision);
-    const int nlayers = probe.nlayers;
+    const int nnodes = probe.nnodes;
     net_free(&probe);
     cfg_free(&cfg);
     StepResult plain = train_step(text, in, batch, 0, precision);
     assert_int_equal(plain.nsegments, 1);
     for (int c = 0; c < plain.ncounters; c++) assert_int_equal(plain.counters[c], 1);
-    const int counts[] = {NET_SEGMENTS_SQRT, 2, 3, nlayers};
-    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
-        StepResult ckpt = train_step(text, in, batch, counts[c], precision);
-        assert_true(ckpt.nsegments > 1);
-        if (memcmp(plain.grads, ckpt.grads, plain.grad_bytes) != 0)
-            fail_msg("gradients differ with %d segments", ckpt.nsegments);
-        if (memcmp(plain.buffers, ckpt.buffers, plain.buffer_bytes) != 0)
-            fail_msg("running or batch statistics differ with %d segments", ckpt.nsegments);
-        assert_int_equal(ckpt.ncounters, plain.ncounters);
-        for (int k = 0; k < ckpt.ncounters; k++) assert_int_equal(ckpt.counters[k], 1);
-        step_result_free(&ckpt);
-    }
+    // Each count of segments with sweeps in chunks of as many samples as fit the default
+    // scratch (often the whole batch here), then of one sample.
+    const int counts[] = {NET_SEGMENTS_SQRT, 2, 3, nnodes};
+    for (int chunked = 0; chunked < 2; chunked++)
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            g_sweep_bytes = chunked;
+            StepResult ckpt = train_step(text, in, batch, counts[c], precision);
+            g_sweep_bytes = 0;
+            assert_true(ckpt.nsegments > 1);
+            if (memcmp(plain.grads, ckpt.grads, plain.grad_bytes) != 0)
+                fail_msg("gradients differ with %d segments%s", ckpt.nsegments, chunked ? ", sweeps of one sample" : "");
+            if (memcmp(plain.buffers, ckpt.buffers, plain.buffer_bytes) != 0)
+                fail_msg("running or batch statistics differ with %d segments%s", ckpt.nsegments,
+                         chunked ? ", sweeps of one sample" : "");
+            assert_int_equal(ckpt.ncounters, plain.ncounters);
+            for (int k = 0; k < ckpt.ncounters; k++) assert_int_equal(ckpt.counters[k], 1);
+            step_result_free(&ckpt);
+        }
     step_result_free(&plain);
 }
 
@@ -233,7 +243,7 @@ static void test_deep_cfg_saving(void **state) {
     Net a, b;
     const Shape in = {.c = 1, .h = 28, .w = 28};
     assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .plan_only = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true}, &cpu_kernels, &err), 0);
     assert_true(a.nlayers >= 32);
     assert_true(a.plan.activations >= 4 * b.plan.activations);
     print_message("deep.cfg: %d layers, %d segments, activations %.1f MB -> %.1f MB\n",
@@ -250,7 +260,7 @@ static Net frozen_step(const char *const *freeze, int nfreeze, bool stats, Cfg *
     Error err = {{0}};
     const Shape in = {.c = 3, .h = 10, .w = 9};
     if (cfg_parse(cfg, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
-    const NetOptions opt = {.batch = 6, .precision = DT_F32, .segments = segments, .freeze = freeze,
+    const NetOptions opt = {.batch = 6, .precision = DT_F32, .segments = segments, .sweep = segments != 0, .freeze = freeze,
                             .nfreeze = nfreeze, .freeze_stats = stats, .opt_states = 2};
     if (net_create(&net, cfg, in, 10, &opt, &cpu_kernels, &err) || net_init_params(&net, 7, &err))
         fail_msg("%s", err.msg);
@@ -331,7 +341,7 @@ static void test_resnet18_cfg_saving(void **state) {
     Net a, b;
     const Shape in = {.c = 3, .h = 224, .w = 224};
     assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .plan_only = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true}, &cpu_kernels, &err), 0);
     assert_int_equal(a.nparams, 11181642);  // torchvision.models.resnet18(num_classes=10)
     assert_int_equal(a.nnodes, 53);  // 3 stem, 8 blocks of 5, 3 downsamples of 2, 4 head
     assert_int_equal(b.nsegments, 7);
@@ -359,7 +369,7 @@ static void test_plan_is_allocation(void **state) {
             Error err = {{0}};
             const Shape in = {.c = 2, .h = 8, .w = 8};
             if (cfg_parse(&cfg, net_i ? resnet : deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
-            const NetOptions plan = {.batch = 3, .precision = DT_F32, .segments = segments, .plan_only = true};
+            const NetOptions plan = {.batch = 3, .precision = DT_F32, .segments = segments, .sweep = segments != 0, .plan_only = true};
             NetOptions real = plan;
             real.plan_only = false;
             assert_int_equal(net_create(&p, &cfg, in, 10, &plan, &cpu_kernels, &err), 0);
@@ -389,7 +399,7 @@ static void test_plan_is_allocation(void **state) {
 static MemPlan plan_b64(const Cfg *cfg, Shape in, int segments) {
     Net n;
     Error err = {{0}};
-    const NetOptions opt = {.batch = 64, .precision = DT_F32, .segments = segments, .plan_only = true};
+    const NetOptions opt = {.batch = 64, .precision = DT_F32, .segments = segments, .sweep = segments != 0, .plan_only = true};
     if (net_create(&n, cfg, in, 10, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
     const MemPlan p = n.plan;
     net_free(&n);
@@ -473,7 +483,7 @@ static void test_budget_leave(void **state) {
     Error err = {{0}};
     if (cfg_parse(&cfg, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
     const Shape in = {.c = 3, .h = 10, .w = 9};
-    const NetOptions base = {.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT};
+    const NetOptions base = {.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .sweep = true};
     const MemPlan ckpt = plan_b64(&cfg, in, NET_SEGMENTS_SQRT);
     const size_t below = mem_plan_total(&ckpt) - 1;
     FitChoice c;
