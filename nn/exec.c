@@ -1,6 +1,10 @@
 // exec.c: the executor of exec.h.
 #include "exec.h"
 
+#include <time.h>
+
+#include "cost.h"
+
 static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
 
 // fp32 view of samples [n0, n0 + n) of a stored activation of `numel` values a sample: in
@@ -43,21 +47,45 @@ static LayerCtx chunk_ctx(const LayerCtx *ctx, int n0, int n, int N) {
     return c;
 }
 
-void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
+// A clock for the probe (Exec.costs): the device's queued work done first.
+static double exec_clock(const LayerCtx *ctx) {
+    if (ctx->k->sync) ctx->k->sync();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// When the probe times the step, the seconds since t0 go to layer l's calls of `kind`.
+static void exec_charge(const LayerCtx *ctx, const Layer *l, CallKind kind, int n, double t0) {
+    if (ctx->exec->costs) cost_record(ctx->exec->costs, l, kind, n, exec_clock(ctx) - t0);
+}
+
+static double exec_start(const LayerCtx *ctx) { return ctx->exec->costs ? exec_clock(ctx) : 0; }
+
+// The batch pass of forward (reduce) and the forward itself, each over the chunks.
+static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N, bool reduce) {
     const LayerOps *ops = l->ops;
-    const bool reduce = ops->forward_reduce && (!ops->forward_reduces || ops->forward_reduces(l, ctx));
+    double t0 = exec_start(ctx);
     if (!exec_f16(ctx)) {
-        if (reduce) ops->forward_reduce(l, ctx, in.p, 0, N, N);
+        if (reduce) {
+            ops->forward_reduce(l, ctx, in.p, 0, N, N);
+            exec_charge(ctx, l, CALL_FORWARD_REDUCE, N, t0);
+            t0 = exec_start(ctx);
+        }
         ops->forward(l, ctx, out.p, in.p, N);
+        exec_charge(ctx, l, CALL_FORWARD, N, t0);
         return;
     }
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
     const int chunk = exec_chunk(ctx->exec, l, N);
-    if (reduce)
+    if (reduce) {
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
             ops->forward_reduce(l, ctx, view(ctx, in, nin, n0, n, 0), n0, n, N);
         }
+        exec_charge(ctx, l, CALL_FORWARD_REDUCE, N, t0);
+        t0 = exec_start(ctx);
+    }
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
@@ -66,19 +94,32 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
         ops->forward(l, &c, y, x, n);
         if (!out.f32) store(ctx, out.p, y, nout, n0, n);
     }
+    exec_charge(ctx, l, CALL_FORWARD, N, t0);
+}
+
+void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
+    const LayerOps *ops = l->ops;
+    const bool reduce = ops->forward_reduce && (!ops->forward_reduces || ops->forward_reduces(l, ctx));
+    forward_passes(ctx, l, out, in, N, reduce);
 }
 
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N) {
     const LayerOps *ops = l->ops;
+    double t0 = exec_start(ctx);
     if (!exec_f16(ctx)) {
-        if (ops->backward_reduce) ops->backward_reduce(l, ctx, dout.p, in.p, out.p, 0, N, N);
+        if (ops->backward_reduce) {
+            ops->backward_reduce(l, ctx, dout.p, in.p, out.p, 0, N, N);
+            exec_charge(ctx, l, CALL_BACKWARD_REDUCE, N, t0);
+            t0 = exec_start(ctx);
+        }
         ops->backward(l, ctx, din.p, dout.p, in.p, out.p, N);
+        exec_charge(ctx, l, CALL_BACKWARD, N, t0);
         return;
     }
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
     const int chunk = exec_chunk(ctx->exec, l, N);
-    if (ops->backward_reduce)
+    if (ops->backward_reduce) {
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
             LayerCtx c = *ctx;
@@ -87,6 +128,9 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
             ops->backward_reduce(l, &c, view(ctx, dout, nout, n0, n, 2), view(ctx, in, nin, n0, n, 0),
                                  view(ctx, out, nout, n0, n, 1), n0, n, N);
         }
+        exec_charge(ctx, l, CALL_BACKWARD_REDUCE, N, t0);
+        t0 = exec_start(ctx);
+    }
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
@@ -97,6 +141,7 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
         ops->backward(l, &c, dx, dy, x, y, n);
         if (dx) store(ctx, din.p, dx, nin, n0, n);
     }
+    exec_charge(ctx, l, CALL_BACKWARD, N, t0);
 }
 
 // ---- sums -----------------------------------------------------------------------------------
@@ -214,7 +259,9 @@ static void sweep_run(const LayerCtx *ctx, const Sweep *s, const SweepSpace *sp,
     for (int i = 0; i <= upto; i++) {
         Layer *l = s->m[i];
         const LayerCtx c = sweep_ctx(ctx, l, sp, i, n0, n, N);
+        const double t0 = exec_start(ctx);
         l->ops->forward(l, &c, sp->out[i], x, n);
+        exec_charge(ctx, l, CALL_FORWARD, n, t0);
         if (i < s->nm - 1) sweep_round(ctx, sp, sp->out[i], n * shape_numel(l->out));
         x = sp->out[i];
     }
@@ -233,7 +280,9 @@ void exec_sweep_forward(const LayerCtx *ctx, const Sweep *s, Stored out, Stored 
             const float *x = sweep_input(ctx, s, &sp, in, n0, n);
             sweep_run(ctx, s, &sp, x, q - 1, n0, n, N);
             const LayerCtx c = sweep_ctx(ctx, l, &sp, q, n0, n, N);
+            const double t0 = exec_start(ctx);
             ops->forward_reduce(l, &c, q ? sp.out[q - 1] : x, n0, n, N);
+            exec_charge(ctx, l, CALL_FORWARD_REDUCE, n, t0);
         }
     }
     const int last = s->nm - 1;
@@ -284,21 +333,26 @@ void exec_sweep_backward(const LayerCtx *ctx, const Sweep *s, Stored din, Stored
                 Layer *l = s->m[i];
                 const LayerCtx c = sweep_ctx(ctx, l, &sp, i, n0, n, N);
                 const float *xi = i ? sp.out[i - 1] : x;
+                const double t0 = exec_start(ctx);
                 if (i == 0 && q < 0) {  // the chain's input gradient
                     float *dx = !din.p ? NULL : din.f32 ? (float *)din.p + n0 * nin : sp.grad[1];
                     l->ops->backward(l, &c, dx, g, xi, sp.out[i], n);
+                    exec_charge(ctx, l, CALL_BACKWARD, n, t0);
                     if (dx && !din.f32) store(ctx, din.p, dx, nin, n0, n);
                     break;
                 }
                 float *d = l->ops->backward_in_place ? g : (g == sp.grad[0] ? sp.grad[1] : sp.grad[0]);
                 l->ops->backward(l, &c, d, g, xi, sp.out[i], n);
+                exec_charge(ctx, l, CALL_BACKWARD, n, t0);
                 sweep_round(ctx, &sp, d, n * shape_numel(l->in));
                 g = d;
             }
             if (q >= 0) {
                 Layer *l = s->m[q];
                 const LayerCtx c = sweep_ctx(ctx, l, &sp, q, n0, n, N);
+                const double t0 = exec_start(ctx);
                 l->ops->backward_reduce(l, &c, g, q ? sp.out[q - 1] : x, sp.out[q], n0, n, N);
+                exec_charge(ctx, l, CALL_BACKWARD_REDUCE, n, t0);
             }
         }
     }

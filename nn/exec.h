@@ -11,10 +11,13 @@
 
 #include "layer.h"
 
+struct CostTable;  // nn/cost.h
+
 struct Exec {
     DType precision;      // of stored activations: DT_F32 or DT_F16
     int64_t slot_values;  // F16: fp32 values in each scratch slot
     float *scratch[4];    // F16: slot_values F32 each
+    struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
 };
 
 // Samples per call of leaf l in a pass over N: in F16 as many as a scratch slot holds of

@@ -4,7 +4,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cost.h"
 #include "mt19937.h"
 
 size_t mem_plan_blocks(const MemPlan *p) {
@@ -1169,10 +1171,32 @@ static Stored node_out(const Net *net, int p) {
 
 static Stored stored(const Net *net, void *p) { return (Stored){p, net->precision == DT_F32}; }
 
+// The probe's clock (Exec.costs): the device's queued work done first.
+static double net_clock(const Net *net) {
+    if (net->k->sync) net->k->sync();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double net_start(const Net *net) { return net->exec.costs ? net_clock(net) : 0; }
+
+// The probe charges node j's work since t0: a sweep's under its first member, the
+// elementwise work by its values (`values`).
+static void net_charge(const Net *net, int j, CallKind kind, int N, double t0) {
+    if (!net->exec.costs) return;
+    const NetNode *nd = &net->nodes[j];
+    const double s = net_clock(net) - t0;
+    if (nd->kind == NODE_SWEEP) cost_record(net->exec.costs, nd->chain[0], kind, N, s);
+    else cost_record(net->exec.costs, NULL, kind, (double)N * (double)shape_numel(nd->out), s);
+}
+
 static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
+    const double t0 = net_start(net);
     if (nd->kind == NODE_LEAF) {
         exec_forward(ctx, nd->l, node_out(net, j), node_out(net, nd->in[0]), N);
+        return;  // timed by the executor
     } else if (nd->kind == NODE_SWEEP) {
         const Sweep sw = node_sweep(nd, net->scratch[j]);
         exec_sweep_forward(ctx, &sw, node_out(net, j), node_out(net, nd->in[0]), N);
@@ -1180,6 +1204,7 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
         exec_add_act(ctx, node_out(net, j), node_out(net, nd->in[0]), node_out(net, nd->in[1]),
                      shape_numel(nd->out), N, nd->act);
     }
+    net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
 }
 
 // Node j's backward: a leaf's (its input gradient to where the plan routed it: its input's
@@ -1189,8 +1214,10 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
     const Stored none = {NULL, true}, dout = j == net->nnodes - 1 ? (Stored){net->dlogp, true}
                                                                    : stored(net, net->grad[j]);
+    const double t0 = net_start(net);
     if (nd->kind == NODE_SUM) {
         exec_act_backward(ctx, dout, node_out(net, j), shape_numel(nd->out), N, nd->act);
+        net_charge(net, j, CALL_SWEEP_BACKWARD, N, t0);
         return;
     }
     // What backward does not read is not passed: its buffer may hold another's by now.
@@ -1200,6 +1227,7 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     if (nd->kind == NODE_SWEEP) {
         const Sweep sw = node_sweep(nd, net->scratch[j]);
         exec_sweep_backward(ctx, &sw, stored(net, dst), dout, node_out(net, p), N);
+        net_charge(net, j, CALL_SWEEP_BACKWARD, N, t0);
         return;
     }
     exec_backward(ctx, nd->l, stored(net, dst), dout,
@@ -1218,8 +1246,10 @@ void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int6
 
 void net_loss(Net *net, int N, int denominator, bool grad) {
     const NetNode *out = &net->nodes[net->nnodes - 1];
+    const double t0 = net_start(net);
     net->k->nll_loss(grad ? net->dlogp : NULL, net->metrics, net_output(net), net->labels, N,
                      out->out.c, 1.0f / (float)denominator, net->scaler);
+    if (net->exec.costs) net->exec.costs->fixed += net_clock(net) - t0;
 }
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
@@ -1234,9 +1264,13 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
         case EV_RECOMPUTE: forward_node(net, ev.node, &redo, N); break;
         case EV_BACKWARD: backward_node(net, ev.node, &ctx, N); break;
         case EV_GRAD_ADD: {
+            const double t0 = net_start(net);
             const Stored g = stored(net, net->grad[ev.node]);
             exec_add_act(&ctx, g, g, stored(net, net->term[ev.node]), shape_numel(net->nodes[ev.node].out),
                          N, ACT_NONE);
+            if (net->exec.costs)
+                cost_record(net->exec.costs, NULL, CALL_FORWARD, (double)N * (double)shape_numel(net->nodes[ev.node].out),
+                            net_clock(net) - t0);
             break;
         }
         default: break;
