@@ -1249,7 +1249,10 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
     const double t0 = net_start(net);
     net->k->nll_loss(grad ? net->dlogp : NULL, net->metrics, net_output(net), net->labels, N,
                      out->out.c, 1.0f / (float)denominator, net->scaler);
-    if (net->exec.costs) net->exec.costs->fixed += net_clock(net) - t0;
+    if (net->exec.costs) {
+        CallCost *c = &net->exec.costs->loss;
+        c->seconds += net_clock(net) - t0, c->samples += N, c->calls += 1;
+    }
 }
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
