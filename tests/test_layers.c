@@ -1148,6 +1148,44 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     case_free(&c);
 }
 
+// The batch sums go sample after sample (kernels.h): over consecutive chunks of 1, 3 and
+// the rest of the samples they give one call's bits, for x's sums and backward's (with and
+// without ReLU), at sample sizes of one row (BatchNorm1d), a few, and more than a block's.
+static void test_batchnorm_sums_chunked(void **state) {
+    static const int shapes[][3] = {{9, 5, 1}, {7, 70, 49}, {5, 16, 12544}, {6, 130, 2100}};  // samples, C, rows
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        const int N = shapes[t][0], C = shapes[t][1];
+        const int64_t sr = shapes[t][2], rows = N * sr, n = rows * C;
+        rng_seed(77 + t);
+        float *x = xmalloc((size_t)n * sizeof(float)), *dy = xmalloc((size_t)n * sizeof(float));
+        float *st = xmalloc(4 * (size_t)C * sizeof(float));
+        fill_uniform(x, n, -2, 3);
+        fill_uniform(dy, n, -1, 1);
+        fill_uniform(st, 4 * (int64_t)C, 0.5, 1.5);  // mean, invstd, gamma, beta
+        for (int pass = 0; pass < 3; pass++) {  // x's sums; backward's, ReLU and none
+            double *one = calloc(2 * (size_t)C, sizeof(double)), *chunked = calloc(2 * (size_t)C, sizeof(double));
+            assert_true(one && chunked);
+            const Activation act = pass == 1 ? ACT_RELU : ACT_NONE;
+            for (int way = 0; way < 2; way++)
+                for (int64_t s0 = 0, i = 0; s0 < N;) {
+                    int64_t k = way == 0 ? N : i == 0 ? 1 : i == 1 ? 3 : N;
+                    if (s0 + k > N) k = N - s0;
+                    i++;
+                    double *acc = way ? chunked : one;
+                    const float *xs = x + s0 * sr * C, *ds = dy + s0 * sr * C;
+                    if (pass == 0) cpu_kernels.bn_sums(acc, xs, k * sr, sr, C);
+                    else cpu_kernels.bn_backward_sums(acc, ds, xs, st, st + C, st + 2 * C, st + 3 * C, k * sr, sr, C, act);
+                    s0 += k;
+                }
+            if (memcmp(one, chunked, 2 * (size_t)C * sizeof(double)))
+                fail_msg("batchnorm sums, %d samples of %lld rows, C = %d, pass %d: chunks differ from one call",
+                         N, (long long)sr, C, pass);
+            free(one), free(chunked);
+        }
+        free(x), free(dy), free(st);
+    }
+}
+
 static void test_batchnorm(void **state) {
     check_batchnorm(4, 3, 3, 2, false, 330);  // BatchNorm2d: statistics over samples and pixels
     check_batchnorm(3, 5, 2, 2, true, 331);   // with a ReLU after it
@@ -1559,6 +1597,7 @@ int main(void) {
         cmocka_unit_test(test_global_avgpool),
         cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_batchnorm_sums_chunked),
         cmocka_unit_test(test_flatten_permutation),
         cmocka_unit_test(test_log_softmax),
         cmocka_unit_test(test_dropout),
