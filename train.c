@@ -270,11 +270,38 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     return 0;
 }
 
+// What `memory =` considered and chose, for --plan --json.
+typedef struct BudgetReport {
+    FitChoice *plans;
+    int n, chosen;       // chosen: -1 when the run fits as configured (nothing probed)
+    double plain;        // the run as configured, seconds a step (estimated)
+    double probe;        // the probe's wall time
+    int probe_steps;
+} BudgetReport;
+
+static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k) {
+    fprintf(f, ", \"budget\": {\"chosen\": %d, \"plain_seconds\": ", r->chosen);
+    if (r->chosen >= 0) fprintf(f, "%.4f", r->plain);
+    else fprintf(f, "null");
+    fprintf(f, ", \"probe_seconds\": %.2f, \"probe_steps\": %d, \"plans\": [", r->probe, r->probe_steps);
+    for (int i = 0; i < r->n; i++) {
+        const FitChoice *c = &r->plans[i];
+        fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"accumulate\": %d, \"precision\": \"%s\", "
+                   "\"bytes\": %zu, \"fits\": %s, \"exact\": %s, \"seconds\": ",
+                i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false", c->accumulate,
+                c->net.precision == DT_F16 ? "fp16" : "fp32", mem_plan_on(&c->plan, k),
+                c->fits ? "true" : "false", c->exact ? "true" : "false");
+        if (c->seconds >= 0) fprintf(f, "%.4f}", c->seconds);
+        else fprintf(f, "null}");
+    }
+    fprintf(f, "]}");
+}
+
 // The plan for device k, and with `available` (SIZE_MAX: unknown) what the device can
 // still give (`source` says whence). `baseline` is the process's own memory before the
 // plan (the CPU), or the GPU's use once set up (its context, cuBLAS's workspace).
 static void print_plan(const MemPlan *p, const Kernels *k, size_t baseline, size_t available,
-                       const char *source, bool json) {
+                       const char *source, bool json, const BudgetReport *budget) {
     const size_t need = mem_plan_on(p, k);
     if (json) {
         printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
@@ -283,8 +310,10 @@ static void print_plan(const MemPlan *p, const Kernels *k, size_t baseline, size
                "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
                k->name, p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_kept,
                p->workspace, p->threads, p->loader, mem_plan_total(p), need, baseline);
-        if (available == SIZE_MAX) printf("null}\n");
-        else printf("%zu}\n", available);
+        if (available == SIZE_MAX) printf("null");
+        else printf("%zu", available);
+        if (budget && budget->n) budget_report_json(stdout, budget, k);
+        printf("}\n");
         return;
     }
     printf("memory plan (MB):\n");
@@ -326,88 +355,125 @@ static const char *keys_for(const FitChoice *c, const Options *o, int accumulate
     return buf;
 }
 
-// With `memory = SIZE`: changes *opt and *accumulate to the first choice that fits device
-// k with `overhead` beside the plan, and says what it chose, and what that changes in the
-// training when it changes more than float rounding (only with the user's leave); an error
-// when nothing fits, naming what would with which leave.
+// A plan's savers in words: "checkpoint = 7 segments, accumulate = 2 (micro-batch 16), fp16".
+static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
+    int n = c->net.segments ? snprintf(buf, cap, "checkpoint = %d segments with sweeps", c->net.segments)
+                            : snprintf(buf, cap, "no checkpointing");
+    if (c->accumulate > 1)
+        n += snprintf(buf + n, cap - (size_t)n, ", accumulate = %d (micro-batch %d)", c->accumulate, c->net.batch);
+    if (c->net.precision == DT_F16) snprintf(buf + n, cap - (size_t)n, ", fp16");
+    return buf;
+}
+
+// With `memory = SIZE`: when the run as configured does not fit device k with `overhead`
+// beside the plan, lists the plans of the budget (nn/budget.h), times the smallest that
+// fits with a probe of a few steps, and changes *opt and *accumulate to the fastest that
+// fits: says what it chose, its estimated step against the run as configured's, and what it
+// changes in the training when it changes more than float rounding (only with the user's
+// leave); an error when nothing fits, naming what would with which leave. *r: what it
+// considered (the caller frees r->plans).
 static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
-                        int classes, size_t overhead, NetOptions *opt, int *accumulate, Error *err) {
-    FitChoice c;
-    bool fits;
-    if (fit_budget(cfg, k, train->shape, classes, o->batch, *opt, *accumulate, overhead, o->memory,
-                   leave_of(o), &c, &fits, err))
-        return -1;
+                        int classes, size_t overhead, NetOptions *opt, int *accumulate,
+                        BudgetReport *r, Error *err) {
+    memset(r, 0, sizeof *r);
+    r->chosen = -1;
+    const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
+                           .batch = o->batch, .base = *opt, .base_accumulate = *accumulate,
+                           .overhead = overhead, .budget = o->memory, .leave = leave_of(o)};
     const char *with = k->host_memory ? "with the loader and this process's baseline"
                                       : "on the GPU with its baseline (context, cuBLAS)";
-    const double need = (mem_plan_on(&c.plan, k) + overhead) / 1048576.0;
-    if (!fits) {
-        // Would a saver the user has not allowed fit? Say which, and what it would change.
-        FitChoice any;
-        bool any_fits = false;
-        char extra[400] = "", keys[64], why[300];
-        if (!fit_budget(cfg, k, train->shape, classes, o->batch, *opt, *accumulate, overhead,
-                        o->memory, (BudgetLeave){true, true}, &any, &any_fits, err) &&
-            any_fits)
-            snprintf(extra, sizeof extra, "; accumulate = %d%s would fit with%s, but %s",
-                     any.accumulate, any.net.precision == DT_F16 ? " and fp16" : "",
-                     keys_for(&any, o, *accumulate, keys, sizeof keys),
-                     fit_changes(&any, o->precision, *accumulate, o->batch, why, sizeof why));
-        return err_set(err, "memory = %.0f MB: nothing fits that trains as asked; the smallest plan "
-                            "(checkpoint%s, accumulate = %d%s) needs %.0f MB %s: raise memory to at "
-                            "least %.0fM or lower the batch%s",
-                       o->memory / 1048576.0, c.net.segments ? " = sqrt" : " none", c.accumulate,
-                       c.net.precision == DT_F16 ? ", fp16" : "", need, with, need + 1, extra);
-    }
-    char what[256] = "", why[300];
-    if (c.net.segments != opt->segments) snprintf(what + strlen(what), sizeof what - strlen(what), ", checkpoint = sqrt");
-    if (c.accumulate != *accumulate)
-        snprintf(what + strlen(what), sizeof what - strlen(what), ", accumulate = %d (micro-batch %d)",
-                 c.accumulate, c.net.batch);
-    if (c.net.precision != opt->precision) snprintf(what + strlen(what), sizeof what - strlen(what), ", precision = fp16");
     FILE *to = o->json ? stderr : stdout;  // --plan --json: stdout is the JSON alone
-    if (what[0])
-        fprintf(to, "memory = %.0f MB: the run as configured does not fit; chose%s: the plan needs "
-                "%.0f MB %s\n", o->memory / 1048576.0, what + 1, need, with);
-    else
-        fprintf(to, "memory = %.0f MB: the run fits as configured (%.0f MB %s)\n",
-                o->memory / 1048576.0, need, with);
-    if (fit_changes(&c, opt->precision, *accumulate, o->batch, why, sizeof why)[0])
+    if (budget_plans(&q, &r->plans, &r->n, err)) return -1;
+    const FitChoice *base = r->n ? &r->plans[0] : NULL;  // the run as configured: listed first
+    if (base && base->fits) {
+        fprintf(to, "memory = %.0f MB: the run fits as configured (%.0f MB %s)\n", o->memory / 1048576.0,
+                (mem_plan_on(&base->plan, k) + overhead) / 1048576.0, with);
+        return 0;
+    }
+    const int smallest = budget_smallest(r->plans, r->n);
+    const FitChoice *s = smallest >= 0 ? &r->plans[smallest] : NULL;
+    char buf[200], keys[64], why[300];
+    if (!s || !s->fits) {
+        // Would a saver the user has not allowed fit? Say which, and what it would change.
+        BudgetQuery any = q;
+        any.leave = (BudgetLeave){true, true};
+        FitChoice *all = NULL;
+        int nall = 0;
+        char extra[500] = "";
+        if (!budget_plans(&any, &all, &nall, err)) {
+            const int a = budget_smallest(all, nall);
+            if (a >= 0 && all[a].fits)
+                snprintf(extra, sizeof extra, "; %s would fit with%s, but %s", savers_of(&all[a], buf, sizeof buf),
+                         keys_for(&all[a], o, *accumulate, keys, sizeof keys),
+                         fit_changes(&all[a], o->precision, *accumulate, o->batch, why, sizeof why));
+        }
+        free(all);
+        const double need = s ? (mem_plan_on(&s->plan, k) + overhead) / 1048576.0 : 0;
+        return err_set(err, "memory = %.0f MB: nothing fits that trains as asked; the smallest plan "
+                            "(%s) needs %.0f MB %s: raise memory to at least %.0fM or lower the batch%s",
+                       o->memory / 1048576.0, s ? savers_of(s, buf, sizeof buf) : "none", need, with,
+                       need + 1, extra);
+    }
+    // Time the plans that fit: a probe of the smallest (it fits) on this device.
+    CostTable t;
+    r->probe_steps = 6;  // a warm-up and two timed steps at the batch and at half of it
+    int nfit = 0;
+    for (int i = 0; i < r->n; i++) nfit += r->plans[i].fits;
+    fprintf(to, "memory = %.0f MB: the run as configured does not fit; timing the %d plan%s that do%s "
+                "(a probe of %d steps)...\n", o->memory / 1048576.0, nfit, nfit == 1 ? "" : "s",
+            nfit == 1 ? "es" : "", r->probe_steps);
+    fflush(to);
+    if (budget_probe(&q, s, r->probe_steps, &t, &r->probe, err)) return -1;
+    r->chosen = budget_estimate(&q, r->plans, r->n, &t, &r->plain, err);
+    cost_free(&t);
+    if (r->chosen < 0) return -1;
+    const FitChoice *c = &r->plans[r->chosen];
+    fprintf(to, "memory = %.0f MB: chose %s: the plan needs %.0f MB %s; about %.2f s a step, %.2fx "
+                "the run as configured (%.2f s; estimated from a probe of %d steps, %.1f s)\n",
+            o->memory / 1048576.0, savers_of(c, buf, sizeof buf),
+            (mem_plan_on(&c->plan, k) + overhead) / 1048576.0, with, c->seconds,
+            r->plain > 0 ? c->seconds / r->plain : 0.0, r->plain, r->probe_steps, r->probe);
+    if (fit_changes(c, opt->precision, *accumulate, o->batch, why, sizeof why)[0])
         fprintf(to, "memory = %.0f MB: this changes the training, as%s%s allow%s: %s\n",
-                o->memory / 1048576.0, c.net.precision != opt->precision ? " auto_fp16 = 1" : "",
-                c.accumulate > *accumulate && c.coupled
-                    ? (c.net.precision != opt->precision ? " and auto_microbatch = 1" : " auto_microbatch = 1")
+                o->memory / 1048576.0, c->net.precision != opt->precision ? " auto_fp16 = 1" : "",
+                c->accumulate > *accumulate && c->coupled
+                    ? (c->net.precision != opt->precision ? " and auto_microbatch = 1" : " auto_microbatch = 1")
                     : "",
-                c.net.precision != opt->precision && c.accumulate > *accumulate && c.coupled ? "" : "s",
+                c->net.precision != opt->precision && c->accumulate > *accumulate && c->coupled ? "" : "s",
                 why);
-    *opt = c.net;
-    *accumulate = c.accumulate;
+    *opt = c->net;
+    opt->plan_only = false;
+    *accumulate = c->accumulate;
     return 0;
 }
 
 // The error for a plan larger than the machine can give: what would fit instead (the
-// choices of `memory =`, with the leave they need and what it changes), or that nothing
+// budget's smallest plan, with the leave it needs and what it changes), or that nothing
 // does.
 static void refuse_too_big(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
                            int classes, NetOptions opt, int accumulate, const MemPlan *plan,
                            size_t available, const char *source, Error *err) {
-    FitChoice c;
-    bool fits = false;
     Error ignored = {{0}};
     opt.plan_only = false;
     const size_t budget = available / 10 * 9;  // room for the process's own memory
-    const bool searched = !fit_budget(cfg, k, train->shape, classes, o->batch, opt, accumulate,
-                                      k->host_memory ? plan->loader : 0, budget,
-                                      (BudgetLeave){true, true}, &c, &fits, &ignored);
-    char what[700] = "lower the batch", keys[64], why[300];
-    if (searched && fits) {
-        const int n = snprintf(what, sizeof what, "memory=%.0fM%s chooses what fits: checkpoint = "
-                               "%s, accumulate = %d (micro-batch %d), %s", budget / 1048576.0,
-                               keys_for(&c, o, accumulate, keys, sizeof keys),
-                               c.net.segments ? "sqrt" : "none", c.accumulate, c.net.batch,
-                               c.net.precision == DT_F16 ? "fp16" : "fp32");
-        if (fit_changes(&c, o->precision, accumulate, o->batch, why, sizeof why)[0])
-            snprintf(what + n, sizeof what - (size_t)n, " (%s)", why);
+    const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
+                           .batch = o->batch, .base = opt, .base_accumulate = accumulate,
+                           .overhead = k->host_memory ? plan->loader : 0, .budget = budget,
+                           .leave = {true, true}};
+    FitChoice *plans = NULL;
+    int n = 0;
+    const bool searched = !budget_plans(&q, &plans, &n, &ignored);
+    const int s = searched ? budget_smallest(plans, n) : -1;
+    const bool fits = s >= 0 && plans[s].fits;
+    char what[700] = "lower the batch", keys[64], why[300], buf[200];
+    if (fits) {
+        const int w = snprintf(what, sizeof what, "memory=%.0fM%s chooses what fits (%s)", budget / 1048576.0,
+                               keys_for(&plans[s], o, accumulate, keys, sizeof keys),
+                               savers_of(&plans[s], buf, sizeof buf));
+        if (fit_changes(&plans[s], o->precision, accumulate, o->batch, why, sizeof why)[0])
+            snprintf(what + w, sizeof what - (size_t)w, " (%s)", why);
     }
+    free(plans);
     err_set(err, "the memory plan needs %.1f MB but %.1f MB is %s: the run cannot fit (it would "
                  "be killed when memory runs out); %s%s", mem_plan_on(plan, k) / 1e6, available / 1e6,
             source, what, searched && !fits ? " (even checkpointing, accumulation to a micro-batch "
@@ -434,6 +500,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     Data data = {0};
     Net net = {0};
     Run r = {.o = o, .net = &net};
+    BudgetReport budget = {.chosen = -1};
 
     const Kernels *k = kernels_for_device(o->device, err);
     if (!k) return -1;
@@ -481,14 +548,14 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     r.schedule = o->schedule;
     r.schedule.total = (int64_t)o->epochs * loader_batches(r.loader);
     NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
-                          .segments = o->segments, .freeze = o->freeze.names,
+                          .segments = o->segments, .sweep = o->segments != 0, .freeze = o->freeze.names,
                           .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
                           .tf32 = o->tf32 != 0};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
     if (o->memory && apply_budget(&mine, k, cfg, train, data.classes,
                                   (k->host_memory ? data_loader_bytes(&data) : 0) + baseline,
-                                  &net_opt, &accumulate, err))
+                                  &net_opt, &accumulate, &budget, err))
         goto done;
     // The plan before anything of it is allocated, against what the machine can still give:
     // a run that cannot fit stops here, not in the kernel's OOM killer minutes later.
@@ -496,7 +563,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     if (o->plan) {
-        print_plan(&net.plan, k, baseline, available, source, o->json);
+        print_plan(&net.plan, k, baseline, available, source, o->json, &budget);
         rc = 0;
         goto done;
     }
@@ -578,7 +645,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (train->info) printf("       train: %s\n", train->info);
     if (test && test->info) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
-    print_plan(&net.plan, k, baseline, available, source, false);
+    print_plan(&net.plan, k, baseline, available, source, false, NULL);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);
@@ -715,6 +782,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     printf("wrote %s%s%s\n", r.last, test ? " and " : "", test ? r.best : "");
     rc = RUN_TRAINED;
 done:
+    free(budget.plans);
     free(r.info.cfg_text);
     eval_stats_free(&r.eval);
     profile_stop(&net);

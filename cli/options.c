@@ -14,9 +14,10 @@ const CfgKey train_keys[] = {
     {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
     {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
     {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
-    {"memory", "", "a budget (512M, 2G, ...): choose checkpointing, then accumulation (with "
-                   "batchnorm: only with auto_microbatch), then (with auto_fp16) fp16, until the "
-                   "plan fits"},
+    {"memory", "", "a budget (512M, 2G, ...): when the run does not fit, the fastest plan of "
+                   "checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
+                   "of a few steps; fp16 and micro-batches under batchnorm only with auto_fp16 and "
+                   "auto_microbatch"},
     {"auto_fp16", "0", "1: memory may also switch precision to fp16 (a different result)"},
     {"auto_microbatch", "0", "1: memory may also split the batch into micro-batches on a network "
                              "with batchnorm, which then normalises each micro-batch by its own "

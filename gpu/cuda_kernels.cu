@@ -1321,12 +1321,29 @@ __host__ __device__ static inline void bn_lane_sums(const float *x, const float 
     *s1 = a, *s2 = b;
 }
 
+// The rows go sample after sample (kernels.h): each sample's in units of at most
+// SLAB_ROWS rows (their count a function of the sample's size alone), each unit summed by
+// a block column, and the units' sums added to acc in order, so that a batch in chunks of
+// samples sums as it does in one call.
+__host__ __device__ static inline int64_t bn_unit_count(int64_t sample_rows) {
+    return (sample_rows + SLAB_ROWS - 1) / SLAB_ROWS;
+}
+__host__ __device__ static inline void bn_unit_rows(int64_t u, int64_t sample_rows, int64_t *r0, int64_t *r1) {
+    const int64_t P = bn_unit_count(sample_rows), per = (sample_rows + P - 1) / P;
+    const int64_t at = u / P * sample_rows, b = u % P;
+    *r0 = at + (b * per < sample_rows ? b * per : sample_rows);
+    *r1 = at + ((b + 1) * per < sample_rows ? (b + 1) * per : sample_rows);
+}
+
+// Units u0 .. u0 + nu - 1, one a block row (blockIdx.y); with one the block adds its sums to
+// acc, else it writes them to unit_part for bn_units_kernel.
 __global__ void __launch_bounds__(BB_COLS * BB_ROWS)
-bn_sums_kernel(double *acc, double *slab_part, const float *x, const float *dout, BnChannels s,
-               int64_t rows, int C, bool relu, int slabs) {
+bn_sums_kernel(double *acc, double *unit_part, const float *x, const float *dout, BnChannels s,
+               int64_t sample_rows, int64_t u0, int nu, int C, bool relu) {
     __shared__ double p1[BB_ROWS][BB_COLS + 1], p2[BB_ROWS][BB_COLS + 1];
     const int tx = threadIdx.x, ty = threadIdx.y, j = blockIdx.y;
-    const int64_t r0 = slab_start(rows, slabs, j), r1 = slab_start(rows, slabs, j + 1);
+    int64_t r0, r1;
+    bn_unit_rows(u0 + j, sample_rows, &r0, &r1);
     for (int c0 = blockIdx.x * BB_COLS; c0 < C; c0 += gridDim.x * BB_COLS) {
         const int c = c0 + tx;
         double a = 0.0, b = 0.0;
@@ -1340,53 +1357,63 @@ bn_sums_kernel(double *acc, double *slab_part, const float *x, const float *dout
             }
             __syncthreads();
         }
-        if (ty == 0 && c < C && slabs == 1) {
+        if (ty == 0 && c < C && nu == 1) {
             acc[c] = dadd_rn(acc[c], p1[0][tx]);
             acc[C + c] = dadd_rn(acc[C + c], p2[0][tx]);
         } else if (ty == 0 && c < C) {
-            slab_part[(int64_t)j * 2 * C + c] = p1[0][tx];
-            slab_part[(int64_t)j * 2 * C + C + c] = p2[0][tx];
+            unit_part[(int64_t)j * 2 * C + c] = p1[0][tx];
+            unit_part[(int64_t)j * 2 * C + C + c] = p2[0][tx];
         }
         __syncthreads();  // p1 and p2 are reused by the next channel block
     }
 }
 
-// acc[i] += the slabs' sums in slab order, for i < 2C (part: slabs x 2C).
-__host__ __device__ static inline void bn_slabs_at(int64_t i, double *acc, const double *part,
-                                                   int slabs, int C) {
-    double sum = 0.0;
-    for (int j = 0; j < slabs; j++) sum = dadd_rn(sum, part[(int64_t)j * 2 * C + i]);
-    acc[i] = dadd_rn(acc[i], sum);
+// acc[i] += the units' sums one after the other, in order, for i < 2C (part: nu x 2C).
+__host__ __device__ static inline void bn_units_at(int64_t i, double *acc, const double *part, int nu,
+                                                   int C) {
+    double a = acc[i];
+    for (int j = 0; j < nu; j++) a = dadd_rn(a, part[(int64_t)j * 2 * C + i]);
+    acc[i] = a;
 }
 
-__global__ void bn_slabs_kernel(double *acc, const double *part, int slabs, int C) {
-    GRID_LOOP(i, 2 * (int64_t)C) bn_slabs_at(i, acc, part, slabs, C);
+__global__ void bn_units_kernel(double *acc, const double *part, int nu, int C) {
+    GRID_LOOP(i, 2 * (int64_t)C) bn_units_at(i, acc, part, nu, C);
+}
+
+// Units a launch takes: as many as the slab scratch holds the sums of (1 at least).
+__host__ __device__ static inline int bn_units_a_launch(int C) {
+    const int64_t fit = (int64_t)(SLAB_SCRATCH_BYTES / (2 * (size_t)C * sizeof(double)));
+    return fit > 65535 ? 65535 : fit > 1 ? (int)fit : 1;
 }
 
 static void bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s, int64_t rows,
-                           int C, bool relu) {
-    if (rows <= 0 || C <= 0) return;
+                           int64_t sample_rows, int C, bool relu) {
+    if (rows <= 0 || C <= 0 || sample_rows <= 0) return;
     const int col_blocks = (C + BB_COLS - 1) / BB_COLS;
     const unsigned blocks = (unsigned)(col_blocks < g.sms * 8 ? col_blocks : g.sms * 8);
-    const int slabs = slab_count(rows, 2 * C, sizeof(double));
+    const int64_t units = rows / sample_rows * bn_unit_count(sample_rows);
     double *part = (double *)g.slab_scratch;
-    bn_sums_kernel<<<dim3(blocks, (unsigned)slabs), dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(
-        acc, part, x, dout, s, rows, C, relu, slabs);
-    LAUNCH_CHECK();
-    if (slabs > 1) {
-        bn_slabs_kernel<<<blocks_for(2 * (int64_t)C), THREADS, 0, g.stream>>>(acc, part, slabs, C);
+    for (int64_t u0 = 0; u0 < units; u0 += bn_units_a_launch(C)) {
+        const int nu = (int)(units - u0 < bn_units_a_launch(C) ? units - u0 : bn_units_a_launch(C));
+        bn_sums_kernel<<<dim3(blocks, (unsigned)nu), dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(
+            acc, part, x, dout, s, sample_rows, u0, nu, C, relu);
         LAUNCH_CHECK();
+        if (nu > 1) {
+            bn_units_kernel<<<blocks_for(2 * (int64_t)C), THREADS, 0, g.stream>>>(acc, part, nu, C);
+            LAUNCH_CHECK();
+        }
     }
 }
 
-static void cuda_bn_sums(double *acc, const float *x, int64_t rows, int C) {
-    bn_column_sums(acc, x, NULL, BnChannels{}, rows, C, false);
+static void cuda_bn_sums(double *acc, const float *x, int64_t rows, int64_t sample_rows, int C) {
+    bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, false);
 }
 
 static void cuda_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
                                   const float *invstd, const float *gamma, const float *beta,
-                                  int64_t rows, int C, Activation act) {
-    bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, C, act == ACT_RELU);
+                                  int64_t rows, int64_t sample_rows, int C, Activation act) {
+    bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C,
+                   act == ACT_RELU);
 }
 
 __global__ void bn_batch_stats_kernel(float *mean, float *invstd, float *running_mean,

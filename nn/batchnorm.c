@@ -76,7 +76,7 @@ static void batchnorm_forward_reduce(Layer *l, const LayerCtx *ctx, const float 
     BatchNorm *b = (BatchNorm *)l;
     const int C = l->in.c;
     if (n0 == 0) ctx->k->zero(bn_acc(l), 2 * (size_t)C * sizeof(double));
-    ctx->k->bn_sums(bn_acc(l), in, bn_rows(l, n), C);
+    ctx->k->bn_sums(bn_acc(l), in, bn_rows(l, n), bn_rows(l, 1), C);
     if (n0 + n < N) return;
     ctx->k->bn_batch_stats(bn_mean(l), bn_invstd(l), l->buffers[0].data, l->buffers[1].data,
                            bn_acc(l), C, bn_rows(l, N), b->eps, b->momentum);
@@ -103,7 +103,7 @@ static void batchnorm_backward_reduce(Layer *l, const LayerCtx *ctx, const float
     b->count = bn_rows(l, N);
     if (l->frozen_stats) return;
     ctx->k->bn_backward_sums(bn_acc(l), dout, in, bn_mean(l), bn_invstd(l), l->params[0].data,
-                             l->params[1].data, bn_rows(l, n), C, b->act);
+                             l->params[1].data, bn_rows(l, n), bn_rows(l, 1), C, b->act);
     if (n0 + n == N && l->grads[0]) ctx->k->bn_param_grads(l->grads[0], l->grads[1], bn_acc(l), C);
 }
 
@@ -123,6 +123,12 @@ static unsigned batchnorm_backward_reads(const Layer *l) {
     return BACKWARD_READS_IN;
 }
 
+// bn_backward is elementwise: each value of x is read before din's is written.
+static bool batchnorm_din_over_in(const Layer *l) {
+    (void)l;
+    return true;
+}
+
 const LayerOps batchnorm_ops = {
     .type = "batchnorm",
     .summary = "batch normalisation (PyTorch BatchNorm2d / BatchNorm1d), optionally followed by an activation",
@@ -134,6 +140,7 @@ const LayerOps batchnorm_ops = {
     .backward = batchnorm_backward,
     .backward_in_place = true,
     .backward_reads = batchnorm_backward_reads,
+    .din_over_in = batchnorm_din_over_in,
     .forward_reduces = batchnorm_forward_reduces,
     .forward_reduce = batchnorm_forward_reduce,
     .backward_reduce = batchnorm_backward_reduce,

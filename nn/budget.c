@@ -1,94 +1,170 @@
+// budget.c: the plans of a memory budget and the choice between them (budget.h).
 #include "budget.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
-static int plan_of(const Cfg *cfg, Shape input, int classes, NetOptions opt, const Kernels *k,
-                   MemPlan *plan, bool *coupled, Error *err) {
+// Plans choice c (its micro-batch from q's batch) without allocating.
+static int plan_of(const BudgetQuery *q, FitChoice *c, Error *err) {
+    c->net.batch = q->batch / c->accumulate;
+    c->net.plan_only = true;
     Net net;
-    opt.plan_only = true;
-    if (net_create(&net, cfg, input, classes, &opt, k, err)) return -1;
-    *plan = net.plan;
-    *coupled = net_batch_coupled(&net);
+    if (net_create(&net, q->cfg, q->input, q->classes, &c->net, q->k, err)) return -1;
+    c->plan = net.plan;
+    c->coupled = net_batch_coupled(&net);
+    c->fits = mem_plan_on(&c->plan, q->k) + q->overhead <= q->budget;
+    c->seconds = -1;
     net_free(&net);
     return 0;
 }
 
-typedef struct Search {
-    const Cfg *cfg;
-    const Kernels *k;
-    Shape input;
-    int classes, batch;
-    size_t overhead, budget, smallest;
-    BudgetLeave leave;
-    FitChoice *out;
-    bool *fits;
-} Search;
+// The plans being listed.
+typedef struct List {
+    FitChoice *p;
+    int n, cap;
+} List;
 
-// Sets c's micro-batch and plans it.
-static int plan_choice(const Search *s, FitChoice *c, Error *err) {
-    c->net.batch = s->batch / c->accumulate;
-    return plan_of(s->cfg, s->input, s->classes, c->net, s->k, &c->plan, &c->coupled, err);
-}
-
-// Plans candidate *c (its plan stays in it); returns 1 if it fits (and takes it), 0 if
-// not, -1 on error.
-static int try_choice(Search *s, FitChoice *c, Error *err) {
-    if (plan_choice(s, c, err)) return -1;
-    const size_t total = mem_plan_on(&c->plan, s->k) + s->overhead;
-    if (total <= s->budget) {
-        *s->out = *c;
-        *s->fits = true;
-        return 1;
+static int list_add(List *l, const FitChoice *c, Error *err) {
+    for (int i = 0; i < l->n; i++)  // the same plan twice (the configured segments)
+        if (l->p[i].accumulate == c->accumulate && l->p[i].net.segments == c->net.segments &&
+            l->p[i].net.precision == c->net.precision)
+            return 0;
+    if (l->n == l->cap) {
+        const int cap = l->cap ? 2 * l->cap : 32;
+        FitChoice *p = realloc(l->p, (size_t)cap * sizeof *p);
+        if (!p) return err_set(err, "out of host memory listing the budget's plans");
+        l->p = p, l->cap = cap;
     }
-    if (total < s->smallest) s->smallest = total, *s->out = *c;
+    l->p[l->n++] = *c;
     return 0;
 }
 
-// Tries `c` with accumulate = base, then each larger divisor of the batch (on a
-// batch-coupled network only with leave.microbatch: c is planned, so c.coupled is known).
-static int try_accumulations(Search *s, FitChoice c, Error *err) {
-    const int base = c.accumulate;
-    for (int acc = base; acc <= s->batch; acc++) {
-        if (s->batch % acc || (acc > base && c.coupled && !s->leave.microbatch)) continue;
-        c.accumulate = acc;
-        const int r = try_choice(s, &c, err);
-        if (r) return r;
+// Every segment count for one precision and micro-batch count: none, then 2, 3, 4, 6,
+// round(sqrt(nodes)) and twice that (and the configured), each with its sweeps; `exact`
+// says whether they change nothing but rounding. Returns the plans added that fit, or -1.
+static int add_segmentings(const BudgetQuery *q, List *l, NetOptions opt, int accumulate, int nodes,
+                           bool exact, Error *err) {
+    const int r = (int)lround(sqrt((double)nodes));
+    const int counts[] = {q->base.segments, 0, 2, 3, 4, 6, r, 2 * r};
+    int fit = 0;
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        int S = counts[i] == NET_SEGMENTS_SQRT ? r : counts[i];
+        if (S == 1) S = 0;
+        if (S > nodes) continue;
+        FitChoice c = {.net = opt, .accumulate = accumulate, .exact = exact};
+        c.net.segments = S;
+        c.net.sweep = S != 0;
+        if (plan_of(q, &c, err) || list_add(l, &c, err)) return -1;
+        fit += c.fits;
     }
+    return fit;
+}
+
+int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err) {
+    *plans = NULL, *n = 0;
+    List l = {0};
+    // The network's nodes (for round(sqrt)) and whether micro-batches change its result.
+    FitChoice probe = {.net = q->base, .accumulate = q->base_accumulate};
+    probe.net.plan_only = true;
+    Net net;
+    probe.net.batch = q->batch / q->base_accumulate;
+    if (net_create(&net, q->cfg, q->input, q->classes, &probe.net, q->k, err)) return -1;
+    const int nodes = net.nnodes;
+    const bool coupled = net_batch_coupled(&net);
+    net_free(&net);
+    int fit = 0;
+    // The exact plans: the configured precision; micro-batches where they change nothing
+    // but rounding.
+    for (int acc = q->base_accumulate; acc <= q->batch; acc++) {
+        if (q->batch % acc || (acc > q->base_accumulate && coupled)) continue;
+        const int f = add_segmentings(q, &l, q->base, acc, nodes, true, err);
+        if (f < 0) goto fail;
+        fit += f;
+    }
+    // The lossy ones the leave allows, when no exact plan fits.
+    for (int pass = 0; pass < 2 && !fit; pass++) {
+        NetOptions opt = q->base;
+        if (pass == 1) {
+            if (!q->leave.fp16 || q->base.precision == DT_F16) break;
+            opt.precision = DT_F16;
+        }
+        for (int acc = q->base_accumulate; acc <= q->batch; acc++) {
+            if (q->batch % acc || (pass == 0 && (acc == q->base_accumulate || !coupled || !q->leave.microbatch)) ||
+                (pass == 1 && acc > q->base_accumulate && coupled && !q->leave.microbatch))
+                continue;
+            const int f = add_segmentings(q, &l, opt, acc, nodes, false, err);
+            if (f < 0) goto fail;
+        }
+    }
+    *plans = l.p, *n = l.n;
+    return 0;
+fail:
+    free(l.p);
+    return -1;
+}
+
+int budget_smallest(const FitChoice *plans, int n) {
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        const size_t b = mem_plan_total(&plans[i].plan);
+        if (best < 0 || (plans[i].fits && !plans[best].fits) ||
+            (plans[i].fits == plans[best].fits && b < mem_plan_total(&plans[best].plan)))
+            best = i;
+    }
+    return best;
+}
+
+// Plans c again (plan_only) and costs a step of it from t.
+static int estimate(const BudgetQuery *q, const FitChoice *c, const CostTable *t, double *seconds,
+                    Error *err) {
+    NetOptions opt = c->net;
+    opt.plan_only = true;
+    Net net;
+    if (net_create(&net, q->cfg, q->input, q->classes, &opt, q->k, err)) return -1;
+    *seconds = cost_step(t, &net, c->accumulate);
+    net_free(&net);
     return 0;
 }
 
-// Checkpointing for *c (planned: plan_choice; unless base has it already) where it makes
-// the plan smaller: a network whose peak lies in the backward of its largest layers gains
-// nothing from recomputing, and would only slow down.
-static int checkpoint_if_smaller(const Search *s, FitChoice *c, NetOptions base, Error *err) {
-    FitChoice ckpt = *c;
-    ckpt.net.segments = base.segments > 1 ? base.segments : NET_SEGMENTS_SQRT;
-    if (plan_choice(s, &ckpt, err)) return -1;
-    if (mem_plan_on(&ckpt.plan, s->k) < mem_plan_on(&c->plan, s->k)) *c = ckpt;
-    return 0;
+int budget_estimate(const BudgetQuery *q, FitChoice *plans, int n, const CostTable *t,
+                    double *plain, Error *err) {
+    FitChoice base = {.net = q->base, .accumulate = q->base_accumulate};
+    base.net.batch = q->batch / q->base_accumulate;
+    if (estimate(q, &base, t, plain, err)) return -1;
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (!plans[i].fits) continue;
+        if (estimate(q, &plans[i], t, &plans[i].seconds, err)) return -1;
+        // Exact plans first: a lossy one only when none of them fits (budget_plans lists
+        // lossy plans only then).
+        if (best < 0 || (plans[i].exact && !plans[best].exact) ||
+            (plans[i].exact == plans[best].exact && plans[i].seconds < plans[best].seconds))
+            best = i;
+    }
+    return best;
 }
 
-int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int batch,
-               NetOptions base, int base_accumulate, size_t overhead, size_t budget,
-               BudgetLeave leave, FitChoice *out, bool *fits, Error *err) {
-    Search s = {.cfg = cfg, .k = k, .input = input, .classes = classes, .batch = batch,
-                .overhead = overhead, .budget = budget, .smallest = SIZE_MAX, .leave = leave,
-                .out = out, .fits = fits};
-    *fits = false;
-    FitChoice c = {.net = base, .accumulate = base_accumulate};
-    int r = try_choice(&s, &c, err);  // 1. as configured
-    if (r) return r < 0 ? -1 : 0;
-    if (checkpoint_if_smaller(&s, &c, base, err)) return -1;  // 2. checkpointing
-    r = try_accumulations(&s, c, err);  // 3. then accumulation
-    if (r || !leave.fp16 || base.precision == DT_F16) return r < 0 ? -1 : 0;
-    c = (FitChoice){.net = base, .accumulate = base_accumulate};
-    c.net.precision = DT_F16;
-    if (plan_choice(&s, &c, err) || checkpoint_if_smaller(&s, &c, base, err)) return -1;
-    r = try_accumulations(&s, c, err);  // 4. then fp16
-    return r < 0 ? -1 : 0;
+int budget_probe(const BudgetQuery *q, const FitChoice *c, int steps, CostTable *t, double *seconds,
+                 Error *err) {
+    NetOptions opt = c->net;
+    opt.plan_only = false;
+    Net net;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (net_create(&net, q->cfg, q->input, q->classes, &opt, q->k, err)) return -1;
+    int rc = net_init_params(&net, 1, err) || cost_init(t, &net, err) ||
+                     cost_probe(t, &net, q->classes, steps, err)
+                 ? -1
+                 : 0;
+    net_free(&net);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return rc;
 }
 
 const char *fit_changes(const FitChoice *c, DType base_precision, int base_accumulate, int batch,

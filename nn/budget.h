@@ -1,42 +1,75 @@
-// budget.h: the changes that make a training run fit a memory budget (`memory = 512M`).
+// budget.h: what makes a training run fit a memory budget (`memory = 512M`), and how fast.
+//
+// The budget lists plans (budget_plans): the run as configured, and with the exact savers
+// (checkpoint segments with their sweeps; micro-batches where they give the same gradient
+// up to rounding), with their bytes; a probe of a few steps of the smallest that fits times
+// every call on this device (nn/cost.h), from which each plan's seconds a step follow
+// (budget_estimate); the fastest that fits is chosen. The savers that change the result
+// (fp16; micro-batches under batchnorm) join only with the user's leave and only when no
+// exact plan fits (DESIGN decision 17).
 #ifndef NN_BUDGET_H
 #define NN_BUDGET_H
 
 #include <stdbool.h>
 
+#include "cost.h"
 #include "net.h"
 
-typedef struct FitChoice {
-    NetOptions net;  // batch here is the micro-batch
-    int accumulate;
-    MemPlan plan;    // the network's plan for this choice (loader not included)
-    bool coupled;    // the network's result depends on the micro-batch (net_batch_coupled)
-} FitChoice;
-
 // The savers that change the result, which the budget may choose only with the user's
-// leave (DESIGN decision 17): fp16 storage (auto_fp16), and micro-batches on a network
-// whose layers normalise by the statistics of the batch they see (auto_microbatch):
-// batchnorm then normalises each micro-batch by its own, a different training from the
-// batch asked for. Micro-batches on a network without such layers give the same gradient
-// up to float rounding and need no leave.
+// leave: fp16 storage (auto_fp16), and micro-batches on a network whose layers normalise
+// by the statistics of the batch they see (auto_microbatch): batchnorm then normalises
+// each micro-batch by its own, a different training from the batch asked for.
+// Micro-batches on a network without such layers give the same gradient up to float
+// rounding and need no leave.
 typedef struct BudgetLeave {
     bool fp16, microbatch;
 } BudgetLeave;
 
-// Plans for device k without allocating, in this order of preference, and takes the first
-// that fits mem_plan_on(plan, k) + overhead <= budget (overhead: on the CPU the loader
-// buffers and the process's own baseline; on a GPU the device's baseline):
-//   1. the run as configured (base, base_accumulate);
-//   2. checkpoint = sqrt (unless already checkpointed), if it makes the plan smaller (a
-//      network whose peak lies in the backward of its largest layers gains nothing);
-//   3. with it (or without), accumulate = each divisor of batch above base_accumulate,
-//      smallest first (on a batch-coupled network only with leave.microbatch);
-//   4. if leave.fp16 and base is fp32: precision = fp16 with each of 2 and 3.
-// *fits says whether one did; if none, *out is the smallest plan of them all. Errors come
-// from building the network (a bad cfg).
-int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int batch,
-               NetOptions base, int base_accumulate, size_t overhead, size_t budget,
-               BudgetLeave leave, FitChoice *out, bool *fits, Error *err);
+// What the budget plans for: the network, the device, the batch as configured.
+typedef struct BudgetQuery {
+    const Cfg *cfg;
+    const Kernels *k;
+    Shape input;
+    int classes, batch;     // batch: this process's share of the global batch
+    NetOptions base;        // as configured (batch: the micro-batch)
+    int base_accumulate;
+    size_t overhead;        // beside the plan: the loader and the process's baseline (CPU),
+                            // the GPU's baseline
+    size_t budget;
+    BudgetLeave leave;
+} BudgetQuery;
+
+typedef struct FitChoice {
+    NetOptions net;   // batch here is the micro-batch
+    int accumulate;
+    MemPlan plan;     // the network's plan for this choice (loader not included)
+    bool coupled;     // the network's result depends on the micro-batch (net_batch_coupled)
+    bool exact;       // changes nothing but float rounding (no lossy saver)
+    bool fits;        // mem_plan_on(plan) + overhead <= budget
+    double seconds;   // a step, estimated (budget_estimate); < 0 until then
+} FitChoice;
+
+// The plans for q, into *plans (malloc'd, *n; caller frees): for each allowed precision
+// and micro-batch, checkpointing none and 2, 3, 4, 6, round(sqrt(nodes)) and twice that
+// segments (each with its sweeps), the configured ones among them; micro-batches for every
+// divisor of the batch where they are exact or allowed; lossy plans (fp16, micro-batches
+// under batchnorm) only when the leave allows and no exact plan fits. Errors come from
+// building the network (a bad cfg).
+int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err);
+
+// The plan of the fewest bytes (that fits, when one does), or -1 for none.
+int budget_smallest(const FitChoice *plans, int n);
+
+// Sets the seconds of every plan that fits, and *plain those of the run as configured,
+// from t (a probe's: budget_probe), and returns the fastest plan that fits (exact ones
+// first, as budget_plans lists them), or -1 if none fits.
+int budget_estimate(const BudgetQuery *q, FitChoice *plans, int n, const CostTable *t,
+                    double *plain, Error *err);
+
+// Builds plan c for real (its memory allocated on q's device), probes `steps` steps into
+// t (cost_probe) and frees it again. *seconds: the probe's wall time.
+int budget_probe(const BudgetQuery *q, const FitChoice *c, int steps, CostTable *t, double *seconds,
+                 Error *err);
 
 // What choice c changes in the training asked for (base precision, base_accumulate and the
 // global batch), in words for the message that chooses it ("" when it changes nothing but

@@ -397,6 +397,24 @@ static unsigned conv_backward_reads(const Layer *l) {
     return layer_reads_with_act(((const Conv *)l)->act);
 }
 
+// The im2col + GEMM path reads a chunk's images (im2col for dW) before col2im writes their
+// din, a Winograd shard a chunk's (the input transform) before its input gradient; the
+// direct kernels go over the whole call, din first.
+static bool conv_din_over_in(const Layer *l) { return !conv_is_direct((const Conv *)l); }
+
+// The im2col + GEMM path runs its GEMMs on chunks of conv_chunk images from the first:
+// calls over multiples of that many give one call's bits, if no bias sums rows (its
+// gradient is a sum over the whole call). Winograd's shares and the direct kernels' parts
+// depend on the call.
+static int conv_sample_quantum(const Layer *l, const Kernels *k) {
+    const Conv *c = (const Conv *)l;
+    if (c->algorithm == CONV_WINOGRAD || conv_is_direct(c) || c->bias) return 0;
+    return conv_chunk(c, k, INT32_MAX);
+}
+
+// The activation's derivative scales dout in place (bias_act_backward).
+static bool conv_backward_writes_dout(const Layer *l) { return ((const Conv *)l)->act != ACT_NONE; }
+
 const LayerOps conv_ops = {
     .type = "conv",
     .summary = "2-D convolution (PyTorch Conv2d), optionally followed by an activation",
@@ -407,4 +425,7 @@ const LayerOps conv_ops = {
     .forward = conv_forward,
     .backward = conv_backward,
     .backward_reads = conv_backward_reads,
+    .backward_writes_dout = conv_backward_writes_dout,
+    .din_over_in = conv_din_over_in,
+    .sample_quantum = conv_sample_quantum,
 };

@@ -1,5 +1,9 @@
-// exec.c: the executor of exec.h and the layer_run_* helpers of layer.h.
+// exec.c: the executor of exec.h.
 #include "exec.h"
+
+#include <time.h>
+
+#include "cost.h"
 
 static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
 
@@ -43,25 +47,45 @@ static LayerCtx chunk_ctx(const LayerCtx *ctx, int n0, int n, int N) {
     return c;
 }
 
-void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
+// A clock for the probe (Exec.costs): the device's queued work done first.
+static double exec_clock(const LayerCtx *ctx) {
+    if (ctx->k->sync) ctx->k->sync();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// When the probe times the step, the seconds since t0 go to layer l's calls of `kind`.
+static void exec_charge(const LayerCtx *ctx, const Layer *l, CallKind kind, int n, double t0) {
+    if (ctx->exec->costs) cost_record(ctx->exec->costs, l, kind, n, exec_clock(ctx) - t0);
+}
+
+static double exec_start(const LayerCtx *ctx) { return ctx->exec->costs ? exec_clock(ctx) : 0; }
+
+// The batch pass of forward (reduce) and the forward itself, each over the chunks.
+static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N, bool reduce) {
     const LayerOps *ops = l->ops;
-    if (ops->run_forward) {
-        ops->run_forward(l, ctx, out.p, in.p, N);
-        return;
-    }
-    const bool reduce = ops->forward_reduce && (!ops->forward_reduces || ops->forward_reduces(l, ctx));
+    double t0 = exec_start(ctx);
     if (!exec_f16(ctx)) {
-        if (reduce) ops->forward_reduce(l, ctx, in.p, 0, N, N);
+        if (reduce) {
+            ops->forward_reduce(l, ctx, in.p, 0, N, N);
+            exec_charge(ctx, l, CALL_FORWARD_REDUCE, N, t0);
+            t0 = exec_start(ctx);
+        }
         ops->forward(l, ctx, out.p, in.p, N);
+        exec_charge(ctx, l, CALL_FORWARD, N, t0);
         return;
     }
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
     const int chunk = exec_chunk(ctx->exec, l, N);
-    if (reduce)
+    if (reduce) {
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
             ops->forward_reduce(l, ctx, view(ctx, in, nin, n0, n, 0), n0, n, N);
         }
+        exec_charge(ctx, l, CALL_FORWARD_REDUCE, N, t0);
+        t0 = exec_start(ctx);
+    }
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
@@ -70,23 +94,32 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
         ops->forward(l, &c, y, x, n);
         if (!out.f32) store(ctx, out.p, y, nout, n0, n);
     }
+    exec_charge(ctx, l, CALL_FORWARD, N, t0);
+}
+
+void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
+    const LayerOps *ops = l->ops;
+    const bool reduce = ops->forward_reduce && (!ops->forward_reduces || ops->forward_reduces(l, ctx));
+    forward_passes(ctx, l, out, in, N, reduce);
 }
 
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N) {
     const LayerOps *ops = l->ops;
-    if (ops->run_backward) {
-        ops->run_backward(l, ctx, din.p, dout.p, in.p, out.p, N);
-        return;
-    }
+    double t0 = exec_start(ctx);
     if (!exec_f16(ctx)) {
-        if (ops->backward_reduce) ops->backward_reduce(l, ctx, dout.p, in.p, out.p, 0, N, N);
+        if (ops->backward_reduce) {
+            ops->backward_reduce(l, ctx, dout.p, in.p, out.p, 0, N, N);
+            exec_charge(ctx, l, CALL_BACKWARD_REDUCE, N, t0);
+            t0 = exec_start(ctx);
+        }
         ops->backward(l, ctx, din.p, dout.p, in.p, out.p, N);
+        exec_charge(ctx, l, CALL_BACKWARD, N, t0);
         return;
     }
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
     const int chunk = exec_chunk(ctx->exec, l, N);
-    if (ops->backward_reduce)
+    if (ops->backward_reduce) {
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
             LayerCtx c = *ctx;
@@ -95,6 +128,9 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
             ops->backward_reduce(l, &c, view(ctx, dout, nout, n0, n, 2), view(ctx, in, nin, n0, n, 0),
                                  view(ctx, out, nout, n0, n, 1), n0, n, N);
         }
+        exec_charge(ctx, l, CALL_BACKWARD_REDUCE, N, t0);
+        t0 = exec_start(ctx);
+    }
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
@@ -105,54 +141,219 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
         ops->backward(l, &c, dx, dy, x, y, n);
         if (dx) store(ctx, din.p, dx, nin, n0, n);
     }
+    exec_charge(ctx, l, CALL_BACKWARD, N, t0);
 }
 
-// ---- layer_run_*: containers' children, all stored in the executor's precision -------------
+// ---- sums -----------------------------------------------------------------------------------
 
-static Stored stored(const LayerCtx *ctx, const void *p) { return (Stored){(void *)p, !exec_f16(ctx)}; }
-
-void layer_run_forward(const LayerCtx *ctx, Layer *l, void *out, const void *in, int N) {
-    exec_forward(ctx, l, stored(ctx, out), stored(ctx, in), N);
-}
-
-void layer_run_backward(const LayerCtx *ctx, Layer *l, void *din, void *dout, const void *in,
-                        const void *out, int N) {
-    exec_backward(ctx, l, stored(ctx, din), stored(ctx, dout), stored(ctx, in), stored(ctx, out), N);
-}
-
-void layer_run_add_act(const LayerCtx *ctx, void *out, const void *a, const void *b,
-                       int64_t values, int N, Activation act) {
+void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t values, int N,
+                  Activation act) {
     if (!exec_f16(ctx)) {
-        ctx->k->add_act(out, a, b, N * values, act);
+        ctx->k->add_act(out.p, a.p, b.p, N * values, act);
         return;
     }
     const int chunk = slot_chunk(ctx->exec, values, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
-        const float *x = view(ctx, stored(ctx, a), values, n0, n, 0);
-        float *y = view(ctx, stored(ctx, b), values, n0, n, 1);
+        const float *x = view(ctx, a, values, n0, n, 0);
+        float *y = view(ctx, b, values, n0, n, 1);
         ctx->k->add_act(y, x, y, n * values, act);
-        store(ctx, out, y, values, n0, n);
+        store(ctx, out.p, y, values, n0, n);
     }
 }
 
-void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, int64_t values,
-                            int N, Activation act) {
+void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
+                       Activation act) {
     if (act == ACT_NONE) return;
     if (!exec_f16(ctx)) {
-        ctx->k->relu_backward(dout, dout, out, N * values);
+        ctx->k->relu_backward(dout.p, dout.p, out.p, N * values);
         return;
     }
     const int chunk = slot_chunk(ctx->exec, values, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
-        const float *y = view(ctx, stored(ctx, out), values, n0, n, 1);
-        float *dy = view(ctx, stored(ctx, dout), values, n0, n, 2);
+        const float *y = view(ctx, out, values, n0, n, 1);
+        float *dy = view(ctx, dout, values, n0, n, 2);
         ctx->k->relu_backward(dy, dy, y, n * values);
-        store(ctx, dout, dy, values, n0, n);
+        store(ctx, dout.p, dy, values, n0, n);
     }
 }
 
-size_t layer_stored_bytes(const LayerCtx *ctx, int64_t n) {
-    return (size_t)n * dtype_sizes[ctx->exec->precision];
+// ---- sweeps ----------------------------------------------------------------------------------
+
+// The scratch of a sweep, a chunk's worth: each member's output (fp32), the inner
+// activations of those that keep some (max pooling's argmax), two gradients, the chain's
+// input in fp32 (F16: converted), and halves for rounding as the network stores.
+typedef struct SweepSpace {
+    float *out[NODE_CHAIN_MAX];
+    void *inner[NODE_CHAIN_MAX];
+    float *grad[2], *in;
+    uint16_t *half;
+} SweepSpace;
+
+static int64_t sweep_largest(const Sweep *s) {
+    int64_t m = shape_numel(s->m[0]->in);
+    for (int i = 0; i < s->nm; i++)
+        if (shape_numel(s->m[i]->out) > m) m = shape_numel(s->m[i]->out);
+    return m;
+}
+
+static size_t align64_bytes(size_t n) { return (n + 63) & ~(size_t)63; }
+
+// The layout of s's scratch at base (NULL: the bytes only), into *sp; returns the bytes.
+static size_t sweep_space(const Exec *e, const Sweep *s, void *base, SweepSpace *sp) {
+    const size_t C = (size_t)s->chunk, big = (size_t)sweep_largest(s);
+    size_t off = 0;
+    char *b = base;
+#define TAKE(bytes) (off += align64_bytes(bytes), b ? (void *)(b + off - align64_bytes(bytes)) : NULL)
+    for (int i = 0; i < s->nm; i++) {
+        const Layer *l = s->m[i];
+        sp->out[i] = TAKE(C * (size_t)shape_numel(l->out) * sizeof(float));
+        sp->inner[i] = l->ops->inner_bytes ? TAKE(C * l->ops->inner_bytes(l, DT_F32)) : NULL;
+    }
+    sp->grad[0] = TAKE(C * big * sizeof(float));
+    sp->grad[1] = TAKE(C * big * sizeof(float));
+    sp->in = e->precision == DT_F16 ? TAKE(C * (size_t)shape_numel(s->m[0]->in) * sizeof(float)) : NULL;
+    sp->half = e->precision == DT_F16 ? TAKE(C * big * sizeof(uint16_t)) : NULL;
+#undef TAKE
+    return off;
+}
+
+size_t exec_sweep_bytes(const Exec *e, const Sweep *s) {
+    SweepSpace sp;
+    return sweep_space(e, s, NULL, &sp);
+}
+
+// In F16 runs the network stores what passes between two layers as halves: the sweep
+// rounds it the same way, so its members compute on the values they would see unswept.
+static void sweep_round(const LayerCtx *ctx, const SweepSpace *sp, float *x, int64_t n) {
+    if (!exec_f16(ctx)) return;
+    ctx->k->f32_to_f16(sp->half, x, n);
+    ctx->k->f16_to_f32(x, sp->half, n);
+}
+
+// The context of member l's call on the chunk [n0, n0 + n) of a pass over N samples: a
+// member that keeps inner activations keeps the chunk's alone, at the start of its slot.
+static LayerCtx sweep_ctx(const LayerCtx *ctx, Layer *l, const SweepSpace *sp, int i, int n0, int n,
+                          int N) {
+    LayerCtx c = chunk_ctx(ctx, n0, n, N);
+    if (sp->inner[i]) {
+        l->inner = sp->inner[i];
+        c.n0 = 0;
+    }
+    return c;
+}
+
+// The chain's input for the chunk, as fp32.
+static const float *sweep_input(const LayerCtx *ctx, const Sweep *s, const SweepSpace *sp, Stored in,
+                                int n0, int n) {
+    const int64_t numel = shape_numel(s->m[0]->in);
+    if (in.f32) return (const float *)in.p + n0 * numel;
+    ctx->k->f16_to_f32(sp->in, (const uint16_t *)in.p + n0 * numel, n * numel);
+    return sp->in;
+}
+
+// Members 0 .. upto forward on the chunk into their output slots (rounded as stored).
+static void sweep_run(const LayerCtx *ctx, const Sweep *s, const SweepSpace *sp, const float *x, int upto,
+                      int n0, int n, int N) {
+    for (int i = 0; i <= upto; i++) {
+        Layer *l = s->m[i];
+        const LayerCtx c = sweep_ctx(ctx, l, sp, i, n0, n, N);
+        const double t0 = exec_start(ctx);
+        l->ops->forward(l, &c, sp->out[i], x, n);
+        exec_charge(ctx, l, CALL_FORWARD, n, t0);
+        if (i < s->nm - 1) sweep_round(ctx, sp, sp->out[i], n * shape_numel(l->out));
+        x = sp->out[i];
+    }
+}
+
+void exec_sweep_forward(const LayerCtx *ctx, const Sweep *s, Stored out, Stored in, int N) {
+    SweepSpace sp;
+    sweep_space(ctx->exec, s, s->scratch, &sp);
+    // Each member's batch pass, with the members before it run chunk by chunk for its input.
+    for (int q = 0; q < s->nm; q++) {
+        Layer *l = s->m[q];
+        const LayerOps *ops = l->ops;
+        if (!ops->forward_reduce || (ops->forward_reduces && !ops->forward_reduces(l, ctx))) continue;
+        for (int n0 = 0; n0 < N; n0 += s->chunk) {
+            const int n = chunk_len(s->chunk, n0, N);
+            const float *x = sweep_input(ctx, s, &sp, in, n0, n);
+            sweep_run(ctx, s, &sp, x, q - 1, n0, n, N);
+            const LayerCtx c = sweep_ctx(ctx, l, &sp, q, n0, n, N);
+            const double t0 = exec_start(ctx);
+            ops->forward_reduce(l, &c, q ? sp.out[q - 1] : x, n0, n, N);
+            exec_charge(ctx, l, CALL_FORWARD_REDUCE, n, t0);
+        }
+    }
+    const int last = s->nm - 1;
+    const int64_t nout = shape_numel(s->m[last]->out);
+    for (int n0 = 0; n0 < N; n0 += s->chunk) {
+        const int n = chunk_len(s->chunk, n0, N);
+        sweep_run(ctx, s, &sp, sweep_input(ctx, s, &sp, in, n0, n), last, n0, n, N);
+        if (out.f32) ctx->k->copy((float *)out.p + n0 * nout, sp.out[last], (size_t)n * nout * sizeof(float));
+        else store(ctx, out.p, sp.out[last], nout, n0, n);
+    }
+}
+
+// The last member whose output backward needs on a chunk: one whose backward reads its
+// output or its inner activations, or whose successor's backward reads its input.
+static int sweep_needed(const Sweep *s) {
+    int upto = -1;
+    for (int i = 0; i < s->nm; i++) {
+        const Layer *l = s->m[i];
+        const unsigned reads = layer_backward_reads(l);
+        if ((reads & BACKWARD_READS_OUT) || l->ops->inner_bytes) upto = i;
+        if (i > 0 && (reads & BACKWARD_READS_IN) && upto < i - 1) upto = i - 1;
+    }
+    return upto;
+}
+
+void exec_sweep_backward(const LayerCtx *ctx, const Sweep *s, Stored din, Stored dout, Stored in,
+                         int N) {
+    SweepSpace sp;
+    sweep_space(ctx->exec, s, s->scratch, &sp);
+    LayerCtx redo = *ctx;  // the forward again, as the first one ran it
+    redo.recompute = true;
+    const int last = s->nm - 1, upto = sweep_needed(s);
+    const int64_t nout = shape_numel(s->m[last]->out), nin = shape_numel(s->m[0]->in);
+    // Each member's batch pass (from the last), then the pass that writes din: on each
+    // chunk the members' forward where backward reads it, then their backward from the
+    // chain's output gradient down to the member.
+    for (int q = last; q >= -1; q--) {
+        if (q >= 0 && !s->m[q]->ops->backward_reduce) continue;
+        for (int n0 = 0; n0 < N; n0 += s->chunk) {
+            const int n = chunk_len(s->chunk, n0, N);
+            const float *x = sweep_input(ctx, s, &sp, in, n0, n);
+            sweep_run(&redo, s, &sp, x, upto, n0, n, N);
+            // The chain's output gradient, copied: a backward may scale it in place.
+            float *g = sp.grad[0];
+            if (dout.f32) ctx->k->copy(g, (const float *)dout.p + n0 * nout, (size_t)n * nout * sizeof(float));
+            else ctx->k->f16_to_f32(g, (const uint16_t *)dout.p + n0 * nout, n * nout);
+            for (int i = last; i > q; i--) {
+                Layer *l = s->m[i];
+                const LayerCtx c = sweep_ctx(ctx, l, &sp, i, n0, n, N);
+                const float *xi = i ? sp.out[i - 1] : x;
+                const double t0 = exec_start(ctx);
+                if (i == 0 && q < 0) {  // the chain's input gradient
+                    float *dx = !din.p ? NULL : din.f32 ? (float *)din.p + n0 * nin : sp.grad[1];
+                    l->ops->backward(l, &c, dx, g, xi, sp.out[i], n);
+                    exec_charge(ctx, l, CALL_BACKWARD, n, t0);
+                    if (dx && !din.f32) store(ctx, din.p, dx, nin, n0, n);
+                    break;
+                }
+                float *d = l->ops->backward_in_place ? g : (g == sp.grad[0] ? sp.grad[1] : sp.grad[0]);
+                l->ops->backward(l, &c, d, g, xi, sp.out[i], n);
+                exec_charge(ctx, l, CALL_BACKWARD, n, t0);
+                sweep_round(ctx, &sp, d, n * shape_numel(l->in));
+                g = d;
+            }
+            if (q >= 0) {
+                Layer *l = s->m[q];
+                const LayerCtx c = sweep_ctx(ctx, l, &sp, q, n0, n, N);
+                const double t0 = exec_start(ctx);
+                l->ops->backward_reduce(l, &c, g, q ? sp.out[q - 1] : x, sp.out[q], n0, n, N);
+                exec_charge(ctx, l, CALL_BACKWARD_REDUCE, n, t0);
+            }
+        }
+    }
 }

@@ -4,17 +4,20 @@
 // memory). Leaf layers compute in fp32; in F16 the executor runs a leaf over chunks of
 // samples, converting each chunk's input (and, in backward, output and output gradient)
 // into fp32 scratch and the result back to halves, so layers stay fp32 code. Layers
-// with batch passes (batchnorm) get their pass over every chunk first. Containers run
-// their children through the same functions (layer_run_* in layer.h).
+// with batch passes (batchnorm) get their pass over every chunk first. The network runs
+// its nodes (leaves and sums, nn/net.h) through these functions.
 #ifndef NN_EXEC_H
 #define NN_EXEC_H
 
 #include "layer.h"
 
+struct CostTable;  // nn/cost.h
+
 struct Exec {
     DType precision;      // of stored activations: DT_F32 or DT_F16
     int64_t slot_values;  // F16: fp32 values in each scratch slot
     float *scratch[4];    // F16: slot_values F32 each
+    struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
 };
 
 // Samples per call of leaf l in a pass over N: in F16 as many as a scratch slot holds of
@@ -35,5 +38,32 @@ typedef struct Stored {
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N);
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N);
+
+// out = act(a + b) over N samples of `values` each (out may be a or b).
+void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t values, int N,
+                  Activation act);
+// dout *= act'(out), in place (ReLU: where out > 0).
+void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
+                       Activation act);
+
+// A sweep (a NODE_SWEEP of nn/net.h): leaves m[0 .. nm), each reading the one before,
+// run over chunks of `chunk` samples, each chunk through all of them before the next, so
+// what passes between them exists one chunk at a time, in `scratch` (exec_sweep_bytes).
+// A member's batch pass (batchnorm's) runs over every chunk first, with the members before
+// it for its input; backward runs the members' forward again on each chunk where their
+// backward reads it (their inner activations, max pooling's argmax, included), with the
+// forward's batch statistics. The results are the unswept members' bits where their
+// batch sums and chunked calls give one call's (LayerOps.sample_quantum); in F16 what
+// passes between members is rounded to halves as the network would store it.
+typedef struct Sweep {
+    Layer *const *m;
+    int nm, chunk;
+    void *scratch;
+} Sweep;
+size_t exec_sweep_bytes(const Exec *e, const Sweep *s);
+void exec_sweep_forward(const LayerCtx *ctx, const Sweep *s, Stored out, Stored in, int N);
+// din.p NULL: the chain's input gradient is not needed (the network's input).
+void exec_sweep_backward(const LayerCtx *ctx, const Sweep *s, Stored din, Stored dout, Stored in,
+                         int N);
 
 #endif

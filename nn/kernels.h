@@ -241,10 +241,13 @@ typedef struct Kernels {
     void (*global_avgpool_backward)(float *din, const float *dout, int N, int64_t HW, int C);
 
     // ---- batch normalisation ------------------------------------------------------------
-    // Per channel of x (rows, C), rows = samples x pixels. acc (2C doubles, device) holds
-    // two sums per channel; reductions add in a fixed order (deterministic).
+    // Per channel of x (rows, C), rows = samples x pixels: samples of `sample_rows` rows
+    // (rows is a multiple). acc (2C doubles, device) holds two sums per channel; they are
+    // added sample after sample, each sample's in a fixed order that depends on its size
+    // alone: deterministic, and calls over consecutive samples (a batch in chunks) give the
+    // bits of one call over all of them.
     // acc[c] += sum of x, acc[C + c] += sum of x^2 (products and sums in double).
-    void (*bn_sums)(double *acc, const float *x, int64_t rows, int C);
+    void (*bn_sums)(double *acc, const float *x, int64_t rows, int64_t sample_rows, int C);
     // From acc over `count` values a channel: mean = acc[c] / count, var = acc[C + c] /
     // count - mean^2 (biased), invstd = 1 / sqrt(var + eps), in double, stored as floats;
     // and running_mean = momentum * mean + (1 - momentum) * running_mean, running_var
@@ -264,7 +267,7 @@ typedef struct Kernels {
     // acc[C + c] += sum of dy * xhat. dout is read only.
     void (*bn_backward_sums)(double *acc, const float *dout, const float *x, const float *mean,
                              const float *invstd, const float *gamma, const float *beta,
-                             int64_t rows, int C, Activation act);
+                             int64_t rows, int64_t sample_rows, int C, Activation act);
     // din = (dy - acc[c] / count - xhat * acc[C + c] / count) * (gamma * invstd): the
     // gradient through the batch statistics of `count` values a channel (din may be dout).
     void (*bn_backward)(float *din, const float *dout, const float *x, const float *mean,

@@ -23,6 +23,49 @@ void layer_free(Layer *l) {
     free(l);
 }
 
+// The shape of node i's output (NODE_INPUT: the network's input).
+static Shape node_shape(const NodeList *nl, int i) { return i == NODE_INPUT ? nl->input : nl->node[i].out; }
+
+static bool same_shape(Shape a, Shape b) { return a.c == b.c && a.h == b.h && a.w == b.w; }
+
+// A new node at the end of nl; NULL with err.
+static NetNode *node_append(NodeList *nl, Error *err) {
+    if (nl->n == nl->cap) {
+        const int cap = nl->cap ? 2 * nl->cap : 64;
+        NetNode *p = realloc(nl->node, (size_t)cap * sizeof *p);
+        if (!p) {
+            err_set(err, "out of host memory listing the network's nodes");
+            return NULL;
+        }
+        nl->node = p, nl->cap = cap;
+    }
+    NetNode *n = &nl->node[nl->n++];
+    memset(n, 0, sizeof *n);
+    n->top = nl->top;
+    n->in[0] = n->in[1] = NODE_INPUT;
+    return n;
+}
+
+int node_leaf(NodeList *nl, Layer *l, int in, bool jit, Error *err) {
+    if (in < NODE_INPUT || in >= nl->n || !same_shape(node_shape(nl, in), l->in))
+        return err_set(err, "%s: node %d cannot feed it (a container's expand is wrong)", l->name, in);
+    NetNode *n = node_append(nl, err);
+    if (!n) return -1;
+    n->kind = NODE_LEAF, n->l = l, n->in[0] = in, n->out = l->out, n->jit = jit;
+    return nl->n - 1;
+}
+
+int node_sum(NodeList *nl, int a, int b, Activation act, Error *err) {
+    if (a < NODE_INPUT || a >= nl->n || b < NODE_INPUT || b >= nl->n ||
+        !same_shape(node_shape(nl, a), node_shape(nl, b)))
+        return err_set(err, "a sum of nodes %d and %d of different shapes", a, b);
+    const Shape out = node_shape(nl, a);
+    NetNode *n = node_append(nl, err);
+    if (!n) return -1;
+    n->kind = NODE_SUM, n->act = act, n->in[0] = a, n->in[1] = b, n->out = out;
+    return nl->n - 1;
+}
+
 size_t layer_workspace_bytes(const Layer *l, const Kernels *k, int N) {
     return l->ops->workspace_bytes ? l->ops->workspace_bytes(l, k, N) : 0;
 }

@@ -9,10 +9,11 @@
 //   leaves      (conv, batchnorm, relu, ...) compute in fp32: forward and backward get fp32
 //               views of their input and output. With fp16 storage the network converts
 //               chunks of samples through its scratch around each call (nn/exec.h).
-//   containers  (the residual block, decision 11) own inner layers (children) and run them
-//               with layer_run_* on stored activations, in the network's precision. To the
-//               network a container is one layer: checkpoint segments cut only between
-//               top-level layers, and its inner activations are planned as its own.
+//   containers  (the residual block, decision 11) own inner layers (children) for their
+//               names, parameters and cfg, and say how they compute by expanding into
+//               nodes: their children and the sums between them. The network runs, plans
+//               and checkpoints the nodes (nn/net.h): a segment may begin inside a block,
+//               and each node's output lives only as long as the step needs it.
 #ifndef NN_LAYER_H
 #define NN_LAYER_H
 
@@ -53,6 +54,36 @@ typedef struct LayerCtx {
 } LayerCtx;
 
 typedef struct Layer Layer;
+
+// The network computes with nodes (nn/net.h): a leaf layer, a sum of two nodes' outputs, or
+// a sweep: a chain of leaves run over chunks of samples (nn/exec.h).
+enum { NODE_INPUT = -1 };  // the network's input, where a node's input may be
+typedef enum NodeKind { NODE_LEAF, NODE_SUM, NODE_SWEEP } NodeKind;
+#define NODE_CHAIN_MAX 4
+typedef struct NetNode {
+    NodeKind kind;
+    Layer *l;                      // NODE_LEAF: the layer it runs
+    Activation act;                // NODE_SUM: out = act(in[0] + in[1])
+    Layer *chain[NODE_CHAIN_MAX];  // NODE_SWEEP: leaves, each reading the one before
+    int nchain;
+    int chunk;                     // NODE_SWEEP: samples a chunk
+    int in[2];        // the nodes it reads (NODE_INPUT: the network's input); in[1]: sums only
+    Shape out;
+    bool jit;         // cheap to recompute: its output is not kept for backward but computed
+                      // again from its input where a backward reads it (a batchnorm between
+                      // two convolutions, a 1x1 downsampling convolution)
+    int top;          // the top-level layer it is part of
+} NetNode;
+typedef struct NodeList {
+    NetNode *node;
+    int n, cap;
+    Shape input;  // of NODE_INPUT
+    int top;      // the top-level layer being expanded
+} NodeList;
+// Appends a leaf node running l on node in's output; its index, or -1 with err.
+int node_leaf(NodeList *nl, Layer *l, int in, bool jit, Error *err);
+// Appends the sum act(out(a) + out(b)) (equal shapes); its index, or -1 with err.
+int node_sum(NodeList *nl, int a, int b, Activation act, Error *err);
 
 // What a layer is made from: its cfg section and the shape of its input.
 typedef struct LayerArgs {
@@ -97,6 +128,18 @@ typedef struct LayerOps {
     // din may be the same buffer as dout (an elementwise backward): the network then saves
     // a gradient buffer by passing the same one.
     bool backward_in_place;
+    // Whether backward scales dout in place (an activation's derivative: conv and linear
+    // with a ReLU); NULL: it leaves dout as it is.
+    bool (*backward_writes_dout)(const Layer *l);
+    // A sweep's first member (nn/exec.h) may be a layer with parameters, when it gives the
+    // bits of one call over consecutive calls of multiples of sample_quantum(l, k) samples
+    // (a convolution whose GEMMs go image chunk by image chunk); 0 or NULL: it is not
+    // swept. The cheap members (batchnorm, ReLU, pooling, dropout) compute each sample alone.
+    int (*sample_quantum)(const Layer *l, const Kernels *k);
+    // Whether din may be the same buffer as in: backward reads each sample's input before
+    // it writes that sample's input gradient (the network then writes a gradient over an
+    // output nothing reads any more). NULL: no.
+    bool (*din_over_in)(const Layer *l);
     // Which of in and out backward reads (BACKWARD_READS_IN | BACKWARD_READS_OUT); NULL:
     // both. The network plans an activation that no backward reads to live only until
     // the forward of its consumer, so its memory serves others during backward.
@@ -110,24 +153,15 @@ typedef struct LayerOps {
     void (*backward_reduce)(Layer *l, const LayerCtx *ctx, const float *dout, const float *in,
                             const float *out, int n0, int n, int N);
 
-    // ---- containers ---------------------------------------------------------------------
-    // In place of forward and backward: in, out, din and dout are stored activations in
-    // the network's precision (a container is never the first or the last layer). Nothing
-    // reads a layer's output after its backward, so run_backward may use out as scratch
-    // once it has read it (the residual block recomputes an inner activation there).
-    void (*run_forward)(Layer *l, const LayerCtx *ctx, void *out, const void *in, int N);
-    void (*run_backward)(Layer *l, const LayerCtx *ctx, void *din, void *dout, const void *in,
-                         void *out, int N);
-    // Stored values per sample of scratch used within one forward or backward: l->scratch,
-    // planned by the network to live during the container's own events only.
-    int64_t (*scratch_values)(const Layer *l);
-
-    // ---- both ---------------------------------------------------------------------------
-    // Bytes per sample kept from forward to backward besides the output (the inner
-    // activations of a container, stored in `precision`; max pooling's argmax): l->inner
-    // holds batch times that many, sample after sample. NULL: none. Only top-level layers
-    // get them from the network.
+    // Bytes per sample kept from forward to backward besides the output (max pooling's
+    // argmax): l->inner holds batch times that many, sample after sample. NULL: none.
     size_t (*inner_bytes)(const Layer *l, DType precision);
+
+    // ---- containers ---------------------------------------------------------------------
+    // Appends the nodes that compute l to nl, fed by node `in` (NODE_INPUT: the network's
+    // input): its children as leaves, and the sums that join them. Returns the node of l's
+    // output, or -1 with err.
+    int (*expand)(Layer *l, NodeList *nl, int in, Error *err);
 } LayerOps;
 
 struct Layer {
@@ -150,7 +184,6 @@ struct Layer {
     float buffer_fill[LAYER_MAX_BUFFERS];
     void *state;  // ops->state_bytes of device memory (the buffer block)
     void *inner;  // what it keeps from forward to backward (inner_bytes; the activation block)
-    void *scratch;  // containers: scratch_values a sample, during one forward or backward
     Layer **children;  // containers: inner layers in state_dict order (owned)
     int nchildren;
 };
@@ -203,21 +236,5 @@ int layer_activation(const LayerArgs *a, Activation *act, Error *err);
 // section's (a->cfg, a->s).
 int layer_create_child(Layer **out, const LayerOps *ops, const char *text, Shape in,
                        const LayerArgs *parent, Error *err);
-
-// ---- running layers on stored activations (nn/exec.c) --------------------------------------
-// For containers: their children's forward and backward over N samples of stored
-// activations (the network's precision), through the fp16 scratch where needed, with the
-// batch passes of layers that have them.
-void layer_run_forward(const LayerCtx *ctx, Layer *l, void *out, const void *in, int N);
-void layer_run_backward(const LayerCtx *ctx, Layer *l, void *din, void *dout, const void *in,
-                        const void *out, int N);
-// out = act(a + b) over N samples of `values` each (out may be a or b).
-void layer_run_add_act(const LayerCtx *ctx, void *out, const void *a, const void *b,
-                       int64_t values, int N, Activation act);
-// dout *= act'(out), in place (ReLU: where out > 0).
-void layer_run_act_backward(const LayerCtx *ctx, void *dout, const void *out, int64_t values,
-                            int N, Activation act);
-// Bytes of n stored values.
-size_t layer_stored_bytes(const LayerCtx *ctx, int64_t n);
 
 #endif

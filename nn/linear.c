@@ -71,6 +71,15 @@ static unsigned linear_backward_reads(const Layer *l) {
     return layer_reads_with_act(((const Linear *)l)->act);
 }
 
+// dW's GEMM reads the whole input before din's GEMM writes.
+static bool linear_din_over_in(const Layer *l) {
+    (void)l;
+    return true;
+}
+
+// The activation's derivative scales dout in place (bias_act_backward).
+static bool linear_backward_writes_dout(const Layer *l) { return ((const Linear *)l)->act != ACT_NONE; }
+
 const LayerOps linear_ops = {
     .type = "linear",
     .summary = "fully connected layer (PyTorch Linear), optionally followed by an activation",
@@ -80,4 +89,6 @@ const LayerOps linear_ops = {
     .forward = linear_forward,
     .backward = linear_backward,
     .backward_reads = linear_backward_reads,
+    .backward_writes_dout = linear_backward_writes_dout,
+    .din_over_in = linear_din_over_in,
 };

@@ -4,7 +4,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cost.h"
 #include "mt19937.h"
 
 size_t mem_plan_blocks(const MemPlan *p) {
@@ -64,7 +66,7 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
                     s->line, s->name, known);
             goto done;
         }
-        if (ops->run_forward && net->nlayers == 0) {
+        if (ops->expand && net->nlayers == 0) {
             err_set(err, "%s:%d: [%s] is the first layer: a block needs a layer before it (a "
                          "stem such as [conv] + [batchnorm])", cfg->path, s->line, s->name);
             goto done;
@@ -107,9 +109,16 @@ done:
     return 0;
 }
 
-// Bytes per sample that layer l keeps besides its output (LayerOps.inner_bytes).
-static size_t inner_bytes(const Layer *l, DType precision) {
-    return l->ops->inner_bytes ? l->ops->inner_bytes(l, precision) : 0;
+// Bytes per sample that node j keeps besides its output (a leaf's LayerOps.inner_bytes; a
+// sweep keeps its members' a chunk at a time, in its scratch).
+static size_t inner_bytes(const Net *net, int j) {
+    const Layer *l = net->nodes[j].kind == NODE_LEAF ? net->nodes[j].l : NULL;
+    return l && l->ops->inner_bytes ? l->ops->inner_bytes(l, net->precision) : 0;
+}
+
+// A sweep node's chain as exec.h runs it (scratch set by the caller).
+static Sweep node_sweep(const NetNode *nd, void *scratch) {
+    return (Sweep){.m = nd->chain, .nm = nd->nchain, .chunk = nd->chunk, .scratch = scratch};
 }
 
 // Values of the largest input or output of l and its children.
@@ -123,57 +132,366 @@ static size_t largest_of(const Layer *l) {
     return m;
 }
 
-// ---- the activation block: buffers planned by lifetime ------------------------------------
-//
-// The step is a fixed schedule (net->events): every layer's forward, the loss, then
-// backward, segment by segment from the last: the recomputation of the segment's layers
-// (checkpointing), then the backward of each. Each buffer of the activation block (the
-// input, every layer's output, the inner activations of containers, their scratch,
-// every input gradient, the loss's) is live over the spans of events from a write that
-// fills it to the last event that reads what that write left; between spans its bytes
-// serve other buffers. Offsets are assigned greedily, largest buffer first, at the lowest
-// offset that no buffer live at the same time occupies (the greedy-by-size placement of
-// TFLite's memory planner). The block is as large as the highest end.
-
-// Buffer ids: four fixed ones, then per layer its output, its inner activations, the input
-// gradient that its backward writes (in-place layers share their successor's) and a
-// container's scratch (its own, so that a small block's backward does not hold the
-// scratch a large block needs).
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_LAYERS, BUFS_A_LAYER = 4 };
-static int buf_out(int i) { return BUF_LAYERS + BUFS_A_LAYER * i; }
-static int buf_inner(int i) { return buf_out(i) + 1; }
-static int buf_grad(int i) { return buf_out(i) + 2; }
-static int buf_scratch(int i) { return buf_out(i) + 3; }
-
-// Which buffer holds the input gradient of each layer that writes one (-1: none).
-static void grad_buffers(const Net *net, int *gid) {
-    const int last = net->nlayers - 1;
-    for (int i = 0; i <= last; i++) gid[i] = -1;
-    for (int i = last; i > net->first_trained; i--)
-        gid[i] = net->layers[i]->ops->backward_in_place && i < last ? gid[i + 1] : buf_grad(i);
+// Appends the nodes of every top-level layer: a leaf is its own node, a container expands.
+static int net_build_nodes(Net *net, Error *err) {
+    NodeList nl = {.input = net->input};
+    int prev = NODE_INPUT;
+    for (int t = 0; t < net->nlayers; t++) {
+        Layer *l = net->layers[t];
+        nl.top = t;
+        prev = l->ops->expand ? l->ops->expand(l, &nl, prev, err) : node_leaf(&nl, l, prev, false, err);
+        if (prev < 0) {
+            free(nl.node);
+            return -1;
+        }
+    }
+    net->nodes = nl.node;
+    net->nnodes = nl.n;
+    return 0;
 }
 
-// Builds net->events from the segments and the first trained layer.
-static int net_schedule(Net *net, Error *err) {
-    const int n = net->nlayers, S = net->nsegments, stop = net->first_trained;
-    free(net->events);
-    net->events = xcalloc(3 * (size_t)n + 1, sizeof *net->events, err);
-    if (!net->events) return -1;
-    int e = 0;
-    for (int i = 0; i < n; i++) net->events[e++] = (Event){EV_FORWARD, i};
-    net->events[e++] = (Event){EV_LOSS, n - 1};
-    for (int g = S - 1; g >= 0 && net->seg_first[g + 1] > stop; g--) {
-        const int first = net->seg_first[g] > stop ? net->seg_first[g] : stop;
-        const int end = net->seg_first[g + 1];
-        // Later segments reused this one's buffers: recompute them from its saved input.
-        // The last output is saved; that layer runs again only for its inner activations.
-        if (g < S - 1) {
-            for (int i = net->seg_first[g]; i < end - 1; i++) net->events[e++] = (Event){EV_RECOMPUTE, i};
-            if (inner_bytes(net->layers[end - 1], net->precision)) net->events[e++] = (Event){EV_RECOMPUTE, end - 1};
-        }
-        for (int i = end - 1; i >= first; i--) net->events[e++] = (Event){EV_BACKWARD, i};
+// The inputs of node j that it reads: 2 for a sum, else 1.
+static int node_nin(const NetNode *n) { return n->kind == NODE_SUM ? 2 : 1; }
+
+// What node j's backward reads of the forward's (a sum reads its output: the ReLU mask; a
+// sweep its input, from which it runs its members again).
+static unsigned node_reads(const NetNode *n) {
+    if (n->kind == NODE_SUM) return n->act == ACT_NONE ? 0 : BACKWARD_READS_OUT;
+    if (n->kind == NODE_SWEEP) return BACKWARD_READS_IN;
+    return layer_backward_reads(n->l);
+}
+
+// Whether node j's backward may write its input gradient over its output gradient.
+static bool node_in_place(const NetNode *n) { return n->kind == NODE_LEAF && n->l->ops->backward_in_place; }
+
+// Whether node j's backward may write its input gradient over its input (LayerOps.din_over_in;
+// a sweep reads each chunk's input before it writes the chunk's gradient).
+static bool node_din_over_in(const NetNode *n) {
+    if (n->kind == NODE_SWEEP) return true;
+    return n->kind == NODE_LEAF && n->l->ops->din_over_in && n->l->ops->din_over_in(n->l);
+}
+
+// Whether node j's backward may change its output gradient (a sweep copies it, but its
+// last member may be anything it allows).
+static bool node_writes_dout(const NetNode *n) {
+    if (n->kind == NODE_LEAF)
+        return n->l->ops->backward_writes_dout && n->l->ops->backward_writes_dout(n->l);
+    return false;
+}
+
+// Whether node j has a trained parameter.
+static bool node_trained(const NetNode *n) {
+    if (n->kind == NODE_LEAF) return !n->l->frozen && n->l->nparams;
+    for (int i = 0; i < n->nchain; i++)
+        if (!n->chain[i]->frozen && n->chain[i]->nparams) return true;
+    return false;
+}
+
+// The readers of node p's output.
+static int consumers(const Net *net, int p) {
+    int c = 0;
+    for (int j = p + 1; j < net->nnodes; j++)
+        for (int k = 0; k < node_nin(&net->nodes[j]); k++) c += net->nodes[j].in[k] == p;
+    return c;
+}
+
+// Whether leaf l may be a sweep's member after its first: it computes each sample alone
+// (its batch pass, batchnorm's, sums chunk by chunk) and is cheap to run again.
+static bool sweep_cheap(const Layer *l) {
+    const LayerOps *o = l->ops;
+    return o == &batchnorm_ops || o == &relu_ops || o == &maxpool_ops || o == &avgpool_ops ||
+           o == &dropout_ops;
+}
+
+// Per sample, the scratch bytes a sweep needs: about what exec_sweep_bytes takes.
+static size_t sweep_sample_bytes(const NetNode *nd) {
+    size_t b = 0, big = (size_t)shape_numel(nd->chain[0]->in);
+    for (int i = 0; i < nd->nchain; i++) {
+        const Layer *l = nd->chain[i];
+        b += (size_t)shape_numel(l->out) * sizeof(float) + (l->ops->inner_bytes ? l->ops->inner_bytes(l, DT_F32) : 0);
+        if ((size_t)shape_numel(l->out) > big) big = (size_t)shape_numel(l->out);
     }
-    net->nevents = e;
+    return b + 4 * big * sizeof(float);
+}
+
+// Under checkpointing, each chain of leaves that a sweep may run becomes one NODE_SWEEP,
+// so what passes between them never exists for the whole batch: cheap members (sweep_cheap)
+// each read only by the next, the first one possibly a layer with parameters
+// (LayerOps.sample_quantum) when it reads the network's input (nobody needs its input
+// gradient: the stem convolution of an image network). Chunks are a multiple of that
+// quantum, as many samples as fit in `budget` bytes of scratch.
+static int net_fuse_sweeps(Net *net, size_t budget, Error *err) {
+    NetNode *nodes = net->nodes;
+    const int n = net->nnodes;
+    int *to = xcalloc((size_t)n, sizeof *to, err);  // old index -> new index
+    if (!to) return -1;
+    int m = 0;
+    for (int j = 0; j < n;) {
+        int q = 0;
+        const NetNode *a = &nodes[j];
+        if (a->kind == NODE_LEAF && !a->jit) {
+            if (sweep_cheap(a->l)) q = 1;
+            else if (a->in[0] == NODE_INPUT && a->l->ops->sample_quantum)
+                q = a->l->ops->sample_quantum(a->l, net->k);
+        }
+        int e = j + 1;  // the chain [j, e)
+        while (q > 0 && e < n && e - j < NODE_CHAIN_MAX && nodes[e].kind == NODE_LEAF && !nodes[e].jit &&
+               sweep_cheap(nodes[e].l) && nodes[e].in[0] == e - 1 && consumers(net, e - 1) == 1)
+            e++;
+        if (q <= 0 || e - j < 2 || e == n) {  // none (the network's output is never swept)
+            NetNode c = nodes[j];
+            for (int k = 0; k < node_nin(&c); k++) c.in[k] = c.in[k] == NODE_INPUT ? NODE_INPUT : to[c.in[k]];
+            to[j] = m;
+            nodes[m++] = c;
+            j++;
+            continue;
+        }
+        NetNode sw = {.kind = NODE_SWEEP, .nchain = e - j, .in = {a->in[0] == NODE_INPUT ? NODE_INPUT : to[a->in[0]], NODE_INPUT},
+                      .out = nodes[e - 1].out, .top = a->top};
+        for (int i = j; i < e; i++) sw.chain[i - j] = nodes[i].l;
+        const size_t per = sweep_sample_bytes(&sw);
+        int fit = (int)(budget / per / (size_t)q) * q;
+        sw.chunk = fit < q ? q : fit;
+        if (sw.chunk > net->batch) sw.chunk = net->batch;
+        for (int i = j; i < e; i++) to[i] = m;
+        nodes[m++] = sw;
+        j = e;
+    }
+    net->nnodes = m;
+    free(to);
+    return 0;
+}
+
+// The last node that reads node p's output in forward (p itself if none).
+static int last_consumer(const Net *net, int p) {
+    int last = p;
+    for (int j = p + 1; j < net->nnodes; j++)
+        for (int k = 0; k < node_nin(&net->nodes[j]); k++)
+            if (net->nodes[j].in[k] == p) last = j;
+    return last;
+}
+
+// The segment of node j.
+static int segment_of(const Net *net, int j) {
+    int g = 0;
+    while (g + 1 < net->nsegments && net->seg_first[g + 1] <= j) g++;
+    return g;
+}
+
+// Whether node p's output is kept from the first forward to backward because a later
+// segment reads it (or it is the network's output).
+static bool crosses(const Net *net, int p) {
+    return p == net->nnodes - 1 || last_consumer(net, p) >= net->seg_first[segment_of(net, p) + 1];
+}
+
+// ---- the activation block: buffers planned by lifetime ------------------------------------
+//
+// The step is a fixed schedule (net->events): every node's forward, the loss, then
+// backward, segment by segment from the last: the recomputation of the segment's nodes
+// (checkpointing), then the backward of each, with a jit node recomputed right before the
+// first backward that reads it. Each buffer of the activation block (the input, every
+// node's output, a leaf's inner activations, every output gradient and the second term of
+// one, the loss's) is live over the spans of events from a write that fills it to the
+// last event that reads what that write left; between spans its bytes serve other
+// buffers. Nodes share a buffer where the schedule allows it: a sum writes its output over
+// its first input's (bn2's output, which nothing reads after the sum), an in-place
+// backward writes its input gradient over its output gradient, a sum passes its output
+// gradient on to its inputs as it is. Offsets are assigned greedily, largest buffer first,
+// at the lowest offset that no buffer live at the same time occupies (the greedy-by-size
+// placement of TFLite's memory planner). The block is as large as the highest end.
+
+// Buffer ids: four fixed ones, then per node its output, its inner activations, its output
+// gradient, that gradient's second term and a sweep's scratch.
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_NODES, BUFS_A_NODE = 5 };
+static int buf_out(int j) { return BUF_NODES + BUFS_A_NODE * j; }
+static int buf_inner(int j) { return buf_out(j) + 1; }
+static int buf_grad(int j) { return buf_out(j) + 2; }
+static int buf_term(int j) { return buf_out(j) + 3; }
+static int buf_scratch(int j) { return buf_out(j) + 4; }  // a sweep's, during its own events
+
+// The buffer of node p's output as a reader sees it (NODE_INPUT: the network's input).
+static int out_buffer(const Net *net, int p) { return p == NODE_INPUT ? BUF_INPUT : net->nbuf[p].out; }
+
+// Whether node p's output gradient is needed: backward reaches p (every input of a node
+// at or after first_trained gets one, but the network's input).
+static bool needs_grad(const Net *net, int p) { return p != NODE_INPUT && p >= net->first_trained; }
+
+// Whether buffer b holds, besides node j's gradient, the gradient or second term of a node
+// whose backward (or sum of terms) is still to come after j's backward: then j may not
+// change it.
+static bool shared_later(const Net *net, int b, int j) {
+    for (int q = net->first_trained; q < j; q++)
+        if (net->nbuf[q].grad == b || net->nbuf[q].term == b) return true;
+    return false;
+}
+
+// Events being built.
+typedef struct Schedule {
+    Net *net;
+    bool *fresh;  // recomputed while backward goes through the current segment (still valid)
+    int n;
+} Schedule;
+
+static void sched_add(Schedule *sc, EventKind kind, int j) { sc->net->events[sc->n++] = (Event){kind, j}; }
+
+// Whether backward must compute node p's output again before it reads it: a jit node's is
+// not kept; neither are those of an earlier segment's nodes (later segments reused their
+// buffers), but for the outputs that cross into a later segment, which are kept; and a
+// kept node's inner activations are not (max pooling's argmax).
+static bool recomputed(const Net *net, int p) {
+    if (p == NODE_INPUT) return false;
+    if (net->nodes[p].jit && !crosses(net, p)) return true;
+    return segment_of(net, p) < net->nsegments - 1 && (!crosses(net, p) || inner_bytes(net, p));
+}
+
+// Node p's output (and inner activations), read by a backward next: computed again first
+// where it was not kept, once in each segment's backward, after its own inputs. So a
+// segment's nodes come back one by one as its backward needs them, not all at once.
+static void sched_live(Schedule *sc, int p) {
+    Net *net = sc->net;
+    if (p == NODE_INPUT || sc->fresh[p] || !recomputed(net, p)) return;
+    for (int k = 0; k < node_nin(&net->nodes[p]); k++) sched_live(sc, net->nodes[p].in[k]);
+    sched_add(sc, EV_RECOMPUTE, p);
+    sc->fresh[p] = true;
+}
+
+// Whether an event after t reads buffer b as a forward value (an input, an output that a
+// backward reads, the loss's) or writes a forward value into it.
+static bool data_used_after(const Net *net, int b, int t) {
+    for (int e = t + 1; e < net->nevents; e++) {
+        const int j = net->events[e].node;
+        const NetNode *nd = &net->nodes[j];
+        switch (net->events[e].kind) {
+        case EV_FORWARD:
+        case EV_RECOMPUTE:
+            if (net->nbuf[j].out == b) return true;
+            for (int k = 0; k < node_nin(nd); k++)
+                if (out_buffer(net, nd->in[k]) == b) return true;
+            break;
+        case EV_LOSS:
+            if (net->nbuf[j].out == b) return true;
+            break;
+        case EV_BACKWARD: {
+            const unsigned reads = node_reads(nd);
+            if (((reads & BACKWARD_READS_IN) && out_buffer(net, nd->in[0]) == b) ||
+                ((reads & BACKWARD_READS_OUT) && net->nbuf[j].out == b))
+                return true;
+            break;
+        }
+        default: break;
+        }
+    }
+    return b == BUF_INPUT || b == net->nbuf[net->nnodes - 1].out;  // read after the step
+}
+
+// Whether some node's gradient or term already lives in buffer b.
+static bool holds_gradient(const Net *net, int b) {
+    for (int q = 0; q < net->nnodes; q++)
+        if (net->nbuf[q].grad == b || net->nbuf[q].term == b) return true;
+    return false;
+}
+
+// Where leaf j's backward at event t may write node p's gradient (a first term) or its
+// second term, besides a buffer of its own: over p's output (LayerOps.din_over_in), which
+// then serves as the gradient, when nothing reads or writes that output after t.
+static int over_input(const Net *net, int j, int p, int t) {
+    const int b = out_buffer(net, p);
+    if (!node_din_over_in(&net->nodes[j]) || b == BUF_INPUT || data_used_after(net, b, t) ||
+        holds_gradient(net, b))
+        return -1;
+    return b;
+}
+
+// The buffers of the gradients that node j's backward at event t sends to its inputs
+// (nodes after j have sent theirs): the first term of an input's gradient is written to,
+// or shares, a gradient buffer (in place over j's output gradient, over the input's own
+// output, or a buffer of its own; a sum passes its own gradient on); a later term goes to
+// the input's term buffer (or a sum's gradient) and the EV_GRAD_ADD after j adds it.
+static int route_gradients(Net *net, int j, int t, Error *err) {
+    const NetNode *n = &net->nodes[j];
+    NodeBufs *b = net->nbuf;
+    // A backward that changes its output gradient must have it to itself: a sum passes its
+    // gradient on to both its inputs, and the first one's backward comes before the other's.
+    if (node_writes_dout(n) && shared_later(net, b[j].grad, j))
+        return err_set(err, "%s: its backward scales its output gradient in place, which a sum "
+                            "also passes to another node; the network cannot run it",
+                       n->l->name);
+    for (int k = 0; k < node_nin(n); k++) {
+        const int p = n->in[k];
+        if (!needs_grad(net, p)) continue;
+        const bool sum = n->kind == NODE_SUM;
+        if (b[p].grad < 0 && sum) {  // a sum's first term: its own gradient, passed on
+            b[p].grad = b[j].grad;
+        } else if (b[p].grad < 0) {  // a leaf's or sweep's first term
+            const int over = over_input(net, j, p, t);
+            b[p].grad = node_in_place(n) && !shared_later(net, b[j].grad, j) ? b[j].grad
+                        : over >= 0                                           ? over
+                                                                              : buf_grad(p);
+            b[j].din = b[p].grad;
+        } else if (sum) {  // a sum's later term: its gradient as it is
+            b[p].term = b[j].grad;
+        } else {  // a leaf's or sweep's later term
+            const int over = over_input(net, j, p, t);
+            b[p].term = over >= 0 ? over : buf_term(p);
+            b[j].din = b[p].term;
+        }
+    }
+    return 0;
+}
+
+// Builds net->events and the nodes' buffer ids (net->nbuf) from the segments and the
+// first trained node: the events first (a node's inputs that already have a gradient term
+// get an EV_GRAD_ADD after its backward), then, going through them, the gradients' buffers.
+static int net_schedule(Net *net, Error *err) {
+    const int n = net->nnodes, S = net->nsegments, stop = net->first_trained;
+    free(net->events);
+    // Each node: forward, backward, a sum of terms for each of (at most 2) inputs, and at
+    // most one recomputation in each segment's backward; the loss.
+    net->events = xcalloc((size_t)n * (4 + (size_t)S) + 1, sizeof *net->events, err);
+    Schedule sc = {.net = net, .fresh = xcalloc((size_t)n, sizeof *sc.fresh, err)};
+    bool *has_grad = xcalloc((size_t)n, sizeof *has_grad, err);
+    if (!net->events || !sc.fresh || !has_grad) {
+        free(sc.fresh), free(has_grad);
+        return -1;
+    }
+    for (int j = 0; j < n; j++) {
+        const NetNode *nd = &net->nodes[j];
+        // A sum writes over its first input's output when nothing reads that after the
+        // sum: a leaf in the sum's segment, not recomputed on its own, whose backward does
+        // not read its output, with the sum its only reader.
+        const int a = nd->in[0];
+        const bool over = nd->kind == NODE_SUM && a != NODE_INPUT && net->nodes[a].kind != NODE_SUM &&
+                          !net->nodes[a].jit && !inner_bytes(net, a) &&
+                          !(node_reads(&net->nodes[a]) & BACKWARD_READS_OUT) &&
+                          last_consumer(net, a) == j && segment_of(net, a) == segment_of(net, j);
+        net->nbuf[j] = (NodeBufs){.out = over ? net->nbuf[a].out : buf_out(j), .grad = -1,
+                                  .term = -1, .din = -1};
+    }
+    net->nbuf[n - 1].grad = BUF_DLOGP;
+    for (int j = 0; j < n; j++) sched_add(&sc, EV_FORWARD, j);
+    sched_add(&sc, EV_LOSS, n - 1);
+    for (int g = S - 1; g >= 0 && net->seg_first[g + 1] > stop; g--) {
+        const int first = net->seg_first[g], end = net->seg_first[g + 1];
+        for (int j = 0; j < end; j++) sc.fresh[j] = false;
+        for (int j = end - 1; j >= first && j >= stop; j--) {
+            const NetNode *nd = &net->nodes[j];
+            const unsigned reads = node_reads(nd);
+            if (reads & BACKWARD_READS_IN) sched_live(&sc, nd->in[0]);
+            if ((reads & BACKWARD_READS_OUT) || inner_bytes(net, j)) sched_live(&sc, j);
+            sched_add(&sc, EV_BACKWARD, j);
+            for (int k = 0; k < node_nin(nd); k++) {
+                const int p = nd->in[k];
+                if (!needs_grad(net, p)) continue;
+                if (has_grad[p]) sched_add(&sc, EV_GRAD_ADD, p);  // a second term
+                has_grad[p] = true;
+            }
+        }
+    }
+    net->nevents = sc.n;
+    free(sc.fresh), free(has_grad);
+    for (int t = n + 1; t < net->nevents; t++)
+        if (net->events[t].kind == EV_BACKWARD && route_gradients(net, net->events[t].node, t, err))
+            return -1;
     return 0;
 }
 
@@ -214,37 +532,53 @@ static void span_write(SpanBuilder *sb, int b, int t) {
 // Event t reads (or updates) buffer b, which an earlier event wrote.
 static void span_read(SpanBuilder *sb, int b, int t) { sb->open[b].to = t; }
 
-// Layer i's forward (or recomputation) at event t.
-static void spans_forward(const Net *net, SpanBuilder *sb, int i, int t) {
-    const Layer *l = net->layers[i];
-    span_read(sb, i ? buf_out(i - 1) : BUF_INPUT, t);
-    span_write(sb, buf_out(i), t);
-    if (l->ops->inner_bytes) span_write(sb, buf_inner(i), t);
-    if (l->ops->scratch_values) span_write(sb, buf_scratch(i), t);
+// Node j's forward (or recomputation) at event t.
+static void spans_forward(const Net *net, SpanBuilder *sb, int j, int t) {
+    const NetNode *nd = &net->nodes[j];
+    for (int k = 0; k < node_nin(nd); k++) span_read(sb, out_buffer(net, nd->in[k]), t);
+    span_write(sb, net->nbuf[j].out, t);
+    if (inner_bytes(net, j)) span_write(sb, buf_inner(j), t);
+    if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
+}
+
+// Node j's backward at event t: its output gradient (updated by a sum, or overwritten by
+// an in-place backward), what it reads of the forward's, and the input gradients it writes.
+static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
+    const NetNode *nd = &net->nodes[j];
+    const NodeBufs *b = net->nbuf;
+    const unsigned reads = node_reads(nd);
+    span_read(sb, b[j].grad, t);
+    if (reads & BACKWARD_READS_IN) span_read(sb, out_buffer(net, nd->in[0]), t);
+    if (reads & BACKWARD_READS_OUT) span_read(sb, b[j].out, t);
+    if (inner_bytes(net, j)) span_read(sb, buf_inner(j), t);
+    if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
+    if (b[j].din >= 0 && b[j].din != b[j].grad) span_write(sb, b[j].din, t);  // else in place
 }
 
 // The bytes of each buffer in net->bufs (0: not used).
-static void buffer_bytes(Net *net, const int *gid) {
+static void buffer_bytes(Net *net) {
     ActBuffer *buf = net->bufs;
     const size_t B = (size_t)net->batch, es = dtype_sizes[net->precision];
-    const int last = net->nlayers - 1;
+    const int last = net->nnodes - 1;
     buf[BUF_INPUT].bytes = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
     buf[BUF_LABELS].bytes = align64(B * sizeof(int32_t));
     buf[BUF_METRICS].bytes = align64(NET_METRICS * sizeof(float)) + align64(sizeof(ScalerState));
-    buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->layers[last]->out) * sizeof(float));
-    for (int i = 0; i <= last; i++) {
-        const Layer *l = net->layers[i];
-        buf[buf_out(i)].bytes = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
-        buf[buf_inner(i)].bytes = align64(B * inner_bytes(l, net->precision));
-        buf[buf_grad(i)].bytes = gid[i] == buf_grad(i) ? align64(B * (size_t)shape_numel(l->in) * es) : 0;
-        buf[buf_scratch(i)].bytes = l->ops->scratch_values ? align64(B * (size_t)l->ops->scratch_values(l) * es) : 0;
+    buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->nodes[last].out) * sizeof(float));
+    for (int j = 0; j <= last; j++) {
+        const size_t values = B * (size_t)shape_numel(net->nodes[j].out);
+        buf[buf_out(j)].bytes = align64(values * (j == last ? sizeof(float) : es));
+        buf[buf_inner(j)].bytes = align64(B * inner_bytes(net, j));
+        buf[buf_grad(j)].bytes = align64(values * es);
+        buf[buf_term(j)].bytes = align64(values * es);
+        const Sweep sw = node_sweep(&net->nodes[j], NULL);
+        buf[buf_scratch(j)].bytes = net->nodes[j].kind == NODE_SWEEP ? align64(exec_sweep_bytes(&net->exec, &sw)) : 0;
     }
 }
 
 // The spans of every buffer over net->events, into net->spans (grouped by buffer) and
 // net->bufs[b].span0 / nspans.
-static int buffer_spans(Net *net, const int *gid, Error *err) {
-    const int n = net->nlayers, nb = BUF_LAYERS + BUFS_A_LAYER * n, after = net->nevents;
+static int buffer_spans(Net *net, Error *err) {
+    const int n = net->nnodes, nb = net->nbufs, after = net->nevents;
     SpanBuilder sb = {.open = xcalloc((size_t)nb, sizeof *sb.open, err)};
     if (!sb.open) return -1;
     for (int b = 0; b < nb; b++) sb.open[b].from = -1;
@@ -252,34 +586,25 @@ static int buffer_spans(Net *net, const int *gid, Error *err) {
     const int filled[] = {BUF_INPUT, BUF_LABELS, BUF_METRICS};
     for (size_t k = 0; k < sizeof filled / sizeof filled[0]; k++) span_write(&sb, filled[k], 0);
     for (int t = 0; t < net->nevents; t++) {
-        const int i = net->events[t].layer;
-        const Layer *l = net->layers[i];
+        const int j = net->events[t].node;
         switch (net->events[t].kind) {
         case EV_FORWARD:
-        case EV_RECOMPUTE: spans_forward(net, &sb, i, t); break;
+        case EV_RECOMPUTE: spans_forward(net, &sb, j, t); break;
         case EV_LOSS:
-            span_read(&sb, buf_out(i), t);
+            span_read(&sb, net->nbuf[j].out, t);
             span_read(&sb, BUF_LABELS, t);
             span_read(&sb, BUF_METRICS, t);
             span_write(&sb, BUF_DLOGP, t);
             break;
-        case EV_BACKWARD: {
-            const unsigned reads = layer_backward_reads(l);
-            span_read(&sb, i == n - 1 ? BUF_DLOGP : gid[i + 1], t);
-            if (gid[i] >= 0) {
-                if (gid[i] == buf_grad(i)) span_write(&sb, gid[i], t);
-                else span_read(&sb, gid[i], t);  // in place
-            }
-            if (reads & BACKWARD_READS_IN) span_read(&sb, i ? buf_out(i - 1) : BUF_INPUT, t);
-            if (reads & BACKWARD_READS_OUT) span_read(&sb, buf_out(i), t);
-            if (l->ops->inner_bytes) span_read(&sb, buf_inner(i), t);
-            if (l->ops->scratch_values) span_write(&sb, buf_scratch(i), t);
+        case EV_BACKWARD: spans_backward(net, &sb, j, t); break;
+        case EV_GRAD_ADD:
+            span_read(&sb, net->nbuf[j].term, t);
+            span_read(&sb, net->nbuf[j].grad, t);
             break;
-        }
         }
     }
     // Read after the step: those, and the output (the trainer's predictions).
-    const int kept[] = {BUF_INPUT, BUF_LABELS, BUF_METRICS, buf_out(n - 1)};
+    const int kept[] = {BUF_INPUT, BUF_LABELS, BUF_METRICS, net->nbuf[n - 1].out};
     for (size_t k = 0; k < sizeof kept / sizeof kept[0]; k++) span_read(&sb, kept[k], after);
     for (int b = 0; b < nb; b++) span_close(&sb, b);
     int rc = -1;
@@ -321,22 +646,21 @@ bool net_buffer_live(const Net *net, int b, int t) {
     return false;
 }
 
-// Places every used buffer (bytes > 0), largest first, at the lowest offset where it
-// overlaps no placed buffer that is live with it; sets plan.activations (the highest
-// end) and plan.act_kept (the bytes live at the loss).
-static int place_buffers(Net *net, Error *err) {
-    const int nb = net->nbufs;
-    int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
-    int rc = -1;
-    if (!order || !placed) goto done;
-    int used = 0;
-    for (int b = 0; b < nb; b++)
-        if (net->bufs[b].bytes) order[used++] = b;
-    for (int a = 1; a < used; a++)  // by size, largest first; ties in id order
-        for (int c = a; c > 0 && net->bufs[order[c]].bytes > net->bufs[order[c - 1]].bytes; c--) {
-            const int t = order[c];
-            order[c] = order[c - 1], order[c - 1] = t;
-        }
+// The events over which buffer b holds something, and its first.
+static int buffer_events(const Net *net, int b, int *first) {
+    int n = 0, f = INT32_MAX;
+    for (int i = 0; i < net->bufs[b].nspans; i++) {
+        const ActSpan x = net->spans[net->bufs[b].span0 + i];
+        n += x.to - x.from + 1;
+        if (x.from < f) f = x.from;
+    }
+    *first = f;
+    return n;
+}
+
+// Places the buffers in `order` (used of them) one by one at the lowest offset where each
+// overlaps no placed buffer that is live with it; returns the highest end.
+static size_t place_in_order(Net *net, const int *order, int used, int *placed) {
     size_t top = 0;
     for (int k = 0; k < used; k++) {
         ActBuffer *x = &net->bufs[order[k]];
@@ -357,43 +681,74 @@ static int place_buffers(Net *net, Error *err) {
         x->offset = off;
         if (off + x->bytes > top) top = off + x->bytes;
     }
-    net->plan.activations = top;
+    return top;
+}
+
+// Places every used buffer (bytes > 0) greedily (TFLite's memory planner's placement: each
+// at the lowest offset where it overlaps no placed buffer live with it), in each of a few
+// orders: largest first; largest over the most events first (bytes x events); the earliest
+// first; and keeps the placement with the lowest end. Sets plan.activations (that end)
+// and plan.act_kept (the bytes live at the loss). Ties keep id order, so a plan is the
+// same every time.
+static int place_buffers(Net *net, Error *err) {
+    const int nb = net->nbufs;
+    int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
+    double *key = xcalloc((size_t)nb, sizeof *key, err);
+    size_t *best = xcalloc((size_t)nb, sizeof *best, err);
+    int rc = -1;
+    if (!order || !placed || !key || !best) goto done;
+    size_t top = SIZE_MAX;
+    for (int strategy = 0; strategy < 3; strategy++) {
+        int used = 0;
+        for (int b = 0; b < nb; b++) {
+            if (!net->bufs[b].bytes) continue;
+            int first;
+            const int events = buffer_events(net, b, &first);
+            const double bytes = (double)net->bufs[b].bytes;
+            key[b] = strategy == 0 ? bytes : strategy == 1 ? bytes * events : -(double)first * 1e15 + bytes;
+            order[used++] = b;
+        }
+        for (int a = 1; a < used; a++)  // by key, largest first; ties in id order
+            for (int c = a; c > 0 && key[order[c]] > key[order[c - 1]]; c--) {
+                const int t = order[c];
+                order[c] = order[c - 1], order[c - 1] = t;
+            }
+        const size_t end = place_in_order(net, order, used, placed);
+        if (end < top) {
+            top = end;
+            for (int b = 0; b < nb; b++) best[b] = net->bufs[b].offset;
+        }
+    }
+    for (int b = 0; b < nb; b++) net->bufs[b].offset = best[b];
+    net->plan.activations = top == SIZE_MAX ? 0 : top;
     net->plan.act_kept = 0;
     for (int b = 0; b < nb; b++)
-        if (net->bufs[b].bytes && net_buffer_live(net, b, net->nlayers)) net->plan.act_kept += net->bufs[b].bytes;
+        if (net->bufs[b].bytes && net_buffer_live(net, b, net->nnodes)) net->plan.act_kept += net->bufs[b].bytes;
     rc = 0;
 done:
-    free(order), free(placed);
+    free(order), free(placed), free(key), free(best);
     return rc;
 }
 
 // Plans the activation block for the current segments: schedule, spans, offsets.
 static int net_plan_activations(Net *net, Error *err) {
-    const int n = net->nlayers;
-    int *gid = xcalloc((size_t)n, sizeof *gid, err);
-    if (!gid || net_schedule(net, err)) goto fail;
+    const int n = net->nnodes;
+    free(net->nbuf);
+    net->nbuf = xcalloc((size_t)n, sizeof *net->nbuf, err);
+    if (!net->nbuf || net_schedule(net, err)) return -1;
     free(net->bufs);
-    net->nbufs = BUF_LAYERS + BUFS_A_LAYER * n;
+    net->nbufs = BUF_NODES + BUFS_A_NODE * n;
     net->bufs = xcalloc((size_t)net->nbufs, sizeof *net->bufs, err);
-    if (!net->bufs) goto fail;
-    grad_buffers(net, gid);
-    buffer_bytes(net, gid);
-    if (buffer_spans(net, gid, err)) goto fail;
+    if (!net->bufs) return -1;
+    buffer_bytes(net);
+    if (buffer_spans(net, err)) return -1;
     for (int b = 0; b < net->nbufs; b++)  // a buffer nothing uses needs no bytes
         if (!net->bufs[b].nspans) net->bufs[b].bytes = 0;
-    if (place_buffers(net, err)) goto fail;
-    free(gid);
-    return 0;
-fail:
-    free(gid);
-    return -1;
+    return place_buffers(net, err);
 }
 
 // Points every activation buffer into the block at `base`.
 static void net_carve_activations(Net *net, char *base) {
-    const int n = net->nlayers;
-    int gid[n];
-    grad_buffers(net, gid);
     char *at[net->nbufs];
     for (int b = 0; b < net->nbufs; b++) at[b] = net->bufs[b].bytes ? base + net->bufs[b].offset : NULL;
     net->input_buf = (float *)at[BUF_INPUT];
@@ -401,11 +756,13 @@ static void net_carve_activations(Net *net, char *base) {
     net->metrics = (float *)at[BUF_METRICS];
     net->scaler = (ScalerState *)(at[BUF_METRICS] + align64(NET_METRICS * sizeof(float)));
     net->dlogp = (float *)at[BUF_DLOGP];
-    for (int i = 0; i < n; i++) {
-        net->acts[i] = at[buf_out(i)];
-        if (net->layers[i]->ops->inner_bytes) net->layers[i]->inner = at[buf_inner(i)];
-        if (net->layers[i]->ops->scratch_values) net->layers[i]->scratch = at[buf_scratch(i)];
-        net->din[i] = gid[i] >= 0 ? at[gid[i]] : NULL;
+    for (int j = 0; j < net->nnodes; j++) {
+        const NodeBufs *b = &net->nbuf[j];
+        net->acts[j] = at[b->out];
+        net->grad[j] = b->grad >= 0 ? at[b->grad] : NULL;
+        net->term[j] = b->term >= 0 ? at[b->term] : NULL;
+        net->scratch[j] = at[buf_scratch(j)];
+        if (inner_bytes(net, j)) net->nodes[j].l->inner = at[buf_inner(j)];
     }
 }
 
@@ -464,28 +821,39 @@ static void net_layout_buffers(Net *net, char *base) {
     net->plan.buffers = off;
 }
 
-// Checkpoint segments (DESIGN.md decision 6). Segment [s, e) keeps its last output
-// (saved) from forward to backward; the others, with the inner activations of all its
-// layers, are recomputed in backward. A cut is judged by the activation block its plan
-// needs (net_plan_activations). The candidates come from a simpler model: the saved
-// outputs plus the largest segment's recomputed bytes, for each limit on the latter the
-// cut of the fewest saved bytes (seg_fit); the best one is then improved by moving single
-// cuts by a layer. So the big early activations of an image network (ResNet's 112x112
-// stem) get segments of their own instead of an equal share of layers.
-typedef struct SegCost {
-    int n;
-    const size_t *out;    // (n) bytes of each layer's output
-    const size_t *above;  // (n + 1) above[i]: the bytes of outputs and inner activations of
-                          // layers 0 .. i-1 (prefix sums)
-} SegCost;
-
-static size_t seg_scratch(const SegCost *c, int s, int e) {
-    return c->above[e] - c->above[s] - c->out[e - 1];
+// The bytes live at each event, summed over the step: a plan's second measure, so that of
+// two cuts with the same block the one that holds less for less long is taken.
+static double plan_area(const Net *net) {
+    double area = 0;
+    for (int t = 0; t <= net->nevents; t++)
+        for (int b = 0; b < net->nbufs; b++)
+            if (net->bufs[b].bytes && net_buffer_live(net, b, t)) area += (double)net->bufs[b].bytes;
+    return area;
 }
 
-// The fewest saved bytes over exactly S segments whose scratch is at most limit
-// (SIZE_MAX if none); first[] gets the cut. dp is (S + 1) * (n + 1) sums and from the
-// same of arg-mins.
+// Checkpoint segments (DESIGN.md decision 6) over the nodes, so a segment may begin inside
+// a block. A cut before node e keeps the outputs that cross it (read at or after e, made
+// before: inside a block the block's input too) from forward to backward; the others, with
+// the inner activations of all a segment's nodes, are recomputed in backward. A cut is
+// judged by the activation block its plan needs (net_plan_activations). The candidates
+// come from a simpler model: the kept outputs plus the largest segment's recomputed bytes,
+// for each limit on the latter the cut of the fewest kept bytes (seg_fit); the best one is
+// then improved by moving single cuts by a node. So the big early activations of an image
+// network (ResNet's 112x112 stem) get segments of their own instead of an equal share.
+typedef struct SegCost {
+    int n;
+    const size_t *kept;     // (n + 1) kept[e]: the bytes of the outputs that cross a cut before
+                            // node e (kept[n]: the network's output)
+    const size_t *scratch;  // (n + 1) x (n + 1): scratch[s * (n + 1) + e], the bytes of the
+                            // outputs and inner activations of nodes s .. e-1 that the
+                            // segment recomputes (those that do not cross e)
+} SegCost;
+
+static size_t seg_scratch(const SegCost *c, int s, int e) { return c->scratch[s * (c->n + 1) + e]; }
+
+// The fewest kept bytes over exactly S segments whose scratch is at most limit (SIZE_MAX
+// if none); first[] gets the cut. dp is (S + 1) * (n + 1) sums and from the same of
+// arg-mins.
 static size_t seg_fit(const SegCost *c, int S, size_t limit, size_t *dp, int *from, int *first) {
     const int n = c->n;
     for (int k = 0; k <= S; k++)
@@ -496,7 +864,7 @@ static size_t seg_fit(const SegCost *c, int S, size_t limit, size_t *dp, int *fr
             for (int i = k - 1; i < j; i++) {
                 const size_t before = dp[(k - 1) * (n + 1) + i];
                 if (before == SIZE_MAX || seg_scratch(c, i, j) > limit) continue;
-                const size_t v = before + c->out[j - 1];
+                const size_t v = before + c->kept[j];
                 if (v < dp[k * (n + 1) + j]) dp[k * (n + 1) + j] = v, from[k * (n + 1) + j] = i;
             }
     const size_t best = dp[S * (n + 1) + n];
@@ -511,11 +879,11 @@ static int cmp_size(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// Splits the layers into `segments` segments (NET_SEGMENTS_SQRT: round(sqrt(layers)); at
-// most one segment per layer) at the candidate cut whose activation block is smallest,
+// Splits the nodes into `segments` segments (NET_SEGMENTS_SQRT: round(sqrt(nodes)); at
+// most one segment per node) at the candidate cut whose activation block is smallest,
 // and plans the activations for it.
 static int net_segments(Net *net, int segments, Error *err) {
-    const int n = net->nlayers, last = n - 1;
+    const int n = net->nnodes, last = n - 1;
     int S = segments == NET_SEGMENTS_SQRT ? (int)lround(sqrt((double)n)) : segments;
     if (S < 1) S = 1;
     if (S > n) S = n;
@@ -526,46 +894,70 @@ static int net_segments(Net *net, int segments, Error *err) {
     if (S == 1) return net_plan_activations(net, err);
     const size_t es = dtype_sizes[net->precision], B = (size_t)net->batch;
     const size_t npairs = (size_t)n * (n + 1) / 2, cells = (size_t)(S + 1) * (n + 1);
-    size_t *out = xcalloc((size_t)n, sizeof *out, err), *above = xcalloc((size_t)n + 1, sizeof *above, err);
+    const size_t square = (size_t)(n + 1) * (n + 1);
+    size_t *out = xcalloc((size_t)n, sizeof *out, err), *kept = xcalloc((size_t)n + 1, sizeof *kept, err);
+    size_t *scratch = xcalloc(square, sizeof *scratch, err);
     size_t *limits = xcalloc(npairs, sizeof *limits, err), *dp = xcalloc(cells, sizeof *dp, err);
+    int *reach = xcalloc((size_t)n, sizeof *reach, err);
     int *from = xcalloc(cells, sizeof *from, err), *cut = xcalloc((size_t)S + 1, sizeof *cut, err);
     int *best_cut = xcalloc((size_t)S + 1, sizeof *best_cut, err);
     int rc = -1;
-    if (!out || !above || !limits || !dp || !from || !cut || !best_cut) goto done;
-    for (int i = 0; i < n; i++) {
-        const Layer *l = net->layers[i];
-        out[i] = align64(B * (size_t)shape_numel(l->out) * (i == last ? sizeof(float) : es));
-        above[i + 1] = above[i] + out[i] + align64(B * inner_bytes(l, net->precision));
+    if (!out || !kept || !scratch || !limits || !dp || !reach || !from || !cut || !best_cut) goto done;
+    for (int p = 0; p < n; p++) {
+        out[p] = align64(B * (size_t)shape_numel(net->nodes[p].out) * (p == last ? sizeof(float) : es));
+        reach[p] = p == last ? n : last_consumer(net, p);  // crosses the cuts in (p, reach[p]]
     }
-    const SegCost c = {n, out, above};
+    for (int e = 1; e <= n; e++)
+        for (int p = 0; p < e; p++)
+            if (reach[p] >= e) kept[e] += out[p];
+    for (int s = 0; s < n; s++)
+        for (int e = s + 1; e <= n; e++) {
+            size_t v = 0;
+            for (int p = s; p < e; p++) v += (reach[p] >= e ? 0 : out[p]) + align64(B * inner_bytes(net, p));
+            scratch[s * (n + 1) + e] = v;
+        }
+    const SegCost c = {n, kept, scratch};
     size_t m = 0;
     for (int s = 0; s < n; s++)
         for (int e = s + 1; e <= n; e++) limits[m++] = seg_scratch(&c, s, e);
     qsort(limits, m, sizeof *limits, cmp_size);
     size_t best = SIZE_MAX;
+    double best_area = INFINITY;
     for (size_t t = 0; t < m; t++) {
         if ((t && limits[t] == limits[t - 1]) || seg_fit(&c, S, limits[t], dp, from, cut) == SIZE_MAX ||
             (best != SIZE_MAX && !memcmp(cut, best_cut, ((size_t)S + 1) * sizeof *cut)))
             continue;
         memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
         if (net_plan_activations(net, err)) goto done;
-        if (net->plan.activations < best) {
-            best = net->plan.activations;
+        const double area = plan_area(net);
+        if (net->plan.activations < best || (net->plan.activations == best && area < best_area)) {
+            best = net->plan.activations, best_area = area;
             memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
         }
     }
-    // Then moves single cuts by one layer while that shrinks the block.
+    // Then moves single cuts anywhere (a cut taken out, one put in at another node) while
+    // that shrinks the block: plans are cheap (resnet18: 51 nodes, 7 segments, some hundreds
+    // of plans in 0.1 s), and the best cuts of a segment of large tensors often lie several
+    // nodes from the model's.
     for (bool moved = true; moved;) {
         moved = false;
         for (int k = 1; k < S; k++)
-            for (int d = -1; d <= 1; d += 2) {
-                memcpy(cut, best_cut, ((size_t)S + 1) * sizeof *cut);
-                cut[k] += d;
-                if (cut[k] <= cut[k - 1] || cut[k] >= cut[k + 1]) continue;
+            for (int at = 1; at < n; at++) {
+                bool taken = false;
+                for (int m = 1; m < S; m++) taken |= best_cut[m] == at;
+                if (taken) continue;
+                int w = 0;  // best_cut without cut k, with `at`, in order
+                for (int m = 0; m <= S; m++) {
+                    if (m == k) continue;
+                    if (at < best_cut[m] && (w == 0 || cut[w - 1] < at)) cut[w++] = at;
+                    cut[w++] = best_cut[m];
+                }
                 memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
                 if (net_plan_activations(net, err)) goto done;
-                if (net->plan.activations < best) {
-                    best = net->plan.activations;
+                if (net->plan.activations > best) continue;
+                const double area = plan_area(net);
+                if (net->plan.activations < best || area < best_area) {
+                    best = net->plan.activations, best_area = area;
                     memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
                     moved = true;
                 }
@@ -574,7 +966,8 @@ static int net_segments(Net *net, int segments, Error *err) {
     memcpy(net->seg_first, best_cut, ((size_t)S + 1) * sizeof *cut);
     rc = net_plan_activations(net, err);
 done:
-    free(out), free(above), free(limits), free(dp), free(from), free(cut), free(best_cut);
+    free(out), free(kept), free(scratch), free(limits), free(dp), free(reach), free(from), free(cut);
+    free(best_cut);
     return rc;
 }
 
@@ -595,7 +988,7 @@ static bool within(const char *name, const char *what) {
 }
 
 // Marks the modules that opt->freeze names (and the batchnorms among them, with
-// freeze_stats), and finds the first top-level layer with a trained parameter.
+// freeze_stats), and finds the first node with a trained parameter.
 static int net_freeze(Net *net, const Cfg *cfg, const NetOptions *opt, Error *err) {
     for (int f = 0; f < opt->nfreeze; f++) {
         bool found = false;
@@ -610,16 +1003,9 @@ static int net_freeze(Net *net, const Cfg *cfg, const NetOptions *opt, Error *er
             return err_set(err, "%s: freeze names '%s', but the network has no layer of that name "
                                 "(see the table of layers ./train prints)", cfg->path, opt->freeze[f]);
     }
-    net->first_trained = net->nlayers;
-    for (int i = net->nmodules - 1; i >= 0; i--) {
-        const Layer *l = net->modules[i];
-        if (l->frozen || !l->nparams) continue;
-        for (int t = 0; t < net->nlayers; t++)  // the top-level layer that holds it
-            if (net->layers[t] == l || within(l->name, net->layers[t]->name)) {
-                if (t < net->first_trained) net->first_trained = t;
-                break;
-            }
-    }
+    net->first_trained = net->nnodes;
+    for (int j = net->nnodes - 1; j >= 0; j--)
+        if (node_trained(&net->nodes[j])) net->first_trained = j;
     return 0;
 }
 
@@ -630,13 +1016,17 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->input = input;
     net->batch = opt->batch;
     net->precision = opt->precision;
+    net->exec.precision = opt->precision;  // sweeps' scratch is planned by it
     net->gemm_reduced = opt->precision == DT_F16 || opt->tf32;
     if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
                 opt->batch, dtype_names[opt->precision]);
         goto fail;
     }
-    if (net_build_layers(net, cfg, input, classes, err) || net_freeze(net, cfg, opt, err)) goto fail;
+    if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
+        (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||
+        net_freeze(net, cfg, opt, err))
+        goto fail;
     net->nstates = opt->opt_states;
     net->state_names = opt->opt_state_names;
     for (int i = 0; i < net->nmodules; i++)
@@ -650,9 +1040,11 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net_layout_buffers(net, NULL);
     if (opt->plan_only) return 0;
 
-    net->acts = xcalloc((size_t)net->nlayers, sizeof *net->acts, err);
-    net->din = xcalloc((size_t)net->nlayers, sizeof *net->din, err);
-    if (!net->acts || !net->din) goto fail;
+    net->acts = xcalloc((size_t)net->nnodes, sizeof *net->acts, err);
+    net->grad = xcalloc((size_t)net->nnodes, sizeof *net->grad, err);
+    net->term = xcalloc((size_t)net->nnodes, sizeof *net->term, err);
+    net->scratch = xcalloc((size_t)net->nnodes, sizeof *net->scratch, err);
+    if (!net->acts || !net->grad || !net->term || !net->scratch) goto fail;
     if (!(net->params = device_block(k, net->plan.params, "parameter", err)) ||
         !(net->grads = device_block(k, net->plan.grads, "gradient", err)) ||
         !(net->optimizer = device_block(k, net->plan.optimizer, "optimizer state", err)) ||
@@ -694,11 +1086,15 @@ void net_free(Net *net) {
     for (int i = 0; i < net->nlayers; i++) layer_free(net->layers[i]);
     free(net->layers);
     free(net->modules);
+    free(net->nodes);
     free(net->acts);
-    free(net->din);
+    free(net->grad);
+    free(net->term);
+    free(net->scratch);
     free(net->seg_first);
     free(net->events);
     free(net->bufs);
+    free(net->nbuf);
     free(net->spans);
     memset(net, 0, sizeof *net);
 }
@@ -766,30 +1162,97 @@ static LayerCtx net_ctx(const Net *net, bool train, uint64_t seed, uint64_t step
                       .seed = seed, .step = step, .sample0 = sample0, .train = train};
 }
 
-// Layer i's input and output as stored: the network's input and output are F32.
-static Stored net_in(const Net *net, int i) {
-    if (i == 0) return (Stored){net->input_buf, true};
-    return (Stored){net->acts[i - 1], net->precision == DT_F32};
-}
-static Stored net_out(const Net *net, int i) {
-    return (Stored){net->acts[i], i == net->nlayers - 1 || net->precision == DT_F32};
+// Node p's output as stored (NODE_INPUT: the network's input); the network's input and
+// output are F32.
+static Stored node_out(const Net *net, int p) {
+    if (p == NODE_INPUT) return (Stored){net->input_buf, true};
+    return (Stored){net->acts[p], p == net->nnodes - 1 || net->precision == DT_F32};
 }
 
-static void forward_layer(Net *net, int i, const LayerCtx *ctx, int N) {
-    if (net->on_layer) net->on_layer(i, false);
-    exec_forward(ctx, net->layers[i], net_out(net, i), net_in(net, i), N);
+static Stored stored(const Net *net, void *p) { return (Stored){p, net->precision == DT_F32}; }
+
+// The probe's clock (Exec.costs): the device's queued work done first.
+static double net_clock(const Net *net) {
+    if (net->k->sync) net->k->sync();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double net_start(const Net *net) { return net->exec.costs ? net_clock(net) : 0; }
+
+// The probe charges node j's work since t0: a sweep's under its first member, the
+// elementwise work by its values (`values`).
+static void net_charge(const Net *net, int j, CallKind kind, int N, double t0) {
+    if (!net->exec.costs) return;
+    const NetNode *nd = &net->nodes[j];
+    const double s = net_clock(net) - t0;
+    if (nd->kind == NODE_SWEEP) cost_record(net->exec.costs, nd->chain[0], kind, N, s);
+    else cost_record(net->exec.costs, NULL, kind, (double)N * (double)shape_numel(nd->out), s);
+}
+
+static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
+    const NetNode *nd = &net->nodes[j];
+    const double t0 = net_start(net);
+    if (nd->kind == NODE_LEAF) {
+        exec_forward(ctx, nd->l, node_out(net, j), node_out(net, nd->in[0]), N);
+        return;  // timed by the executor
+    } else if (nd->kind == NODE_SWEEP) {
+        const Sweep sw = node_sweep(nd, net->scratch[j]);
+        exec_sweep_forward(ctx, &sw, node_out(net, j), node_out(net, nd->in[0]), N);
+    } else {
+        exec_add_act(ctx, node_out(net, j), node_out(net, nd->in[0]), node_out(net, nd->in[1]),
+                     shape_numel(nd->out), N, nd->act);
+    }
+    net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
+}
+
+// Node j's backward: a leaf's (its input gradient to where the plan routed it: its input's
+// gradient, or that gradient's second term), or a sum's: its output gradient through its
+// activation, in place, which its inputs then share as theirs.
+static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
+    const NetNode *nd = &net->nodes[j];
+    const Stored none = {NULL, true}, dout = j == net->nnodes - 1 ? (Stored){net->dlogp, true}
+                                                                   : stored(net, net->grad[j]);
+    const double t0 = net_start(net);
+    if (nd->kind == NODE_SUM) {
+        exec_act_backward(ctx, dout, node_out(net, j), shape_numel(nd->out), N, nd->act);
+        net_charge(net, j, CALL_SWEEP_BACKWARD, N, t0);
+        return;
+    }
+    // What backward does not read is not passed: its buffer may hold another's by now.
+    const unsigned reads = node_reads(nd);
+    const int p = nd->in[0], din = net->nbuf[j].din;
+    void *dst = din < 0 ? NULL : din == net->nbuf[p].term ? net->term[p] : net->grad[p];
+    if (nd->kind == NODE_SWEEP) {
+        const Sweep sw = node_sweep(nd, net->scratch[j]);
+        exec_sweep_backward(ctx, &sw, stored(net, dst), dout, node_out(net, p), N);
+        net_charge(net, j, CALL_SWEEP_BACKWARD, N, t0);
+        return;
+    }
+    exec_backward(ctx, nd->l, stored(net, dst), dout,
+                  reads & BACKWARD_READS_IN ? node_out(net, p) : none,
+                  reads & BACKWARD_READS_OUT ? node_out(net, j) : none, N);
 }
 
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
     net->k->gemm_reduced(net->gemm_reduced);
-    for (int i = 0; i < net->nlayers; i++) forward_layer(net, i, &ctx, N);
+    for (int j = 0; j < net->nnodes; j++) {
+        if (net->on_layer) net->on_layer(net->nodes[j].top, false);
+        forward_node(net, j, &ctx, N);
+    }
 }
 
 void net_loss(Net *net, int N, int denominator, bool grad) {
-    const Layer *out = net->layers[net->nlayers - 1];
+    const NetNode *out = &net->nodes[net->nnodes - 1];
+    const double t0 = net_start(net);
     net->k->nll_loss(grad ? net->dlogp : NULL, net->metrics, net_output(net), net->labels, N,
                      out->out.c, 1.0f / (float)denominator, net->scaler);
+    if (net->exec.costs) {
+        CallCost *c = &net->exec.costs->loss;
+        c->seconds += net_clock(net) - t0, c->samples += N, c->calls += 1;
+    }
 }
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
@@ -797,22 +1260,24 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
     net->k->gemm_reduced(net->gemm_reduced);
     LayerCtx redo = ctx;  // recomputations: the same dropout masks and batch statistics
     redo.recompute = true;
-    const int last = net->nlayers - 1;
-    const bool f32 = net->precision == DT_F32;
-    for (int e = net->nlayers + 1; e < net->nevents; e++) {
-        const int i = net->events[e].layer;
-        if (net->events[e].kind == EV_RECOMPUTE) {
-            forward_layer(net, i, &redo, N);
-            continue;
+    for (int e = net->nnodes + 1; e < net->nevents; e++) {
+        const Event ev = net->events[e];
+        if (net->on_layer) net->on_layer(net->nodes[ev.node].top, ev.kind != EV_RECOMPUTE);
+        switch (ev.kind) {
+        case EV_RECOMPUTE: forward_node(net, ev.node, &redo, N); break;
+        case EV_BACKWARD: backward_node(net, ev.node, &ctx, N); break;
+        case EV_GRAD_ADD: {
+            const double t0 = net_start(net);
+            const Stored g = stored(net, net->grad[ev.node]);
+            exec_add_act(&ctx, g, g, stored(net, net->term[ev.node]), shape_numel(net->nodes[ev.node].out),
+                         N, ACT_NONE);
+            if (net->exec.costs)
+                cost_record(net->exec.costs, NULL, CALL_FORWARD, (double)N * (double)shape_numel(net->nodes[ev.node].out),
+                            net_clock(net) - t0);
+            break;
         }
-        // What backward does not read is not passed: its buffer may hold another's by now.
-        const unsigned reads = layer_backward_reads(net->layers[i]);
-        const Stored none = {NULL, true};
-        const Stored dout = i == last ? (Stored){net->dlogp, true} : (Stored){net->din[i + 1], f32};
-        if (net->on_layer) net->on_layer(i, true);
-        exec_backward(&ctx, net->layers[i], (Stored){net->din[i], f32}, dout,
-                      reads & BACKWARD_READS_IN ? net_in(net, i) : none,
-                      reads & BACKWARD_READS_OUT ? net_out(net, i) : none, N);
+        default: break;
+        }
     }
 }
 

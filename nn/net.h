@@ -7,8 +7,12 @@
 // and backward only use these blocks.
 //
 // The network is a sequence of top-level layers; a container (a residual block) is one of
-// them and owns inner layers (DESIGN.md decision 11). `modules` lists every layer, inner
-// ones included, in state_dict order: parameters, buffers and checkpoints follow it.
+// them and owns inner layers (DESIGN.md decision 11, as revised: see README's design
+// section). `modules` lists every layer, inner ones included, in state_dict order:
+// parameters, buffers and checkpoints follow it. A step computes with nodes: every leaf
+// layer, and the sums containers expand into (layer.h NetNode), in a topological order;
+// the schedule, the activation plan and checkpoint segments are over nodes, so a segment
+// may begin inside a block and a cheap node (jit) may be recomputed instead of kept.
 #ifndef NN_NET_H
 #define NN_NET_H
 
@@ -46,8 +50,12 @@ typedef struct NetOptions {
     DType precision;  // DT_F32, or DT_F16: activations and their gradients stored as IEEE
                       // halves, computed in fp32 (DESIGN.md decision 4)
     int segments;     // activation checkpointing (decision 6): 0 or 1 = none; S > 1 splits
-                      // the layers into S segments; NET_SEGMENTS_SQRT = round(sqrt(layers))
+                      // the nodes into S segments; NET_SEGMENTS_SQRT = round(sqrt(nodes))
     bool plan_only;   // compute net->plan and allocate nothing (./train --plan)
+    bool sweep;          // chains of cheap per-sample layers (and the stem convolution) run
+                         // as sweeps over chunks of samples (nn/exec.h): checkpointing's
+                         // recomputation below the layer (the trainer sets it with segments)
+    size_t sweep_bytes;  // the scratch a sweep's chunk may take, which sets its samples (0: 8 MB)
     bool tf32;        // GEMM inputs rounded to 10 mantissa bits in fp32 too (Kernels.gemm_reduced)
     // Optimizer state tensors kept per trained parameter (optim_nstates) and their names.
     int opt_states;
@@ -64,13 +72,15 @@ typedef struct NetOptions {
 
 enum { NET_LOSS, NET_CORRECT, NET_METRICS };
 
-// The step's schedule: every layer's forward (events 0 .. nlayers - 1), the loss (event
-// nlayers), then backward: per segment from the last, the recomputation of its layers
-// (checkpointing) and the backward of each.
-typedef enum EventKind { EV_FORWARD, EV_LOSS, EV_RECOMPUTE, EV_BACKWARD } EventKind;
+// The step's schedule: every node's forward (events 0 .. nnodes - 1), the loss (event
+// nnodes), then backward: per segment from the last, the recomputation of its nodes
+// (checkpointing) and the backward of each, with a jit node recomputed before the first
+// backward that reads its output, and EV_GRAD_ADD where a node's output gradient gets a
+// second term (a block's input: the shortcut's and conv1's).
+typedef enum EventKind { EV_FORWARD, EV_LOSS, EV_RECOMPUTE, EV_BACKWARD, EV_GRAD_ADD } EventKind;
 typedef struct Event {
     EventKind kind;
-    int layer;
+    int node;
 } Event;
 
 // A buffer of the activation block (the input, a layer's output or inner activations, an
@@ -84,31 +94,41 @@ typedef struct ActBuffer {
     int span0, nspans;     // its spans: spans[span0 .. span0 + nspans)
 } ActBuffer;
 
+// The activation buffers of a node (ids of Net.bufs; -1: none): its output (a sum's may
+// be its first input's), its output gradient (nodes may share one), the second term of
+// that gradient, and where its backward writes its input gradient (a leaf's).
+typedef struct NodeBufs {
+    int out, grad, term, din;
+} NodeBufs;
+
 typedef struct Net {
     const Kernels *k;
     Layer **layers;  // the top-level layers: host structs whose tensors point into the blocks
     int nlayers;
     Layer **modules;  // every layer, containers' children after their container (pre-order)
     int nmodules;
+    NetNode *nodes;   // what a step computes, in order: leaves and sums (layer.h)
+    int nnodes;
     Shape input;
     int batch;        // the largest N that forward/backward accept
     DType precision;  // of activations and activation gradients (the output is always F32)
     bool gemm_reduced;  // Kernels.gemm_reduced during forward and backward: fp16 or tf32
     int nsegments;    // checkpoint segments (1: none)
-    int *seg_first;   // (nsegments + 1): segment s is layers seg_first[s] .. seg_first[s+1]-1
+    int *seg_first;   // (nsegments + 1): segment s is nodes seg_first[s] .. seg_first[s+1]-1
     Exec exec;        // precision, the fp16 chunk and scratch
     size_t scratch_bytes;  // the fp16 scratch at the start of the workspace block
     int64_t nparams;  // scalars in all parameter tensors
     int64_t ntrain;   // of them, in trained (not frozen) tensors
     int nstates;      // optimizer state tensors per trained parameter
     const char *const *state_names;  // their names ("square_avg", ...)
-    int first_trained;  // the first top-level layer with a trained parameter: backward
-                        // stops there (nlayers when everything is frozen)
+    int first_trained;  // the first node with a trained parameter: backward stops there
+                        // (nnodes when everything is frozen)
     MemPlan plan;
     Event *events;  // the schedule of a step
     int nevents;
     ActBuffer *bufs;  // the activation block's buffers and their spans
     int nbufs;
+    NodeBufs *nbuf;   // (nnodes) each node's buffers
     ActSpan *spans;
     int nspans;
 
@@ -122,19 +142,23 @@ typedef struct Net {
     void *workspace;        // the fp16 scratch, then layer_workspace
     void *layer_workspace;  // what layers get as LayerCtx.workspace
     float *input_buf;  // (batch, H, W, C) F32: the batch to forward
-    void **acts;       // acts[i]: (batch, layers[i]->out) output of layer i, in precision;
-                       // the last layer's (the log-probabilities) is F32. Valid while the
+    void **acts;       // acts[j]: (batch, nodes[j].out) output of node j, in precision; the
+                       // last node's (the log-probabilities) is F32. Valid while the
                        // schedule has it live: the output after the step, an output that
-                       // no backward reads only until the next layer's forward
-    void **din;        // din[i]: (batch, layers[i]->in) where layer i's backward writes its
-                       // input gradient, in precision (NULL: none; an in-place layer's is
-                       // its successor's)
+                       // no backward reads only until its consumers' forward
+    void **grad;       // grad[j]: (batch, nodes[j].out) the gradient of node j's output, in
+                       // precision (NULL: not needed); nodes may share one (an in-place
+                       // backward, a sum passing its gradient on)
+    void **term;       // term[j]: where a second term of grad[j] is written before
+                       // EV_GRAD_ADD adds it (NULL: none)
+    void **scratch;    // scratch[j]: a sweep's (exec_sweep_bytes), during its own events
     float *dlogp;        // (batch, classes) F32: the loss gradient
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to them)
     ScalerState *scaler; // the loss scaler's state (nn/scaler.h): its scale multiplies the loss
                          // gradient; {scale 1} from net_create, the trainer's with fp16
-    // Called as layer i's forward or backward begins (nn/profile.h); NULL: nothing.
+    // Called as each event of a step begins, with the top-level layer of its node and
+    // whether it belongs to backward (nn/profile.h); NULL: nothing.
     void (*on_layer)(int layer, bool backward);
 } Net;
 
@@ -162,9 +186,9 @@ static inline float *net_opt_state(const Net *net, const float *g, int s) {
 }
 
 // Forward of N samples from net->input_buf; the output (log-probabilities) is
-// net->acts[nlayers - 1]. step and sample0 key the dropout masks (see LayerCtx).
+// net->acts[nnodes - 1]. step and sample0 key the dropout masks (see LayerCtx).
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0);
-static inline float *net_output(const Net *net) { return (float *)net->acts[net->nlayers - 1]; }
+static inline float *net_output(const Net *net) { return (float *)net->acts[net->nnodes - 1]; }
 
 // NLL loss of the output against net->labels, mean over `denominator` samples:
 // adds to net->metrics and, if grad, writes the output gradient, times the loss scale of

@@ -168,8 +168,8 @@ static void w_global_avgpool_forward(float *out, const float *in, int N, int64_t
 static void w_global_avgpool_backward(float *din, const float *dout, int N, int64_t HW, int C) {
     TIMED(K_POOL, P.inner->global_avgpool_backward(din, dout, N, HW, C));
 }
-static void w_bn_sums(double *acc, const float *x, int64_t rows, int C) {
-    TIMED(K_NORM, P.inner->bn_sums(acc, x, rows, C));
+static void w_bn_sums(double *acc, const float *x, int64_t rows, int64_t sample_rows, int C) {
+    TIMED(K_NORM, P.inner->bn_sums(acc, x, rows, sample_rows, C));
 }
 static void w_bn_batch_stats(float *mean, float *invstd, float *rm, float *rv, const double *acc, int C,
                              int64_t count, double eps, double momentum) {
@@ -185,8 +185,8 @@ static void w_bn_forward(float *out, const float *x, const float *mean, const fl
 }
 static void w_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
                                const float *invstd, const float *gamma, const float *beta, int64_t rows,
-                               int C, Activation act) {
-    TIMED(K_NORM, P.inner->bn_backward_sums(acc, dout, x, mean, invstd, gamma, beta, rows, C, act));
+                               int64_t sample_rows, int C, Activation act) {
+    TIMED(K_NORM, P.inner->bn_backward_sums(acc, dout, x, mean, invstd, gamma, beta, rows, sample_rows, C, act));
 }
 static void w_bn_backward(float *din, const float *dout, const float *x, const float *mean,
                           const float *invstd, const float *gamma, const float *beta, const double *acc,

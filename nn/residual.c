@@ -7,19 +7,11 @@
 // batchnorm. The children carry torchvision's names under the block's: layer2.0.conv1,
 // layer2.0.bn1, layer2.0.conv2, layer2.0.bn2, layer2.0.downsample.0, layer2.0.downsample.1.
 //
-// Storage (the network plans both, in its precision):
-//   inner          kept from forward to backward: c1 = conv1(x) and c2 = conv2(r1), each
-//                  (N, out). bn2's output goes straight into out, where the sum replaces it.
-//   scratch        A (N, out) and B (N, max(out, in)): in forward the downsample's conv
-//                  output d1 (B) and batchnorm output (A), in backward the chain of
-//                  gradients.
-// r1 = bn1(c1) with ReLU, conv2's input, is not kept: forward writes it into out, which bn2
-// overwrites after conv2 has read it, and backward, once it has read out (the sum's ReLU)
-// and nobody needs out any more, recomputes it there from c1 with the forward's batch
-// statistics (LayerCtx.recompute). d1 is not kept either: backward recomputes it into out
-// (from x, a 1x1 convolution) once bn1's backward is done with r1. The same bits, for one
-// batchnorm pass and one 1x1 convolution, and two activations stored per block instead of
-// three or four (resnet18 at batch 32: 838 -> 720 MB of activations).
+// It computes as nodes (LayerOps.expand): conv1, bn1 (with ReLU), conv2, bn2, the shortcut's
+// downsample.0 and .1 when it has them, and the sum with its ReLU. r1 = bn1(c1) and the
+// downsample's convolution output d1 are cheap to recompute (a batchnorm pass with the
+// forward's statistics; a 1x1 convolution), so they are marked jit: the network keeps c1
+// and x and computes them again where a backward reads them, instead of keeping them.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,64 +91,19 @@ fail:
     return -1;
 }
 
-static size_t residual_inner_bytes(const Layer *l, DType precision) {
-    return 2 * (size_t)shape_numel(l->out) * dtype_sizes[precision];
-}
-
-static int64_t residual_scratch_values(const Layer *l) {
-    const int64_t o = shape_numel(l->out), i = shape_numel(l->in);
-    return o + (o > i ? o : i);
-}
-
-// The inner activations of N samples: c1, then c2.
-static void *inner_at(const Layer *l, const LayerCtx *ctx, int which, int N) {
-    return (char *)l->inner + layer_stored_bytes(ctx, (int64_t)which * N * shape_numel(l->out));
-}
-
-static void residual_forward(Layer *l, const LayerCtx *ctx, void *out, const void *in, int N) {
+static int residual_expand(Layer *l, NodeList *nl, int in, Error *err) {
     const Residual *r = (const Residual *)l;
-    void *c1 = inner_at(l, ctx, 0, N), *c2 = inner_at(l, ctx, 1, N), *r1 = out;
-    layer_run_forward(ctx, r->conv1, c1, in, N);
-    layer_run_forward(ctx, r->bn1, r1, c1, N);
-    layer_run_forward(ctx, r->conv2, c2, r1, N);
-    layer_run_forward(ctx, r->bn2, out, c2, N);
-    const void *shortcut = in;
+    const int c1 = node_leaf(nl, r->conv1, in, false, err);
+    const int b1 = c1 < 0 ? -1 : node_leaf(nl, r->bn1, c1, true, err);
+    const int c2 = b1 < 0 ? -1 : node_leaf(nl, r->conv2, b1, false, err);
+    const int b2 = c2 < 0 ? -1 : node_leaf(nl, r->bn2, c2, false, err);
+    if (b2 < 0) return -1;
+    int shortcut = in;
     if (r->downsample) {
-        void *a = l->scratch, *d1 = (char *)a + layer_stored_bytes(ctx, N * shape_numel(l->out));
-        layer_run_forward(ctx, r->ds_conv, d1, in, N);
-        layer_run_forward(ctx, r->ds_bn, a, d1, N);
-        shortcut = a;
+        const int d1 = node_leaf(nl, r->ds_conv, in, true, err);
+        if (d1 < 0 || (shortcut = node_leaf(nl, r->ds_bn, d1, false, err)) < 0) return -1;
     }
-    layer_run_add_act(ctx, out, out, shortcut, shape_numel(l->out), N, ACT_RELU);
-}
-
-// bn2 and the shortcut's batchnorm have no activation, so the `out` they are given (the
-// block's, by then r1) is not read; their backward leaves dout as it is, so the sum's
-// gradient serves both paths. din is NULL when the block is the first layer that learns
-// (the layers before it are frozen). out holds r1, then d1, afterwards (LayerOps.run_backward).
-static void residual_backward(Layer *l, const LayerCtx *ctx, void *din, void *dout,
-                              const void *in, void *out, int N) {
-    const Residual *r = (const Residual *)l;
-    const int64_t no = shape_numel(l->out);
-    void *c1 = inner_at(l, ctx, 0, N), *c2 = inner_at(l, ctx, 1, N), *r1 = out;
-    void *a = l->scratch, *b = (char *)a + layer_stored_bytes(ctx, N * no);
-    layer_run_act_backward(ctx, dout, out, no, N, ACT_RELU);  // the gradient of the sum
-    LayerCtx redo = *ctx;  // r1 (and d1) again, as the forward made them
-    redo.recompute = true;
-    layer_run_forward(&redo, r->bn1, r1, c1, N);
-    layer_run_backward(ctx, r->bn2, a, dout, c2, out, N);
-    layer_run_backward(ctx, r->conv2, b, a, r1, c2, N);
-    layer_run_backward(ctx, r->bn1, a, b, c1, r1, N);
-    layer_run_backward(ctx, r->conv1, din ? b : NULL, a, in, c1, N);
-    if (r->downsample) {  // d1 again, in out (r1 is done with)
-        void *d1 = out;
-        layer_run_forward(&redo, r->ds_conv, d1, in, N);
-        layer_run_backward(ctx, r->ds_bn, a, dout, d1, d1, N);
-        layer_run_backward(ctx, r->ds_conv, din, a, in, d1, N);
-        if (din) layer_run_add_act(ctx, din, din, b, shape_numel(l->in), N, ACT_NONE);
-    } else if (din) {
-        layer_run_add_act(ctx, din, b, dout, shape_numel(l->in), N, ACT_NONE);
-    }
+    return node_sum(nl, b2, shortcut, ACT_RELU, err);
 }
 
 const LayerOps residual_ops = {
@@ -165,8 +112,5 @@ const LayerOps residual_ops = {
     .keys = residual_keys,
     .nkeys = sizeof residual_keys / sizeof residual_keys[0],
     .create = residual_create,
-    .run_forward = residual_forward,
-    .run_backward = residual_backward,
-    .inner_bytes = residual_inner_bytes,
-    .scratch_values = residual_scratch_values,
+    .expand = residual_expand,
 };

@@ -789,14 +789,48 @@ static void test_avgpool(void **state) {
 // Batch normalisation's kernels: the sums (double, in another order: within 1e-12 of the
 // CPU's, relative to the sum of magnitudes); given the same sums, the statistics, the
 // normalisation, its gradient and the parameter gradients bit for bit.
+// bn_sums (dout.cpu NULL) or bn_backward_sums over consecutive chunks of 1, 3 and the rest
+// of the samples (of sample_rows rows) give, on each backend, the bits of its one call (ac:
+// the CPU's, ag: the GPU's): a sweep's batchnorm, chunk by chunk, normalises as the whole
+// batch would.
+static void expect_chunked_sums(const char *what, Buf acc, Buf bx, Buf dout, Buf mean,
+                                Buf invstd, Buf g, Buf b, int64_t rows, int64_t sample_rows, int ch,
+                                Activation act, const double *ac, const double *ag) {
+    const int64_t samples = rows / sample_rows;
+    if (samples < 2) return;
+    double *hc = xmalloc(16 * (size_t)ch), *hg = xmalloc(16 * (size_t)ch);
+    BOTH(k->zero(P(acc), 16 * (size_t)ch));
+    const int64_t chunks[] = {1, 3, samples};
+    for (int64_t s0 = 0, i = 0; s0 < samples; s0 += chunks[i < 2 ? i++ : 2]) {
+        int64_t n = chunks[i < 2 ? i : 2];
+        if (s0 + n > samples) n = samples - s0;
+        const int64_t off = s0 * sample_rows * ch * (int64_t)sizeof(float);
+        if (!dout.cpu) {
+            C->bn_sums(acc.cpu, (const float *)((char *)bx.cpu + off), n * sample_rows, sample_rows, ch);
+            G->bn_sums(acc.gpu, (const float *)((char *)bx.gpu + off), n * sample_rows, sample_rows, ch);
+        } else {
+            C->bn_backward_sums(acc.cpu, (const float *)((char *)dout.cpu + off), (const float *)((char *)bx.cpu + off),
+                                 mean.cpu, invstd.cpu, g.cpu, b.cpu, n * sample_rows, sample_rows, ch, act);
+            G->bn_backward_sums(acc.gpu, (const float *)((char *)dout.gpu + off), (const float *)((char *)bx.gpu + off),
+                                 mean.gpu, invstd.gpu, g.gpu, b.gpu, n * sample_rows, sample_rows, ch, act);
+        }
+    }
+    buf_fetch(acc, hc, hg);
+    if (memcmp(hc, ac, 16 * (size_t)ch)) fail_msg("%s: the CPU's sums in chunks differ from one call's", what);
+    if (memcmp(hg, ag, 16 * (size_t)ch)) fail_msg("%s: the GPU's sums in chunks differ from one call's", what);
+    free(hc), free(hg);
+}
+
 static void test_batchnorm(void **state) {
     NEED_GPU();
     rng_seed(10);
-    // rows, C: 40,000 rows are 39 slabs of the column sums, 70,000 the most (64)
-    static const int shapes[][2] = {{1568, 128}, {3, 5}, {401, 70}, {2, 1}, {40000, 24}, {70000, 3}};
+    // rows, C, rows a sample: a sample of 10,000 rows is 10 units of the column sums, the
+    // 70,000 rows of a sample of 70,000 are 69
+    static const int shapes[][3] = {{1568, 128, 49}, {3, 5, 1}, {401, 70, 401}, {2, 1, 1},
+                                    {40000, 24, 10000}, {70000, 3, 70000}};
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
         for (int act = 0; act < ACT_COUNT; act++) {
-            const int64_t rows = shapes[t][0], n = rows * shapes[t][1];
+            const int64_t rows = shapes[t][0], n = rows * shapes[t][1], sr = shapes[t][2];
             const int Cc = shapes[t][1];
             float *x = rand_floats(n, -2, 3), *dy = rand_floats_zeros(n);
             float *gamma = rand_floats(Cc, 0.5f, 1.5f), *beta = rand_floats(Cc, -0.5f, 0.5f);
@@ -809,7 +843,7 @@ static void test_batchnorm(void **state) {
                    *ag = xmalloc(16 * (size_t)Cc);
             Buf bx = buf_from(x, n * 4), acc = buf_from(acc0, 16 * (size_t)Cc);
             // The sums of x and x^2.
-            BOTH(k->bn_sums(P(acc), P(bx), rows, Cc));
+            BOTH(k->bn_sums(P(acc), P(bx), rows, sr, Cc));
             buf_fetch(acc, ac, ag);
             for (int c = 0; c < 2 * Cc; c++) {
                 double mag = 0;
@@ -820,6 +854,9 @@ static void test_batchnorm(void **state) {
                 if (!(fabs(ac[c] - ag[c]) <= 1e-12 * mag))
                     fail_msg("%s: bn_sums[%d] cpu %.17g gpu %.17g", what, c, ac[c], ag[c]);
             }
+            // In chunks of 1, 3 and the rest of the samples, each backend sums to its own bits.
+            expect_chunked_sums(what, acc, bx, (Buf){0}, (Buf){0}, (Buf){0}, (Buf){0}, (Buf){0}, rows, sr,
+                                Cc, ACT_NONE, ac, ag);
             // The statistics from the CPU's sums, on both.
             Buf csum = buf_from(ac, 16 * (size_t)Cc), mean = buf_poison(Cc * 4), invstd = buf_poison(Cc * 4),
                 brm = buf_from(rm, Cc * 4), brv = buf_from(rv, Cc * 4), g = buf_from(gamma, Cc * 4),
@@ -840,9 +877,10 @@ static void test_batchnorm(void **state) {
             expect_same_f32(hc, hg, n, what);
             // The backward sums, then the gradients from the CPU's sums.
             BOTH(k->zero(P(acc), 16 * (size_t)Cc));
-            BOTH(k->bn_backward_sums(P(acc), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), rows, Cc,
+            BOTH(k->bn_backward_sums(P(acc), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), rows, sr, Cc,
                                      (Activation)act));
             buf_fetch(acc, ac, ag);
+            expect_chunked_sums(what, acc, bx, dout, mean, invstd, g, b, rows, sr, Cc, (Activation)act, ac, ag);
             for (int c = 0; c < 2 * Cc; c++) {
                 double mag = 0;
                 for (int64_t r = 0; r < rows; r++) mag += fabs(dy[r * Cc + c % Cc]) * (c < Cc ? 1 : 10);
@@ -1275,7 +1313,7 @@ static void make_net(Net *net, const Kernels *k, DType precision, int batch, int
     Cfg cfg;
     Error err = {{0}};
     if (cfg_parse(&cfg, g_step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
-    NetOptions opt = {.batch = batch, .precision = precision, .segments = segments};
+    NetOptions opt = {.batch = batch, .precision = precision, .segments = segments, .sweep = segments != 0};
     optim_plan(&adadelta, &opt);
     if (net_create(net, &cfg, step_input, STEP_CLASSES, &opt, k, &err))
         fail_msg("net_create on %s: %s", k->name, err.msg);

@@ -37,6 +37,7 @@
 #define FD_H 1e-6
 #define FWD_TOL 1e-5   // forward: max abs error / max |reference|
 #define GRAD_TOL 1e-4  // backward: max abs error / max(1, max |gradient|)
+#define MAXNODES 8
 #define MAXP 16  // parameter tensors of a layer and its children
 
 // The CPU table's chunk_bytes (nn/cpu_kernels.c): the im2col workspace of one chunk of
@@ -107,8 +108,10 @@ struct Case {
     float *out_fwd;  // the forward's out: a backward may use out as scratch (LayerOps)
     void *ws;
     Exec exec;     // fp32: the layer runs as the network runs it (batch passes, children)
-    void *mem[3 * MAXP];  // buffers, state, inner activations, block scratch
+    void *mem[3 * MAXP];  // buffers, state, inner activations
     int nmem;
+    NodeList nl;  // a container's nodes, their outputs and output gradients (case_expand)
+    float *node_out[MAXNODES], *node_grad[MAXNODES];
     // What the reference sees; finite differences perturb these.
     double *x, *w[MAXP], *R;
 };
@@ -163,6 +166,22 @@ static size_t case_workspace(const Layer *l, int N) {
     return w;
 }
 
+// A container's nodes (LayerOps.expand), each with an output and an output gradient of
+// its own (fp32), and the inner activations of its leaves.
+static void case_expand(Case *c) {
+    Error err = {{0}};
+    c->nl = (NodeList){.input = c->l->in};
+    if (c->l->ops->expand(c->l, &c->nl, NODE_INPUT, &err) < 0) fail_msg("expand: %s", err.msg);
+    assert_true(c->nl.n <= MAXNODES);
+    for (int j = 0; j < c->nl.n; j++) {
+        const size_t bytes = (size_t)c->N * (size_t)shape_numel(c->nl.node[j].out) * sizeof(float);
+        c->node_out[j] = xmalloc(bytes);
+        c->node_grad[j] = xmalloc(bytes);
+        const Layer *l = c->nl.node[j].l;
+        if (l && l->ops->inner_bytes) c->nl.node[j].l->inner = xmalloc((size_t)c->N * l->ops->inner_bytes(l, DT_F32));
+    }
+}
+
 static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, int N) {
     memset(c, 0, sizeof *c);
     c->l = layer_from_text(ops, text, in);
@@ -182,13 +201,18 @@ static void case_init(Case *c, const LayerOps *ops, const char *text, Shape in, 
     c->ws = xmalloc(case_workspace(c->l, N));
     c->exec.precision = DT_F32;
     if (c->l->ops->inner_bytes) c->l->inner = case_mem(c, (size_t)N * c->l->ops->inner_bytes(c->l, DT_F32));
-    if (c->l->ops->scratch_values)
-        c->l->scratch = case_mem(c, (size_t)N * c->l->ops->scratch_values(c->l) * sizeof(float));
+    if (c->l->ops->expand) case_expand(c);
 }
 
 static void case_free(Case *c) {
     void *bufs[] = {c->in, c->din, c->x, c->out, c->out_fwd, c->dout, c->rf, c->R, c->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (int j = 0; j < c->nl.n; j++) {
+        free(c->node_out[j]);
+        free(c->node_grad[j]);
+        if (c->nl.node[j].l) free(c->nl.node[j].l->inner);
+    }
+    free(c->nl.node);
     for (int i = 0; i < c->nmem; i++) free(c->mem[i]);
     for (int i = 0; i < MAXP; i++) {
         free(c->p[i]);
@@ -239,14 +263,60 @@ static LayerCtx case_ctx(const Case *c) {
                       .step = 0, .sample0 = 0, .train = true};
 }
 
+static Stored f32(const void *p) { return (Stored){(void *)p, true}; }
+
+// A container's node p's output (NODE_INPUT: the case's input).
+static const float *node_value(const Case *c, int p) { return p == NODE_INPUT ? c->in : c->node_out[p]; }
+
 // The layer's forward and backward as the network runs them (exec.h): with its batch
-// passes (batchnorm), or as a container running its children.
+// passes (batchnorm); a container as its nodes, forward in order and backward in reverse,
+// the gradient of each node's output summed over the nodes that read it.
 static void case_forward(const Case *c, const LayerCtx *ctx, float *out, const float *in) {
-    exec_forward(ctx, c->l, (Stored){out, true}, (Stored){(void *)in, true}, c->N);
+    if (!c->l->ops->expand) {
+        exec_forward(ctx, c->l, f32(out), f32(in), c->N);
+        return;
+    }
+    for (int j = 0; j < c->nl.n; j++) {
+        const NetNode *n = &c->nl.node[j];
+        if (n->l) exec_forward(ctx, n->l, f32(c->node_out[j]), f32(node_value(c, n->in[0])), c->N);
+        else exec_add_act(ctx, f32(c->node_out[j]), f32(node_value(c, n->in[0])),
+                          f32(node_value(c, n->in[1])), shape_numel(n->out), c->N, n->act);
+    }
+    memcpy(out, c->node_out[c->nl.n - 1], (size_t)c->nout * sizeof(float));
 }
+
+// grad (of node p, or din for NODE_INPUT) += v, n values.
+static void add_into(const Case *c, float *din, int p, const float *v, int64_t n) {
+    float *g = p == NODE_INPUT ? din : c->node_grad[p];
+    if (!g) return;
+    for (int64_t i = 0; i < n; i++) g[i] += v[i];
+}
+
 static void case_backward(const Case *c, const LayerCtx *ctx, float *din, float *dout) {
-    exec_backward(ctx, c->l, (Stored){din, true}, (Stored){dout, true}, (Stored){c->in, true},
-                  (Stored){c->out, true}, c->N);
+    if (!c->l->ops->expand) {
+        exec_backward(ctx, c->l, f32(din), f32(dout), f32(c->in), f32(c->out), c->N);
+        return;
+    }
+    const int last = c->nl.n - 1;
+    for (int j = 0; j < last; j++)
+        memset(c->node_grad[j], 0, (size_t)c->N * (size_t)shape_numel(c->nl.node[j].out) * sizeof(float));
+    memcpy(c->node_grad[last], dout, (size_t)c->nout * sizeof(float));
+    if (din) memset(din, 0, (size_t)c->nin * sizeof(float));
+    for (int j = last; j >= 0; j--) {
+        const NetNode *n = &c->nl.node[j];
+        const int64_t values = (int64_t)c->N * shape_numel(n->out);
+        if (!n->l) {
+            exec_act_backward(ctx, f32(c->node_grad[j]), f32(c->node_out[j]), shape_numel(n->out), c->N, n->act);
+            for (int k = 0; k < 2; k++) add_into(c, din, n->in[k], c->node_grad[j], values);
+            continue;
+        }
+        const int64_t nin = (int64_t)c->N * shape_numel(n->l->in);
+        float *d = xmalloc((size_t)nin * sizeof(float));
+        exec_backward(ctx, n->l, f32(d), f32(c->node_grad[j]), f32(node_value(c, n->in[0])),
+                      f32(c->node_out[j]), c->N);
+        add_into(c, din, n->in[0], d, nin);
+        free(d);
+    }
 }
 
 // Fails if max |got - want| > tol * max(floor, max |want|).
@@ -382,7 +452,7 @@ static void check_backward(Case *c) {
     }
     // The first layer of a network gets din = NULL: parameter gradients are still made.
     // (A container is never the first layer.)
-    if (np > 0 && !c->l->ops->run_backward) {
+    if (np > 0 && !c->l->ops->expand) {
         for (int j = 0; j < np; j++) memset(c->g[j], 0, (size_t)c->np[j] * sizeof(float));
         run_backward(c, NULL);
         for (int j = 0; j < np; j++)
@@ -1078,6 +1148,44 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     case_free(&c);
 }
 
+// The batch sums go sample after sample (kernels.h): over consecutive chunks of 1, 3 and
+// the rest of the samples they give one call's bits, for x's sums and backward's (with and
+// without ReLU), at sample sizes of one row (BatchNorm1d), a few, and more than a block's.
+static void test_batchnorm_sums_chunked(void **state) {
+    static const int shapes[][3] = {{9, 5, 1}, {7, 70, 49}, {5, 16, 12544}, {6, 130, 2100}};  // samples, C, rows
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        const int N = shapes[t][0], C = shapes[t][1];
+        const int64_t sr = shapes[t][2], rows = N * sr, n = rows * C;
+        rng_seed(77 + t);
+        float *x = xmalloc((size_t)n * sizeof(float)), *dy = xmalloc((size_t)n * sizeof(float));
+        float *st = xmalloc(4 * (size_t)C * sizeof(float));
+        fill_uniform(x, n, -2, 3);
+        fill_uniform(dy, n, -1, 1);
+        fill_uniform(st, 4 * (int64_t)C, 0.5, 1.5);  // mean, invstd, gamma, beta
+        for (int pass = 0; pass < 3; pass++) {  // x's sums; backward's, ReLU and none
+            double *one = calloc(2 * (size_t)C, sizeof(double)), *chunked = calloc(2 * (size_t)C, sizeof(double));
+            assert_true(one && chunked);
+            const Activation act = pass == 1 ? ACT_RELU : ACT_NONE;
+            for (int way = 0; way < 2; way++)
+                for (int64_t s0 = 0, i = 0; s0 < N;) {
+                    int64_t k = way == 0 ? N : i == 0 ? 1 : i == 1 ? 3 : N;
+                    if (s0 + k > N) k = N - s0;
+                    i++;
+                    double *acc = way ? chunked : one;
+                    const float *xs = x + s0 * sr * C, *ds = dy + s0 * sr * C;
+                    if (pass == 0) cpu_kernels.bn_sums(acc, xs, k * sr, sr, C);
+                    else cpu_kernels.bn_backward_sums(acc, ds, xs, st, st + C, st + 2 * C, st + 3 * C, k * sr, sr, C, act);
+                    s0 += k;
+                }
+            if (memcmp(one, chunked, 2 * (size_t)C * sizeof(double)))
+                fail_msg("batchnorm sums, %d samples of %lld rows, C = %d, pass %d: chunks differ from one call",
+                         N, (long long)sr, C, pass);
+            free(one), free(chunked);
+        }
+        free(x), free(dy), free(st);
+    }
+}
+
 static void test_batchnorm(void **state) {
     check_batchnorm(4, 3, 3, 2, false, 330);  // BatchNorm2d: statistics over samples and pixels
     check_batchnorm(3, 5, 2, 2, true, 331);   // with a ReLU after it
@@ -1489,6 +1597,7 @@ int main(void) {
         cmocka_unit_test(test_global_avgpool),
         cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_batchnorm_sums_chunked),
         cmocka_unit_test(test_flatten_permutation),
         cmocka_unit_test(test_log_softmax),
         cmocka_unit_test(test_dropout),

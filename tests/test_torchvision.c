@@ -71,7 +71,7 @@ static double max_diff(const float *got, const float *want, int64_t n, double *b
     return d;
 }
 
-static const float *fc_out(const Net *net) { return (const float *)net->acts[net->nlayers - 2]; }
+static const float *fc_out(const Net *net) { return (const float *)net->acts[net->nnodes - 2]; }
 
 // The cfg network for S x S images with the reference weights, and the images of tensor
 // `images` (N, 3, S, S) of x in its input (N, S, S, 3), and the labels.

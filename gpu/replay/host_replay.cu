@@ -225,38 +225,43 @@ static void replay_global_avgpool_backward(float *din, const float *dout, int N,
 static void replay_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
     for (int64_t i = 0; i < n; i++) add_act_at(i, out, a, b, act == ACT_RELU);
 }
-// The kernels' algorithm: for each slab the same lane sums and the same tree per
-// channel, and the slabs added in order.
+// The kernels' algorithm: for each unit of each sample the same lane sums and the same
+// tree per channel, and the units added in order, as many at a time as a launch takes.
 static void replay_bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s,
-                                  int64_t rows, int C, bool relu) {
-    if (rows <= 0) return;
-    const int slabs = slab_count(rows, 2 * C, sizeof(double));
-    for (int j = 0; j < slabs; j++)
-        for (int c = 0; c < C; c++) {
-            double p1[BB_ROWS], p2[BB_ROWS];
-            const int64_t r0 = slab_start(rows, slabs, j), r1 = slab_start(rows, slabs, j + 1);
-            for (int ty = 0; ty < BB_ROWS; ty++)
-                bn_lane_sums(x, dout, s, r0, r1, C, c, ty, relu, &p1[ty], &p2[ty]);
-            for (int half = BB_ROWS / 2; half > 0; half /= 2)
-                for (int ty = 0; ty < half; ty++) p1[ty] += p1[ty + half], p2[ty] += p2[ty + half];
-            if (slabs == 1) {
-                acc[c] += p1[0];
-                acc[C + c] += p2[0];
-            } else {
-                replay_slabs[(int64_t)j * 2 * C + c] = p1[0];
-                replay_slabs[(int64_t)j * 2 * C + C + c] = p2[0];
+                                  int64_t rows, int64_t sample_rows, int C, bool relu) {
+    if (rows <= 0 || sample_rows <= 0) return;
+    const int64_t units = rows / sample_rows * bn_unit_count(sample_rows);
+    for (int64_t u0 = 0; u0 < units; u0 += bn_units_a_launch(C)) {
+        const int nu = (int)(units - u0 < bn_units_a_launch(C) ? units - u0 : bn_units_a_launch(C));
+        for (int j = 0; j < nu; j++)
+            for (int c = 0; c < C; c++) {
+                double p1[BB_ROWS], p2[BB_ROWS];
+                int64_t r0, r1;
+                bn_unit_rows(u0 + j, sample_rows, &r0, &r1);
+                for (int ty = 0; ty < BB_ROWS; ty++)
+                    bn_lane_sums(x, dout, s, r0, r1, C, c, ty, relu, &p1[ty], &p2[ty]);
+                for (int half = BB_ROWS / 2; half > 0; half /= 2)
+                    for (int ty = 0; ty < half; ty++) p1[ty] += p1[ty + half], p2[ty] += p2[ty + half];
+                if (nu == 1) {
+                    acc[c] += p1[0];
+                    acc[C + c] += p2[0];
+                } else {
+                    replay_slabs[(int64_t)j * 2 * C + c] = p1[0];
+                    replay_slabs[(int64_t)j * 2 * C + C + c] = p2[0];
+                }
             }
-        }
-    if (slabs > 1)
-        for (int64_t i = 0; i < 2 * (int64_t)C; i++) bn_slabs_at(i, acc, replay_slabs, slabs, C);
+        if (nu > 1)
+            for (int64_t i = 0; i < 2 * (int64_t)C; i++) bn_units_at(i, acc, replay_slabs, nu, C);
+    }
 }
-static void replay_bn_sums(double *acc, const float *x, int64_t rows, int C) {
-    replay_bn_column_sums(acc, x, NULL, BnChannels{}, rows, C, false);
+static void replay_bn_sums(double *acc, const float *x, int64_t rows, int64_t sample_rows, int C) {
+    replay_bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, false);
 }
 static void replay_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
                                     const float *invstd, const float *gamma, const float *beta,
-                                    int64_t rows, int C, Activation act) {
-    replay_bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, C, act == ACT_RELU);
+                                    int64_t rows, int64_t sample_rows, int C, Activation act) {
+    replay_bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C,
+                          act == ACT_RELU);
 }
 static void replay_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
                                   const double *acc, int C, int64_t count, double eps,
