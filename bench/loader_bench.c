@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
             if (batches >= max_batches) break;
             if (loader_next(data.train_loader, &b, &err)) goto fail;
             if (!b) break;
-            sum += b->x[0];  // touch the batch
+            sum += b->lut[b->px[0]];  // touch the batch
             images += b->n;
             batches++;
             compute(compute_ms, compute_threads);

@@ -4,13 +4,25 @@
 static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
 
 // fp32 view of samples [n0, n0 + n) of a stored activation of `numel` values a sample: in
-// place when it is F32, else converted into scratch slot `slot`; NULL for NULL.
+// place when it is F32, else converted into scratch slot `slot` (a byte input in F32
+// precision: into Exec.input_f32); NULL for NULL.
 static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, int slot) {
     if (!s.p) return NULL;  // not read (LayerOps.backward_reads)
-    if (s.f32) return (float *)s.p + n0 * numel;
-    float *dst = ctx->exec->scratch[slot];
-    ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);
-    return dst;
+    const Exec *e = ctx->exec;
+    switch (s.kind) {
+    case STORED_F32: return (float *)s.p + n0 * numel;
+    case STORED_F16: {
+        float *dst = e->scratch[slot];
+        ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);
+        return dst;
+    }
+    case STORED_U8: {
+        float *dst = exec_f16(ctx) ? e->scratch[slot] : e->input_f32;
+        ctx->k->u8_to_f32(dst, (const uint8_t *)s.p + n0 * numel, n * numel, e->input_c, e->lut);
+        return dst;
+    }
+    }
+    return NULL;
 }
 
 // Writes n samples of fp32 `src` as samples [n0, n0 + n) of stored F16 `dst`.
@@ -43,6 +55,18 @@ static LayerCtx chunk_ctx(const LayerCtx *ctx, int n0, int n, int N) {
     return c;
 }
 
+// Samples per call of l's pass over N with input `in`: exec_chunk's in F16; in F32 the
+// byte input's chunk (Exec.input_chunk), else N.
+static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, int N) {
+    if (exec_f16(ctx)) return exec_chunk(ctx->exec, l, N);
+    if (in.kind == STORED_U8 && ctx->exec->input_chunk < N) return ctx->exec->input_chunk;
+    return N;
+}
+
+// In F32 a pass over N that one call takes: everything in place but a byte input,
+// expanded whole into Exec.input_f32. Otherwise the pass runs over chunks: each one's
+// input (and, in backward, output and output gradient) viewed in fp32 and its results
+// stored back where they are not F32.
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
     const LayerOps *ops = l->ops;
     if (ops->run_forward) {
@@ -50,13 +74,14 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
         return;
     }
     const bool reduce = ops->forward_reduce && (!ops->forward_reduces || ops->forward_reduces(l, ctx));
-    if (!exec_f16(ctx)) {
-        if (reduce) ops->forward_reduce(l, ctx, in.p, 0, N, N);
-        ops->forward(l, ctx, out.p, in.p, N);
+    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+    const int chunk = pass_chunk(ctx, l, in, N);
+    if (!exec_f16(ctx) && chunk >= N) {
+        const float *x = view(ctx, in, nin, 0, N, 0);
+        if (reduce) ops->forward_reduce(l, ctx, x, 0, N, N);
+        ops->forward(l, ctx, out.p, x, N);
         return;
     }
-    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = exec_chunk(ctx->exec, l, N);
     if (reduce)
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
@@ -66,9 +91,9 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
         const float *x = view(ctx, in, nin, n0, n, 0);
-        float *y = out.f32 ? (float *)out.p + n0 * nout : ctx->exec->scratch[1];
+        float *y = out.kind == STORED_F32 ? (float *)out.p + n0 * nout : ctx->exec->scratch[1];
         ops->forward(l, &c, y, x, n);
-        if (!out.f32) store(ctx, out.p, y, nout, n0, n);
+        if (out.kind != STORED_F32) store(ctx, out.p, y, nout, n0, n);
     }
 }
 
@@ -79,13 +104,14 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
         ops->run_backward(l, ctx, din.p, dout.p, in.p, out.p, N);
         return;
     }
-    if (!exec_f16(ctx)) {
-        if (ops->backward_reduce) ops->backward_reduce(l, ctx, dout.p, in.p, out.p, 0, N, N);
-        ops->backward(l, ctx, din.p, dout.p, in.p, out.p, N);
+    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+    const int chunk = pass_chunk(ctx, l, in, N);
+    if (!exec_f16(ctx) && chunk >= N) {
+        const float *x = view(ctx, in, nin, 0, N, 0);
+        if (ops->backward_reduce) ops->backward_reduce(l, ctx, dout.p, x, out.p, 0, N, N);
+        ops->backward(l, ctx, din.p, dout.p, x, out.p, N);
         return;
     }
-    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = exec_chunk(ctx->exec, l, N);
     if (ops->backward_reduce)
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
@@ -101,15 +127,15 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
         const float *x = view(ctx, in, nin, n0, n, 0);
         const float *y = view(ctx, out, nout, n0, n, 1);
         float *dy = view(ctx, dout, nout, n0, n, 2);
-        float *dx = din.p ? ctx->exec->scratch[3] : NULL;
+        float *dx = !din.p ? NULL : din.kind == STORED_F32 ? (float *)din.p + n0 * nin : ctx->exec->scratch[3];
         ops->backward(l, &c, dx, dy, x, y, n);
-        if (dx) store(ctx, din.p, dx, nin, n0, n);
+        if (dx && din.kind != STORED_F32) store(ctx, din.p, dx, nin, n0, n);
     }
 }
 
 // ---- layer_run_*: containers' children, all stored in the executor's precision -------------
 
-static Stored stored(const LayerCtx *ctx, const void *p) { return (Stored){(void *)p, !exec_f16(ctx)}; }
+static Stored stored(const LayerCtx *ctx, const void *p) { return stored_in((void *)p, !exec_f16(ctx)); }
 
 void layer_run_forward(const LayerCtx *ctx, Layer *l, void *out, const void *in, int N) {
     exec_forward(ctx, l, stored(ctx, out), stored(ctx, in), N);

@@ -110,6 +110,14 @@ typedef struct LayerOps {
     void (*backward_reduce)(Layer *l, const LayerCtx *ctx, const float *dout, const float *in,
                             const float *out, int n0, int n, int N);
 
+    // Samples q such that forward and backward over consecutive sub-batches of a pass,
+    // each a multiple of q samples but the last, give the bits of one call over the whole
+    // pass (per-chunk GEMMs, a weight gradient accumulated chunk after chunk); 0 (or NULL):
+    // no such q. As the first layer of a network with a byte input (NetOptions.input_bytes)
+    // in F32, the layer then reads its input expanded a chunk of q samples at a time
+    // instead of whole.
+    int (*sample_quantum)(const Layer *l, const Kernels *k);
+
     // ---- containers ---------------------------------------------------------------------
     // In place of forward and backward: in, out, din and dout are stored activations in
     // the network's precision (a container is never the first or the last layer). Nothing

@@ -135,11 +135,14 @@ static size_t largest_of(const Layer *l) {
 // offset that no buffer live at the same time occupies (the greedy-by-size placement of
 // TFLite's memory planner). The block is as large as the highest end.
 
-// Buffer ids: four fixed ones, then per layer its output, its inner activations, the input
+// Buffer ids: five fixed ones, then per layer its output, its inner activations, the input
 // gradient that its backward writes (in-place layers share their successor's) and a
 // container's scratch (its own, so that a small block's backward does not hold the
-// scratch a large block needs).
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_LAYERS, BUFS_A_LAYER = 4 };
+// scratch a large block needs). BUF_INPUT holds the batch: fp32 values, or with
+// input_bytes the table of byte values and the bytes; BUF_INPUT_F32 (input_bytes in F32)
+// is where the first layer's forward and backward expand the bytes, a chunk at a time
+// (Exec.input_chunk), live during those events only.
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_LAYERS, BUFS_A_LAYER = 4 };
 static int buf_out(int i) { return BUF_LAYERS + BUFS_A_LAYER * i; }
 static int buf_inner(int i) { return buf_out(i) + 1; }
 static int buf_grad(int i) { return buf_out(i) + 2; }
@@ -218,17 +221,37 @@ static void span_read(SpanBuilder *sb, int b, int t) { sb->open[b].to = t; }
 static void spans_forward(const Net *net, SpanBuilder *sb, int i, int t) {
     const Layer *l = net->layers[i];
     span_read(sb, i ? buf_out(i - 1) : BUF_INPUT, t);
+    if (i == 0) span_write(sb, BUF_INPUT_F32, t);  // expanded anew at every event that reads it
     span_write(sb, buf_out(i), t);
     if (l->ops->inner_bytes) span_write(sb, buf_inner(i), t);
     if (l->ops->scratch_values) span_write(sb, buf_scratch(i), t);
 }
 
+// Samples of a byte input expanded into fp32 at once in F32 (Exec.input_chunk): the first
+// layer's sample quantum where it has one below the batch, else the batch.
+static int net_input_chunk(const Net *net) {
+    const Layer *l = net->layers[0];
+    const int q = l->ops->sample_quantum ? l->ops->sample_quantum(l, net->k) : 0;
+    return q > 0 && q < net->batch ? q : net->batch;
+}
+
+// Bytes of the table of a byte input's values, (C, 256) floats.
+static size_t lut_bytes(const Net *net) { return (size_t)net->input.c * 256 * sizeof(float); }
+
 // The bytes of each buffer in net->bufs (0: not used).
 static void buffer_bytes(Net *net, const int *gid) {
     ActBuffer *buf = net->bufs;
     const size_t B = (size_t)net->batch, es = dtype_sizes[net->precision];
+    const size_t numel = (size_t)shape_numel(net->input);
     const int last = net->nlayers - 1;
-    buf[BUF_INPUT].bytes = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
+    if (net->input_bytes) {
+        buf[BUF_INPUT].bytes = align64(lut_bytes(net)) + align64(B * numel);
+        buf[BUF_INPUT_F32].bytes = net->precision == DT_F32
+                                       ? align64((size_t)net_input_chunk(net) * numel * sizeof(float)) : 0;
+    } else {
+        buf[BUF_INPUT].bytes = align64(B * numel * sizeof(float));
+        buf[BUF_INPUT_F32].bytes = 0;
+    }
     buf[BUF_LABELS].bytes = align64(B * sizeof(int32_t));
     buf[BUF_METRICS].bytes = align64(NET_METRICS * sizeof(float)) + align64(sizeof(ScalerState));
     buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->layers[last]->out) * sizeof(float));
@@ -271,6 +294,7 @@ static int buffer_spans(Net *net, const int *gid, Error *err) {
                 else span_read(&sb, gid[i], t);  // in place
             }
             if (reads & BACKWARD_READS_IN) span_read(&sb, i ? buf_out(i - 1) : BUF_INPUT, t);
+            if ((reads & BACKWARD_READS_IN) && i == 0) span_write(&sb, BUF_INPUT_F32, t);
             if (reads & BACKWARD_READS_OUT) span_read(&sb, buf_out(i), t);
             if (l->ops->inner_bytes) span_read(&sb, buf_inner(i), t);
             if (l->ops->scratch_values) span_write(&sb, buf_scratch(i), t);
@@ -396,7 +420,13 @@ static void net_carve_activations(Net *net, char *base) {
     grad_buffers(net, gid);
     char *at[net->nbufs];
     for (int b = 0; b < net->nbufs; b++) at[b] = net->bufs[b].bytes ? base + net->bufs[b].offset : NULL;
-    net->input_buf = (float *)at[BUF_INPUT];
+    if (net->input_bytes) {
+        net->input_lut = (float *)at[BUF_INPUT];
+        net->input_u8 = (uint8_t *)at[BUF_INPUT] + align64(lut_bytes(net));
+        net->exec.input_f32 = (float *)at[BUF_INPUT_F32];  // NULL in F16: the scratch serves
+    } else {
+        net->input_buf = (float *)at[BUF_INPUT];
+    }
     net->labels = (int32_t *)at[BUF_LABELS];
     net->metrics = (float *)at[BUF_METRICS];
     net->scaler = (ScalerState *)(at[BUF_METRICS] + align64(NET_METRICS * sizeof(float)));
@@ -420,6 +450,8 @@ static void net_layout(Net *net) {
         if (largest_of(net->layers[i]) > largest_any) largest_any = largest_of(net->layers[i]);
     net->exec.precision = net->precision;
     net->exec.slot_values = 0;
+    net->exec.input_c = net->input.c;
+    net->exec.input_chunk = net->input_bytes ? net_input_chunk(net) : 0;
     size_t ws = 0;
     if (net->precision == DT_F16) {  // a slot holds `fit` samples of the largest activation
         const size_t per_sample = 4 * largest_any * sizeof(float);
@@ -630,6 +662,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->input = input;
     net->batch = opt->batch;
     net->precision = opt->precision;
+    net->input_bytes = opt->input_bytes;
     net->gemm_reduced = opt->precision == DT_F16 || opt->tf32;
     if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
@@ -661,6 +694,11 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         !(net->workspace = device_block(k, net->plan.workspace, "workspace", err)))
         goto fail;
     net_carve_activations(net, net->activations);
+    if (net->input_bytes) {
+        if (!(net->lut_host = xcalloc(lut_bytes(net), 1, err))) goto fail;
+        for (size_t i = 0; i < lut_bytes(net) / sizeof(float); i++) net->lut_host[i] = NAN;
+        net->exec.lut = net->input_lut;
+    }
     const ScalerState unscaled = {.scale = 1.0};
     k->upload(net->scaler, &unscaled, sizeof unscaled);
     net_layout_buffers(net, net->buffers);
@@ -700,6 +738,7 @@ void net_free(Net *net) {
     free(net->events);
     free(net->bufs);
     free(net->spans);
+    free(net->lut_host);
     memset(net, 0, sizeof *net);
 }
 
@@ -766,13 +805,22 @@ static LayerCtx net_ctx(const Net *net, bool train, uint64_t seed, uint64_t step
                       .seed = seed, .step = step, .sample0 = sample0, .train = train};
 }
 
-// Layer i's input and output as stored: the network's input and output are F32.
+// Layer i's input and output as stored: the network's input is F32 or bytes, its output F32.
 static Stored net_in(const Net *net, int i) {
-    if (i == 0) return (Stored){net->input_buf, true};
-    return (Stored){net->acts[i - 1], net->precision == DT_F32};
+    if (i == 0) return net->input_bytes ? (Stored){net->input_u8, STORED_U8} : (Stored){net->input_buf, STORED_F32};
+    return stored_in(net->acts[i - 1], net->precision == DT_F32);
 }
 static Stored net_out(const Net *net, int i) {
-    return (Stored){net->acts[i], i == net->nlayers - 1 || net->precision == DT_F32};
+    return stored_in(net->acts[i], i == net->nlayers - 1 || net->precision == DT_F32);
+}
+
+void net_put_input(Net *net, const uint8_t *px, const float *lut, int n) {
+    // The table changes with the data's mean and std only: compared here, uploaded rarely.
+    if (memcmp(net->lut_host, lut, lut_bytes(net))) {
+        memcpy(net->lut_host, lut, lut_bytes(net));
+        net->k->upload(net->input_lut, lut, lut_bytes(net));
+    }
+    net->k->upload(net->input_u8, px, (size_t)n * (size_t)shape_numel(net->input));
 }
 
 static void forward_layer(Net *net, int i, const LayerCtx *ctx, int N) {
@@ -807,10 +855,10 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
         }
         // What backward does not read is not passed: its buffer may hold another's by now.
         const unsigned reads = layer_backward_reads(net->layers[i]);
-        const Stored none = {NULL, true};
-        const Stored dout = i == last ? (Stored){net->dlogp, true} : (Stored){net->din[i + 1], f32};
+        const Stored none = {NULL, STORED_F32};
+        const Stored dout = i == last ? (Stored){net->dlogp, STORED_F32} : stored_in(net->din[i + 1], f32);
         if (net->on_layer) net->on_layer(i, true);
-        exec_backward(&ctx, net->layers[i], (Stored){net->din[i], f32}, dout,
+        exec_backward(&ctx, net->layers[i], stored_in(net->din[i], f32), dout,
                       reads & BACKWARD_READS_IN ? net_in(net, i) : none,
                       reads & BACKWARD_READS_OUT ? net_out(net, i) : none, N);
     }

@@ -233,7 +233,7 @@ static void test_backend(void **state) {
         (void *)k->maxpool_forward, (void *)k->maxpool_backward, (void *)k->dropout_forward,
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
         (void *)k->log_softmax_forward, (void *)k->log_softmax_backward, (void *)k->nll_loss,
-        (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->unscale_check, (void *)k->scaler_update,
+        (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->u8_to_f32, (void *)k->unscale_check, (void *)k->scaler_update,
         (void *)k->device_memory, (void *)k->gemm_reduced,
         (void *)k->adadelta_step, (void *)k->add_act, (void *)k->avgpool_forward,
         (void *)k->avgpool_backward, (void *)k->global_avgpool_forward,

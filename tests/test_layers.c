@@ -242,11 +242,11 @@ static LayerCtx case_ctx(const Case *c) {
 // The layer's forward and backward as the network runs them (exec.h): with its batch
 // passes (batchnorm), or as a container running its children.
 static void case_forward(const Case *c, const LayerCtx *ctx, float *out, const float *in) {
-    exec_forward(ctx, c->l, (Stored){out, true}, (Stored){(void *)in, true}, c->N);
+    exec_forward(ctx, c->l, (Stored){out, STORED_F32}, (Stored){(void *)in, STORED_F32}, c->N);
 }
 static void case_backward(const Case *c, const LayerCtx *ctx, float *din, float *dout) {
-    exec_backward(ctx, c->l, (Stored){din, true}, (Stored){dout, true}, (Stored){c->in, true},
-                  (Stored){c->out, true}, c->N);
+    exec_backward(ctx, c->l, (Stored){din, STORED_F32}, (Stored){dout, STORED_F32}, (Stored){c->in, STORED_F32},
+                  (Stored){c->out, STORED_F32}, c->N);
 }
 
 // Fails if max |got - want| > tol * max(floor, max |want|).

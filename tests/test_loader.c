@@ -159,7 +159,7 @@ static void run_epochs(Loader *l, const Dataset *ds, int e0, int e1, int64_t fir
             run_put(r, &b->index, sizeof b->index);
             run_put(r, &b->n, sizeof b->n);
             run_put(r, b->y, (size_t)b->n * sizeof *b->y);
-            run_put(r, b->x, (size_t)b->n * (size_t)shape_numel(ds->shape) * sizeof(float));
+            run_put(r, b->px, (size_t)b->n * (size_t)shape_numel(ds->shape));
             r->batches++;
             r->samples += b->n;
         }
@@ -259,7 +259,7 @@ static void test_epoch_restart_and_resume(void **state) {
     // Resume epoch 1 at batch 20: the tail of the uninterrupted epoch.
     Run tail = {0};
     run_epochs(l, ds, 1, 2, 20, &tail);
-    const size_t per_batch = sizeof(int64_t) + sizeof(int) + 10 * 4 + 10 * 16 * 4;
+    const size_t per_batch = sizeof(int64_t) + sizeof(int) + 10 * 4 + 10 * 16;
     assert_int_equal(tail.len, ref.len - 20 * per_batch);
     assert_memory_equal(tail.bytes, ref.bytes + 20 * per_batch, tail.len);
     free(tail.bytes);
@@ -300,7 +300,7 @@ static void test_skip_bad_fill(void **state) {
             assert_non_null(b);
             assert_int_equal(b->n, wn[k]);
             for (int j = 0; j < 4; j++) {
-                int id = (int)lroundf(b->x[j * 16] * 255.0f);
+                int id = b->px[j * 16];
                 if (id != want[k][j]) fail_msg("batch %d sample %d: id %d, want %d", k, j, id, want[k][j]);
                 assert_int_equal(b->y[j], want[k][j] % 3);
             }
@@ -386,7 +386,7 @@ static void test_augment_crop_pad_flip(void **state) {
         assert_int_equal(loader_next(l, &b, &err), 0);
         for (int i = 0; i < N; i++) {
             uint8_t out[36];
-            for (int p = 0; p < 36; p++) out[p] = (uint8_t)lroundf(b->x[i * 36 + p] * 255.0f);
+            memcpy(out, b->px + i * 36, 36);
             if (e == 0) memcpy(first_epoch[i], out, 36);
             else differ += memcmp(first_epoch[i], out, 36) != 0;
             int found = 0;
@@ -425,7 +425,7 @@ static void test_augment_crop_pad_flip(void **state) {
     const Batch *b;
     assert_int_equal(loader_next(l, &b, &err), 0);
     for (int i = 0; i < N; i++)
-        for (int p = 0; p < 36; p++) assert_int_equal(lroundf(b->x[i * 36 + p] * 255.0f), pix(i, p));
+        for (int p = 0; p < 36; p++) assert_int_equal(b->px[i * 36 + p], pix(i, p));
     loader_destroy(l);
     // A smaller crop_scale changes most samples, the same way every time.
     cfg.crop_scale = 0.25f;
@@ -510,8 +510,9 @@ static void test_stats_wait(void **state) {
 static void test_loader_bytes_ring(void **state) {
     Dataset *ds = open_idx("bytes", 1000, 4, 3);
     LoaderConfig cfg = {.batch = 64, .mean = {0}, .std = {1}};
-    // One float batch; per slot of the ring the labels and the bytes.
-    const size_t x = 64 * 12 * 4, slot = 64 * 4 + 64 * 12, order = 1000 * 8;
+    // Per slot of the ring the labels and the bytes (the batch handed out is a slot's: no
+    // float copy of it).
+    const size_t x = 0, slot = 64 * 4 + 64 * 12, order = 1000 * 8;
     assert_int_equal(loader_bytes(ds, &cfg), x + slot + order);
     cfg.workers = 2;  // prefetch 0: 2 * workers slots
     assert_int_equal(loader_bytes(ds, &cfg), x + 4 * slot + order);

@@ -36,12 +36,14 @@
 // The suite's optimizer (PyTorch's Adadelta defaults) and the options of its networks.
 static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
 
-static const NetOptions *netopts(int batch) {
+static const NetOptions *netopts_as(int batch, bool bytes) {
     static NetOptions o;
-    o = (NetOptions){.batch = batch, .precision = DT_F32};
+    o = (NetOptions){.batch = batch, .precision = DT_F32, .input_bytes = bytes};
     optim_plan(&adadelta, &o);
     return &o;
 }
+
+static const NetOptions *netopts(int batch) { return netopts_as(batch, false); }
 
 static char g_root[PATH_MAX] = ".";  // the repository, for models/mnist.cfg
 static char g_dir[PATH_MAX];         // a temporary directory for the IDX files
@@ -56,12 +58,17 @@ static Cfg parse(const char *text) {
     return cfg;
 }
 
-static void make_net(Net *net, const char *text, Shape input, int classes, int batch) {
+// bytes: the input holds bytes, as the trainer's (NetOptions.input_bytes).
+static void make_net_as(Net *net, const char *text, Shape input, int classes, int batch, bool bytes) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    if (net_create(net, &cfg, input, classes, netopts(batch), &cpu_kernels, &err))
+    if (net_create(net, &cfg, input, classes, netopts_as(batch, bytes), &cpu_kernels, &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
+}
+
+static void make_net(Net *net, const char *text, Shape input, int classes, int batch) {
+    make_net_as(net, text, input, classes, batch, false);
 }
 
 static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
@@ -692,14 +699,13 @@ static const char *train_net =
 static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *opt, double *acc) {
     Error err = {{0}};
     if (loader_start_epoch(loader, epoch, 0, &err)) fail_msg("%s", err.msg);
-    const size_t sample = (size_t)shape_numel(net->input) * sizeof(float);
     net->metrics[0] = net->metrics[1] = 0;
     int64_t seen = 0;
     const Batch *b;
     for (;;) {
         if (loader_next(loader, &b, &err)) fail_msg("%s", err.msg);
         if (!b) break;
-        net->k->upload(net->input_buf, b->x, (size_t)b->n * sample);
+        net_put_input(net, b->px, b->lut, b->n);
         net->k->upload(net->labels, b->y, (size_t)b->n * sizeof(int32_t));
         const uint64_t step = (uint64_t)(epoch * 1000 + b->index);
         net_forward(net, b->n, opt != NULL, 9, step, 0);
@@ -725,7 +731,7 @@ static void test_training_loss_falls(void **state) {
     Loader *tloader = open_squares_loader(timages, tlabels, &tds, 0);
 
     Net net;
-    make_net(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, 30);
+    make_net_as(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, 30, true);
     Error err = {{0}};
     assert_int_equal(net_init_params(&net, 1, &err), 0);
     const Optimizer opt = adadelta;
