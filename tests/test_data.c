@@ -20,6 +20,7 @@
 #include <zlib.h>
 
 #include "../data/dataset.h"
+#include "../nn/kernels.h"
 #include "testutil.h"
 
 static char g_dir[PATH_MAX];  // the test's temporary directory
@@ -643,6 +644,43 @@ static void test_loader_normalisation(void **state) {
     dataset_close(ds);
 }
 
+// The table the batches carry (normalise_table) and the network's read of bytes through it
+// (u8_to_f32) give, for every byte value and channel, the floats the loader computed when it
+// handed out an fp32 batch: ((float)byte / 255 - mean[c]) / std[c], bit for bit.
+static void test_byte_table(void **state) {
+    static const float means[][3] = {{0.1307f, 0, 0}, {0.485f, 0.456f, 0.406f}, {0, 0, 0}, {-3.5f, 999.0f, 0.5f}};
+    static const float stds[][3] = {{0.3081f, 1, 1}, {0.229f, 0.224f, 0.225f}, {1, 1, 1}, {0.001f, 7.25f, 1000.0f}};
+    float lut[3 * 256], *out = malloc(3 * 256 * 3 * sizeof(float));
+    uint8_t *px = malloc(3 * 256 * 3);
+    assert_non_null(out);
+    assert_non_null(px);
+    for (size_t m = 0; m < sizeof means / sizeof *means; m++)
+        for (int C = 1; C <= 3; C++) {
+            normalise_table(lut, C, means[m], stds[m]);
+            for (int c = 0; c < C; c++)
+                for (int b = 0; b < 256; b++) {
+                    const float old = ((float)b / 255.0f - means[m][c]) / stds[m][c];  // loader.c's normalise
+                    if (memcmp(&lut[c * 256 + b], &old, sizeof old))
+                        fail_msg("mean %g std %g: byte %d of channel %d: %.9g, the loader gave %.9g",
+                                 means[m][c], stds[m][c], b, c, lut[c * 256 + b], old);
+                }
+            // Every byte value in every channel, at every position of a pixel, and a length
+            // that is not a multiple of the channels' (the tail).
+            const int64_t n = 3 * 256 * C - (C > 1);
+            for (int64_t i = 0; i < n; i++) px[i] = (uint8_t)(i / C * 7 + i % C * 85);
+            cpu_kernels.u8_to_f32(out, px, n, C, lut);
+            for (int64_t i = 0; i < n; i++) {
+                const int c = (int)(i % C);
+                const float old = ((float)px[i] / 255.0f - means[m][c]) / stds[m][c];
+                if (memcmp(&out[i], &old, sizeof old))
+                    fail_msg("u8_to_f32, %d channels, value %lld: %.9g, the loader gave %.9g", C, (long long)i,
+                             out[i], old);
+            }
+        }
+    free(out);
+    free(px);
+}
+
 static void test_loader_resume_mid_epoch(void **state) {
     enum { N = 97 };
     Fixture f = fixture("resume", N, 8, 1, 0, 11);
@@ -861,6 +899,7 @@ int main(void) {
         cmocka_unit_test(test_loader_no_shuffle_keeps_order),
         cmocka_unit_test(test_loader_drop_last),
         cmocka_unit_test(test_loader_normalisation),
+        cmocka_unit_test(test_byte_table),
         cmocka_unit_test(test_loader_resume_mid_epoch),
         cmocka_unit_test(test_loader_bytes),
         cmocka_unit_test(test_loader_shards),
