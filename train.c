@@ -550,7 +550,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
                           .segments = o->segments, .sweep = o->segments != 0, .freeze = o->freeze.names,
                           .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
-                          .tf32 = o->tf32 != 0};
+                          .tf32 = o->tf32 != 0, .input_bytes = true};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
     if (o->memory && apply_budget(&mine, k, cfg, train, data.classes,

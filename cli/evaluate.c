@@ -9,8 +9,7 @@
 #include "model.h"
 
 void put_batch(Net *net, const Batch *b, int first, int n) {
-    const int64_t numel = shape_numel(net->input);
-    net->k->upload(net->input_buf, b->x + first * numel, (size_t)n * numel * sizeof(float));
+    net_put_input(net, b->px + (size_t)first * (size_t)shape_numel(net->input), b->lut, n);
     net->k->upload(net->labels, b->y + first, (size_t)n * sizeof(int32_t));
 }
 

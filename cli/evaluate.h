@@ -35,7 +35,8 @@ void eval_stats_free(EvalStats *e);
 // without stats.
 void write_per_class(FILE *f, const EvalStats *e);
 
-// Copies samples [first, first + n) of a host batch into the network's input and labels.
+// Copies samples [first, first + n) of a host batch (bytes, with their table) into the
+// network's input (NetOptions.input_bytes) and labels.
 void put_batch(Net *net, const Batch *b, int first, int n);
 
 // The loss and correct count on the device (this process's).

@@ -42,7 +42,7 @@ int model_load(Model *m, const char *weights, Shape shape, int classes, int batc
     // The plan first: a cfg (a checkpoint's, from anywhere) that asks for more than the
     // device can give is refused before anything of it is allocated.
     NetOptions opt = {.batch = batch, .precision = m->o.precision, .tf32 = m->o.tf32 != 0,
-                      .plan_only = true};
+                      .plan_only = true, .input_bytes = true};
     if (net_create(&m->net, &m->cfg, shape, classes, &opt, m->k, err)) return -1;
     const size_t need = mem_plan_on(&m->net.plan, m->k);
     net_free(&m->net);

@@ -98,8 +98,8 @@ int predict(const char *weights, const PredictOptions *po, int nargs, char **arg
     Model m = {0};
     PathList files = {0};
     int failed = -1;
-    uint8_t *pixels = NULL;
-    float *x = NULL, *logp = NULL;
+    uint8_t *pixels = NULL;  // (batch, H, W, C) the decoded images, as the loader's bytes
+    float *lut = NULL, *logp = NULL;
     int *slot_file = NULL;  // the file of each image of the batch
     for (int i = 0; i < nargs; i++)
         if (paths_collect(&files, args[i], true, 0, err)) goto done;
@@ -129,17 +129,19 @@ int predict(const char *weights, const PredictOptions *po, int nargs, char **arg
         err_set(err, "%s: mean and std do not match the %d input channels", m.name, input.c);
         goto done;
     }
-    if (!(pixels = xcalloc((size_t)numel, 1, err)) ||
-        !(x = xcalloc((size_t)(batch * numel), sizeof *x, err)) ||
+    if (!(pixels = xcalloc((size_t)batch * (size_t)numel, 1, err)) ||
+        !(lut = xcalloc((size_t)input.c * 256, sizeof *lut, err)) ||
         !(logp = xcalloc((size_t)batch * classes, sizeof *logp, err)) ||
         !(slot_file = xcalloc((size_t)batch, sizeof *slot_file, err)))
         goto done;
+    for (int c = 0; c < input.c; c++)  // the loader's normalisation, bit for bit (any C: image_load refuses C > 3)
+        normalise_table(lut + (size_t)c * 256, 1, &dc->mean[dc->nmean == 1 ? 0 : c], &dc->std[dc->nstd == 1 ? 0 : c]);
     failed = 0;
     for (int next = 0; next < files.n;) {
         int n = 0;  // images of this batch that decoded
         for (; n < batch && next < files.n; next++) {
             Error why = {0};
-            const int r = image_load(files.paths[next], input, pixels, &why);
+            const int r = image_load(files.paths[next], input, pixels + (size_t)n * numel, &why);
             if (r < 0) {
                 *err = why;
                 failed = -1;
@@ -159,16 +161,10 @@ int predict(const char *weights, const PredictOptions *po, int nargs, char **arg
                 }
                 continue;
             }
-            float *xi = x + (size_t)n * numel;
-            for (int64_t i = 0; i < numel; i++) {  // (H, W, C): the channel is i % C
-                const int c = (int)(i % input.c);
-                xi[i] = ((float)pixels[i] / 255.0f - dc->mean[dc->nmean == 1 ? 0 : c]) /
-                        dc->std[dc->nstd == 1 ? 0 : c];
-            }
             slot_file[n++] = next;
         }
         if (!n) continue;
-        m.k->upload(m.net.input_buf, x, (size_t)n * numel * sizeof *x);
+        net_put_input(&m.net, pixels, lut, n);
         net_forward(&m.net, n, false, 0, 0, 0);
         m.k->download(logp, net_output(&m.net), (size_t)n * classes * sizeof *logp);
         for (int j = 0; j < n; j++)
@@ -182,7 +178,7 @@ done:
     paths_free(&files);
     free(slot_file);
     free(pixels);
-    free(x);
+    free(lut);
     free(logp);
     return failed;
 }

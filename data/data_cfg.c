@@ -25,7 +25,7 @@ const CfgKey data_keys[] = {
     {"std", "1", "per-channel standard deviation divided by after that"},
     {"shuffle", "1", "1: a new seeded order of the training set each epoch; 0: file order"},
     {"drop_last", "0", "1: skip the last training batch if it is smaller than batch"},
-    {"workers", "2", "threads that read, decode and normalise batches ahead of the trainer; "
+    {"workers", "2", "threads that read and decode batches ahead of the trainer; "
                      "0 = in the trainer's thread; the batches are the same for any number"},
     {"prefetch", "4", "batches the workers prepare ahead (buffers in the memory plan)"},
     {"skip_bad", "0", "1: skip images that cannot be read or decoded (and leave files that are "
@@ -289,8 +289,10 @@ int data_open(Data *d, const DataConfig *dc, int batch, uint64_t seed, Error *er
         goto fail;
     d->classes = d->train->classes;
     if (!d->test) return 0;
+    // The test set is read between training epochs only: its loader fills the training
+    // loader's batch buffers (the same batch, workers and prefetch; no augmentation).
     if (loader_config(&lc, dc, d->test, batch, seed, false, err) ||
-        loader_create(&d->test_loader, d->test, &lc, err))
+        loader_create_shared(&d->test_loader, d->test, &lc, d->train_loader, err))
         goto fail;
     if (d->test->classes > d->classes) d->classes = d->test->classes;
     return 0;
@@ -324,8 +326,9 @@ void data_close(Data *d) {
 }
 
 size_t data_loader_bytes(const Data *d) {
-    // loader_bytes needs the config the loader was made with; the loaders keep it. The two
-    // loaders never decode at once (the test set is read between training epochs).
+    // loader_bytes needs the config the loader was made with; the loaders keep it. The test
+    // loader shares the training loader's ring (its size: its order); the two never decode
+    // at once (the test set is read between training epochs).
     const size_t train = loader_read_bytes(d->train_loader), test = loader_read_bytes(d->test_loader);
     return loader_size(d->train_loader) + loader_size(d->test_loader) + (train > test ? train : test);
 }

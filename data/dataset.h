@@ -1,8 +1,9 @@
 // dataset.h: datasets and the lazy batched loader (DESIGN.md decision 8).
 //
 // A Dataset holds an index (file descriptors, offsets, paths), never the samples: read
-// fetches one sample when the loader needs it. A Loader turns a Dataset into batches in a
-// seeded order, normalised, into a buffer it owns.
+// fetches one sample when the loader needs it. A Loader turns a Dataset into batches of
+// bytes in a seeded order, in buffers it owns, handed out with the table of their
+// normalised values (the network reads the bytes through it).
 #ifndef DATA_DATASET_H
 #define DATA_DATASET_H
 
@@ -132,7 +133,9 @@ typedef struct LoaderConfig {
 } LoaderConfig;
 
 typedef struct Batch {
-    float *x;       // (n, H, W, C), normalised; owned by the loader
+    const uint8_t *px;  // (n, H, W, C) the samples' bytes (augmented); owned by the loader
+    const float *lut;   // (C, 256): lut[c * 256 + b] = (b / 255 - mean[c]) / std[c], the
+                        // normalised value of byte b in channel c (normalise_table)
     int32_t *y;     // (n) labels
     int n;          // samples in this batch (== batch except a last partial one; a shard's part)
     int offset;     // where they start in the whole batch (0 without shards)
@@ -141,20 +144,34 @@ typedef struct Batch {
 
 typedef struct Loader Loader;
 
+// lut (C, 256) = (b / 255 - mean[c]) / std[c] for each byte value b and channel c, in fp32
+// as PyTorch's ToTensor + Normalize compute it: what a loader's Batch.lut holds.
+void normalise_table(float *lut, int C, const float *mean, const float *std);
+
 // This epoch so far (since loader_start_epoch).
 typedef struct LoaderStats {
     double wait_seconds;  // time spent in loader_next: waiting for a batch from the workers
-                          // (or, workers = 0, reading it) and normalising it
+                          // (or, workers = 0, reading it)
     int64_t skipped;      // bad samples skipped (skip_bad) in the batches handed out
 } LoaderStats;
 
 int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err);
+// A loader that fills its batches into the ring of batch buffers of `with` instead of one
+// of its own: for a set read only while `with` is not (the test set, between training
+// epochs). The ring serves the loader that started an epoch last: loader_start_epoch of
+// one stops the other's fills, and the other's loader_next is an error until it starts an
+// epoch again. Both are driven from one thread; the ring lives until both are destroyed.
+// Its batches must fit the ring (slots, their size, the augmentation scratch), else an
+// error says so.
+int loader_create_shared(Loader **out, Dataset *ds, const LoaderConfig *cfg, Loader *with,
+                         Error *err);
 void loader_destroy(Loader *l);  // NULL is fine
-// Bytes the loader allocates (its ring of batch buffers, the epoch's order, scratch), for
-// the memory plan. Decoding an image also needs its full-size pixels for a moment (one
-// image per worker, freed at once): not counted, as it depends on the files.
+// Bytes a loader made with loader_create allocates (its ring of batch buffers, scratch,
+// the epoch's order), for the memory plan. Decoding an image takes more for a moment, per
+// reader: loader_read_bytes.
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg);
-// loader_bytes of an existing loader; 0 for NULL.
+// What an existing loader allocated: loader_bytes, or its order alone for one that
+// shares another's ring; 0 for NULL.
 size_t loader_size(const Loader *l);
 // The heap its readers (each worker, or the caller) hold at most while they decode:
 // readers x the data set's read_bytes. Not part of loader_size's block.
@@ -165,8 +182,9 @@ int64_t loader_batches(const Loader *l);
 // returns its first batch (or batch `first` to continue an interrupted epoch).
 int loader_start_epoch(Loader *l, int epoch, int64_t first, Error *err);
 // *out = the next batch of the epoch, or NULL at the end of the epoch; returns 0. On a
-// read error returns -1 with err naming the file and sample. The batch stays valid until
-// the next call. The batches (order, contents, skipped samples) are the same for any
+// read error returns -1 with err naming the file and sample. The batch (its bytes, labels
+// and table) stays valid until the next call, or until the loader sharing the ring starts
+// an epoch. The batches (order, contents, skipped samples) are the same for any
 // number of workers.
 int loader_next(Loader *l, const Batch **out, Error *err);
 void loader_stats(const Loader *l, LoaderStats *out);

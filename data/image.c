@@ -132,24 +132,30 @@ static inline __attribute__((always_inline)) void filter_row(const Taps *t, cons
 
 // src (h, w, C; rows `stride` bytes apart) resized to dst (H, W, C) with the triangle
 // filter, the picture being the region [0, ew) x [0, eh) of src: rows first into floats,
-// then columns, rounded to bytes. Each output value sums its taps in order.
+// then columns, rounded to bytes. Each output value sums its taps in order. An output row's
+// taps are consecutive input rows, moving down with the output row: the filtered rows are
+// kept in a ring of ty.n (row y in slot y % ty.n), each filtered once, when first needed.
 static int triangle_resize(const uint8_t *src, int w, int h, size_t stride, double ew, double eh,
                            int C, uint8_t *dst, int W, int H) {
     Taps tx = {0}, ty = {0};
     const size_t row = (size_t)W * C;
-    float *rows = malloc(((size_t)h * row + row + (size_t)w * C) * sizeof *rows);
+    float *rows = NULL;
     int rc = -1;
-    if (!rows || taps_make(&tx, w, ew, W) || taps_make(&ty, h, eh, H)) goto done;
-    float *acc = rows + (size_t)h * row, *in = acc + row;  // (W, C) and (w, C)
-    for (int y = 0; y < h; y++) {
-        for (int x = 0; x < w * C; x++) in[x] = src[(size_t)y * stride + x];
-        if (C == 3) filter_row(&tx, in, rows + (size_t)y * row, W, 3);  // the channel loop unrolled
-        else filter_row(&tx, in, rows + (size_t)y * row, W, C);
-    }
+    if (taps_make(&tx, w, ew, W) || taps_make(&ty, h, eh, H) ||
+        !(rows = malloc(((size_t)ty.n * row + row + (size_t)w * C) * sizeof *rows)))
+        goto done;
+    float *acc = rows + (size_t)ty.n * row, *in = acc + row;  // (W, C) and (w, C)
+    int next = 0;  // the next input row to filter: rows next - ty.n .. next - 1 are in the ring
     for (int o = 0; o < H; o++) {
+        for (; next <= ty.index[o * ty.n + ty.n - 1]; next++) {
+            float *r = rows + (size_t)(next % ty.n) * row;
+            for (int x = 0; x < w * C; x++) in[x] = src[(size_t)next * stride + x];
+            if (C == 3) filter_row(&tx, in, r, W, 3);  // the channel loop unrolled
+            else filter_row(&tx, in, r, W, C);
+        }
         for (size_t x = 0; x < row; x++) acc[x] = 0;
         for (int k = 0; k < ty.n; k++) {
-            const float wk = ty.weight[o * ty.n + k], *r = rows + (size_t)ty.index[o * ty.n + k] * row;
+            const float wk = ty.weight[o * ty.n + k], *r = rows + (size_t)(ty.index[o * ty.n + k] % ty.n) * row;
             for (size_t x = 0; x < row; x++) acc[x] += wk * r[x];
         }
         for (size_t x = 0; x < row; x++) {
@@ -477,9 +483,12 @@ static bool is_jpeg(const uint8_t *buf, size_t size) {
 
 // ---- what a decode holds, from the header alone ------------------------------------------
 
-// The frame header of a JPEG in buf: width, height, components, progressive. 0, or -1 if
-// the bytes end first or are not a JPEG.
-static int jpeg_frame(const uint8_t *buf, size_t size, int *w, int *h, int *comps, bool *progressive) {
+// The frame header of a JPEG in buf: width, height, components, progressive, and the
+// bytes of the coefficients of the whole image (what a progressive decode holds: each
+// component's 8x8 blocks of 64 16-bit values, at its sampling, rounded up to whole MCUs as
+// libjpeg-turbo allocates them). 0, or -1 if the bytes end first or are not a JPEG.
+static int jpeg_frame(const uint8_t *buf, size_t size, int *w, int *h, int *comps, bool *progressive,
+                      size_t *coef_bytes) {
     size_t p = 2;
     while (p + 4 <= size) {
         if (buf[p] != 0xFF) return -1;
@@ -493,6 +502,24 @@ static int jpeg_frame(const uint8_t *buf, size_t size, int *w, int *h, int *comp
             if (p + 10 > size) return -1;
             *h = buf[p + 5] << 8 | buf[p + 6], *w = buf[p + 7] << 8 | buf[p + 8], *comps = buf[p + 9];
             *progressive = m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE;
+            // Component i: id, sampling (H << 4 | V), table, at p + 10 + 3 i. Unreadable
+            // factors count as full size (an estimate from above; the decode reports them).
+            int hmax = 1, vmax = 1, hs[256], vs[256];
+            const bool whole = p + 10 + 3 * (size_t)*comps <= size;
+            for (int i = 0; i < *comps; i++) {
+                hs[i] = whole ? buf[p + 11 + 3 * i] >> 4 : 1, vs[i] = whole ? buf[p + 11 + 3 * i] & 15 : 1;
+                if (hs[i] < 1 || hs[i] > 4 || vs[i] < 1 || vs[i] > 4) hs[i] = vs[i] = 1;
+                if (hs[i] > hmax) hmax = hs[i];
+                if (vs[i] > vmax) vmax = vs[i];
+            }
+            *coef_bytes = 0;
+            for (int i = 0; i < *comps; i++) {
+                // Blocks across: ceil(ceil(w * H / Hmax) / 8), rounded up to H (and V down).
+                const uint64_t bw = ((uint64_t)*w * hs[i] + 8 * (uint64_t)hmax - 1) / (8 * (uint64_t)hmax);
+                const uint64_t bh = ((uint64_t)*h * vs[i] + 8 * (uint64_t)vmax - 1) / (8 * (uint64_t)vmax);
+                const uint64_t blocks = (bw + hs[i] - 1) / hs[i] * hs[i] * ((bh + vs[i] - 1) / vs[i] * vs[i]);
+                *coef_bytes += (size_t)blocks * 128;
+            }
             return 0;
         }
         if (m == 0xD9 || m == 0xDA || len < 2) return -1;  // no frame before the scan
@@ -501,10 +528,21 @@ static int jpeg_frame(const uint8_t *buf, size_t size, int *w, int *h, int *comp
     return -1;
 }
 
+// Bytes of a taps table of taps_make for n_out pixels from an input extent (its floats and
+// indices at the widest span, as allocated), and that span.
+static int taps_span(double extent, int n_out) {
+    const double scale = n_out / extent, r = scale < 1 ? 1 / scale : 1;
+    return (int)ceil(2 * r) + 2;
+}
+
 // The heap image_load takes for an image of w x h with n components (the file, the decoded
-// pixels, stb_image's or libjpeg's own buffers), then for resizing it (the boxes, the
-// filter's float rows): the larger of the two phases.
-static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progressive, Shape t) {
+// pixels, stb_image's or libjpeg-turbo's own buffers), then for resizing it (the decoded
+// pixels, the boxes, the filter's taps and float rows): the larger of the two phases.
+// Measured against a counting malloc (bench/RESULTS.md, "The loader's bytes"): within a
+// few KB above what the decode holds for sequential JPEGs, the DC path and progressive
+// files, the fixed 32 KB taking libjpeg-turbo's own tables and malloc's rounding.
+static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progressive, size_t coef,
+                         Shape t) {
     const size_t C = (size_t)t.c;
     size_t decode = file;
     if (jpeg) {
@@ -512,23 +550,32 @@ static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progr
         while (M < 8 && ((int64_t)w * M + 7) / 8 < t.w) M++;
         while (M < 8 && ((int64_t)h * M + 7) / 8 < t.h) M++;
         const int ow = (int)(((int64_t)w * M + 7) / 8), oh = (int)(((int64_t)h * M + 7) / 8);
-        // libjpeg: a few rows of each component at full width (the 2 x 8 row contexts and the
-        // upsampling), and a progressive file's coefficients of the whole image; before it, at
-        // 1/8 scale, the DC path's tables, planes and unstuffed copy of the data.
-        size_t libjpeg = (size_t)ow * 4 + (size_t)w * n * 48;
-        if (progressive) libjpeg += (size_t)((w + 7) / 8) * ((h + 7) / 8) * n * 128;
-        const size_t eighth = M == 1 ? jpeg_eighth_bytes(w, h, n, file) : 0;
-        decode += (size_t)ow * oh * C + 65536 + (libjpeg > eighth ? libjpeg : eighth);
+        // libjpeg-turbo at scale M/8: about 20 KB of tables and state, then per output row a
+        // few rows of each component at the output width (up to 12 bytes a value measured,
+        // with 4:2:0 upsampling), our row of ow x n for CMYK, and a progressive file's
+        // coefficients of the whole image; before it, at 1/8 scale, the DC path's tables,
+        // planes and unstuffed copy of the data.
+        size_t libjpeg = (size_t)ow * n * 17;
+        if (progressive) libjpeg += coef;
+        const size_t eighth = M == 1 && !progressive ? jpeg_eighth_bytes(w, h, n, file) : 0;
+        decode += (size_t)ow * oh * C + 32768 + (libjpeg > eighth ? libjpeg : eighth);
         w = ow, h = oh;
     } else {
         // stb_image: its decode at the file's components, then converted to C; a PNG also
-        // inflates its rows (16-bit at most) before unfiltering them.
-        decode += (size_t)w * h * (size_t)n * 4 + (size_t)w * h * C;
+        // inflates its rows (16-bit at most) before unfiltering them; 32 KB of its state
+        // (a 28 x 28 PNG held 19 KB besides the pixels, measured).
+        decode += (size_t)w * h * (size_t)n * 4 + (size_t)w * h * C + 32768;
     }
+    // image_resize: boxes of kx x ky first when shrinking by 4 or more, then the triangle
+    // filter over the reduced rw x rh: its taps, a ring of its widest vertical span of
+    // filtered float rows, a row of sums and one input row in floats.
     const int kx = w / t.w / 2 > 1 ? w / t.w / 2 : 1, ky = h / t.h / 2 > 1 ? h / t.h / 2 : 1;
     const size_t rw = (size_t)(w + kx - 1) / kx, rh = (size_t)(h + ky - 1) / ky;
-    const size_t resize = (size_t)w * h * C + (kx > 1 || ky > 1 ? rw * rh * C : 0) +
-                          ((rh + 1) * (size_t)t.w + rw) * C * sizeof(float) + ((size_t)t.w + t.h) * 10 * 8;
+    const int sx = taps_span((double)w / kx, t.w), sy = taps_span((double)h / ky, t.h);
+    size_t resize = (size_t)w * h * C;
+    if (rw != (size_t)t.w || rh != (size_t)t.h || kx > 1 || ky > 1)
+        resize += (kx > 1 || ky > 1 ? rw * rh * C : 0) + ((size_t)sy + 1) * t.w * C * sizeof(float) +
+                  rw * C * sizeof(float) + ((size_t)t.w * sx + (size_t)t.h * sy) * 8 + 32768;
     return decode > resize ? decode : resize;
 }
 
@@ -555,11 +602,12 @@ size_t image_load_bytes(const char *path, Shape target) {
     if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode)) n = fread(head, 1, sizeof head, f);
     int w, h, comps;
     bool progressive = false;
+    size_t coef = 0;
     if (is_jpeg(head, n)) {
-        if (!jpeg_frame(head, n, &w, &h, &comps, &progressive))
-            bytes = load_bytes((size_t)st.st_size, w, h, comps, true, progressive, target);
+        if (!jpeg_frame(head, n, &w, &h, &comps, &progressive, &coef))
+            bytes = load_bytes((size_t)st.st_size, w, h, comps, true, progressive, coef, target);
     } else if (n && image_dims(head, n, &w, &h, &comps) && w > 0 && h > 0) {
-        bytes = load_bytes((size_t)st.st_size, w, h, comps, false, false, target);
+        bytes = load_bytes((size_t)st.st_size, w, h, comps, false, false, 0, target);
     }
     fclose(f);
     return bytes;

@@ -8,19 +8,24 @@
 //
 // Batch k of an epoch is a pure function of (seed, epoch, k) and the files: batch_fill
 // reads positions [k * batch, k * batch + n) of the order and augments each sample with
-// random numbers keyed by (seed, epoch, sample index); loader_next normalises it into
-// the one float batch it hands out (so the ring holds bytes: a quarter of the memory, and
-// the normalisation, a table lookup per value, costs the trainer ~1% of a step). Bad samples
+// random numbers keyed by (seed, epoch, sample index); loader_next hands out the slot's
+// bytes as they are, with the table of their normalised values (the network's first layer
+// reads them through it: no float copy of a batch anywhere). Bad samples
 // (skip_bad) are replaced by the next good samples of the order after the batch, so no
 // batch depends on another one. Who fills a batch, and when, changes nothing: with
 // workers = N, N threads fill batches ahead into a ring of `prefetch` slots (batch k
 // goes to slot k % prefetch), and loader_next hands them out in order; with workers = 0
 // loader_next fills the one slot itself.
 //
+// Two loaders may share one ring (loader_create_shared: the test set's, which only runs
+// between training epochs): the ring's memory then serves the loader that started an
+// epoch last, and starting one stops the other's fills first.
+//
 // Synchronisation: one mutex guards the ring's bookkeeping (slot states, fill_next,
 // released, busy); a slot's buffers belong to the worker filling it until it is marked
 // ready under the mutex, then to the caller until its next loader_next. The order and
-// the epoch change only when no worker is busy.
+// the epoch change only when no worker is busy. A shared ring's owner changes in the
+// caller's thread, after the old owner's workers are idle (under its mutex).
 #include "dataset.h"
 
 #include <inttypes.h>
@@ -51,6 +56,22 @@ typedef struct Slot {
     Error err;         // SLOT_FAILED: why
 } Slot;
 
+// The batch buffers: each slot's labels and bytes, and each filler's augmentation scratch,
+// in one block; offsets in bytes, y and pixels of slot 0 with the other slots after them.
+typedef struct RingLayout {
+    int nslots;
+    size_t y_b, px_b;                      // one slot's y and pixels
+    size_t y, pixels, scratch, scratch_b;  // where they start; all the fillers' scratch
+    size_t total;
+} RingLayout;
+
+typedef struct Ring {
+    uint8_t *block;        // lay.total bytes
+    RingLayout lay;
+    int users;             // loaders on it: freed with the last
+    struct Loader *owner;  // the loader whose batches the slots hold; NULL: none yet
+} Ring;
+
 typedef struct Worker {
     struct Loader *l;
     uint8_t *scratch;  // (H, W, C) one sample before augmentation; NULL without it
@@ -65,14 +86,14 @@ struct Loader {
     int augment;          // any of crop_pad, crop_scale, flip
     int nslots;           // ring size: 1 with workers = 0, else prefetch
     int nworkers;
-    void *block;          // the one allocation of loader_bytes bytes behind the buffers below
-    int64_t *order;       // (count) sample indices of the epoch, in batch order
-    Slot *slots;          // (nslots)
-    float *x;             // (batch, H, W, C) the batch handed out, normalised
-    uint8_t *scratch;     // (max(workers, 1), H, W, C) with augmentation, else NULL
+    int64_t *order;       // (count) sample indices of the epoch, in batch order (owned)
+    Ring *ring;           // the slots' buffers: its own, or another loader's (shared)
+    bool own_ring;        // made by this loader: its bytes are in loader_size
+    Slot *slots;          // (nslots) pointing into the ring
+    uint8_t *scratch;     // (max(workers, 1), H, W, C) in the ring with augmentation, else NULL
     Worker *workers;      // (nworkers)
     float lut[DATASET_MAX_CHANNELS][256];  // (C, 256) the normalised value of each byte
-    Batch batch;          // what loader_next hands out: x, and y of a slot
+    Batch batch;          // what loader_next hands out: a slot's pixels and y, and lut
 
     // The caller's side (loader_start_epoch, loader_next, loader_stats).
     int epoch;            // the epoch started last
@@ -104,23 +125,17 @@ static int loader_augments(const LoaderConfig *cfg) {
     return cfg->crop_pad > 0 || cfg->crop_scale > 0.0f || cfg->flip;
 }
 
-// Byte offsets of the buffers in the loader's block, and its size.
-typedef struct LoaderLayout {
-    size_t order, x, y, pixels, scratch, total;  // y, pixels: of slot 0; the others follow
-    size_t x_b, y_b, px_b;                       // bytes of x, of one slot's y and pixels
-} LoaderLayout;
-
-// Lays out the block: order first (8-byte aligned at offset 0), then x, then the slots'
-// y, then their pixels, then scratch; each at an offset that is a multiple of its
-// element size. Returns -1 if the sizes overflow.
 // The samples of each batch that this process reads: the whole batch, or its shard's part.
 static int loader_part(const LoaderConfig *cfg) {
     return cfg->nshards > 1 ? cfg->batch / cfg->nshards : cfg->batch;
 }
 
-static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayout *lay) {
+// The ring a loader of cfg over ds needs, and the bytes of its order. Slots' y first, then
+// their pixels, then the scratch; each at an offset that is a multiple of its element size.
+// Returns -1 if the configuration is invalid or the sizes overflow.
+static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, RingLayout *lay, size_t *order_b) {
     int64_t sample = shape_numel(ds->shape);
-    size_t values, order_b, all;
+    size_t values, all;
     if (ds->count < 0 || sample <= 0 || cfg->batch <= 0 || cfg->workers < 0 ||
         cfg->workers > LOADER_MAX_WORKERS || cfg->prefetch > 4096)
         return -1;
@@ -128,48 +143,48 @@ static int loader_layout(const Dataset *ds, const LoaderConfig *cfg, LoaderLayou
     const size_t fillers = (size_t)(cfg->workers > 0 ? cfg->workers : 1);
     const size_t part = (size_t)loader_part(cfg);  // the samples of a batch this process takes
     if (__builtin_mul_overflow(part, (size_t)sample, &values)) return -1;
-    if (__builtin_mul_overflow((size_t)ds->count, sizeof(int64_t), &order_b)) return -1;
-    if (__builtin_mul_overflow(values, sizeof(float), &lay->x_b)) return -1;
+    if (__builtin_mul_overflow((size_t)ds->count, sizeof(int64_t), order_b)) return -1;
+    lay->nslots = (int)slots;
     lay->y_b = part * sizeof(int32_t);
     lay->px_b = values;
-    size_t per_slot = lay->y_b + lay->px_b, scratch_b = 0;
+    lay->scratch_b = 0;
+    size_t per_slot = lay->y_b + lay->px_b;
     if (per_slot < lay->px_b) return -1;
     if (__builtin_mul_overflow(per_slot, slots, &all)) return -1;
-    if (__builtin_add_overflow(all, lay->x_b, &all)) return -1;
-    if (loader_augments(cfg) && __builtin_mul_overflow(fillers, (size_t)sample, &scratch_b))
+    if (loader_augments(cfg) && __builtin_mul_overflow(fillers, (size_t)sample, &lay->scratch_b))
         return -1;
-    lay->order = 0;
-    lay->x = order_b;
-    lay->y = lay->x + lay->x_b;
-    lay->pixels = lay->y + slots * lay->y_b;
-    lay->scratch = lay->pixels + slots * lay->px_b;
-    if (lay->scratch < order_b || lay->scratch - order_b != all) return -1;
-    lay->total = lay->scratch + scratch_b;
-    if (lay->total < lay->scratch) return -1;
+    lay->y = 0;
+    lay->pixels = slots * lay->y_b;
+    lay->scratch = all;
+    if (__builtin_add_overflow(all, lay->scratch_b, &lay->total)) return -1;
     return 0;
 }
 
-// Contract: the bytes of the one block loader_create allocates:
-//   batch * H*W*C * sizeof(float)       x, the normalised batch handed out
+// Contract: a loader allocates
+//   count * sizeof(int64_t)             the order of the epoch
+// and, unless it shares another loader's ring (loader_create_shared), the ring's one block:
 // + S * batch * sizeof(int32_t)         y of each slot, the labels
-// + S * batch * H*W*C                   the bytes of each slot's batch as read
-// + count * sizeof(int64_t)             the order of the epoch
+// + S * batch * H*W*C                   the bytes of each slot's batch as read (and handed out)
 // + F * H*W*C                           with augmentation: one sample per filler
-// where S = 1 with workers = 0, else prefetch (2 * workers if prefetch < 1), and
-// F = max(workers, 1). The Loader struct, its slot table and the threads' stacks are
-// not counted (fixed, a few KB plus the stacks' touched pages), nor the transient
-// full-size image of a decode (see dataset.h).
+// where S = 1 with workers = 0, else prefetch (2 * workers if prefetch < 1), F =
+// max(workers, 1), and batch is the shard's part with shards. The Loader struct, its slot
+// table and the threads' stacks are not counted (fixed, a few KB plus the stacks' touched
+// pages), nor the transient decode of an image (loader_read_bytes).
 // 0 when the configuration is invalid; loader_create then says why.
-size_t loader_size(const Loader *l) { return l ? loader_bytes(l->ds, &l->cfg) : 0; }
+size_t loader_size(const Loader *l) {
+    if (!l) return 0;
+    return (size_t)l->ds->count * sizeof(int64_t) + (l->own_ring ? l->ring->lay.total : 0);
+}
 
 size_t loader_read_bytes(const Loader *l) {
     return l ? (size_t)(l->cfg.workers > 0 ? l->cfg.workers : 1) * l->ds->read_bytes : 0;
 }
 
 size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg) {
-    LoaderLayout lay;
-    if (!ds || !cfg || loader_layout(ds, cfg, &lay) != 0) return 0;
-    return lay.total;
+    RingLayout lay;
+    size_t order_b;
+    if (!ds || !cfg || loader_layout(ds, cfg, &lay, &order_b) != 0 || order_b + lay.total < order_b) return 0;
+    return order_b + lay.total;
 }
 
 int64_t loader_batches(const Loader *l) { return l->batches; }
@@ -380,21 +395,6 @@ static int batch_fill(Loader *l, int epoch, int64_t k, Slot *s, uint8_t *scratch
     return 0;
 }
 
-// l->x = lut[c][byte] of the n samples in s: exactly PyTorch's ToTensor + Normalize.
-static void normalise(Loader *l, const Slot *s) {
-    const size_t total = (size_t)s->n * (size_t)l->sample;
-    const int C = l->ds->shape.c;
-    const uint8_t *px = s->pixels;
-    float *x = l->x;
-    if (C == 1) {
-        for (size_t v = 0; v < total; v++) x[v] = l->lut[0][px[v]];
-    } else {
-        // Channel-last: value v belongs to channel v % C, and sample sizes are multiples of C.
-        for (size_t v = 0; v < total; v += (size_t)C)
-            for (int c = 0; c < C; c++) x[v + c] = l->lut[c][px[v + c]];
-    }
-}
-
 // ---- the workers -------------------------------------------------------------------------------
 
 static void *worker_main(void *arg) {
@@ -431,6 +431,20 @@ static void *worker_main(void *arg) {
 
 // ---- the interface ---------------------------------------------------------------------------------
 
+void normalise_table(float *lut, int C, const float *mean, const float *std) {
+    // Exactly PyTorch's ToTensor + Normalize in fp32: (b / 255 - mean) / std.
+    for (int c = 0; c < C; c++)
+        for (int b = 0; b < 256; b++) lut[c * 256 + b] = ((float)b / 255.0f - mean[c]) / std[c];
+}
+
+static void ring_release(Ring *r, Loader *l) {
+    if (!r) return;
+    if (r->owner == l) r->owner = NULL;
+    if (--r->users > 0) return;
+    free(r->block);
+    free(r);
+}
+
 void loader_destroy(Loader *l) {
     if (!l) return;
     if (l->threads_started) {
@@ -444,14 +458,16 @@ void loader_destroy(Loader *l) {
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->work);
     pthread_cond_destroy(&l->done);
+    ring_release(l->ring, l);
     free(l->workers);
     free(l->slots);
-    free(l->block);
+    free(l->order);
     free(l);
 }
 
-int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err) {
-    *out = NULL;
+// The checks of loader_create; the ring's layout and the order's bytes into *lay, *order_b.
+static int loader_check(const Dataset *ds, const LoaderConfig *cfg, RingLayout *lay, size_t *order_b,
+                        Error *err) {
     if (cfg->batch <= 0)
         return err_set(err, "%s: batch = %d; the batch size must be at least 1", ds->source,
                        cfg->batch);
@@ -489,12 +505,17 @@ int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err
                        "batch; use a smaller batch%s",
                        ds->source, ds->count, cfg->drop_last ? " and drop_last" : "",
                        cfg->batch, cfg->drop_last ? " or drop_last = 0" : "");
-    LoaderLayout lay;
-    if (loader_layout(ds, cfg, &lay) != 0)
+    if (loader_layout(ds, cfg, lay, order_b) != 0)
         return err_set(err, "%s: batch %d of %" PRId64 " values over %" PRId64 " samples "
                        "overflows the address space; use a smaller batch",
                        ds->source, cfg->batch, shape_numel(ds->shape), ds->count);
+    return 0;
+}
 
+// The loader over ds with cfg, its batches in ring r (NULL: a ring of its own, laid out
+// as lay), its workers started.
+static int loader_open(Loader **out, Dataset *ds, const LoaderConfig *cfg, const RingLayout *lay,
+                       size_t order_b, Ring *r, Error *err) {
     Loader *l = xcalloc(1, sizeof *l, err);
     if (!l) return -1;
     pthread_mutex_init(&l->mu, NULL);
@@ -510,29 +531,32 @@ int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err
     l->nworkers = cfg->workers;
     l->next = -1;
     l->held = -1;
-    l->block = xcalloc(lay.total, 1, err);
-    l->slots = l->block ? xcalloc((size_t)l->nslots, sizeof *l->slots, err) : NULL;
+    if (!r) {
+        r = xcalloc(1, sizeof *r, err);
+        if (r && !(r->block = xcalloc(lay->total ? lay->total : 1, 1, err))) free(r), r = NULL;
+        if (r) r->lay = *lay;
+        l->own_ring = true;
+    }
+    if (r) r->users++;
+    l->ring = r;
+    l->order = r ? xcalloc(order_b, 1, err) : NULL;
+    l->slots = l->order ? xcalloc((size_t)l->nslots, sizeof *l->slots, err) : NULL;
     l->workers = l->slots && l->nworkers
                      ? xcalloc((size_t)l->nworkers, sizeof *l->workers, err) : NULL;
     if (!l->slots || (l->nworkers && !l->workers)) {
-        err_wrap(err, "%s: loader buffers (%zu bytes)", ds->source, lay.total);
+        err_wrap(err, "%s: loader buffers (%zu bytes)", ds->source, order_b + (l->own_ring ? lay->total : 0));
         loader_destroy(l);
         return -1;
     }
-    uint8_t *base = l->block;
-    l->order = (int64_t *)(void *)(base + lay.order);
-    l->x = (float *)(void *)(base + lay.x);
+    uint8_t *base = r->block;
     for (int i = 0; i < l->nslots; i++) {
         Slot *s = &l->slots[i];
-        s->y = (int32_t *)(void *)(base + lay.y + (size_t)i * lay.y_b);
-        s->pixels = base + lay.pixels + (size_t)i * lay.px_b;
+        s->y = (int32_t *)(void *)(base + r->lay.y + (size_t)i * r->lay.y_b);
+        s->pixels = base + r->lay.pixels + (size_t)i * r->lay.px_b;
         s->batch = -1;
     }
-    if (l->augment) l->scratch = base + lay.scratch;
-    // Exactly PyTorch's ToTensor + Normalize in fp32: (b / 255 - mean) / std.
-    for (int c = 0; c < C; c++)
-        for (int b = 0; b < 256; b++)
-            l->lut[c][b] = ((float)b / 255.0f - cfg->mean[c]) / cfg->std[c];
+    if (l->augment) l->scratch = base + r->lay.scratch;
+    normalise_table(&l->lut[0][0], ds->shape.c, cfg->mean, cfg->std);
     l->fill_next = l->batches;  // nothing to fill before the first epoch
     for (int i = 0; i < l->nworkers; i++) {
         Worker *w = &l->workers[i];
@@ -551,6 +575,45 @@ int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err
     return 0;
 }
 
+int loader_create(Loader **out, Dataset *ds, const LoaderConfig *cfg, Error *err) {
+    *out = NULL;
+    RingLayout lay;
+    size_t order_b;
+    if (loader_check(ds, cfg, &lay, &order_b, err)) return -1;
+    return loader_open(out, ds, cfg, &lay, order_b, NULL, err);
+}
+
+int loader_create_shared(Loader **out, Dataset *ds, const LoaderConfig *cfg, Loader *with,
+                         Error *err) {
+    *out = NULL;
+    RingLayout lay;
+    size_t order_b;
+    if (loader_check(ds, cfg, &lay, &order_b, err)) return -1;
+    const RingLayout *has = &with->ring->lay;
+    if (lay.nslots > has->nslots || lay.y_b > has->y_b || lay.px_b > has->px_b || lay.scratch_b > has->scratch_b)
+        return err_set(err, "%s: its batches (%d slots of %zu bytes, %zu bytes of scratch) do not "
+                       "fit the batch buffers of %s (%d slots of %zu bytes, %zu of scratch) that "
+                       "it would share; give it the same batch, workers and prefetch",
+                       ds->source, lay.nslots, lay.px_b, lay.scratch_b, with->ds->source,
+                       has->nslots, has->px_b, has->scratch_b);
+    return loader_open(out, ds, cfg, &lay, order_b, with->ring, err);
+}
+
+// Stops o's fills and forgets its epoch: the ring o shares goes to another loader. o's
+// workers finish what they fill (their epoch's gen changes: they stop early) and wait.
+static void loader_yield_ring(Loader *o) {
+    pthread_mutex_lock(&o->mu);
+    __atomic_add_fetch(&o->gen, 1, __ATOMIC_RELEASE);
+    o->fill_next = o->batches;
+    while (o->busy > 0) pthread_cond_wait(&o->done, &o->mu);
+    for (int i = 0; i < o->nslots; i++) {
+        o->slots[i].state = SLOT_FREE;
+        o->slots[i].batch = -1;
+    }
+    o->held = -1;
+    pthread_mutex_unlock(&o->mu);
+}
+
 int loader_start_epoch(Loader *l, int epoch, int64_t first, Error *err) {
     if (epoch < 0)
         return err_set(err, "%s: epoch %d: epochs count from 0", l->ds->source, epoch);
@@ -559,6 +622,8 @@ int loader_start_epoch(Loader *l, int epoch, int64_t first, Error *err) {
                        "batches 0 to %" PRId64 "; is the checkpoint from another batch size "
                        "or data set?",
                        l->ds->source, epoch, first, l->batches - 1);
+    if (l->ring->owner && l->ring->owner != l) loader_yield_ring(l->ring->owner);
+    l->ring->owner = l;
     pthread_mutex_lock(&l->mu);
     // Stop the fills of the epoch before (they return early) and wait for them: the order
     // and the slots change below.
@@ -621,8 +686,8 @@ static int loader_get(Loader *l, const Batch **out, Error *err) {
         // Every sample of the batch was bad and skipped: the next batch (a shard hands out
         // its empty part, so every process takes part in every step).
         if (s->n == 0 && l->cfg.nshards <= 1) continue;
-        normalise(l, s);
-        l->batch.x = l->x;
+        l->batch.px = s->pixels;
+        l->batch.lut = &l->lut[0][0];
         l->batch.y = s->y;
         l->batch.n = s->n;
         l->batch.offset = s->offset;
@@ -642,6 +707,9 @@ int loader_next(Loader *l, const Batch **out, Error *err) {
     *out = NULL;
     if (l->next < 0)
         return err_set(err, "%s: loader_next before loader_start_epoch", l->ds->source);
+    if (l->ring->owner != l)
+        return err_set(err, "%s: loader_next after the loader sharing its batch buffers started an "
+                       "epoch; start one of this loader's first (loader_start_epoch)", l->ds->source);
     const double t0 = now_seconds();
     int rc = loader_get(l, out, err);
     l->stats.wait_seconds += now_seconds() - t0;

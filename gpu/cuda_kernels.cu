@@ -19,7 +19,7 @@
 //     the direct convolution (the CPU's sums in its order, block sums included),
 //     bias + activation, ReLU, maxpool (first maximum, argmax), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
-//     NaN payloads included), unscale_check, the loss scaler, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
+//     NaN payloads included), the byte input's table lookup (u8_to_f32), unscale_check, the loss scaler, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
 //     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either), the
 //     pooling layers, add_act and batchnorm's per-element arithmetic and statistics. GEMM,
 //     bias_act_backward's sums, batchnorm's sums (double) and the log-softmax/NLL sums
@@ -1620,6 +1620,20 @@ static void cuda_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     LAUNCH_CHECK();
 }
 
+// The byte input's value at element i: its channel's row of the table.
+__host__ __device__ static inline float u8_value_at(int64_t i, const uint8_t *in, int C, const float *lut) {
+    return lut[(i % C) * 256 + in[i]];
+}
+__global__ void u8_to_f32_kernel(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
+    GRID_LOOP(i, n) out[i] = u8_value_at(i, in, C, lut);
+}
+
+static void cuda_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
+    if (n <= 0) return;
+    u8_to_f32_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n, C, lut);
+    LAUNCH_CHECK();
+}
+
 // 1 / scale as the CPU rounds it.
 __host__ __device__ static inline float unscale_factor(const ScalerState *s) {
     return (float)(1.0 / s->scale);
@@ -1833,6 +1847,7 @@ static void cuda_init(void) {
     k->nll_loss = cuda_nll_loss;
     k->f32_to_f16 = cuda_f32_to_f16;
     k->f16_to_f32 = cuda_f16_to_f32;
+    k->u8_to_f32 = cuda_u8_to_f32;
     k->unscale_check = cuda_unscale_check;
     k->scaler_update = cuda_scaler_update;
     k->adadelta_step = cuda_adadelta_step;

@@ -11,6 +11,7 @@
 // The CPU's 2 MB keeps a chunk in the caches between im2col writing it and the GEMM
 // reading it: on the seed network (3 images a chunk) a step took 37 ms against 45 ms with
 // 16 MB chunks, which went through memory (bench/PROFILE.md).
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -393,6 +394,16 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         k->nhwc_to_nchw(l->grads[0], dw, c->filters, 1, c->size * c->size, l->in.c);
 }
 
+// The GEMM path runs a pass in chunks of conv_chunk images, each its own GEMMs, the weight
+// gradient accumulated chunk after chunk: sub-batches of whole chunks give the same calls.
+// Not with a trained bias (bias_act_backward sums the pass's rows at once), nor for
+// Winograd (shards of the pass) or the direct kernels (fixed blocks of the pass's pixels).
+static int conv_sample_quantum(const Layer *l, const Kernels *k) {
+    const Conv *c = (const Conv *)l;
+    if (c->algorithm == CONV_WINOGRAD || conv_is_direct(c) || (c->bias && !l->frozen)) return 0;
+    return conv_chunk(c, k, INT_MAX);
+}
+
 static unsigned conv_backward_reads(const Layer *l) {
     return layer_reads_with_act(((const Conv *)l)->act);
 }
@@ -401,16 +412,6 @@ static unsigned conv_backward_reads(const Layer *l) {
 // din, a Winograd shard a chunk's (the input transform) before its input gradient; the
 // direct kernels go over the whole call, din first.
 static bool conv_din_over_in(const Layer *l) { return !conv_is_direct((const Conv *)l); }
-
-// The im2col + GEMM path runs its GEMMs on chunks of conv_chunk images from the first:
-// calls over multiples of that many give one call's bits, if no bias sums rows (its
-// gradient is a sum over the whole call). Winograd's shares and the direct kernels' parts
-// depend on the call.
-static int conv_sample_quantum(const Layer *l, const Kernels *k) {
-    const Conv *c = (const Conv *)l;
-    if (c->algorithm == CONV_WINOGRAD || conv_is_direct(c) || c->bias) return 0;
-    return conv_chunk(c, k, INT32_MAX);
-}
 
 // The activation's derivative scales dout in place (bias_act_backward).
 static bool conv_backward_writes_dout(const Layer *l) { return ((const Conv *)l)->act != ACT_NONE; }

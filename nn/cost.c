@@ -64,21 +64,31 @@ static void end_step(CostTable *t, int size) {
 int cost_probe(CostTable *t, Net *net, int classes, int steps, Error *err) {
     const int N = net->batch;
     const int64_t numel = (int64_t)N * shape_numel(net->input);
-    float *x = xcalloc((size_t)numel, sizeof *x, err);
+    // Any inputs: the kernels' time does not depend on them. As the trainer gives them:
+    // fp32 values, or bytes and their table.
+    const size_t lut_values = (size_t)net->input.c * 256;
+    float *x = xcalloc(net->input_bytes ? lut_values : (size_t)numel, sizeof *x, err);
+    uint8_t *px = net->input_bytes ? xcalloc((size_t)numel, 1, err) : NULL;
     int32_t *y = xcalloc((size_t)N, sizeof *y, err);
-    if (!x || !y) {
-        free(x), free(y);
+    if (!x || !y || (net->input_bytes && !px)) {
+        free(x), free(px), free(y);
         return -1;
     }
-    uint64_t r = 0x9e3779b97f4a7c15ULL;  // any inputs: the kernels' time does not depend on them
+    uint64_t r = 0x9e3779b97f4a7c15ULL;
     for (int64_t i = 0; i < numel; i++) {
         r = r * 6364136223846793005ULL + 1442695040888963407ULL;
-        x[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+        if (px) px[i] = (uint8_t)(r >> 56);
+        else x[i] = (float)((double)(r >> 11) / 9007199254740992.0 * 2.0 - 1.0);
     }
     for (int i = 0; i < N; i++) y[i] = i % classes;
-    net->k->upload(net->input_buf, x, (size_t)numel * sizeof *x);
+    if (px) {
+        for (size_t i = 0; i < lut_values; i++) x[i] = (float)(i % 256) / 127.5f - 1.0f;
+        net_put_input(net, px, x, N);
+    } else {
+        net->k->upload(net->input_buf, x, (size_t)numel * sizeof *x);
+    }
     net->k->upload(net->labels, y, (size_t)N * sizeof *y);
-    free(x), free(y);
+    free(x), free(px), free(y);
     const int sizes[2] = {N, N > 1 ? N / 2 : 1};
     for (int s = 0; s < steps; s++) {
         const int size = s % 2, n = sizes[size];

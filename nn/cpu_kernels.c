@@ -1285,6 +1285,20 @@ static void cpu_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     }
 }
 
+static void cpu_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
+    if (C == 1) {
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+        for (int64_t i = 0; i < n; i++) out[i] = lut[in[i]];
+        return;
+    }
+    // Channel-last: pixel p holds values p * C .. p * C + C - 1, channel c of them from lut's row c.
+    const int64_t pixels = n / C;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t p = 0; p < pixels; p++)
+        for (int c = 0; c < C; c++) out[p * C + c] = lut[c * 256 + in[p * C + c]];
+    for (int64_t i = pixels * C; i < n; i++) out[i] = lut[(i % C) * 256 + in[i]];
+}
+
 static void cpu_unscale_check(float *g, int64_t n, ScalerState *s) {
     const float scale = (float)(1.0 / s->scale);
     int bad = 0;
@@ -1446,6 +1460,7 @@ const Kernels cpu_kernels = {
     .nll_loss = cpu_nll_loss,
     .f32_to_f16 = cpu_f32_to_f16,
     .f16_to_f32 = cpu_f16_to_f32,
+    .u8_to_f32 = cpu_u8_to_f32,
     .unscale_check = cpu_unscale_check,
     .scaler_update = cpu_scaler_update,
     .adadelta_step = cpu_adadelta_step,

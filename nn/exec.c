@@ -8,13 +8,25 @@
 static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
 
 // fp32 view of samples [n0, n0 + n) of a stored activation of `numel` values a sample: in
-// place when it is F32, else converted into scratch slot `slot`; NULL for NULL.
+// place when it is F32, else converted into scratch slot `slot` (a byte input in F32
+// precision: into Exec.input_f32); NULL for NULL.
 static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, int slot) {
     if (!s.p) return NULL;  // not read (LayerOps.backward_reads)
-    if (s.f32) return (float *)s.p + n0 * numel;
-    float *dst = ctx->exec->scratch[slot];
-    ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);
-    return dst;
+    const Exec *e = ctx->exec;
+    switch (s.kind) {
+    case STORED_F32: return (float *)s.p + n0 * numel;
+    case STORED_F16: {
+        float *dst = e->scratch[slot];
+        ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);
+        return dst;
+    }
+    case STORED_U8: {
+        float *dst = exec_f16(ctx) ? e->scratch[slot] : e->input_f32;
+        ctx->k->u8_to_f32(dst, (const uint8_t *)s.p + n0 * numel, n * numel, e->input_c, e->lut);
+        return dst;
+    }
+    }
+    return NULL;
 }
 
 // Writes n samples of fp32 `src` as samples [n0, n0 + n) of stored F16 `dst`.
@@ -62,22 +74,34 @@ static void exec_charge(const LayerCtx *ctx, const Layer *l, CallKind kind, int 
 
 static double exec_start(const LayerCtx *ctx) { return ctx->exec->costs ? exec_clock(ctx) : 0; }
 
-// The batch pass of forward (reduce) and the forward itself, each over the chunks.
+// Samples per call of l's pass over N with input `in`: exec_chunk's in F16; in F32 the
+// byte input's chunk (Exec.input_chunk), else N.
+static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, int N) {
+    if (exec_f16(ctx)) return exec_chunk(ctx->exec, l, N);
+    if (in.kind == STORED_U8 && ctx->exec->input_chunk < N) return ctx->exec->input_chunk;
+    return N;
+}
+
+// The batch pass of forward (reduce) and the forward itself. In F32 a pass that one call
+// takes runs in place (a byte input expanded whole into Exec.input_f32); otherwise the
+// passes run over chunks, each one's input viewed in fp32 and its results stored back
+// where they are not F32.
 static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N, bool reduce) {
     const LayerOps *ops = l->ops;
+    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+    const int chunk = pass_chunk(ctx, l, in, N);
     double t0 = exec_start(ctx);
-    if (!exec_f16(ctx)) {
+    if (!exec_f16(ctx) && chunk >= N) {
+        const float *x = view(ctx, in, nin, 0, N, 0);
         if (reduce) {
-            ops->forward_reduce(l, ctx, in.p, 0, N, N);
+            ops->forward_reduce(l, ctx, x, 0, N, N);
             exec_charge(ctx, l, CALL_FORWARD_REDUCE, N, t0);
             t0 = exec_start(ctx);
         }
-        ops->forward(l, ctx, out.p, in.p, N);
+        ops->forward(l, ctx, out.p, x, N);
         exec_charge(ctx, l, CALL_FORWARD, N, t0);
         return;
     }
-    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = exec_chunk(ctx->exec, l, N);
     if (reduce) {
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
@@ -90,9 +114,9 @@ static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in,
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
         const float *x = view(ctx, in, nin, n0, n, 0);
-        float *y = out.f32 ? (float *)out.p + n0 * nout : ctx->exec->scratch[1];
+        float *y = out.kind == STORED_F32 ? (float *)out.p + n0 * nout : ctx->exec->scratch[1];
         ops->forward(l, &c, y, x, n);
-        if (!out.f32) store(ctx, out.p, y, nout, n0, n);
+        if (out.kind != STORED_F32) store(ctx, out.p, y, nout, n0, n);
     }
     exec_charge(ctx, l, CALL_FORWARD, N, t0);
 }
@@ -106,19 +130,20 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N) {
     const LayerOps *ops = l->ops;
+    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+    const int chunk = pass_chunk(ctx, l, in, N);
     double t0 = exec_start(ctx);
-    if (!exec_f16(ctx)) {
+    if (!exec_f16(ctx) && chunk >= N) {
+        const float *x = view(ctx, in, nin, 0, N, 0);
         if (ops->backward_reduce) {
-            ops->backward_reduce(l, ctx, dout.p, in.p, out.p, 0, N, N);
+            ops->backward_reduce(l, ctx, dout.p, x, out.p, 0, N, N);
             exec_charge(ctx, l, CALL_BACKWARD_REDUCE, N, t0);
             t0 = exec_start(ctx);
         }
-        ops->backward(l, ctx, din.p, dout.p, in.p, out.p, N);
+        ops->backward(l, ctx, din.p, dout.p, x, out.p, N);
         exec_charge(ctx, l, CALL_BACKWARD, N, t0);
         return;
     }
-    const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = exec_chunk(ctx->exec, l, N);
     if (ops->backward_reduce) {
         for (int n0 = 0; n0 < N; n0 += chunk) {
             const int n = chunk_len(chunk, n0, N);
@@ -137,9 +162,9 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
         const float *x = view(ctx, in, nin, n0, n, 0);
         const float *y = view(ctx, out, nout, n0, n, 1);
         float *dy = view(ctx, dout, nout, n0, n, 2);
-        float *dx = din.p ? ctx->exec->scratch[3] : NULL;
+        float *dx = !din.p ? NULL : din.kind == STORED_F32 ? (float *)din.p + n0 * nin : ctx->exec->scratch[3];
         ops->backward(l, &c, dx, dy, x, y, n);
-        if (dx) store(ctx, din.p, dx, nin, n0, n);
+        if (dx && din.kind != STORED_F32) store(ctx, din.p, dx, nin, n0, n);
     }
     exec_charge(ctx, l, CALL_BACKWARD, N, t0);
 }
@@ -183,7 +208,8 @@ void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t val
 
 // The scratch of a sweep, a chunk's worth: each member's output (fp32), the inner
 // activations of those that keep some (max pooling's argmax), two gradients, the chain's
-// input in fp32 (F16: converted), and halves for rounding as the network stores.
+// input in fp32 (where it is stored otherwise), and halves for rounding as the network
+// stores.
 typedef struct SweepSpace {
     float *out[NODE_CHAIN_MAX];
     void *inner[NODE_CHAIN_MAX];
@@ -213,7 +239,7 @@ static size_t sweep_space(const Exec *e, const Sweep *s, void *base, SweepSpace 
     }
     sp->grad[0] = TAKE(C * big * sizeof(float));
     sp->grad[1] = TAKE(C * big * sizeof(float));
-    sp->in = e->precision == DT_F16 ? TAKE(C * (size_t)shape_numel(s->m[0]->in) * sizeof(float)) : NULL;
+    sp->in = e->precision == DT_F16 || s->bytes_in ? TAKE(C * (size_t)shape_numel(s->m[0]->in) * sizeof(float)) : NULL;
     sp->half = e->precision == DT_F16 ? TAKE(C * big * sizeof(uint16_t)) : NULL;
 #undef TAKE
     return off;
@@ -248,8 +274,14 @@ static LayerCtx sweep_ctx(const LayerCtx *ctx, Layer *l, const SweepSpace *sp, i
 static const float *sweep_input(const LayerCtx *ctx, const Sweep *s, const SweepSpace *sp, Stored in,
                                 int n0, int n) {
     const int64_t numel = shape_numel(s->m[0]->in);
-    if (in.f32) return (const float *)in.p + n0 * numel;
-    ctx->k->f16_to_f32(sp->in, (const uint16_t *)in.p + n0 * numel, n * numel);
+    switch (in.kind) {
+    case STORED_F32: return (const float *)in.p + n0 * numel;
+    case STORED_F16: ctx->k->f16_to_f32(sp->in, (const uint16_t *)in.p + n0 * numel, n * numel); break;
+    case STORED_U8:
+        ctx->k->u8_to_f32(sp->in, (const uint8_t *)in.p + n0 * numel, n * numel, ctx->exec->input_c,
+                          ctx->exec->lut);
+        break;
+    }
     return sp->in;
 }
 
@@ -290,7 +322,7 @@ void exec_sweep_forward(const LayerCtx *ctx, const Sweep *s, Stored out, Stored 
     for (int n0 = 0; n0 < N; n0 += s->chunk) {
         const int n = chunk_len(s->chunk, n0, N);
         sweep_run(ctx, s, &sp, sweep_input(ctx, s, &sp, in, n0, n), last, n0, n, N);
-        if (out.f32) ctx->k->copy((float *)out.p + n0 * nout, sp.out[last], (size_t)n * nout * sizeof(float));
+        if (out.kind == STORED_F32) ctx->k->copy((float *)out.p + n0 * nout, sp.out[last], (size_t)n * nout * sizeof(float));
         else store(ctx, out.p, sp.out[last], nout, n0, n);
     }
 }
@@ -327,7 +359,7 @@ void exec_sweep_backward(const LayerCtx *ctx, const Sweep *s, Stored din, Stored
             sweep_run(&redo, s, &sp, x, upto, n0, n, N);
             // The chain's output gradient, copied: a backward may scale it in place.
             float *g = sp.grad[0];
-            if (dout.f32) ctx->k->copy(g, (const float *)dout.p + n0 * nout, (size_t)n * nout * sizeof(float));
+            if (dout.kind == STORED_F32) ctx->k->copy(g, (const float *)dout.p + n0 * nout, (size_t)n * nout * sizeof(float));
             else ctx->k->f16_to_f32(g, (const uint16_t *)dout.p + n0 * nout, n * nout);
             for (int i = last; i > q; i--) {
                 Layer *l = s->m[i];
@@ -335,10 +367,10 @@ void exec_sweep_backward(const LayerCtx *ctx, const Sweep *s, Stored din, Stored
                 const float *xi = i ? sp.out[i - 1] : x;
                 const double t0 = exec_start(ctx);
                 if (i == 0 && q < 0) {  // the chain's input gradient
-                    float *dx = !din.p ? NULL : din.f32 ? (float *)din.p + n0 * nin : sp.grad[1];
+                    float *dx = !din.p ? NULL : din.kind == STORED_F32 ? (float *)din.p + n0 * nin : sp.grad[1];
                     l->ops->backward(l, &c, dx, g, xi, sp.out[i], n);
                     exec_charge(ctx, l, CALL_BACKWARD, n, t0);
-                    if (dx && !din.f32) store(ctx, din.p, dx, nin, n0, n);
+                    if (dx && din.kind != STORED_F32) store(ctx, din.p, dx, nin, n0, n);
                     break;
                 }
                 float *d = l->ops->backward_in_place ? g : (g == sp.grad[0] ? sp.grad[1] : sp.grad[0]);

@@ -5,7 +5,10 @@
 // samples, converting each chunk's input (and, in backward, output and output gradient)
 // into fp32 scratch and the result back to halves, so layers stay fp32 code. Layers
 // with batch passes (batchnorm) get their pass over every chunk first. The network runs
-// its nodes (leaves and sums, nn/net.h) through these functions.
+// its nodes (leaves and sums, nn/net.h) through these functions. The network's input may
+// be bytes (the loader's, NetOptions.input_bytes): the first layer then reads them
+// normalised, expanded into fp32 a chunk at a time where its results do not depend on the
+// chunks (LayerOps.sample_quantum), or whole into a transient buffer.
 #ifndef NN_EXEC_H
 #define NN_EXEC_H
 
@@ -18,6 +21,15 @@ struct Exec {
     int64_t slot_values;  // F16: fp32 values in each scratch slot
     float *scratch[4];    // F16: slot_values F32 each
     struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
+    // A byte input (STORED_U8: the network's input with NetOptions.input_bytes) is read as
+    // lut[c][byte] (C, 256, on the device), expanded into fp32 chunk by chunk: in F16
+    // through scratch slot 0 (the chunks of exec_chunk), in F32 into input_f32, which holds
+    // input_chunk samples (the whole batch, or a multiple of the first layer's
+    // sample_quantum: chunks that give the bits of one call).
+    const float *lut;
+    int input_c;          // C
+    float *input_f32;     // F32: (input_chunk, input shape)
+    int input_chunk;
 };
 
 // Samples per call of leaf l in a pass over N: in F16 as many as a scratch slot holds of
@@ -26,15 +38,23 @@ struct Exec {
 // whole weight for 49 rows); N in F32.
 int exec_chunk(const Exec *e, const Layer *l, int N);
 
-// A stored activation: in the executor's precision, or F32 where f32 is set (the
-// network's input and its output, the log-probabilities).
+// How a stored activation holds its values: fp32; IEEE halves (the executor's F16
+// precision); bytes read through Exec.lut (the network's input with input_bytes).
+typedef enum StoredKind { STORED_F32, STORED_F16, STORED_U8 } StoredKind;
+
+// A stored activation: in the executor's precision, in F32 (the network's input and its
+// output, the log-probabilities), or the network's byte input.
 typedef struct Stored {
     void *p;
-    bool f32;
+    StoredKind kind;
 } Stored;
 
+// F32 where f32 is set, else F16 (the executor's halves).
+static inline Stored stored_in(void *p, bool f32) { return (Stored){p, f32 ? STORED_F32 : STORED_F16}; }
+
 // Layer l forward over N samples (out from in), and backward (din from dout; din.p NULL
-// when nobody needs it); parameter gradients accumulate.
+// when nobody needs it); parameter gradients accumulate. A STORED_U8 input is read
+// normalised (Exec.lut), in chunks where Exec says so.
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N);
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N);
@@ -58,6 +78,7 @@ void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t val
 typedef struct Sweep {
     Layer *const *m;
     int nm, chunk;
+    bool bytes_in;  // the chain's input is the network's bytes (STORED_U8)
     void *scratch;
 } Sweep;
 size_t exec_sweep_bytes(const Exec *e, const Sweep *s);

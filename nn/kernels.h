@@ -310,6 +310,10 @@ typedef struct Kernels {
     // IEEE binary16 storage (nn/half.h): round to nearest even, overflow to inf.
     void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
     void (*f16_to_f32)(float *out, const uint16_t *in, int64_t n);
+    // The network's byte input read as floats: out[i] = lut[(i % C) * 256 + in[i]] for
+    // i < n, in (n / C pixels, C channels) channel-last bytes, lut (C, 256) on the device
+    // (the loader's normalisation of each byte value, so the floats are its bits).
+    void (*u8_to_f32)(float *out, const uint8_t *in, int64_t n, int C, const float *lut);
     // ---- loss scaling (nn/scaler.h), its state s in device memory ------------------------
     // g (n) *= (float)(1 / s->scale); s->found = 1 if any result is inf or NaN (left as it
     // was otherwise, so one flag can cover several calls).

@@ -131,10 +131,13 @@ typedef struct LayerOps {
     // Whether backward scales dout in place (an activation's derivative: conv and linear
     // with a ReLU); NULL: it leaves dout as it is.
     bool (*backward_writes_dout)(const Layer *l);
-    // A sweep's first member (nn/exec.h) may be a layer with parameters, when it gives the
-    // bits of one call over consecutive calls of multiples of sample_quantum(l, k) samples
-    // (a convolution whose GEMMs go image chunk by image chunk); 0 or NULL: it is not
-    // swept. The cheap members (batchnorm, ReLU, pooling, dropout) compute each sample alone.
+    // Samples q such that forward and backward over consecutive sub-batches of a pass,
+    // each a multiple of q samples but the last, give the bits of one call over the whole
+    // pass (a convolution whose GEMMs go image chunk by image chunk, its weight gradient
+    // accumulated chunk after chunk); 0 or NULL: no such q. Such a layer may be a sweep's
+    // first member (nn/exec.h; the cheap members, batchnorm, ReLU, pooling, dropout,
+    // compute each sample alone), and as the first layer of a network with a byte input
+    // (NetOptions.input_bytes) in F32 it reads its input expanded q samples at a time.
     int (*sample_quantum)(const Layer *l, const Kernels *k);
     // Whether din may be the same buffer as in: backward reads each sample's input before
     // it writes that sample's input gradient (the network then writes a gradient over an

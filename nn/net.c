@@ -117,8 +117,9 @@ static size_t inner_bytes(const Net *net, int j) {
 }
 
 // A sweep node's chain as exec.h runs it (scratch set by the caller).
-static Sweep node_sweep(const NetNode *nd, void *scratch) {
-    return (Sweep){.m = nd->chain, .nm = nd->nchain, .chunk = nd->chunk, .scratch = scratch};
+static Sweep node_sweep(const Net *net, const NetNode *nd, void *scratch) {
+    return (Sweep){.m = nd->chain, .nm = nd->nchain, .chunk = nd->chunk,
+                   .bytes_in = net->input_bytes && nd->in[0] == NODE_INPUT, .scratch = scratch};
 }
 
 // Values of the largest input or output of l and its children.
@@ -300,9 +301,13 @@ static bool crosses(const Net *net, int p) {
 // at the lowest offset that no buffer live at the same time occupies (the greedy-by-size
 // placement of TFLite's memory planner). The block is as large as the highest end.
 
-// Buffer ids: four fixed ones, then per node its output, its inner activations, its output
-// gradient, that gradient's second term and a sweep's scratch.
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_NODES, BUFS_A_NODE = 5 };
+// Buffer ids: five fixed ones, then per node its output, its inner activations, its output
+// gradient, that gradient's second term and a sweep's scratch. BUF_INPUT holds the batch:
+// fp32 values, or with input_bytes the table of byte values and the bytes; BUF_INPUT_F32
+// (input_bytes in F32) is where a leaf that reads the network's input expands the bytes, a
+// chunk at a time (Exec.input_chunk), live during its events only (a sweep expands them in
+// its scratch).
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_NODES, BUFS_A_NODE = 5 };
 static int buf_out(int j) { return BUF_NODES + BUFS_A_NODE * j; }
 static int buf_inner(int j) { return buf_out(j) + 1; }
 static int buf_grad(int j) { return buf_out(j) + 2; }
@@ -529,6 +534,31 @@ static void span_write(SpanBuilder *sb, int b, int t) {
     sb->open[b] = (ActSpan){t, t};
 }
 
+// Whether node j is a leaf that expands the network's byte input into BUF_INPUT_F32 (F32).
+static bool expands_input(const Net *net, int j) {
+    const NetNode *nd = &net->nodes[j];
+    return net->input_bytes && net->precision == DT_F32 && nd->kind == NODE_LEAF && nd->in[0] == NODE_INPUT;
+}
+
+// Samples of a byte input that a leaf reading it expands into fp32 at once in F32
+// (Exec.input_chunk): its sample quantum where it has one below the batch (the smallest, if
+// several leaves read the input), else the batch.
+static int net_input_chunk(const Net *net) {
+    int chunk = net->batch;
+    for (int j = 0; j < net->nnodes; j++) {
+        const NetNode *nd = &net->nodes[j];
+        if (nd->kind != NODE_LEAF || nd->in[0] != NODE_INPUT) continue;
+        const Layer *l = nd->l;
+        const int q = l->ops->sample_quantum ? l->ops->sample_quantum(l, net->k) : 0;
+        if (q <= 0) return net->batch;
+        if (q < chunk) chunk = q;
+    }
+    return chunk;
+}
+
+// Bytes of the table of a byte input's values, (C, 256) floats.
+static size_t lut_bytes(const Net *net) { return (size_t)net->input.c * 256 * sizeof(float); }
+
 // Event t reads (or updates) buffer b, which an earlier event wrote.
 static void span_read(SpanBuilder *sb, int b, int t) { sb->open[b].to = t; }
 
@@ -536,6 +566,7 @@ static void span_read(SpanBuilder *sb, int b, int t) { sb->open[b].to = t; }
 static void spans_forward(const Net *net, SpanBuilder *sb, int j, int t) {
     const NetNode *nd = &net->nodes[j];
     for (int k = 0; k < node_nin(nd); k++) span_read(sb, out_buffer(net, nd->in[k]), t);
+    if (expands_input(net, j)) span_write(sb, BUF_INPUT_F32, t);  // anew at every event that reads it
     span_write(sb, net->nbuf[j].out, t);
     if (inner_bytes(net, j)) span_write(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
@@ -549,6 +580,7 @@ static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
     const unsigned reads = node_reads(nd);
     span_read(sb, b[j].grad, t);
     if (reads & BACKWARD_READS_IN) span_read(sb, out_buffer(net, nd->in[0]), t);
+    if ((reads & BACKWARD_READS_IN) && expands_input(net, j)) span_write(sb, BUF_INPUT_F32, t);
     if (reads & BACKWARD_READS_OUT) span_read(sb, b[j].out, t);
     if (inner_bytes(net, j)) span_read(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
@@ -559,8 +591,17 @@ static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
 static void buffer_bytes(Net *net) {
     ActBuffer *buf = net->bufs;
     const size_t B = (size_t)net->batch, es = dtype_sizes[net->precision];
+    const size_t numel = (size_t)shape_numel(net->input);
     const int last = net->nnodes - 1;
-    buf[BUF_INPUT].bytes = align64(B * (size_t)shape_numel(net->input) * sizeof(float));
+    bool expanded = false;
+    for (int j = 0; j <= last; j++) expanded |= expands_input(net, j);
+    if (net->input_bytes) {
+        buf[BUF_INPUT].bytes = align64(lut_bytes(net)) + align64(B * numel);
+        buf[BUF_INPUT_F32].bytes = expanded ? align64((size_t)net->exec.input_chunk * numel * sizeof(float)) : 0;
+    } else {
+        buf[BUF_INPUT].bytes = align64(B * numel * sizeof(float));
+        buf[BUF_INPUT_F32].bytes = 0;
+    }
     buf[BUF_LABELS].bytes = align64(B * sizeof(int32_t));
     buf[BUF_METRICS].bytes = align64(NET_METRICS * sizeof(float)) + align64(sizeof(ScalerState));
     buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->nodes[last].out) * sizeof(float));
@@ -570,7 +611,7 @@ static void buffer_bytes(Net *net) {
         buf[buf_inner(j)].bytes = align64(B * inner_bytes(net, j));
         buf[buf_grad(j)].bytes = align64(values * es);
         buf[buf_term(j)].bytes = align64(values * es);
-        const Sweep sw = node_sweep(&net->nodes[j], NULL);
+        const Sweep sw = node_sweep(net, &net->nodes[j], NULL);
         buf[buf_scratch(j)].bytes = net->nodes[j].kind == NODE_SWEEP ? align64(exec_sweep_bytes(&net->exec, &sw)) : 0;
     }
 }
@@ -751,7 +792,13 @@ static int net_plan_activations(Net *net, Error *err) {
 static void net_carve_activations(Net *net, char *base) {
     char *at[net->nbufs];
     for (int b = 0; b < net->nbufs; b++) at[b] = net->bufs[b].bytes ? base + net->bufs[b].offset : NULL;
-    net->input_buf = (float *)at[BUF_INPUT];
+    if (net->input_bytes) {
+        net->input_lut = (float *)at[BUF_INPUT];
+        net->input_u8 = (uint8_t *)at[BUF_INPUT] + align64(lut_bytes(net));
+        net->exec.input_f32 = (float *)at[BUF_INPUT_F32];  // NULL in F16: the scratch serves
+    } else {
+        net->input_buf = (float *)at[BUF_INPUT];
+    }
     net->labels = (int32_t *)at[BUF_LABELS];
     net->metrics = (float *)at[BUF_METRICS];
     net->scaler = (ScalerState *)(at[BUF_METRICS] + align64(NET_METRICS * sizeof(float)));
@@ -1017,6 +1064,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->batch = opt->batch;
     net->precision = opt->precision;
     net->exec.precision = opt->precision;  // sweeps' scratch is planned by it
+    net->input_bytes = opt->input_bytes;
     net->gemm_reduced = opt->precision == DT_F16 || opt->tf32;
     if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
@@ -1035,6 +1083,8 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
             net->nparams += n;
             if (!net->modules[i]->frozen) net->ntrain += n;
         }
+    net->exec.input_c = input.c;  // planned by the cuts' search too
+    net->exec.input_chunk = net->input_bytes ? net_input_chunk(net) : 0;
     if (net_segments(net, opt->segments, err)) goto fail;
     net_layout(net);
     net_layout_buffers(net, NULL);
@@ -1053,6 +1103,11 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         !(net->workspace = device_block(k, net->plan.workspace, "workspace", err)))
         goto fail;
     net_carve_activations(net, net->activations);
+    if (net->input_bytes) {
+        if (!(net->lut_host = xcalloc(lut_bytes(net), 1, err))) goto fail;
+        for (size_t i = 0; i < lut_bytes(net) / sizeof(float); i++) net->lut_host[i] = NAN;
+        net->exec.lut = net->input_lut;
+    }
     const ScalerState unscaled = {.scale = 1.0};
     k->upload(net->scaler, &unscaled, sizeof unscaled);
     net_layout_buffers(net, net->buffers);
@@ -1096,6 +1151,7 @@ void net_free(Net *net) {
     free(net->bufs);
     free(net->nbuf);
     free(net->spans);
+    free(net->lut_host);
     memset(net, 0, sizeof *net);
 }
 
@@ -1124,8 +1180,14 @@ int net_reset_buffers(Net *net, Error *err) {
 }
 
 int net_init_params(Net *net, uint64_t seed, Error *err) {
-    float *host = xcalloc((size_t)net->nparams ? (size_t)net->nparams : 1, sizeof(float), err);
-    if (!host) return -1;
+    // Drawn straight into the parameters where the device's memory is the host's (the
+    // CPU), else into a host chunk that is uploaded as it fills: nothing outside the plan
+    // but that chunk (a host copy of every parameter was resnet18's 44.7 MB, the peak of a
+    // run's start).
+    enum { CHUNK = 1 << 16 };  // floats
+    const bool direct = net->k->host_memory;
+    float *chunk = direct ? NULL : xcalloc(CHUNK, sizeof(float), err);
+    if (!direct && !chunk) return -1;
     // PyTorch's reset_parameters for Conv2d and Linear, with its arithmetic:
     // kaiming_uniform_(weight, a = sqrt(5)) draws U(-b, b) with
     // b = sqrt(3) * sqrt(2 / (1 + a^2)) / sqrt(fan_in) (= 1/sqrt(fan_in) up to rounding),
@@ -1141,19 +1203,23 @@ int net_init_params(Net *net, uint64_t seed, Error *err) {
         for (int j = 0; j < l->nparams; j++) {
             const int64_t n = tensor_numel(&l->params[j]);
             const ParamInit init = l->init[j];
-            if (init == INIT_ONES || init == INIT_ZEROS) {
-                for (int64_t e = 0; e < n; e++) host[off + e] = init == INIT_ONES ? 1.0f : 0.0f;
-            } else {
-                const double fan = (double)l->fan_in;
-                const double bound = init == INIT_WEIGHT ? sqrt(3.0) * (sqrt(2.0 / (1 + a * a)) / sqrt(fan))
-                                                         : 1 / sqrt(fan);
-                for (int64_t e = 0; e < n; e++) host[off + e] = mt19937_uniform(&mt, (float)-bound, (float)bound);
+            const double fan = (double)l->fan_in;
+            const double bound = init == INIT_WEIGHT ? sqrt(3.0) * (sqrt(2.0 / (1 + a * a)) / sqrt(fan))
+                                                     : 1 / sqrt(fan);
+            for (int64_t e0 = 0; e0 < n; e0 += direct ? n : CHUNK) {
+                const int64_t m = direct || n - e0 < CHUNK ? n - e0 : CHUNK;
+                float *dst = direct ? net->params + off + e0 : chunk;
+                if (init == INIT_ONES || init == INIT_ZEROS) {
+                    for (int64_t e = 0; e < m; e++) dst[e] = init == INIT_ONES ? 1.0f : 0.0f;
+                } else {
+                    for (int64_t e = 0; e < m; e++) dst[e] = mt19937_uniform(&mt, (float)-bound, (float)bound);
+                }
+                if (!direct) net->k->upload(net->params + off + e0, chunk, (size_t)m * sizeof(float));
             }
             off += n;
         }
     }
-    net->k->upload(net->params, host, (size_t)net->nparams * sizeof(float));
-    free(host);
+    free(chunk);
     return net_reset_buffers(net, err);
 }
 
@@ -1162,14 +1228,24 @@ static LayerCtx net_ctx(const Net *net, bool train, uint64_t seed, uint64_t step
                       .seed = seed, .step = step, .sample0 = sample0, .train = train};
 }
 
-// Node p's output as stored (NODE_INPUT: the network's input); the network's input and
-// output are F32.
+// Node p's output as stored (NODE_INPUT: the network's input, F32 or bytes); the
+// network's output is F32.
 static Stored node_out(const Net *net, int p) {
-    if (p == NODE_INPUT) return (Stored){net->input_buf, true};
-    return (Stored){net->acts[p], p == net->nnodes - 1 || net->precision == DT_F32};
+    if (p == NODE_INPUT)
+        return net->input_bytes ? (Stored){net->input_u8, STORED_U8} : (Stored){net->input_buf, STORED_F32};
+    return stored_in(net->acts[p], p == net->nnodes - 1 || net->precision == DT_F32);
 }
 
-static Stored stored(const Net *net, void *p) { return (Stored){p, net->precision == DT_F32}; }
+void net_put_input(Net *net, const uint8_t *px, const float *lut, int n) {
+    // The table changes with the data's mean and std only: compared here, uploaded rarely.
+    if (memcmp(net->lut_host, lut, lut_bytes(net))) {
+        memcpy(net->lut_host, lut, lut_bytes(net));
+        net->k->upload(net->input_lut, lut, lut_bytes(net));
+    }
+    net->k->upload(net->input_u8, px, (size_t)n * (size_t)shape_numel(net->input));
+}
+
+static Stored stored(const Net *net, void *p) { return stored_in(p, net->precision == DT_F32); }
 
 // The probe's clock (Exec.costs): the device's queued work done first.
 static double net_clock(const Net *net) {
@@ -1198,7 +1274,7 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
         exec_forward(ctx, nd->l, node_out(net, j), node_out(net, nd->in[0]), N);
         return;  // timed by the executor
     } else if (nd->kind == NODE_SWEEP) {
-        const Sweep sw = node_sweep(nd, net->scratch[j]);
+        const Sweep sw = node_sweep(net, nd, net->scratch[j]);
         exec_sweep_forward(ctx, &sw, node_out(net, j), node_out(net, nd->in[0]), N);
     } else {
         exec_add_act(ctx, node_out(net, j), node_out(net, nd->in[0]), node_out(net, nd->in[1]),
@@ -1212,7 +1288,7 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
 // activation, in place, which its inputs then share as theirs.
 static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
-    const Stored none = {NULL, true}, dout = j == net->nnodes - 1 ? (Stored){net->dlogp, true}
+    const Stored none = {NULL, STORED_F32}, dout = j == net->nnodes - 1 ? (Stored){net->dlogp, STORED_F32}
                                                                    : stored(net, net->grad[j]);
     const double t0 = net_start(net);
     if (nd->kind == NODE_SUM) {
@@ -1225,7 +1301,7 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const int p = nd->in[0], din = net->nbuf[j].din;
     void *dst = din < 0 ? NULL : din == net->nbuf[p].term ? net->term[p] : net->grad[p];
     if (nd->kind == NODE_SWEEP) {
-        const Sweep sw = node_sweep(nd, net->scratch[j]);
+        const Sweep sw = node_sweep(net, nd, net->scratch[j]);
         exec_sweep_backward(ctx, &sw, stored(net, dst), dout, node_out(net, p), N);
         net_charge(net, j, CALL_SWEEP_BACKWARD, N, t0);
         return;

@@ -66,6 +66,10 @@ typedef struct NetOptions {
     const char *const *freeze;
     int nfreeze;
     bool freeze_stats;
+    // The input holds bytes (N, H, W, C) as the loader hands them out, read by the first
+    // layer as lut[c][byte] (net_put_input): a quarter of an fp32 input's memory, the
+    // same floats. false: fp32 values in input_buf (tests, tools that make their own).
+    bool input_bytes;
 } NetOptions;
 
 #define NET_SEGMENTS_SQRT (-1)
@@ -141,7 +145,11 @@ typedef struct Net {
     void *activations;
     void *workspace;        // the fp16 scratch, then layer_workspace
     void *layer_workspace;  // what layers get as LayerCtx.workspace
-    float *input_buf;  // (batch, H, W, C) F32: the batch to forward
+    bool input_bytes;  // NetOptions.input_bytes
+    float *input_buf;  // (batch, H, W, C) F32: the batch to forward; NULL with input_bytes
+    uint8_t *input_u8; // input_bytes: (batch, H, W, C) the batch to forward, as bytes
+    float *input_lut;  // input_bytes: (C, 256) the value of each byte of each channel
+    float *lut_host;   // input_bytes: (C, 256) what input_lut holds (NaN before the first)
     void **acts;       // acts[j]: (batch, nodes[j].out) output of node j, in precision; the
                        // last node's (the log-probabilities) is F32. Valid while the
                        // schedule has it live: the output after the step, an output that
@@ -185,8 +193,14 @@ static inline float *net_opt_state(const Net *net, const float *g, int s) {
     return net->optimizer + (size_t)s * (size_t)net->ntrain + (size_t)(g - net->grads);
 }
 
-// Forward of N samples from net->input_buf; the output (log-probabilities) is
-// net->acts[nnodes - 1]. step and sample0 key the dropout masks (see LayerCtx).
+// With input_bytes: copies n samples of bytes px (n, H, W, C) into the network's input,
+// and the table lut (C, 256: lut[c * 256 + b] is the value of byte b in channel c) when it
+// differs from the one there. n <= batch.
+void net_put_input(Net *net, const uint8_t *px, const float *lut, int n);
+
+// Forward of N samples from the network's input (input_buf or input_u8); the output
+// (log-probabilities) is net->acts[nnodes - 1]. step and sample0 key the dropout masks
+// (see LayerCtx).
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0);
 static inline float *net_output(const Net *net) { return (float *)net->acts[net->nnodes - 1]; }
 

@@ -20,13 +20,14 @@ typedef enum ProfKind {
     K_LAYOUT,  // NHWC <-> NCHW (flatten)
     K_LOSS,    // log_softmax, NLL
     K_FP16,    // conversions and the loss-scale check
+    K_INPUT,   // the byte input read as floats (u8_to_f32): the normalisation the loader did before
     K_OPTIM,
     K_MEMORY,  // upload, download, zero, copy
     K_KINDS
 } ProfKind;
 
 static const char *const kind_names[K_KINDS] = {"gemm", "im2col", "col2im", "winograd", "direct", "bias+act", "pool", "norm", "dropout",
-                                                "layout", "loss", "fp16", "optimizer", "memory"};
+                                                "layout", "loss", "fp16", "input", "optimizer", "memory"};
 
 static const char *const fixed_names[PROF_FIXED_SCOPES] = {"step (upload, zero)", "loss", "optimizer",
                                                            "loader wait", "idle"};
@@ -225,6 +226,9 @@ static void w_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
 static void w_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     TIMED(K_FP16, P.inner->f16_to_f32(out, in, n));
 }
+static void w_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
+    TIMED(K_INPUT, P.inner->u8_to_f32(out, in, n, C, lut));
+}
 static void w_unscale_check(float *g, int64_t n, ScalerState *s) {
     TIMED(K_FP16, P.inner->unscale_check(g, n, s));
 }
@@ -285,6 +289,7 @@ int profile_start(Net *net, Error *err) {
     P.table.log_softmax_forward = w_log_softmax_forward;
     P.table.log_softmax_backward = w_log_softmax_backward, P.table.nll_loss = w_nll_loss;
     P.table.f32_to_f16 = w_f32_to_f16, P.table.f16_to_f32 = w_f16_to_f32;
+    P.table.u8_to_f32 = w_u8_to_f32;
     P.table.unscale_check = w_unscale_check, P.table.scaler_update = w_scaler_update;
     P.table.adadelta_step = w_adadelta_step;
     P.table.sgd_step = w_sgd_step, P.table.adamw_step = w_adamw_step;

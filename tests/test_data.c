@@ -20,6 +20,7 @@
 #include <zlib.h>
 
 #include "../data/dataset.h"
+#include "../nn/kernels.h"
 #include "testutil.h"
 
 static char g_dir[PATH_MAX];  // the test's temporary directory
@@ -456,10 +457,8 @@ static Loader *make_loader(Fixture *f) {
 }
 
 static int64_t batch_sample_id(const Batch *b, int k, int64_t sample) {
-    const float *x = b->x + (size_t)k * (size_t)sample;
-    // Bytes are exact to within 1/510 of x * 255 (no libm: the build links none).
-    long lo = (long)(x[0] * 255.0f + 0.5f), hi = (long)(x[1] * 255.0f + 0.5f);
-    return lo | hi << 8;
+    const uint8_t *x = b->px + (size_t)k * (size_t)sample;
+    return x[0] | (int64_t)x[1] << 8;
 }
 
 // Runs epoch `epoch` from batch `first` and writes the sample ids in batch order into ids
@@ -633,14 +632,53 @@ static void test_loader_normalisation(void **state) {
     // (1/255 - 0.1307) / 0.3081.
     const double want[4] = {-0.42421292, 2.82148653, 1.20500092, -0.41148468};
     for (int i = 0; i < 4; i++) {
-        // PyTorch's fp32 arithmetic exactly, and the hand values to fp32 precision.
-        float exact = ((float)bi[16 + i] / 255.0f - 0.1307f) / 0.3081f;
-        assert_memory_equal(&b->x[i], &exact, sizeof exact);
-        double d = b->x[i] - want[i];
-        if (d > 1e-6 || d < -1e-6) fail_msg("x[%d] = %.8f, want %.8f", i, b->x[i], want[i]);
+        // The batch holds the bytes; the table gives PyTorch's fp32 arithmetic exactly, and
+        // the hand values to fp32 precision.
+        assert_int_equal(b->px[i], bi[16 + i]);
+        const float x = b->lut[b->px[i]], exact = ((float)bi[16 + i] / 255.0f - 0.1307f) / 0.3081f;
+        assert_memory_equal(&x, &exact, sizeof exact);
+        double d = x - want[i];
+        if (d > 1e-6 || d < -1e-6) fail_msg("x[%d] = %.8f, want %.8f", i, x, want[i]);
     }
     loader_destroy(l);
     dataset_close(ds);
+}
+
+// The table the batches carry (normalise_table) and the network's read of bytes through it
+// (u8_to_f32) give, for every byte value and channel, the floats the loader computed when it
+// handed out an fp32 batch: ((float)byte / 255 - mean[c]) / std[c], bit for bit.
+static void test_byte_table(void **state) {
+    static const float means[][3] = {{0.1307f, 0, 0}, {0.485f, 0.456f, 0.406f}, {0, 0, 0}, {-3.5f, 999.0f, 0.5f}};
+    static const float stds[][3] = {{0.3081f, 1, 1}, {0.229f, 0.224f, 0.225f}, {1, 1, 1}, {0.001f, 7.25f, 1000.0f}};
+    float lut[3 * 256], *out = malloc(3 * 256 * 3 * sizeof(float));
+    uint8_t *px = malloc(3 * 256 * 3);
+    assert_non_null(out);
+    assert_non_null(px);
+    for (size_t m = 0; m < sizeof means / sizeof *means; m++)
+        for (int C = 1; C <= 3; C++) {
+            normalise_table(lut, C, means[m], stds[m]);
+            for (int c = 0; c < C; c++)
+                for (int b = 0; b < 256; b++) {
+                    const float old = ((float)b / 255.0f - means[m][c]) / stds[m][c];  // loader.c's normalise
+                    if (memcmp(&lut[c * 256 + b], &old, sizeof old))
+                        fail_msg("mean %g std %g: byte %d of channel %d: %.9g, the loader gave %.9g",
+                                 means[m][c], stds[m][c], b, c, lut[c * 256 + b], old);
+                }
+            // Every byte value in every channel, at every position of a pixel, and a length
+            // that is not a multiple of the channels' (the tail).
+            const int64_t n = 3 * 256 * C - (C > 1);
+            for (int64_t i = 0; i < n; i++) px[i] = (uint8_t)(i / C * 7 + i % C * 85);
+            cpu_kernels.u8_to_f32(out, px, n, C, lut);
+            for (int64_t i = 0; i < n; i++) {
+                const int c = (int)(i % C);
+                const float old = ((float)px[i] / 255.0f - means[m][c]) / stds[m][c];
+                if (memcmp(&out[i], &old, sizeof old))
+                    fail_msg("u8_to_f32, %d channels, value %lld: %.9g, the loader gave %.9g", C, (long long)i,
+                             out[i], old);
+            }
+        }
+    free(out);
+    free(px);
 }
 
 static void test_loader_resume_mid_epoch(void **state) {
@@ -653,7 +691,7 @@ static void test_loader_resume_mid_epoch(void **state) {
     int64_t nb = loader_batches(a);
     assert_int_equal(nb, 13);
     size_t sample = (size_t)shape_numel(f.ds->shape);
-    float *xs = calloc((size_t)nb * 8 * sample, sizeof(float));
+    uint8_t *xs = calloc((size_t)nb * 8 * sample, 1);
     int32_t *ys = calloc((size_t)nb * 8, sizeof(int32_t));
     int ns[13];
     assert_non_null(xs);
@@ -664,7 +702,7 @@ static void test_loader_resume_mid_epoch(void **state) {
         assert_int_equal(loader_next(a, &batch, &err), 0);
         assert_non_null(batch);
         ns[i] = batch->n;
-        memcpy(xs + i * 8 * sample, batch->x, (size_t)batch->n * sample * sizeof(float));
+        memcpy(xs + i * 8 * sample, batch->px, (size_t)batch->n * sample);
         memcpy(ys + i * 8, batch->y, (size_t)batch->n * sizeof(int32_t));
     }
     // b ran another epoch first, then resumes epoch 3 at batch 5.
@@ -676,8 +714,7 @@ static void test_loader_resume_mid_epoch(void **state) {
         assert_non_null(batch);
         assert_int_equal(batch->index, i);
         assert_int_equal(batch->n, ns[i]);
-        assert_memory_equal(batch->x, xs + i * 8 * sample,
-                            (size_t)batch->n * sample * sizeof(float));
+        assert_memory_equal(batch->px, xs + i * 8 * sample, (size_t)batch->n * sample);
         assert_memory_equal(batch->y, ys + i * 8, (size_t)batch->n * sizeof(int32_t));
     }
     assert_int_equal(loader_next(b, &batch, &err), 0);
@@ -699,13 +736,13 @@ static void test_loader_resume_mid_epoch(void **state) {
 
 static void test_loader_bytes(void **state) {
     Fixture f = fixture("bytes", 1000, 64, 1, 0, 1);
-    // 64 x 12 floats + 64 int32 + 64 x 12 bytes + 1000 int64.
-    size_t want = 64 * 12 * sizeof(float) + 64 * sizeof(int32_t) + 64 * 12 + 1000 * sizeof(int64_t);
+    // 64 int32 + 64 x 12 bytes + 1000 int64: no float batch.
+    size_t want = 64 * sizeof(int32_t) + 64 * 12 + 1000 * sizeof(int64_t);
     assert_int_equal(loader_bytes(f.ds, &f.cfg), want);
-    assert_int_equal(want, 3072 + 256 + 768 + 8000);
+    assert_int_equal(want, 256 + 768 + 8000);
     // The formula follows batch and count, and is 0 for an invalid batch.
     f.cfg.batch = 1;
-    assert_int_equal(loader_bytes(f.ds, &f.cfg), 12 * 4 + 4 + 12 + 8000);
+    assert_int_equal(loader_bytes(f.ds, &f.cfg), 4 + 12 + 8000);
     f.cfg.batch = 0;
     assert_int_equal(loader_bytes(f.ds, &f.cfg), 0);
     dataset_close(f.ds);
@@ -862,6 +899,7 @@ int main(void) {
         cmocka_unit_test(test_loader_no_shuffle_keeps_order),
         cmocka_unit_test(test_loader_drop_last),
         cmocka_unit_test(test_loader_normalisation),
+        cmocka_unit_test(test_byte_table),
         cmocka_unit_test(test_loader_resume_mid_epoch),
         cmocka_unit_test(test_loader_bytes),
         cmocka_unit_test(test_loader_shards),

@@ -355,8 +355,9 @@ static void test_folder_normalisation(void **state) {
         const int c = i % 3;
         const double x = ((double)want[i] / 255.0 - cfg.mean[c]) / cfg.std[c];
         // One byte of resize tolerance is 1 / (255 std) < 0.018.
-        if (fabs(b->x[i] - x) > 1.0 / (255.0 * cfg.std[c]) + 1e-5)
-            fail_msg("value %d: %f, reference %f", i, b->x[i], x);
+        const float v = b->lut[c * 256 + b->px[i]];
+        if (fabs(v - x) > 1.0 / (255.0 * cfg.std[c]) + 1e-5)
+            fail_msg("value %d: %f, reference %f", i, v, x);
     }
     loader_destroy(l);
     dataset_close(ds);
@@ -721,6 +722,49 @@ static void cfg_fails(const char *body, ...) {
     cfg_free(&cfg);
 }
 
+// models/resnet18.cfg's data side: 224x224 RGB from 600x600 JPEGs (as bench/make_folders'
+// jpg600), batch 32, val_split 0.1, 2 workers, 4 batches ahead, flips. The loader's memory:
+// one ring of 4 slots of 32 samples' bytes that both sets share (19.27 MB), the flip
+// scratch, the orders, and 2 workers' decodes at the 3/8 DCT scale: at most 25 MB (an fp32
+// batch for each loader and a ring each made 79 MB).
+static void test_resnet18_loader_bytes(void **state) {
+    uint8_t *px = smooth_pixels(600, 600, 3);
+    size_t biggest = 0;  // the largest file
+    for (int i = 0; i < 20; i++) {
+        char p[PATH_MAX];
+        tpath(p, "r18/%s/%02d.jpg", i % 2 ? "odd" : "even", i);
+        px[i] = (uint8_t)i;  // each file its own
+        write_img(p, "jpg", 600, 600, 3, px);
+        struct stat st;
+        assert_int_equal(stat(p, &st), 0);
+        if ((size_t)st.st_size > biggest) biggest = (size_t)st.st_size;
+    }
+    free(px);
+    Cfg cfg = {0};
+    DataConfig dc;
+    Error err = {{0}};
+    if (read_data_cfg(&cfg, &dc,
+                      "train = %s/r18\nval_split = 0.1\nwidth = 224\nheight = 224\nchannels = 3\n"
+                      "mean = 0.485, 0.456, 0.406\nstd = 0.229, 0.224, 0.225\nworkers = 2\nflip = 1\n",
+                      &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(dc.prefetch, 4);
+    Data d;
+    if (data_open(&d, &dc, 32, 1, &err)) fail_msg("%s", err.msg);
+    const size_t sample = 224 * 224 * 3, ring = 4 * (32 * 4 + 32 * sample) + 2 * sample;
+    const size_t decode = 2 * (d.train->read_bytes > d.test->read_bytes ? d.train->read_bytes : d.test->read_bytes);
+    assert_int_equal(data_loader_bytes(&d), ring + 20 * 8 + decode);
+    // The decode is sized by the 225x225 image libjpeg-turbo gives at 3/8 (and the file), not
+    // by the 600x600 one.
+    assert_true(d.train->read_bytes < biggest + 225 * 225 * 3 + 120000);
+    assert_true(d.train->read_bytes < biggest + 600 * 600 * 3 / 2);
+    print_message("resnet18's loader: %.2f MB (ring %.2f MB, decoding %.2f MB)\n", data_loader_bytes(&d) / 1e6,
+                  ring / 1e6, decode / 1e6);
+    assert_true(data_loader_bytes(&d) <= 25000000);
+    data_close(&d);
+    cfg_free(&cfg);
+}
+
 static void test_data_cfg_folders(void **state) {
     for (int i = 0; i < 20; i++) {
         char rel[64];
@@ -754,13 +798,13 @@ static void test_data_cfg_folders(void **state) {
     assert_string_equal(d.train->class_names[0], "even");
     assert_int_equal(d.train->shape.w, 6);
     assert_int_equal(d.train->shape.h, 4);
-    // Two loaders of a float batch and 2 slots; scratch for augmentation in the training
-    // one only; and what 3 workers hold while decoding, from the images' headers (the two
-    // loaders never decode at once).
-    const size_t x = 4 * 72 * 4, slot = 4 * 4 + 4 * 72;
+    // One ring of 2 slots that the two loaders share, with scratch for the training one's
+    // augmentation; each loader's order; and what 3 workers hold while decoding, from the
+    // images' headers (the two loaders never decode at once).
+    const size_t slot = 4 * 4 + 4 * 72;
     assert_true(d.train->read_bytes > 72 && d.test->read_bytes > 72);
     const size_t decode = 3 * (d.train->read_bytes > d.test->read_bytes ? d.train->read_bytes : d.test->read_bytes);
-    assert_int_equal(data_loader_bytes(&d), x + 2 * slot + 20 * 8 + 3 * 72 + x + 2 * slot + 6 * 8 + decode);
+    assert_int_equal(data_loader_bytes(&d), 2 * slot + 20 * 8 + 3 * 72 + 6 * 8 + decode);
     LoaderStats st;
     assert_int_equal(loader_start_epoch(d.train_loader, 0, 0, &err), 0);
     const Batch *b;
@@ -834,6 +878,7 @@ int main(void) {
         cmocka_unit_test(test_folder_cache_dir_errors),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_data_cfg_folders),
+        cmocka_unit_test(test_resnet18_loader_bytes),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -68,14 +68,20 @@ static Cfg parse(const char *text) {
 // The optimizer of the suite's training runs (PyTorch's Adadelta defaults).
 static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
 
-static void make_net(Net *net, const char *text, Shape input, int classes, int batch, DType precision) {
+// bytes: the input holds bytes, as the trainer's (NetOptions.input_bytes).
+static void make_net_as(Net *net, const char *text, Shape input, int classes, int batch, DType precision,
+                        bool bytes) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    NetOptions opt = {.batch = batch, .precision = precision};
+    NetOptions opt = {.batch = batch, .precision = precision, .input_bytes = bytes};
     optim_plan(&adadelta, &opt);
     if (net_create(net, &cfg, input, classes, &opt, &cpu_kernels, &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
+}
+
+static void make_net(Net *net, const char *text, Shape input, int classes, int batch, DType precision) {
+    make_net_as(net, text, input, classes, batch, precision, false);
 }
 
 static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
@@ -810,7 +816,7 @@ static void train_step(Net *net, const Batch *b, uint64_t seed, uint64_t step, c
     net_zero_grads(net);
     for (int m0 = 0; m0 < b->n; m0 += net->batch) {
         const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
-        net->k->upload(net->input_buf, b->x + m0 * pix, (size_t)n * pix * sizeof(float));
+        net_put_input(net, b->px + m0 * pix, b->lut, n);
         net->k->upload(net->labels, b->y + m0, (size_t)n * sizeof(int32_t));
         net_forward(net, n, true, seed, step, m0);
         net_loss(net, n, b->n, true);
@@ -838,7 +844,7 @@ static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *op
         } else {
             for (int m0 = 0; m0 < b->n; m0 += net->batch) {
                 const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
-                net->k->upload(net->input_buf, b->x + m0 * pix, (size_t)n * pix * sizeof(float));
+                net_put_input(net, b->px + m0 * pix, b->lut, n);
                 net->k->upload(net->labels, b->y + m0, (size_t)n * sizeof(int32_t));
                 net_forward(net, n, false, 0, 0, 0);
                 net_loss(net, n, n, false);
@@ -857,7 +863,7 @@ typedef struct TrainResult {
 
 static TrainResult train_run(DType precision, int micro, Loader *loader, Loader *tloader) {
     Net net;
-    make_net(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, micro, precision);
+    make_net_as(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, micro, precision, true);
     Error err = {{0}};
     assert_int_equal(net_init_params(&net, 1, &err), 0);
     const Optimizer opt = adadelta;

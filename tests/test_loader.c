@@ -159,7 +159,7 @@ static void run_epochs(Loader *l, const Dataset *ds, int e0, int e1, int64_t fir
             run_put(r, &b->index, sizeof b->index);
             run_put(r, &b->n, sizeof b->n);
             run_put(r, b->y, (size_t)b->n * sizeof *b->y);
-            run_put(r, b->x, (size_t)b->n * (size_t)shape_numel(ds->shape) * sizeof(float));
+            run_put(r, b->px, (size_t)b->n * (size_t)shape_numel(ds->shape));
             r->batches++;
             r->samples += b->n;
         }
@@ -236,6 +236,100 @@ static void test_workers_identical_idx(void **state) {
     dataset_close(ds);
 }
 
+// ---- one ring for the training and the test set (loader_create_shared) ------------------
+
+// Three training epochs with an evaluation of the test set after each, both appended to r:
+// over loaders of their own (shared NULL), or with the test loader on the training one's
+// ring. Each batch's table of values is checked against normalise_table's.
+static void train_and_evaluate(Dataset *tr, Dataset *te, LoaderConfig ct, LoaderConfig ce, bool shared, Run *r) {
+    Loader *train = make_loader(tr, ct), *test;
+    Error err = {{0}};
+    if (!shared) test = make_loader(te, ce);
+    else if (loader_create_shared(&test, te, &ce, train, &err)) fail_msg("%s", err.msg);
+    // The shared loader allocates its order alone.
+    assert_int_equal(loader_size(test), shared ? (size_t)te->count * 8 : loader_bytes(te, &ce));
+    for (int e = 0; e < 3; e++) {
+        run_epochs(train, tr, e, e + 1, 0, r);
+        run_epochs(test, te, 0, 1, 0, r);
+    }
+    loader_destroy(train);  // either order: the ring lives until both are gone
+    loader_destroy(test);
+}
+
+// The batches of both sets are the same whether the test loader shares the ring or not,
+// for workers 0, 1 and 3 (and the same across them); the training set, interrupted by an
+// evaluation mid-epoch, resumes where it was; a set whose batches do not fit is refused.
+static void test_shared_ring(void **state) {
+    Dataset *tr = open_idx("ring_tr", 53, 4, 4), *te = open_idx("ring_te", 17, 4, 4);
+    const LoaderConfig ct = {.batch = 8, .shuffle = 1, .seed = 21, .mean = {0.2f}, .std = {0.3f},
+                             .flip = 1, .prefetch = 3},
+                       ce = {.batch = 8, .seed = 21, .mean = {0.2f}, .std = {0.3f}, .prefetch = 3};
+    Run ref = {0};
+    const int workers[] = {0, 1, 3};
+    for (size_t w = 0; w < 3; w++) {
+        LoaderConfig a = ct, b = ce;
+        a.workers = b.workers = workers[w];
+        Run own = {0}, one = {0};
+        train_and_evaluate(tr, te, a, b, false, &own);
+        train_and_evaluate(tr, te, a, b, true, &one);
+        char what[64];
+        snprintf(what, sizeof what, "shared ring, workers %d", workers[w]);
+        assert_runs_equal(&own, &one, what);
+        if (w == 0) ref = own;
+        else assert_runs_equal(&ref, &one, what), free(own.bytes);
+        free(one.bytes);
+
+        // An evaluation in the middle of a training epoch takes the ring: the training
+        // loader refuses to go on until it starts (here: resumes) its epoch again.
+        Loader *train = make_loader(tr, a), *test;
+        Error err = {{0}};
+        if (loader_create_shared(&test, te, &b, train, &err)) fail_msg("%s", err.msg);
+        Run whole = {0}, head = {0}, evals = {0}, tail = {0};
+        run_epochs(train, tr, 1, 2, 0, &whole);
+        assert_int_equal(loader_start_epoch(train, 1, 0, &err), 0);
+        const Batch *bt;
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(loader_next(train, &bt, &err), 0);
+            assert_non_null(bt);
+            assert_memory_equal(bt->lut, (float[]){(0 / 255.0f - 0.2f) / 0.3f}, sizeof(float));
+        }
+        run_epochs(test, te, 0, 1, 0, &evals);
+        assert_int_equal(loader_next(train, &bt, &err), -1);
+        assert_non_null(strstr(err.msg, "sharing its batch buffers"));
+        run_epochs(train, tr, 1, 2, 3, &tail);
+        run_epochs(train, tr, 1, 2, 0, &head);  // and the whole epoch again
+        assert_runs_equal(&whole, &head, "the epoch after an evaluation");
+        assert_true(tail.len < whole.len);
+        // tail: batches 3.. of the epoch, then its statistics; whole ends the same way.
+        assert_memory_equal(tail.bytes, whole.bytes + (whole.len - tail.len), tail.len);
+        free(whole.bytes), free(head.bytes), free(evals.bytes), free(tail.bytes);
+        loader_destroy(test);
+        loader_destroy(train);
+    }
+    free(ref.bytes);
+    // A test loader whose batches need more than the ring holds (3 slots of 8 samples,
+    // augmentation scratch for 1 worker).
+    LoaderConfig a = ct;
+    a.workers = 1;
+    Loader *train = make_loader(tr, a), *test = NULL;
+    Error err = {{0}};
+    LoaderConfig big = ce;
+    big.workers = 1, big.batch = 9;
+    assert_int_equal(loader_create_shared(&test, te, &big, train, &err), -1);
+    assert_non_null(strstr(err.msg, "do not fit"));
+    assert_null(test);
+    big = ce, big.workers = 1, big.prefetch = 4;  // more slots
+    assert_int_equal(loader_create_shared(&test, te, &big, train, &err), -1);
+    big = ce, big.flip = 1, big.workers = 2, big.prefetch = 3;  // scratch for 2 workers
+    assert_int_equal(loader_create_shared(&test, te, &big, train, &err), -1);
+    big = ce, big.workers = 3, big.prefetch = 2;  // fewer slots, no scratch: fits
+    assert_int_equal(loader_create_shared(&test, te, &big, train, &err), 0);
+    loader_destroy(test);
+    loader_destroy(train);
+    dataset_close(tr);
+    dataset_close(te);
+}
+
 // Starting an epoch while workers fill the previous one, or resuming mid-epoch, gives
 // the batches of an uninterrupted run.
 static void test_epoch_restart_and_resume(void **state) {
@@ -259,7 +353,7 @@ static void test_epoch_restart_and_resume(void **state) {
     // Resume epoch 1 at batch 20: the tail of the uninterrupted epoch.
     Run tail = {0};
     run_epochs(l, ds, 1, 2, 20, &tail);
-    const size_t per_batch = sizeof(int64_t) + sizeof(int) + 10 * 4 + 10 * 16 * 4;
+    const size_t per_batch = sizeof(int64_t) + sizeof(int) + 10 * 4 + 10 * 16;
     assert_int_equal(tail.len, ref.len - 20 * per_batch);
     assert_memory_equal(tail.bytes, ref.bytes + 20 * per_batch, tail.len);
     free(tail.bytes);
@@ -300,7 +394,7 @@ static void test_skip_bad_fill(void **state) {
             assert_non_null(b);
             assert_int_equal(b->n, wn[k]);
             for (int j = 0; j < 4; j++) {
-                int id = (int)lroundf(b->x[j * 16] * 255.0f);
+                int id = b->px[j * 16];
                 if (id != want[k][j]) fail_msg("batch %d sample %d: id %d, want %d", k, j, id, want[k][j]);
                 assert_int_equal(b->y[j], want[k][j] % 3);
             }
@@ -386,7 +480,7 @@ static void test_augment_crop_pad_flip(void **state) {
         assert_int_equal(loader_next(l, &b, &err), 0);
         for (int i = 0; i < N; i++) {
             uint8_t out[36];
-            for (int p = 0; p < 36; p++) out[p] = (uint8_t)lroundf(b->x[i * 36 + p] * 255.0f);
+            memcpy(out, b->px + i * 36, 36);
             if (e == 0) memcpy(first_epoch[i], out, 36);
             else differ += memcmp(first_epoch[i], out, 36) != 0;
             int found = 0;
@@ -425,7 +519,7 @@ static void test_augment_crop_pad_flip(void **state) {
     const Batch *b;
     assert_int_equal(loader_next(l, &b, &err), 0);
     for (int i = 0; i < N; i++)
-        for (int p = 0; p < 36; p++) assert_int_equal(lroundf(b->x[i * 36 + p] * 255.0f), pix(i, p));
+        for (int p = 0; p < 36; p++) assert_int_equal(b->px[i * 36 + p], pix(i, p));
     loader_destroy(l);
     // A smaller crop_scale changes most samples, the same way every time.
     cfg.crop_scale = 0.25f;
@@ -510,8 +604,9 @@ static void test_stats_wait(void **state) {
 static void test_loader_bytes_ring(void **state) {
     Dataset *ds = open_idx("bytes", 1000, 4, 3);
     LoaderConfig cfg = {.batch = 64, .mean = {0}, .std = {1}};
-    // One float batch; per slot of the ring the labels and the bytes.
-    const size_t x = 64 * 12 * 4, slot = 64 * 4 + 64 * 12, order = 1000 * 8;
+    // Per slot of the ring the labels and the bytes (the batch handed out is a slot's: no
+    // float copy of it).
+    const size_t x = 0, slot = 64 * 4 + 64 * 12, order = 1000 * 8;
     assert_int_equal(loader_bytes(ds, &cfg), x + slot + order);
     cfg.workers = 2;  // prefetch 0: 2 * workers slots
     assert_int_equal(loader_bytes(ds, &cfg), x + 4 * slot + order);
@@ -553,6 +648,7 @@ int main(void) {
         cmocka_unit_test(test_cache_with_workers),
         cmocka_unit_test(test_stats_wait),
         cmocka_unit_test(test_loader_bytes_ring),
+        cmocka_unit_test(test_shared_ring),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

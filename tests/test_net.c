@@ -36,12 +36,14 @@
 // The suite's optimizer (PyTorch's Adadelta defaults) and the options of its networks.
 static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
 
-static const NetOptions *netopts(int batch) {
+static const NetOptions *netopts_as(int batch, bool bytes) {
     static NetOptions o;
-    o = (NetOptions){.batch = batch, .precision = DT_F32};
+    o = (NetOptions){.batch = batch, .precision = DT_F32, .input_bytes = bytes};
     optim_plan(&adadelta, &o);
     return &o;
 }
+
+static const NetOptions *netopts(int batch) { return netopts_as(batch, false); }
 
 static char g_root[PATH_MAX] = ".";  // the repository, for models/mnist.cfg
 static char g_dir[PATH_MAX];         // a temporary directory for the IDX files
@@ -56,12 +58,17 @@ static Cfg parse(const char *text) {
     return cfg;
 }
 
-static void make_net(Net *net, const char *text, Shape input, int classes, int batch) {
+// bytes: the input holds bytes, as the trainer's (NetOptions.input_bytes).
+static void make_net_as(Net *net, const char *text, Shape input, int classes, int batch, bool bytes) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    if (net_create(net, &cfg, input, classes, netopts(batch), &cpu_kernels, &err))
+    if (net_create(net, &cfg, input, classes, netopts_as(batch, bytes), &cpu_kernels, &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
+}
+
+static void make_net(Net *net, const char *text, Shape input, int classes, int batch) {
+    make_net_as(net, text, input, classes, batch, false);
 }
 
 static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
@@ -692,14 +699,13 @@ static const char *train_net =
 static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *opt, double *acc) {
     Error err = {{0}};
     if (loader_start_epoch(loader, epoch, 0, &err)) fail_msg("%s", err.msg);
-    const size_t sample = (size_t)shape_numel(net->input) * sizeof(float);
     net->metrics[0] = net->metrics[1] = 0;
     int64_t seen = 0;
     const Batch *b;
     for (;;) {
         if (loader_next(loader, &b, &err)) fail_msg("%s", err.msg);
         if (!b) break;
-        net->k->upload(net->input_buf, b->x, (size_t)b->n * sample);
+        net_put_input(net, b->px, b->lut, b->n);
         net->k->upload(net->labels, b->y, (size_t)b->n * sizeof(int32_t));
         const uint64_t step = (uint64_t)(epoch * 1000 + b->index);
         net_forward(net, b->n, opt != NULL, 9, step, 0);
@@ -725,7 +731,7 @@ static void test_training_loss_falls(void **state) {
     Loader *tloader = open_squares_loader(timages, tlabels, &tds, 0);
 
     Net net;
-    make_net(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, 30);
+    make_net_as(&net, train_net, (Shape){.c = 1, .h = 8, .w = 8}, 4, 30, true);
     Error err = {{0}};
     assert_int_equal(net_init_params(&net, 1, &err), 0);
     const Optimizer opt = adadelta;
@@ -747,6 +753,124 @@ static void test_training_loss_falls(void **state) {
     loader_destroy(tloader);
     dataset_close(ds);
     dataset_close(tds);
+}
+
+// ---- byte input (NetOptions.input_bytes) ---------------------------------------------------
+
+// First layers of three kinds: a GEMM convolution without bias, whose chunks of images give
+// the bits of one call (a ResNet's 7x7 stride-2 stem: at 3x64x64 one image's im2col takes
+// 602 KB, 3 images a chunk of the CPU's 2 MB), so the bytes are read 3 images at a time;
+// the same with a trained bias (its sums over the pass: whole); the direct convolution
+// (fixed blocks of the pass's pixels: whole).
+static const char *byte_nets[] = {
+    "[conv]\nname = conv1\nfilters = 8\nsize = 7\nstride = 2\npad = 3\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n[maxpool]\nsize = 3\nstride = 2\npad = 1\n"
+    "[global_avgpool]\n[flatten]\n[linear]\nname = fc\noutputs = 5\n[log_softmax]\n",
+    "[conv]\nname = conv1\nfilters = 8\nsize = 7\nstride = 2\npad = 3\nactivation = relu\n"
+    "[maxpool]\nsize = 2\n[flatten]\n[linear]\nname = fc\noutputs = 5\n[log_softmax]\n",
+    "[conv]\nname = conv1\nfilters = 6\nsize = 3\npad = 1\nactivation = relu\n[maxpool]\nsize = 4\n"
+    "[dropout]\np = 0.3\n[flatten]\n[linear]\nname = fc\noutputs = 5\n[log_softmax]\n",
+};
+static const int byte_chunks[] = {3, 7, 7};  // Exec.input_chunk in F32 at batch 7
+
+typedef struct ByteStep {
+    Net net;
+    float *grads, *logp, *buffers;
+    float metrics[NET_METRICS];
+} ByteStep;
+
+// A training step (2 micro-batches: 7 and 4 samples), then an evaluation forward of 3, of
+// net `text` with the input as bytes px with lut, or as the floats lut gives them.
+static ByteStep byte_step(const char *text, DType precision, int segments, bool bytes, const uint8_t *px,
+                          const float *lut, const int32_t *y) {
+    const Shape in = {.c = 3, .h = 64, .w = 64};
+    const int64_t numel = shape_numel(in);
+    ByteStep r = {0};
+    Cfg cfg = parse(text);
+    Error err = {{0}};
+    NetOptions opt = {.batch = 7, .precision = precision, .segments = segments, .input_bytes = bytes};
+    optim_plan(&adadelta, &opt);
+    if (net_create(&r.net, &cfg, in, 5, &opt, &cpu_kernels, &err) || net_init_params(&r.net, 3, &err))
+        fail_msg("%s", err.msg);
+    cfg_free(&cfg);
+    Net *net = &r.net;
+    expect_activation_layout(net);
+    net_zero_grads(net);
+    net->metrics[0] = net->metrics[1] = 0;
+    for (int m0 = 0, m = 0; m0 < 11; m0 += 7, m++) {
+        const int n = m ? 4 : 7;
+        if (bytes) {
+            net_put_input(net, px + m0 * numel, lut, n);
+        } else {
+            for (int64_t i = 0; i < n * numel; i++) net->input_buf[i] = lut[(i % 3) * 256 + px[m0 * numel + i]];
+        }
+        memcpy(net->labels, y + m0, (size_t)n * sizeof *y);
+        net_forward(net, n, true, 5, 2, m0);
+        net_loss(net, n, 11, true);
+        net_backward(net, n, 5, 2, m0);
+    }
+    r.grads = malloc((size_t)net->ntrain * sizeof(float));
+    r.buffers = malloc(net->plan.buffers + 1);
+    r.logp = malloc(3 * 5 * sizeof(float));
+    assert_non_null(r.grads && r.buffers && r.logp);
+    memcpy(r.grads, net->grads, (size_t)net->ntrain * sizeof(float));
+    memcpy(r.buffers, net->buffers, net->plan.buffers);
+    memcpy(r.metrics, net->metrics, sizeof r.metrics);
+    if (bytes) net_put_input(net, px, lut, 3);
+    else for (int64_t i = 0; i < 3 * numel; i++) net->input_buf[i] = lut[(i % 3) * 256 + px[i]];
+    net_forward(net, 3, false, 0, 0, 0);
+    memcpy(r.logp, net_output(net), 3 * 5 * sizeof(float));
+    return r;
+}
+
+static void byte_step_free(ByteStep *r) {
+    net_free(&r->net);
+    free(r->grads), free(r->logp), free(r->buffers);
+}
+
+// The byte input gives the fp32 input's bits: gradients, batch statistics, loss and
+// outputs, in F32 (chunked or whole) and F16, with and without checkpointing; its plan
+// holds the bytes and the table, and the fp32 expansion only where the first layer runs.
+static void test_byte_input(void **state) {
+    const int64_t numel = 3 * 64 * 64;
+    uint8_t *px = malloc(11 * numel);
+    assert_non_null(px);
+    test_rng_seed(77);
+    for (int64_t i = 0; i < 11 * numel; i++) px[i] = (uint8_t)(test_urand() * 256);
+    int32_t y[11];
+    for (int i = 0; i < 11; i++) y[i] = i % 5;
+    float lut[3 * 256];
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    normalise_table(lut, 3, mean, std);
+    for (size_t t = 0; t < sizeof byte_nets / sizeof *byte_nets; t++)
+        for (int p = 0; p < 2; p++)
+            for (int seg = 0; seg < 2; seg++) {
+                const DType precision = p ? DT_F16 : DT_F32;
+                const int segments = seg ? NET_SEGMENTS_SQRT : 0;
+                ByteStep f = byte_step(byte_nets[t], precision, segments, false, px, lut, y),
+                         b = byte_step(byte_nets[t], precision, segments, true, px, lut, y);
+                char what[96];
+                snprintf(what, sizeof what, "net %zu, %s, segments %d", t, dtype_names[precision], segments);
+                assert_int_equal(f.net.ntrain, b.net.ntrain);
+                if (memcmp(f.grads, b.grads, (size_t)f.net.ntrain * sizeof(float)))
+                    fail_msg("%s: the byte input's gradients differ from the fp32 input's", what);
+                if (memcmp(f.buffers, b.buffers, f.net.plan.buffers))
+                    fail_msg("%s: the byte input's batchnorm statistics differ", what);
+                if (memcmp(f.metrics, b.metrics, sizeof f.metrics) || memcmp(f.logp, b.logp, 3 * 5 * sizeof(float)))
+                    fail_msg("%s: the byte input's loss or outputs differ", what);
+                // The plan: the input is a quarter (bytes, and the 3 KB table), the fp32
+                // expansion a chunk of the first layer in F32 and nothing in F16 (the
+                // executor's scratch takes it).
+                assert_non_null(b.net.input_u8);
+                assert_null(b.net.input_buf);
+                assert_int_equal(b.net.exec.input_chunk, byte_chunks[t]);
+                const ActBuffer *bin = &b.net.bufs[0], *fin = &f.net.bufs[0];
+                assert_int_equal(bin->bytes, 3 * 256 * 4 + (7 * numel + 63) / 64 * 64);
+                assert_int_equal(fin->bytes, 7 * numel * 4);
+                assert_int_equal(b.net.bufs[4].bytes, p ? 0 : (size_t)byte_chunks[t] * numel * 4);
+                byte_step_free(&f), byte_step_free(&b);
+            }
+    free(px);
 }
 
 // ---- main -----------------------------------------------------------------------------------
@@ -772,6 +896,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_thread_counts),
         cmocka_unit_test(test_training_loss_falls),
+        cmocka_unit_test(test_byte_input),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

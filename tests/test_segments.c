@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../data/dataset.h"
 #include "../nn/budget.h"
 #include "../nn/cost.h"
 #include "../nn/cfg.h"
@@ -58,12 +59,17 @@ static void make_deep(void) {
 // The scratch a sweep's chunk may take in the networks build() makes (0: the default).
 static size_t g_sweep_bytes;
 
+// Whether build makes networks whose input holds bytes (NetOptions.input_bytes), and
+// fill_batch fills them with bytes.
+static bool g_bytes;
+
 static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int segments,
                   DType precision) {
     Error err = {{0}};
     if (cfg_parse(cfg, text, "test.cfg", &err)) fail_msg("%s", err.msg);
     const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
-                            .sweep = segments != 0, .sweep_bytes = g_sweep_bytes};
+                            .sweep = segments != 0, .sweep_bytes = g_sweep_bytes,
+                            .input_bytes = g_bytes};
     if (net_create(net, cfg, in, 10, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
 }
@@ -130,7 +136,18 @@ typedef struct StepResult {
 // The random batch of train_step and frozen_step, into net.
 static void fill_batch(Net *net, Shape in, int batch) {
     srand(11);
-    for (int64_t i = 0; i < batch * shape_numel(in); i++) net->input_buf[i] = (float)rand() / RAND_MAX - 0.5f;
+    if (net->input_bytes) {
+        float lut[3 * 256];
+        const float mean[3] = {0.5f, 0.4f, 0.3f}, std[3] = {0.25f, 0.2f, 0.3f};
+        normalise_table(lut, in.c, mean, std);
+        uint8_t *px = malloc((size_t)(batch * shape_numel(in)));
+        assert_non_null(px);
+        for (int64_t i = 0; i < batch * shape_numel(in); i++) px[i] = (uint8_t)(rand() % 256);
+        net_put_input(net, px, lut, batch);
+        free(px);
+    } else {
+        for (int64_t i = 0; i < batch * shape_numel(in); i++) net->input_buf[i] = (float)rand() / RAND_MAX - 0.5f;
+    }
     for (int i = 0; i < batch; i++) net->labels[i] = rand() % 10;
 }
 
@@ -234,6 +251,29 @@ static void test_resnet_fp16_bitwise(void **state) {
     net_free(&probe);
     cfg_free(&cfg);
     expect_equal_gradients(resnet, in, 9, DT_F16);
+}
+
+// The byte input (the trainer's): the fp32 expansion of the first layer's input lives at
+// that layer's events only (the poisoned steps check it), whole (the direct convolution of
+// `resnet`), in chunks of 3 images (a 7x7 GEMM stem at 3x64x64: 602 KB of im2col an image)
+// or through the fp16 scratch; checkpointed backward gives the plain run's bits.
+static void test_byte_input_bitwise(void **state) {
+    char stem7[1024];
+    snprintf(stem7, sizeof stem7, "[conv]\nname = conv1\nfilters = 4\nsize = 7\nstride = 2\npad = 3\nbias = 0\n%s",
+             strstr(resnet, "[batchnorm]"));
+    g_bytes = true;
+    expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_F32);
+    expect_equal_gradients(seed_net, (Shape){.c = 1, .h = 12, .w = 12}, 6, DT_F32);
+    Net probe;
+    Cfg cfg;
+    build(&probe, &cfg, stem7, (Shape){.c = 3, .h = 64, .w = 64}, 7, 0, DT_F32);
+    assert_int_equal(probe.exec.input_chunk, 3);
+    net_free(&probe);
+    cfg_free(&cfg);
+    expect_equal_gradients(stem7, (Shape){.c = 3, .h = 64, .w = 64}, 7, DT_F32);
+    expect_equal_gradients(stem7, (Shape){.c = 3, .h = 64, .w = 64}, 7, DT_F16);
+    expect_equal_gradients(resnet, (Shape){.c = 3, .h = 180, .w = 180}, 9, DT_F16);
+    g_bytes = false;
 }
 
 // models/deep.cfg's layers: sqrt checkpointing cuts the activation bytes by 4x or more.
@@ -355,6 +395,16 @@ static void test_resnet18_cfg_saving(void **state) {
                   b.plan.act_kept / 1e6, a.plan.activations / 1e6, b.plan.activations / 1e6);
     assert_true(2 * a.plan.act_kept >= 4 * b.plan.act_kept);
     assert_true(2 * a.plan.activations >= 3 * b.plan.activations);
+    // The byte input (the trainer's): the input's 19.27 MB of floats become 4.82 MB of bytes
+    // (and 3 KB of table); conv1 (a GEMM, no bias) reads them an image at a time through 0.6 MB.
+    Net c;
+    assert_int_equal(net_create(&c, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .plan_only = true, .input_bytes = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(c.exec.input_chunk, 1);
+    print_message("with the byte input: the activation block %.1f MB, kept %.1f MB\n", c.plan.activations / 1e6,
+                  c.plan.act_kept / 1e6);
+    assert_true(c.plan.activations + 14000000 <= a.plan.activations);
+    assert_true(c.plan.act_kept + 14000000 <= a.plan.act_kept);
+    net_free(&c);
     net_free(&a);
     net_free(&b);
     cfg_free(&cfg);
@@ -363,14 +413,15 @@ static void test_resnet18_cfg_saving(void **state) {
 // The plan is the allocation: plan-only and allocated nets agree, and the activation
 // block is sound (expect_activation_layout).
 static void test_plan_is_allocation(void **state) {
-    for (int net_i = 0; net_i < 2; net_i++)
+    for (int net_i = 0; net_i < 4; net_i++)  // 2, 3: with the byte input
         for (int segments = 0; segments <= 4; segments++) {
             Net p, n;
             Cfg cfg;
             Error err = {{0}};
             const Shape in = {.c = 2, .h = 8, .w = 8};
-            if (cfg_parse(&cfg, net_i ? resnet : deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
-            const NetOptions plan = {.batch = 3, .precision = DT_F32, .segments = segments, .sweep = segments != 0, .plan_only = true};
+            if (cfg_parse(&cfg, net_i % 2 ? resnet : deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
+            const NetOptions plan = {.batch = 3, .precision = DT_F32, .segments = segments, .sweep = segments != 0,
+                                     .plan_only = true, .input_bytes = net_i >= 2};
             NetOptions real = plan;
             real.plan_only = false;
             assert_int_equal(net_create(&p, &cfg, in, 10, &plan, &cpu_kernels, &err), 0);
@@ -581,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_fp16_bitwise),
         cmocka_unit_test(test_resnet_bitwise),
         cmocka_unit_test(test_resnet_fp16_bitwise),
+        cmocka_unit_test(test_byte_input_bitwise),
         cmocka_unit_test(test_deep_cfg_saving),
         cmocka_unit_test(test_resnet18_cfg_saving),
         cmocka_unit_test(test_freeze),

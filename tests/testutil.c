@@ -184,7 +184,8 @@ size_t expect_activation_layout(const Net *net) {
     }
     assert_true(most_live <= net->plan.activations && net->plan.activations < end_to_end);
     // Each pointer is a buffer's start, and those read after the step are live then.
-    const void *after[] = {net->input_buf, net->labels, net->metrics, net_output(net)};
+    const void *after[] = {net->input_bytes ? (const void *)net->input_lut : net->input_buf, net->labels,
+                           net->metrics, net_output(net)};
     for (size_t k = 0; k < sizeof after / sizeof after[0]; k++) {
         bool found = false;
         for (int x = 0; x < net->nbufs && !found; x++)
