@@ -21,13 +21,16 @@ typedef struct Search {
     Shape input;
     int classes, batch;
     size_t overhead, budget, smallest;
+    bool fused;  // the base asks for the fused update
     FitChoice *out;
     bool *fits;
 } Search;
 
-// Sets c's micro-batch and plans it.
+// Sets c's micro-batch and plans it. The fused update stays where the base has it and c
+// allows it (one batch, fp32).
 static int plan_choice(const Search *s, FitChoice *c, Error *err) {
     c->net.batch = s->batch / c->accumulate;
+    c->net.fused_update = s->fused && c->accumulate == 1 && c->net.precision == DT_F32;
     return plan_of(s->cfg, s->input, s->classes, c->net, s->k, &c->plan, err);
 }
 
@@ -72,8 +75,8 @@ int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int b
                NetOptions base, int base_accumulate, size_t overhead, size_t budget,
                bool allow_fp16, FitChoice *out, bool *fits, Error *err) {
     Search s = {.cfg = cfg, .k = k, .input = input, .classes = classes, .batch = batch,
-                .overhead = overhead, .budget = budget, .smallest = SIZE_MAX, .out = out,
-                .fits = fits};
+                .overhead = overhead, .budget = budget, .smallest = SIZE_MAX,
+                .fused = base.fused_update, .out = out, .fits = fits};
     *fits = false;
     FitChoice c = {.net = base, .accumulate = base_accumulate};
     int r = try_choice(&s, &c, err);  // 1. as configured

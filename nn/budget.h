@@ -21,6 +21,8 @@ typedef struct FitChoice {
 //   3. with it (or without), accumulate = each divisor of batch above base_accumulate,
 //      smallest first;
 //   4. if allow_fp16 and base is fp32: precision = fp16 with each of 2 and 3.
+// The fused update (base.fused_update) stays on where a choice keeps one batch in fp32 and
+// goes off where it does not (micro-batches and fp16 need every gradient before the step).
 // *fits says whether one did; if none, *out is the smallest plan of them all. Errors come
 // from building the network (a bad cfg).
 int fit_budget(const Cfg *cfg, const Kernels *k, Shape input, int classes, int batch,

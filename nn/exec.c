@@ -72,8 +72,25 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
     }
 }
 
+// Layer l's backward is done: a trained module's gradients are complete and its
+// parameters read for the last time this step (GradHook).
+static void backward_done(const LayerCtx *ctx, Layer *l) {
+    GradHook *h = ctx->hook;
+    if (!h || h->failed || !layer_trains(l)) return;
+    if (h->ready(h->arg, l)) h->failed = true;
+}
+
+static void run_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in,
+                         Stored out, int N);
+
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N) {
+    run_backward(ctx, l, din, dout, in, out, N);
+    backward_done(ctx, l);
+}
+
+static void run_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in,
+                         Stored out, int N) {
     const LayerOps *ops = l->ops;
     if (ops->run_backward) {
         ops->run_backward(l, ctx, din.p, dout.p, in.p, out.p, N);

@@ -31,7 +31,8 @@ typedef struct Stored {
 } Stored;
 
 // Layer l forward over N samples (out from in), and backward (din from dout; din.p NULL
-// when nobody needs it); parameter gradients accumulate.
+// when nobody needs it); parameter gradients accumulate. After a trained module's
+// backward, exec_backward calls ctx->hook (GradHook, nn/layer.h) when it is set.
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N);
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N);

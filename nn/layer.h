@@ -30,6 +30,22 @@
 enum { BACKWARD_READS_IN = 1, BACKWARD_READS_OUT = 2 };
 
 typedef struct Exec Exec;  // nn/exec.h
+typedef struct Layer Layer;
+
+// What backward calls once a trained module (a layer with parameters, not frozen) is done
+// with in the step: its gradients in m->grads are complete (accumulate = 1, fp32) and
+// nothing later in the step reads its parameters, so they may be updated and the gradients'
+// memory reused (the fused optimizer update, NetOptions.fused_update). It is called after
+// the module's backward returns (nn/exec.c): a layer reads its parameters only in its
+// forward and backward, the network recomputes a layer only before its backward, and a
+// container runs no child's forward after that child's backward (LayerOps.run_backward).
+typedef struct GradHook {
+    // Returns 0, or -1 to stop the step (arg carries the error): `failed` is set then and
+    // ready is not called again.
+    int (*ready)(void *arg, Layer *m);
+    void *arg;
+    bool failed;
+} GradHook;
 
 typedef struct LayerCtx {
     const Kernels *k;
@@ -50,9 +66,8 @@ typedef struct LayerCtx {
                        // workspace on the first (conv's permuted weight) is still there
     bool before_last;  // chunks of this pass follow: what the layer finishes on the last
                        // (conv's weight gradient, permuted back) waits for it
+    GradHook *hook;    // backward: called after each trained module's backward; NULL: none
 } LayerCtx;
-
-typedef struct Layer Layer;
 
 // What a layer is made from: its cfg section and the shape of its input.
 typedef struct LayerArgs {
@@ -115,6 +130,9 @@ typedef struct LayerOps {
     // the network's precision (a container is never the first or the last layer). Nothing
     // reads a layer's output after its backward, so run_backward may use out as scratch
     // once it has read it (the residual block recomputes an inner activation there).
+    // run_backward runs its children's backward through layer_run_backward, and no
+    // child's forward after that child's backward: once a child's backward returns, its
+    // parameters may be updated (GradHook).
     void (*run_forward)(Layer *l, const LayerCtx *ctx, void *out, const void *in, int N);
     void (*run_backward)(Layer *l, const LayerCtx *ctx, void *din, void *dout, const void *in,
                          void *out, int N);
@@ -137,7 +155,11 @@ struct Layer {
     Shape in, out;
     int nparams;                         // parameter tensors (0..LAYER_MAX_PARAMS)
     Tensor params[LAYER_MAX_PARAMS];     // "conv1.weight" (32,1,3,3), "conv1.bias" (32)
-    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block; NULL when frozen
+    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block; NULL when frozen.
+                                         // A module's lie together, grads[0] first
+    int64_t train_off[LAYER_MAX_PARAMS];  // parameter j's offset among the trained scalars
+                                          // (state_dict order): where its optimizer state
+                                          // lives (net_opt_state); -1 when frozen
     bool frozen;        // its parameters stay fixed: backward computes no gradient for them
     bool frozen_stats;  // batchnorm: normalise by the running statistics, always
     ParamInit init[LAYER_MAX_PARAMS];
@@ -166,6 +188,11 @@ const LayerOps *layer_type(const char *section);
 void layer_free(Layer *l);
 // ops->workspace_bytes(l, k, N), or 0 for a layer without one.
 size_t layer_workspace_bytes(const Layer *l, const Kernels *k, int N);
+// Whether l has parameters that train (not frozen): a module the optimizer updates.
+bool layer_trains(const Layer *l);
+// The floats of l's parameters (of its gradients, which lie together from grads[0], when
+// it trains).
+int64_t layer_param_floats(const Layer *l);
 // ops->backward_reads(l), or both for a layer without one.
 unsigned layer_backward_reads(const Layer *l);
 // BACKWARD_READS_IN, with BACKWARD_READS_OUT when an activation follows (its mask is

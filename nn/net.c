@@ -153,7 +153,9 @@ static void grad_buffers(const Net *net, int *gid) {
         gid[i] = net->layers[i]->ops->backward_in_place && i < last ? gid[i + 1] : buf_grad(i);
 }
 
-// Builds net->events from the segments and the first trained layer.
+// Builds net->events from the segments and the first trained layer. A layer's backward is
+// the last event of the step that runs it (a segment is recomputed before its backward,
+// and later events are earlier layers'): what the fused update relies on (GradHook).
 static int net_schedule(Net *net, Error *err) {
     const int n = net->nlayers, S = net->nsegments, stop = net->first_trained;
     free(net->events);
@@ -409,6 +411,17 @@ static void net_carve_activations(Net *net, char *base) {
     }
 }
 
+// The fused update's gradient block, in floats: the largest trained module's gradients. One
+// module's backward runs at a time (a container runs its children one after another), and
+// the hook zeroes the module's gradients after its update, before the next one begins.
+static int64_t fused_grad_floats(const Net *net) {
+    int64_t most = 0;
+    for (int i = 0; i < net->nmodules; i++)
+        if (layer_trains(net->modules[i]) && layer_param_floats(net->modules[i]) > most)
+            most = layer_param_floats(net->modules[i]);
+    return most;
+}
+
 // Computes the rest of net->plan (workspace, parameters, gradients, optimizer state) and
 // the fp16 scratch of the executor.
 static void net_layout(Net *net) {
@@ -438,8 +451,10 @@ static void net_layout(Net *net) {
     net->plan.workspace = ws + layer_ws;
     net->plan.threads = net->k->thread_scratch ? net->k->thread_scratch() : 0;
     net->plan.params = (size_t)net->nparams * sizeof(float);
-    net->plan.grads = (size_t)net->ntrain * sizeof(float);
-    net->plan.optimizer = (size_t)net->nstates * net->plan.grads;
+    net->plan.grads_unfused = (size_t)net->ntrain * sizeof(float);
+    net->plan.grads = net->fused_update ? (size_t)fused_grad_floats(net) * sizeof(float)
+                                        : net->plan.grads_unfused;
+    net->plan.optimizer = (size_t)net->nstates * (size_t)net->ntrain * sizeof(float);
 }
 
 // The buffer block: every module's F32 buffers, then every module's state. Computes
@@ -636,15 +651,26 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
                 opt->batch, dtype_names[opt->precision]);
         goto fail;
     }
+    if (opt->fused_update && opt->precision != DT_F32) {
+        err_set(err, "net_create: the fused update needs fp32: with fp16 the loss scaler must "
+                     "see every gradient before it decides whether the step is taken");
+        goto fail;
+    }
+    net->fused_update = opt->fused_update;
     if (net_build_layers(net, cfg, input, classes, err) || net_freeze(net, cfg, opt, err)) goto fail;
     net->nstates = opt->opt_states;
     net->state_names = opt->opt_state_names;
-    for (int i = 0; i < net->nmodules; i++)
-        for (int j = 0; j < net->modules[i]->nparams; j++) {
-            const int64_t n = tensor_numel(&net->modules[i]->params[j]);
+    for (int i = 0; i < net->nmodules; i++) {
+        Layer *l = net->modules[i];
+        net->ntrained_modules += layer_trains(l);
+        for (int j = 0; j < LAYER_MAX_PARAMS; j++) l->train_off[j] = -1;
+        for (int j = 0; j < l->nparams; j++) {
+            const int64_t n = tensor_numel(&l->params[j]);
+            l->train_off[j] = l->frozen ? -1 : net->ntrain;
             net->nparams += n;
-            if (!net->modules[i]->frozen) net->ntrain += n;
+            if (!l->frozen) net->ntrain += n;
         }
+    }
     if (net_segments(net, opt->segments, err)) goto fail;
     net_layout(net);
     net_layout_buffers(net, NULL);
@@ -667,14 +693,16 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     for (int i = 0; i < 4 && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
-    int64_t off = 0, goff = 0;
+    // Gradients in state_dict order, or (fused) every module's from the block's start.
+    int64_t off = 0;
     for (int i = 0; i < net->nmodules; i++) {
         Layer *l = net->modules[i];
+        int64_t goff = net->fused_update ? 0 : l->train_off[0];
         for (int j = 0; j < l->nparams; j++) {
             l->params[j].data = net->params + off;
             l->grads[j] = l->frozen ? NULL : net->grads + goff;
             off += tensor_numel(&l->params[j]);
-            if (!l->frozen) goff += tensor_numel(&l->params[j]);
+            goff += tensor_numel(&l->params[j]);
         }
     }
     if (net_reset_buffers(net, err)) goto fail;
@@ -793,10 +821,12 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
 }
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
-    const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
+    LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
+    ctx.hook = net->hook.ready ? &net->hook : NULL;
     net->k->gemm_reduced(net->gemm_reduced);
     LayerCtx redo = ctx;  // recomputations: the same dropout masks and batch statistics
     redo.recompute = true;
+    redo.hook = NULL;
     const int last = net->nlayers - 1;
     const bool f32 = net->precision == DT_F32;
     for (int e = net->nlayers + 1; e < net->nevents; e++) {
@@ -816,7 +846,11 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
     }
 }
 
-void net_zero_grads(Net *net) { net->k->zero(net->grads, (size_t)net->ntrain * sizeof(float)); }
+void net_zero_grads(Net *net) { net->k->zero(net->grads, net->plan.grads); }
+
+void net_zero_module_grads(Net *net, const Layer *m) {
+    if (layer_trains(m)) net->k->zero(m->grads[0], (size_t)layer_param_floats(m) * sizeof(float));
+}
 
 void net_print(const Net *net, FILE *f) {
     fprintf(f, "  %-3s %-14s %-12s %-16s %12s\n", "#", "name", "type", "output (CxHxW)", "params");
