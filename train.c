@@ -104,15 +104,48 @@ static int sync_buffers(Net *net, Error *err) {
     return 0;
 }
 
+// The fused update's hook (Net.hook, NetOptions.fused_update): module m's gradients are
+// complete and nothing later in the step reads its parameters. They are summed across the
+// processes (each element in rank order, as the sum of the whole gradient block sums it:
+// the same bits), m takes its optimizer step, and its gradients are zeroed for the next
+// module's backward, which accumulates into the same memory. The hook lives here, not in
+// nn/: no layer and nothing in the network knows about ranks (DESIGN.md decision 14).
+typedef struct FusedStep {
+    Net *net;
+    const Optimizer *optim;
+    double lr;
+    uint64_t step;
+    int updated;  // modules updated this step
+    Error *err;
+} FusedStep;
+
+static int fused_ready(void *arg, Layer *m) {
+    FusedStep *f = arg;
+    const int scope = profile_scope();
+    profile_enter(PROF_OPTIMIZER);
+    const int rc = dist.size > 1 ? dist_sum_floats(&dist, m->grads[0], (size_t)layer_param_floats(m), f->err) : 0;
+    if (!rc) {
+        optim_step_module(f->net, f->optim, m, f->lr, f->step);
+        net_zero_module_grads(f->net, m);
+        f->updated++;
+    }
+    profile_return(scope);
+    return rc;
+}
+
 // One optimizer step on a batch: forward and backward over micro-batches of net->batch
 // samples, the loss averaged over the whole batch (`total` samples across the processes;
 // this one's part starts at b->offset, which keys its dropout masks); the gradients are
 // summed across the processes; then, with loss scaling, they are unscaled and checked, and
 // the step is skipped if they are not finite (the same sum on every process: the same
-// decision), on the device without waiting for it (optim_step).
+// decision), on the device without waiting for it (optim_step). With the fused update (one
+// micro-batch, fp32) the sums and the updates happen module by module during backward
+// (fused_ready), and the gradient block starts and ends each step zeroed.
 static int train_step(Net *net, const Batch *b, int64_t total, const Options *o, uint64_t step,
                       double lr, Error *err) {
-    net_zero_grads(net);
+    FusedStep fused = {.net = net, .optim = &o->optim, .lr = lr, .step = step, .err = err};
+    if (net->fused_update) net->hook = (GradHook){.ready = fused_ready, .arg = &fused};
+    else net_zero_grads(net);
     for (int m0 = 0; m0 < b->n; m0 += net->batch) {
         const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
         profile_enter(PROF_STEP);
@@ -121,6 +154,17 @@ static int train_step(Net *net, const Batch *b, int64_t total, const Options *o,
         profile_enter(PROF_LOSS);
         net_loss(net, n, (int)total, true);
         net_backward(net, n, o->seed, step, b->offset + m0);
+    }
+    if (net->fused_update) {
+        const bool failed = net->hook.failed;
+        net->hook = (GradHook){0};
+        if (failed) return -1;
+        if (fused.updated != net->ntrained_modules)
+            return err_set(err, "the fused update updated %d of the %d trained modules in "
+                                "backward: a layer's backward did not report (a bug)",
+                           fused.updated, net->ntrained_modules);
+        profile_enter(PROF_OPTIMIZER);
+        return dist.size > 1 ? sync_buffers(net, err) : 0;
     }
     profile_enter(PROF_OPTIMIZER);
     if (dist.size > 1 && (dist_sum_floats(&dist, net->grads, (size_t)net->ntrain, err) ||
@@ -286,9 +330,10 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
     fprintf(f, ", \"probe_seconds\": %.2f, \"probe_steps\": %d, \"plans\": [", r->probe, r->probe_steps);
     for (int i = 0; i < r->n; i++) {
         const FitChoice *c = &r->plans[i];
-        fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"accumulate\": %d, \"precision\": \"%s\", "
-                   "\"bytes\": %zu, \"fits\": %s, \"exact\": %s, \"seconds\": ",
-                i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false", c->accumulate,
+        fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"fused_update\": %s, \"accumulate\": %d, "
+                   "\"precision\": \"%s\", \"bytes\": %zu, \"fits\": %s, \"exact\": %s, \"seconds\": ",
+                i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false",
+                c->net.fused_update ? "true" : "false", c->accumulate,
                 c->net.precision == DT_F16 ? "fp16" : "fp32", mem_plan_on(&c->plan, k),
                 c->fits ? "true" : "false", c->exact ? "true" : "false");
         if (c->seconds >= 0) fprintf(f, "%.4f}", c->seconds);
@@ -300,16 +345,19 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
 // The plan for device k, and with `available` (SIZE_MAX: unknown) what the device can
 // still give (`source` says whence). `baseline` is the process's own memory before the
 // plan (the CPU), or the GPU's use once set up (its context, cuBLAS's workspace).
-static void print_plan(const MemPlan *p, const Kernels *k, size_t baseline, size_t available,
+// With the fused update (`fused`) the gradients line says what they would take without it.
+static void print_plan(const MemPlan *p, const Kernels *k, bool fused, size_t baseline, size_t available,
                        const char *source, bool json, const BudgetReport *budget) {
     const size_t need = mem_plan_on(p, k);
     if (json) {
-        printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"optimizer\": %zu, "
+        printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"grads_unfused\": %zu, "
+               "\"fused_update\": %s, \"optimizer\": %zu, "
                "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
                "\"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, "
                "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
-               k->name, p->params, p->grads, p->optimizer, p->buffers, p->activations, p->act_kept,
-               p->workspace, p->threads, p->loader, mem_plan_total(p), need, baseline);
+               k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false", p->optimizer,
+               p->buffers, p->activations, p->act_kept, p->workspace, p->threads, p->loader,
+               mem_plan_total(p), need, baseline);
         if (available == SIZE_MAX) printf("null");
         else printf("%zu", available);
         if (budget && budget->n) budget_report_json(stdout, budget, k);
@@ -318,7 +366,11 @@ static void print_plan(const MemPlan *p, const Kernels *k, size_t baseline, size
     }
     printf("memory plan (MB):\n");
     printf("  %-34s %10.1f\n", "parameters", p->params / 1e6);
-    printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
+    if (fused)
+        printf("  %-34s %10.1f  (fused update: the largest layer's; %.1f unfused)\n",
+               "gradients", p->grads / 1e6, p->grads_unfused / 1e6);
+    else
+        printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
     printf("  %-34s %10.1f\n", "optimizer state", p->optimizer / 1e6);
     printf("  %-34s %10.1f\n", "buffers (batchnorm statistics)", p->buffers / 1e6);
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
@@ -355,10 +407,12 @@ static const char *keys_for(const FitChoice *c, const Options *o, int accumulate
     return buf;
 }
 
-// A plan's savers in words: "checkpoint = 7 segments, accumulate = 2 (micro-batch 16), fp16".
+// A plan's savers in words: "checkpoint = 7 segments with sweeps, fused update, accumulate
+// = 2 (micro-batch 16), fp16".
 static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
     int n = c->net.segments ? snprintf(buf, cap, "checkpoint = %d segments with sweeps", c->net.segments)
                             : snprintf(buf, cap, "no checkpointing");
+    if (c->net.fused_update) n += snprintf(buf + n, cap - (size_t)n, ", fused update");
     if (c->accumulate > 1)
         n += snprintf(buf + n, cap - (size_t)n, ", accumulate = %d (micro-batch %d)", c->accumulate, c->net.batch);
     if (c->net.precision == DT_F16) snprintf(buf + n, cap - (size_t)n, ", fp16");
@@ -550,7 +604,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
                           .segments = o->segments, .sweep = o->segments != 0, .freeze = o->freeze.names,
                           .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
-                          .tf32 = o->tf32 != 0, .input_bytes = true};
+                          .tf32 = o->tf32 != 0, .input_bytes = true, .fused_update = o->fused_update};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
     if (o->memory && apply_budget(&mine, k, cfg, train, data.classes,
@@ -563,7 +617,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     if (o->plan) {
-        print_plan(&net.plan, k, baseline, available, source, o->json, &budget);
+        print_plan(&net.plan, k, net.fused_update, baseline, available, source, o->json, &budget);
         rc = 0;
         goto done;
     }
@@ -640,12 +694,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (accumulate > 1) printf(" as %d micro-batches of %d", accumulate, net.batch);
     printf(", %s", net.precision == DT_F16 ? "fp16 activations" : "fp32");
     if (net.nsegments > 1) printf(", %d checkpoint segments", net.nsegments);
+    if (net.fused_update) printf(", fused update");
     printf("\n");
     if (test) printf("       %lld test images\n", (long long)test->count);
     if (train->info) printf("       train: %s\n", train->info);
     if (test && test->info) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
-    print_plan(&net.plan, k, baseline, available, source, false, NULL);
+    print_plan(&net.plan, k, net.fused_update, baseline, available, source, false, NULL);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);

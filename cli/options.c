@@ -14,6 +14,9 @@ const CfgKey train_keys[] = {
     {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
     {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
     {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
+    {"fused_update", "0", "1: each layer's optimizer update runs during backward once its "
+                          "gradient is complete, so the gradient memory holds the largest "
+                          "layer's, not all of them; the same bits (fp32, accumulate = 1)"},
     {"memory", "", "a budget (512M, 2G, ...): when the run does not fit, the fastest plan of "
                    "checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
                    "of a few steps; fp16 and micro-batches under batchnorm only with auto_fp16 and "
@@ -232,13 +235,14 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
     int precision;
     static const char *const precisions[] = {"fp32", "fp16"};
     const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, auto_microbatch, tf32, freeze_bn, resume_force;
+    int64_t auto_fp16, auto_microbatch, tf32, freeze_bn, resume_force, fused_update;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
         cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
         cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
         cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
+        cfg_int(cfg, t, "fused_update", "0", 0, 1, &fused_update, err) ||
         cfg_str(cfg, t, "memory", "", &memory, err) ||
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
@@ -268,6 +272,15 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
         return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
                             "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
     o->precision = precision ? DT_F16 : DT_F32;
+    o->fused_update = fused_update != 0;
+    if (o->fused_update && o->precision == DT_F16)
+        return err_set(err, "%s: [train] fused_update = 1 needs precision = fp32: with fp16 the "
+                            "loss scaler must see every gradient before it decides whether to "
+                            "skip the step; set fused_update = 0", cfg_path);
+    if (o->fused_update && o->accumulate > 1)
+        return err_set(err, "%s: [train] fused_update = 1 needs accumulate = 1: with %d "
+                            "micro-batches every gradient sums them all before the update; set "
+                            "fused_update = 0 or accumulate = 1", cfg_path, o->accumulate);
     o->auto_fp16 = (int)auto_fp16;
     o->auto_microbatch = (int)auto_microbatch;
     o->tf32 = (int)tf32;

@@ -24,6 +24,7 @@ typedef struct Options {
     int epochs, batch, threads, accumulate;
     int64_t save_every, stop_after;
     int segments;        // NetOptions.segments
+    bool fused_update;   // NetOptions.fused_update (fp32 and accumulate = 1 only)
     size_t memory;       // budget in bytes; 0 = none
     int auto_fp16;       // memory may choose fp16
     int auto_microbatch; // memory may choose micro-batches on a batch-coupled network

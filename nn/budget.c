@@ -32,7 +32,7 @@ typedef struct List {
 static int list_add(List *l, const FitChoice *c, Error *err) {
     for (int i = 0; i < l->n; i++)  // the same plan twice (the configured segments)
         if (l->p[i].accumulate == c->accumulate && l->p[i].net.segments == c->net.segments &&
-            l->p[i].net.precision == c->net.precision)
+            l->p[i].net.precision == c->net.precision && l->p[i].net.fused_update == c->net.fused_update)
             return 0;
     if (l->n == l->cap) {
         const int cap = l->cap ? 2 * l->cap : 32;
@@ -45,23 +45,28 @@ static int list_add(List *l, const FitChoice *c, Error *err) {
 }
 
 // Every segment count for one precision and micro-batch count: none, then 2, 3, 4, 6,
-// round(sqrt(nodes)) and twice that (and the configured), each with its sweeps; `exact`
-// says whether they change nothing but rounding. Returns the plans added that fit, or -1.
+// round(sqrt(nodes)) and twice that (and the configured), each with its sweeps, and each
+// without and with the fused update where it may run (one fp32 batch; only with it when
+// the run asks for it); `exact` says whether they change nothing but rounding. Returns the
+// plans added that fit, or -1.
 static int add_segmentings(const BudgetQuery *q, List *l, NetOptions opt, int accumulate, int nodes,
                            bool exact, Error *err) {
     const int r = (int)lround(sqrt((double)nodes));
     const int counts[] = {q->base.segments, 0, 2, 3, 4, 6, r, 2 * r};
+    const bool fusable = accumulate == 1 && opt.precision == DT_F32;
     int fit = 0;
-    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-        int S = counts[i] == NET_SEGMENTS_SQRT ? r : counts[i];
-        if (S == 1) S = 0;
-        if (S > nodes) continue;
-        FitChoice c = {.net = opt, .accumulate = accumulate, .exact = exact};
-        c.net.segments = S;
-        c.net.sweep = S != 0;
-        if (plan_of(q, &c, err) || list_add(l, &c, err)) return -1;
-        fit += c.fits;
-    }
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        for (int fused = q->base.fused_update && fusable; fused <= fusable; fused++) {
+            int S = counts[i] == NET_SEGMENTS_SQRT ? r : counts[i];
+            if (S == 1) S = 0;
+            if (S > nodes) continue;
+            FitChoice c = {.net = opt, .accumulate = accumulate, .exact = exact};
+            c.net.segments = S;
+            c.net.sweep = S != 0;
+            c.net.fused_update = fused;
+            if (plan_of(q, &c, err) || list_add(l, &c, err)) return -1;
+            fit += c.fits;
+        }
     return fit;
 }
 

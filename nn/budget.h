@@ -1,8 +1,8 @@
 // budget.h: what makes a training run fit a memory budget (`memory = 512M`), and how fast.
 //
 // The budget lists plans (budget_plans): the run as configured, and with the exact savers
-// (checkpoint segments with their sweeps; micro-batches where they give the same gradient
-// up to rounding), with their bytes; a probe of a few steps of the smallest that fits times
+// (checkpoint segments with their sweeps; the fused update; micro-batches where they give
+// the same gradient up to rounding), with their bytes; a probe of a few steps of the smallest that fits times
 // every call on this device (nn/cost.h), from which each plan's seconds a step follow
 // (budget_estimate); the fastest that fits is chosen. The savers that change the result
 // (fp16; micro-batches under batchnorm) join only with the user's leave and only when no
@@ -51,7 +51,9 @@ typedef struct FitChoice {
 
 // The plans for q, into *plans (malloc'd, *n; caller frees): for each allowed precision
 // and micro-batch, checkpointing none and 2, 3, 4, 6, round(sqrt(nodes)) and twice that
-// segments (each with its sweeps), the configured ones among them; micro-batches for every
+// segments (each with its sweeps), the configured ones among them, each without and with
+// the fused update where it may run (one fp32 batch; always with it when q->base has it:
+// it changes nothing but the gradients' memory); micro-batches for every
 // divisor of the batch where they are exact or allowed; lossy plans (fp16, micro-batches
 // under batchnorm) only when the leave allows and no exact plan fits. Errors come from
 // building the network (a bad cfg).

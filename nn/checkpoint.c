@@ -55,11 +55,13 @@ void checkpoint_info_free(CheckpointInfo *info) {
 // ---- the network's tensors --------------------------------------------------------------
 
 // One tensor of the model's state_dict: a parameter or a buffer (batchnorm's running
-// statistics and counter). A trained parameter has a gradient, and optimizer state.
+// statistics and counter). A trained parameter has optimizer state.
 typedef struct ModelTensor {
     const Tensor *t;
     bool param;
-    const float *grad;  // NULL for buffers and frozen parameters
+    const Layer *l;  // a parameter's module, and its index there
+    int j;
+    bool trained;    // a parameter with optimizer state (net_opt_state(net, l, j, s))
 } ModelTensor;
 
 // The model's tensors in state_dict order (module after module: its parameters, then its
@@ -76,8 +78,9 @@ static ModelTensor *list_model(const Net *net, int *n, int *ntrained, Error *err
     int k = 0;
     for (int i = 0; i < net->nmodules; i++) {
         const Layer *l = net->modules[i];
-        for (int j = 0; j < l->nparams; j++) m[k++] = (ModelTensor){&l->params[j], true, l->grads[j]};
-        for (int j = 0; j < l->nbuffers; j++) m[k++] = (ModelTensor){&l->buffers[j], false, NULL};
+        for (int j = 0; j < l->nparams; j++)
+            m[k++] = (ModelTensor){&l->params[j], true, l, j, l->train_off[j] >= 0};
+        for (int j = 0; j < l->nbuffers; j++) m[k++] = (ModelTensor){&l->buffers[j], false, l, j, false};
     }
     return m;
 }
@@ -183,11 +186,11 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
             if (bytes) net->k->download(t[i].data, p->data, bytes);
             *(model[i].param ? &off : &boff) += n;
         }
-        if (!model[i].grad) continue;
+        if (!model[i].trained) continue;
         for (int h = 0; h < S; h++, ti++) {
             Tensor *o = &t[nm + ti];
             *o = *p;
-            float *src = net_opt_state(net, model[i].grad, h);
+            float *src = net_opt_state(net, model[i].l, model[i].j, h);
             o->data = host ? host + ooff : src;
             if (opt_key(net, o->name, sizeof o->name, p->name, h)) {
                 err_set(err, "cannot write '%s': the optimizer key of '%s' is too long", path,
@@ -922,7 +925,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
     }
     nwant = nmodel;
     for (int i = 0; i < nm; i++) {
-        if (!model[i].grad) continue;
+        if (!model[i].trained) continue;
         for (int h = 0; h < S; h++) {
             Want *w = &want[nwant++];
             if (opt_key(net, w->name, sizeof w->name, model[i].t->name, h)) {
@@ -930,7 +933,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
                 goto done;
             }
             w->param = model[i].t;
-            w->dev = net_opt_state(net, model[i].grad, h);
+            w->dev = net_opt_state(net, model[i].l, model[i].j, h);
             w->host = net->k->host_memory;
             w->nonnegative = optim_state_nonnegative(net->state_names[h]);
         }

@@ -70,6 +70,14 @@ size_t layer_workspace_bytes(const Layer *l, const Kernels *k, int N) {
     return l->ops->workspace_bytes ? l->ops->workspace_bytes(l, k, N) : 0;
 }
 
+bool layer_trains(const Layer *l) { return l->nparams > 0 && !l->frozen; }
+
+int64_t layer_param_floats(const Layer *l) {
+    int64_t n = 0;
+    for (int j = 0; j < l->nparams; j++) n += tensor_numel(&l->params[j]);
+    return n;
+}
+
 unsigned layer_backward_reads(const Layer *l) {
     return l->ops->backward_reads ? l->ops->backward_reads(l) : BACKWARD_READS_IN | BACKWARD_READS_OUT;
 }

@@ -174,7 +174,11 @@ struct Layer {
     Shape in, out;
     int nparams;                         // parameter tensors (0..LAYER_MAX_PARAMS)
     Tensor params[LAYER_MAX_PARAMS];     // "conv1.weight" (32,1,3,3), "conv1.bias" (32)
-    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block; NULL when frozen
+    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block; NULL when frozen.
+                                         // A module's lie together, grads[0] first
+    int64_t train_off[LAYER_MAX_PARAMS];  // parameter j's offset among the trained scalars
+                                          // (state_dict order): where its optimizer state
+                                          // lives (net_opt_state); -1 when frozen
     bool frozen;        // its parameters stay fixed: backward computes no gradient for them
     bool frozen_stats;  // batchnorm: normalise by the running statistics, always
     ParamInit init[LAYER_MAX_PARAMS];
@@ -202,6 +206,11 @@ const LayerOps *layer_type(const char *section);
 void layer_free(Layer *l);
 // ops->workspace_bytes(l, k, N), or 0 for a layer without one.
 size_t layer_workspace_bytes(const Layer *l, const Kernels *k, int N);
+// Whether l has parameters that train (not frozen): a module the optimizer updates.
+bool layer_trains(const Layer *l);
+// The floats of l's parameters (of its gradients, which lie together from grads[0], when
+// it trains).
+int64_t layer_param_floats(const Layer *l);
 // ops->backward_reads(l), or both for a layer without one.
 unsigned layer_backward_reads(const Layer *l);
 // BACKWARD_READS_IN, with BACKWARD_READS_OUT when an activation follows (its mask is

@@ -447,6 +447,9 @@ static int route_gradients(Net *net, int j, int t, Error *err) {
 // Builds net->events and the nodes' buffer ids (net->nbuf) from the segments and the
 // first trained node: the events first (a node's inputs that already have a gradient term
 // get an EV_GRAD_ADD after its backward), then, going through them, the gradients' buffers.
+// A node's backward is the last event of the step that runs its layers: a node is
+// recomputed only for a backward that reads its output (its own, or a later node's, which
+// comes first): what the fused update relies on (GradHook).
 static int net_schedule(Net *net, Error *err) {
     const int n = net->nnodes, S = net->nsegments, stop = net->first_trained;
     free(net->events);
@@ -813,6 +816,36 @@ static void net_carve_activations(Net *net, char *base) {
     }
 }
 
+// The layers node j runs: a leaf's, or a sweep's members (a sum runs none); their count.
+static int node_layers(const NetNode *nd, Layer *const **ls) {
+    if (nd->kind == NODE_LEAF) {
+        *ls = &nd->l;
+        return 1;
+    }
+    *ls = nd->chain;
+    return nd->kind == NODE_SWEEP ? nd->nchain : 0;
+}
+
+// The gradient floats of node j's trained modules.
+static int64_t node_grad_floats(const NetNode *nd) {
+    Layer *const *ls;
+    int64_t n = 0;
+    for (int i = node_layers(nd, &ls) - 1; i >= 0; i--)
+        if (layer_trains(ls[i])) n += layer_param_floats(ls[i]);
+    return n;
+}
+
+// The fused update's gradient block, in floats: the most that one node's trained modules
+// take. One node's backward runs at a time (a sweep's members over every chunk before the
+// next node), each of its modules' gradients laid out from the block's start, and the hook
+// zeroes them after their update, before the next node's backward begins.
+static int64_t fused_grad_floats(const Net *net) {
+    int64_t most = 0;
+    for (int j = 0; j < net->nnodes; j++)
+        if (node_grad_floats(&net->nodes[j]) > most) most = node_grad_floats(&net->nodes[j]);
+    return most;
+}
+
 // Computes the rest of net->plan (workspace, parameters, gradients, optimizer state) and
 // the fp16 scratch of the executor.
 static void net_layout(Net *net) {
@@ -842,8 +875,10 @@ static void net_layout(Net *net) {
     net->plan.workspace = ws + layer_ws;
     net->plan.threads = net->k->thread_scratch ? net->k->thread_scratch() : 0;
     net->plan.params = (size_t)net->nparams * sizeof(float);
-    net->plan.grads = (size_t)net->ntrain * sizeof(float);
-    net->plan.optimizer = (size_t)net->nstates * net->plan.grads;
+    net->plan.grads_unfused = (size_t)net->ntrain * sizeof(float);
+    net->plan.grads = net->fused_update ? (size_t)fused_grad_floats(net) * sizeof(float)
+                                        : net->plan.grads_unfused;
+    net->plan.optimizer = (size_t)net->nstates * (size_t)net->ntrain * sizeof(float);
 }
 
 // The buffer block: every module's F32 buffers, then every module's state. Computes
@@ -1071,18 +1106,29 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
                 opt->batch, dtype_names[opt->precision]);
         goto fail;
     }
+    if (opt->fused_update && opt->precision != DT_F32) {
+        err_set(err, "net_create: the fused update needs fp32: with fp16 the loss scaler must "
+                     "see every gradient before it decides whether the step is taken");
+        goto fail;
+    }
+    net->fused_update = opt->fused_update;
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
         (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||
         net_freeze(net, cfg, opt, err))
         goto fail;
     net->nstates = opt->opt_states;
     net->state_names = opt->opt_state_names;
-    for (int i = 0; i < net->nmodules; i++)
-        for (int j = 0; j < net->modules[i]->nparams; j++) {
-            const int64_t n = tensor_numel(&net->modules[i]->params[j]);
+    for (int i = 0; i < net->nmodules; i++) {
+        Layer *l = net->modules[i];
+        net->ntrained_modules += layer_trains(l);
+        for (int j = 0; j < LAYER_MAX_PARAMS; j++) l->train_off[j] = -1;
+        for (int j = 0; j < l->nparams; j++) {
+            const int64_t n = tensor_numel(&l->params[j]);
+            l->train_off[j] = l->frozen ? -1 : net->ntrain;
             net->nparams += n;
-            if (!net->modules[i]->frozen) net->ntrain += n;
+            if (!l->frozen) net->ntrain += n;
         }
+    }
     net->exec.input_c = input.c;  // planned by the cuts' search too
     net->exec.input_chunk = net->input_bytes ? net_input_chunk(net) : 0;
     if (net_segments(net, opt->segments, err)) goto fail;
@@ -1114,14 +1160,27 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     for (int i = 0; i < 4 && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
-    int64_t off = 0, goff = 0;
+    // Gradients in state_dict order, or (fused) each node's modules' from the block's start.
+    int64_t off = 0;
     for (int i = 0; i < net->nmodules; i++) {
         Layer *l = net->modules[i];
+        int64_t goff = l->train_off[0];
         for (int j = 0; j < l->nparams; j++) {
             l->params[j].data = net->params + off;
             l->grads[j] = l->frozen ? NULL : net->grads + goff;
             off += tensor_numel(&l->params[j]);
-            if (!l->frozen) goff += tensor_numel(&l->params[j]);
+            goff += tensor_numel(&l->params[j]);
+        }
+    }
+    for (int j = 0; net->fused_update && j < net->nnodes; j++) {
+        Layer *const *ls;
+        int64_t goff = 0;
+        for (int i = 0; i < node_layers(&net->nodes[j], &ls); i++) {
+            if (!layer_trains(ls[i])) continue;
+            for (int t = 0; t < ls[i]->nparams; t++) {
+                ls[i]->grads[t] = net->grads + goff;
+                goff += tensor_numel(&ls[i]->params[t]);
+            }
         }
     }
     if (net_reset_buffers(net, err)) goto fail;
@@ -1331,6 +1390,15 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
     }
 }
 
+// Node j's backward is done: its trained modules' gradients are complete and their
+// parameters read for the last time this step (GradHook).
+static void node_done(Net *net, int j) {
+    GradHook *h = &net->hook;
+    Layer *const *ls;
+    for (int i = node_layers(&net->nodes[j], &ls) - 1; i >= 0 && h->ready && !h->failed; i--)
+        if (layer_trains(ls[i]) && h->ready(h->arg, ls[i])) h->failed = true;
+}
+
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
     net->k->gemm_reduced(net->gemm_reduced);
@@ -1341,7 +1409,10 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
         if (net->on_layer) net->on_layer(net->nodes[ev.node].top, ev.kind != EV_RECOMPUTE);
         switch (ev.kind) {
         case EV_RECOMPUTE: forward_node(net, ev.node, &redo, N); break;
-        case EV_BACKWARD: backward_node(net, ev.node, &ctx, N); break;
+        case EV_BACKWARD:
+            backward_node(net, ev.node, &ctx, N);
+            node_done(net, ev.node);
+            break;
         case EV_GRAD_ADD: {
             const double t0 = net_start(net);
             const Stored g = stored(net, net->grad[ev.node]);
@@ -1357,7 +1428,11 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
     }
 }
 
-void net_zero_grads(Net *net) { net->k->zero(net->grads, (size_t)net->ntrain * sizeof(float)); }
+void net_zero_grads(Net *net) { net->k->zero(net->grads, net->plan.grads); }
+
+void net_zero_module_grads(Net *net, const Layer *m) {
+    if (layer_trains(m)) net->k->zero(m->grads[0], (size_t)layer_param_floats(m) * sizeof(float));
+}
 
 void net_print(const Net *net, FILE *f) {
     fprintf(f, "  %-3s %-14s %-12s %-16s %12s\n", "#", "name", "type", "output (CxHxW)", "params");

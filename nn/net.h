@@ -30,6 +30,10 @@
 // (Kernels.thread_scratch: the CPU's GEMM packing buffers).
 typedef struct MemPlan {
     size_t params, grads, optimizer, buffers, activations, workspace, threads, loader;
+    // The gradient block without the fused update: every trained parameter's gradient.
+    // Equal to `grads` unless NetOptions.fused_update, where `grads` is the largest
+    // trained module's.
+    size_t grads_unfused;
     // Of `activations`: the bytes live at the loss, what forward keeps for backward: the
     // input and labels, every output that a backward reads (with checkpointing, each
     // segment's last and the last segment's), the inner activations, the output, dlogp.
@@ -70,6 +74,12 @@ typedef struct NetOptions {
     // layer as lut[c][byte] (net_put_input): a quarter of an fp32 input's memory, the
     // same floats. false: fp32 values in input_buf (tests, tools that make their own).
     bool input_bytes;
+    // The fused optimizer update (fp32 only; the trainer allows it with accumulate = 1):
+    // each trained module is updated during backward, through Net.hook, as soon as its
+    // gradients are complete and nothing later in the step reads its parameters; the
+    // gradient block holds one module's gradients at a time (the largest module's), which
+    // the hook zeroes after the update for the next module's backward.
+    bool fused_update;
 } NetOptions;
 
 #define NET_SEGMENTS_SQRT (-1)
@@ -105,6 +115,21 @@ typedef struct NodeBufs {
     int out, grad, term, din;
 } NodeBufs;
 
+// What backward calls once a trained module (a layer with parameters, not frozen) is done
+// with in the step: its gradients in m->grads are complete (accumulate = 1, fp32) and
+// nothing later in the step reads its parameters, so they may be updated and the gradients'
+// memory reused (the fused optimizer update, NetOptions.fused_update). net_backward calls
+// it after each node's backward for the node's trained modules (a sweep's members
+// together, after the sweep): a layer reads its parameters only in its forward and
+// backward, and the schedule recomputes a node only before its own backward (net.c).
+typedef struct GradHook {
+    // Returns 0, or -1 to stop the step (arg carries the error): `failed` is set then and
+    // ready is not called again.
+    int (*ready)(void *arg, Layer *m);
+    void *arg;
+    bool failed;
+} GradHook;
+
 typedef struct Net {
     const Kernels *k;
     Layer **layers;  // the top-level layers: host structs whose tensors point into the blocks
@@ -127,6 +152,13 @@ typedef struct Net {
     const char *const *state_names;  // their names ("square_avg", ...)
     int first_trained;  // the first node with a trained parameter: backward stops there
                         // (nnodes when everything is frozen)
+    int ntrained_modules;  // modules that train (layer_trains): the hook's calls in a step
+    bool fused_update;     // NetOptions.fused_update: the gradient block holds one node's
+                           // modules' gradients at a time (net_create lays them out)
+    // Called by net_backward after each node's backward for each of its trained modules
+    // (GradHook); ready NULL: none. The trainer sets it for the fused update; the network
+    // never calls the optimizer itself.
+    GradHook hook;
     MemPlan plan;
     Event *events;  // the schedule of a step
     int nevents;
@@ -138,9 +170,11 @@ typedef struct Net {
 
     // Device blocks (one allocation each) and pointers into them.
     float *params;     // (nparams): every layer's tensors, in layer order
-    float *grads;      // (ntrain): the trained tensors' gradients, in the same order
-    float *optimizer;  // (nstates * ntrain): each state of every trained tensor, laid out
-                       // as grads
+    float *grads;      // the gradient block: (ntrain), the trained tensors' gradients in the
+                       // same order; fused_update: (plan.grads / 4), the gradients of the
+                       // module being backpropagated, from the start (net_module_grads)
+    float *optimizer;  // (nstates * ntrain): state s of the trained parameter at train_off t
+                       // is at optimizer[s * ntrain + t] (net_opt_state)
     void *buffers;     // every layer's F32 buffers, then every layer's state
     void *activations;
     void *workspace;        // the fp16 scratch, then layer_workspace
@@ -188,9 +222,10 @@ int net_init_params(Net *net, uint64_t seed, Error *err);
 // net_create and net_init_params do it.
 int net_reset_buffers(Net *net, Error *err);
 
-// Optimizer state s of the trained parameter whose gradient is at g (in net->grads).
-static inline float *net_opt_state(const Net *net, const float *g, int s) {
-    return net->optimizer + (size_t)s * (size_t)net->ntrain + (size_t)(g - net->grads);
+// Optimizer state s of trained parameter j of module l (its place among the trained scalars,
+// wherever its gradient is).
+static inline float *net_opt_state(const Net *net, const Layer *l, int j, int s) {
+    return net->optimizer + (size_t)s * (size_t)net->ntrain + (size_t)l->train_off[j];
 }
 
 // With input_bytes: copies n samples of bytes px (n, H, W, C) into the network's input,
@@ -210,10 +245,16 @@ static inline float *net_output(const Net *net) { return (float *)net->acts[net-
 void net_loss(Net *net, int N, int denominator, bool grad);
 
 // Backward of N samples from the output gradient in dlogp (net_loss); parameter
-// gradients accumulate into net->grads. Same step/sample0 as the forward.
+// gradients accumulate into net->grads. Same step/sample0 as the forward. With net->hook
+// set, it is called after each trained module's backward (GradHook), and the step stops
+// calling it after a failure (hook.failed).
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0);
 
+// Zeroes the gradient block (all of it: every gradient, or with the fused update the slot).
 void net_zero_grads(Net *net);
+// Zeroes module m's gradients (layer_param_floats(m) from m->grads[0]): with the fused
+// update, the hook's last act, so that the next module's backward accumulates into zeros.
+void net_zero_module_grads(Net *net, const Layer *m);
 
 // Whether activation buffer b is live at event t (nevents: after the step).
 bool net_buffer_live(const Net *net, int b, int t);

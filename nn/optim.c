@@ -35,27 +35,35 @@ void optim_plan(const Optimizer *o, NetOptions *opt) {
     opt->opt_state_names = optim_state_names(o);
 }
 
-// One kernel call over n parameters from p (gradients at g, the states laid out as them).
-static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t step, float *p,
-                      float *g, int64_t n, double wd) {
+// A run of neighbouring trained tensors that one kernel call updates: n parameters from p,
+// their gradients from g, their optimizer state from train_off `off`, one weight decay.
+typedef struct Span {
+    float *p, *g;
+    int64_t off, n;
+    double wd;
+} Span;
+
+// One kernel call over span s.
+static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t step, const Span *s) {
     const Kernels *k = net->k;
+    const size_t ntrain = (size_t)net->ntrain;
+    float *st0 = net->optimizer + (size_t)s->off, *st1 = st0 + ntrain;
     // The scalars as PyTorch computes them, in double, then rounded to float as its
     // kernels take them.
     switch (o->kind) {
     case OPTIM_ADADELTA:
-        k->adadelta_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n, (float)lr,
-                         (float)o->rho, (float)o->eps, (float)wd, net->scaler);
+        k->adadelta_step(s->p, st0, st1, s->g, s->n, (float)lr, (float)o->rho, (float)o->eps,
+                         (float)s->wd, net->scaler);
         break;
     case OPTIM_SGD:
-        k->sgd_step(p, o->momentum != 0.0 ? net_opt_state(net, g, 0) : NULL, g, n, (float)lr,
-                    (float)o->momentum, (float)(1 - o->dampening), (float)wd, o->nesterov,
+        k->sgd_step(s->p, o->momentum != 0.0 ? st0 : NULL, s->g, s->n, (float)lr,
+                    (float)o->momentum, (float)(1 - o->dampening), (float)s->wd, o->nesterov,
                     net->scaler, step);
         break;
     case OPTIM_ADAMW: {
-        const AdamWHyper h = {.lr = lr, .weight_decay = wd, .beta1 = o->beta1, .beta2 = o->beta2,
+        const AdamWHyper h = {.lr = lr, .weight_decay = s->wd, .beta1 = o->beta1, .beta2 = o->beta2,
                               .eps = o->eps};
-        k->adamw_step(p, net_opt_state(net, g, 0), net_opt_state(net, g, 1), g, n, h, net->scaler,
-                      step);
+        k->adamw_step(s->p, st0, st1, s->g, s->n, h, net->scaler, step);
         break;
     }
     default:
@@ -63,34 +71,44 @@ static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t st
     }
 }
 
-// The updates are elementwise, so neighbouring tensors with the same weight decay are one
-// kernel call (one launch on a GPU, one parallel loop on the CPU): usually the whole
-// network. A frozen tensor between two (its parameters lie between theirs, it has no
-// gradient) or a change of weight decay (decay_skip_norm_bias) starts a new one.
+// Adds module l's trained tensors to the run *s, stepping the run first where one cannot
+// continue it: the updates are elementwise, so neighbouring tensors with the same weight
+// decay are one kernel call (one launch on a GPU, one parallel loop on the CPU). A frozen
+// tensor between two (its parameters lie between theirs, it has no gradient or state), a
+// gradient elsewhere (the fused update's block) or a change of weight decay
+// (decay_skip_norm_bias) starts a new one. Each element's arithmetic is the same however
+// the tensors are grouped: the same scalars go to every call of a step.
+static void add_module(const Net *net, const Optimizer *o, double lr, uint64_t step, Span *s,
+                       const Layer *l) {
+    for (int j = 0; j < l->nparams; j++) {
+        float *g = l->grads[j];
+        if (!g) continue;  // frozen
+        float *p = l->params[j].data;
+        const int64_t n = tensor_numel(&l->params[j]), off = l->train_off[j];
+        const double wd = o->decay_skip_norm_bias && l->params[j].ndim <= 1 ? 0.0 : o->weight_decay;
+        if (s->n && p == s->p + s->n && g == s->g + s->n && off == s->off + s->n && wd == s->wd) {
+            s->n += n;
+            continue;
+        }
+        if (s->n) step_span(net, o, lr, step, s);
+        *s = (Span){p, g, off, n, wd};
+    }
+}
+
 void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
                 uint64_t step) {
     if (scaling) net->k->unscale_check(net->grads, net->ntrain, net->scaler);
-    float *p0 = NULL, *g0 = NULL;
-    int64_t n0 = 0;
-    double wd0 = 0;
-    for (int m = 0; m < net->nmodules; m++) {
-        const Layer *l = net->modules[m];
-        for (int j = 0; j < l->nparams; j++) {
-            float *g = l->grads[j];
-            if (!g) continue;  // frozen
-            float *p = l->params[j].data;
-            const int64_t n = tensor_numel(&l->params[j]);
-            const double wd = o->decay_skip_norm_bias && l->params[j].ndim <= 1 ? 0.0 : o->weight_decay;
-            if (n0 && p == p0 + n0 && g == g0 + n0 && wd == wd0) {
-                n0 += n;
-                continue;
-            }
-            if (n0) step_span(net, o, lr, step, p0, g0, n0, wd0);
-            p0 = p, g0 = g, n0 = n, wd0 = wd;
-        }
-    }
-    if (n0) step_span(net, o, lr, step, p0, g0, n0, wd0);
+    Span s = {0};
+    for (int m = 0; m < net->nmodules; m++) add_module(net, o, lr, step, &s, net->modules[m]);
+    if (s.n) step_span(net, o, lr, step, &s);
     if (scaling) net->k->scaler_update(net->scaler, *scaling);
+}
+
+void optim_step_module(const Net *net, const Optimizer *o, const Layer *m, double lr,
+                       uint64_t step) {
+    Span s = {0};
+    add_module(net, o, lr, step, &s, m);
+    if (s.n) step_span(net, o, lr, step, &s);
 }
 
 double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch) {

@@ -46,6 +46,13 @@ void optim_plan(const Optimizer *o, NetOptions *opt);
 // optimizer took (step less the skipped ones, from net->scaler).
 void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
                 uint64_t step);
+// The same update for module m's trained tensors alone (none when it is frozen), from the
+// gradients in m->grads: the fused update (NetOptions.fused_update) calls it per module
+// during backward. fp32 only (no loss scaling). The result is optim_step's, bit for bit:
+// an element's arithmetic does not depend on which tensors share a kernel call. The
+// gradients are read, not zeroed (net_zero_module_grads).
+void optim_step_module(const Net *net, const Optimizer *o, const Layer *m, double lr,
+                       uint64_t step);
 
 // The learning rate over a run, as PyTorch's schedulers give it (stepped after every
 // batch, StepLR after every epoch).

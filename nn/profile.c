@@ -60,6 +60,12 @@ void profile_enter(ProfScope scope) {
     if (P.wall) prof_switch(scope);
 }
 
+int profile_scope(void) { return P.wall ? P.scope : -1; }
+
+void profile_return(int scope) {
+    if (P.wall && scope >= 0) prof_switch(scope);
+}
+
 // Outside training (evaluation runs the same layers) everything stays idle.
 void profile_layer(int layer, bool backward) {
     if (P.wall && P.scope != PROF_IDLE) prof_switch(PROF_FIXED_SCOPES + 2 * layer + backward);

@@ -31,6 +31,11 @@ typedef enum ProfScope {
 int profile_start(Net *net, Error *err);
 // Switches the current scope; no-op while not profiling.
 void profile_enter(ProfScope scope);
+// The current scope (a ProfScope, or a layer's), for profile_return; -1 while not
+// profiling. The fused update charges its work to PROF_OPTIMIZER from inside a layer's
+// backward, then returns to it.
+int profile_scope(void);
+void profile_return(int scope);
 // The layer hook: layer i's forward or backward begins (ignored while PROF_IDLE).
 void profile_layer(int layer, bool backward);
 // Prints the table (milliseconds per step) for `steps` steps of `images` images.

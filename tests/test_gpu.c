@@ -23,7 +23,9 @@
 //                 checkpointing): log-probabilities within 1e-5,
 //                 each gradient tensor within 1e-4 of its norm, each parameter tensor's
 //                 Adadelta update within 1e-3 of its norm; fp16 storage within 1e-2;
-//   checkpoints   written on one device and loaded on the other: bit-identical.
+//   checkpoints   written on one device and loaded on the other: bit-identical;
+//   fused update  each module's update launched during backward (NetOptions.fused_update)
+//                 against the update after backward, on the device: bit-identical.
 //
 // Without a usable GPU (a build without CUDA, or no device at run time) cuda_kernels()
 // returns NULL and every GPU test prints why and is skipped, so the suite passes in CI.
@@ -1561,6 +1563,66 @@ static void test_net_step_bytes(void **state) {
     free(px);
 }
 
+// Parameters and optimizer state of a network of g_step_cfg on G after 2 steps of o (on
+// batches drawn from seed 21), the update fused or not: host copies, nparams floats then
+// nstates x ntrain.
+static float *fused_run(const Optimizer *o, int segments, bool fused, size_t *n) {
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, g_step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
+    NetOptions opt = {.batch = STEP_B, .precision = DT_F32, .segments = segments, .sweep = segments != 0,
+                      .fused_update = fused};
+    optim_plan(o, &opt);
+    Net net;
+    if (net_create(&net, &cfg, step_input, STEP_CLASSES, &opt, G, &err))
+        fail_msg("net_create on %s: %s", G->name, err.msg);
+    cfg_free(&cfg);
+    if (net_init_params(&net, 7, &err)) fail_msg("net_init_params: %s", err.msg);
+    if (fused) assert_true(net.plan.grads < net.plan.grads_unfused);
+    rng_seed(21);
+    const int64_t nx = (int64_t)STEP_B * shape_numel(step_input);
+    for (uint64_t step = 0; step < 2; step++) {
+        float *x = rand_floats(nx, -2, 2);
+        int32_t y[STEP_B];
+        for (int i = 0; i < STEP_B; i++) y[i] = (int32_t)(urand64() % STEP_CLASSES);
+        G->upload(net.input_buf, x, (size_t)nx * 4);
+        G->upload(net.labels, y, sizeof y);
+        const int updated = test_train_step(&net, o, STEP_B, o->lr, 3, step);
+        assert_int_equal(updated, fused ? net.ntrained_modules : 0);
+        free(x);
+    }
+    const size_t np = (size_t)net.nparams, ns = (size_t)net.nstates * (size_t)net.ntrain;
+    *n = np + ns;
+    float *h = xmalloc((*n ? *n : 1) * 4);
+    G->download(h, net.params, np * 4);
+    if (ns) G->download(h + np, net.optimizer, ns * 4);
+    net_free(&net);
+    return h;
+}
+
+static void test_net_step_fused(void **state) {
+    NEED_GPU();
+    const Optimizer opts[] = {
+        adadelta,
+        {.kind = OPTIM_SGD, .lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .decay_skip_norm_bias = true},
+        {.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01},
+    };
+    for (int r = 0; r < 2; r++)
+        for (int seg = 0; seg < 2; seg++)
+            for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+                g_step_cfg = r ? step_resnet_cfg : step_cfg;
+                size_t na, nb;
+                float *a = fused_run(&opts[i], seg ? NET_SEGMENTS_SQRT : 0, false, &na);
+                float *b = fused_run(&opts[i], seg ? NET_SEGMENTS_SQRT : 0, true, &nb);
+                assert_int_equal(na, nb);
+                if (memcmp(a, b, na * 4))
+                    fail_msg("%s, %s%s: the fused update's parameters or state differ on %s",
+                             r ? "resnet" : "plain", optim_names[opts[i].kind],
+                             seg ? ", checkpoint = sqrt" : "", G->name);
+                free(a), free(b);
+            }
+}
+
 // One training step of B samples (x, y) on a fresh network of g_step_cfg on G; the network
 // is left allocated.
 static void plan_step(Net *net, DType precision, int segments, int B, const float *x,
@@ -1757,6 +1819,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_net_step_fp32),
         cmocka_unit_test(test_net_step_fp16),
         cmocka_unit_test(test_net_step_bytes),
+        cmocka_unit_test(test_net_step_fused),
         cmocka_unit_test(test_plan_against_device_memory),
         cmocka_unit_test(test_checkpoint_across_devices),
     };

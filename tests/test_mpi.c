@@ -5,6 +5,9 @@
 //     32 with accumulate = 2 within float rounding (the network has dropout: its masks are
 //     keyed by the sample's place in the whole batch);
 //   - two 2-process runs give identical tensors;
+//   - with the fused update (each module's gradients summed across the processes, then
+//     updated, during backward) 2 processes give the unfused 2-process run's bits, on the
+//     network with dropout and on the ResNet;
 //   - a 2-process run stopped after 5 steps resumes with 2 processes to the same bits as
 //     the uninterrupted run, and with 1 process to within float rounding;
 //   - with batchnorm, the evaluation the run logs is the checkpoint's own (rank 0's running
@@ -117,6 +120,18 @@ static void test_two_processes_as_accumulation(void **state) {
     assert_true(max_rel_diff("dp", "dp_again") == 0);
 }
 
+static void test_fused_update(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 fused_update=1 save=%s/dp_fused", cfg, dir), 130);
+    if (!strstr(output(), "fused update")) fail_msg("%s", output());
+    if (!(max_rel_diff("dp", "dp_fused") == 0)) fail_msg("the fused 2-process run differs from the unfused one");
+    const char *sgd = "optimizer=sgd lr=0.05 momentum=0.9 weight_decay=0.001 stop_after=10";
+    assert_int_equal(run(MPIRUN " 2 ./train %s %s save=%s/res_unfused", resnet, sgd, dir), 130);
+    assert_int_equal(run(MPIRUN " 2 ./train %s %s fused_update=1 save=%s/res_fused", resnet, sgd, dir), 130);
+    if (!(max_rel_diff("res_unfused", "res_fused") == 0))
+        fail_msg("the fused 2-process ResNet run differs from the unfused one");
+}
+
 static void test_resume_any_count(void **state) {
     need_mpi();
     assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=5 save=%s/half", cfg, dir), 130);
@@ -178,6 +193,7 @@ static void test_batch_must_divide(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
+        cmocka_unit_test(test_fused_update),
         cmocka_unit_test(test_resume_any_count),
         cmocka_unit_test(test_batchnorm_statistics),
         cmocka_unit_test(test_killed_process),

@@ -8,6 +8,13 @@
 // parameters left alone; the schedules against torch.optim.lr_scheduler's. Tolerance:
 // 1e-6 relative, about ten float roundings; a wrong formula (a missing sqrt, rho and 1-rho
 // swapped, the state updated in the wrong order) is off by far more.
+//
+// The fused update (NetOptions.fused_update: each module updated during backward, the
+// gradient block one module's) against the update after backward, bit for bit: every
+// optimizer, with and without weight decay and frozen layers, on the seed network, a ResNet
+// and the ResNet checkpointed; parameters, optimizer state and batchnorm buffers compared
+// byte for byte after each of 3 steps, the gradient block planned as the largest trained
+// module's.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +30,7 @@
 #include "../nn/kernels.h"
 #include "../nn/net.h"
 #include "../nn/optim.h"
+#include "testutil.h"
 
 #define REL_TOL 1e-6
 
@@ -51,7 +59,10 @@ static void params_init(Params *p, int64_t n, Optimizer o) {
 static void params_free(Params *p) { net_free(&p->net); }
 
 // Optimizer state s of parameter element i.
-static float opt_state_at(const Params *p, int s, int64_t i) { return net_opt_state(&p->net, p->net.grads, s)[i]; }
+// (The weight's state, then the bias's: trained scalars in state_dict order.)
+static float opt_state_at(const Params *p, int s, int64_t i) {
+    return net_opt_state(&p->net, p->net.modules[0], 0, s)[i];
+}
 
 static void expect_rel(const char *what, int i, double got, double want) {
     if (!(fabs(got - want) <= REL_TOL * fabs(want)))
@@ -336,6 +347,209 @@ static void test_decay_skip_and_frozen(void **state) {
     cfg_free(&cfg);
 }
 
+// ---- the fused update ------------------------------------------------------------------------
+
+// The seed network's layers (dropout included), small: input 1x10x10.
+static const char *fused_seed =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\nactivation = relu\n"
+    "[conv]\nname = conv2\nfilters = 8\nsize = 3\nactivation = relu\n"
+    "[maxpool]\nsize = 2\n[dropout]\np = 0.25\n[flatten]\n"
+    "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
+    "[linear]\nname = fc2\noutputs = 10\n[log_softmax]\n";
+
+// A ResNet: stem (a GEMM conv without bias, batchnorm + ReLU, max pooling), an identity
+// block, a downsampling block, dropout, a batchnorm, the classifier; input 3x12x12.
+static const char *fused_resnet =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 5\npad = 2\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[maxpool]\nname = maxpool\nsize = 3\nstride = 2\npad = 1\n"
+    "[residual]\nname = layer1.0\nfilters = 4\n"
+    "[residual]\nname = layer2.0\nfilters = 8\nstride = 2\n"
+    "[dropout]\np = 0.2\n"
+    "[batchnorm]\nname = bn2\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
+
+enum { FUSED_B = 8, FUSED_STEPS = 3 };
+
+typedef struct FusedCase {
+    const char *what, *text;
+    Shape in;
+    int segments;
+    const char *const *freeze;  // NULL: none
+    int nfreeze;
+    bool freeze_stats;
+} FusedCase;
+
+static void fused_build(Net *net, Cfg *cfg, const FusedCase *c, const Optimizer *o, bool fused) {
+    Error err = {{0}};
+    if (cfg_parse(cfg, c->text, "fused.cfg", &err)) fail_msg("%s", err.msg);
+    // Under checkpointing with sweeps of one sample where they may (sweep_bytes 1): a
+    // sweep's trained members (the stem's conv1 and bn1, bn2) backpropagate chunk by chunk
+    // into the same gradient block before the hook sees them.
+    NetOptions opt = {.batch = FUSED_B, .precision = DT_F32, .segments = c->segments,
+                      .sweep = c->segments != 0, .sweep_bytes = 1, .freeze = c->freeze,
+                      .nfreeze = c->nfreeze, .freeze_stats = c->freeze_stats, .fused_update = fused};
+    optim_plan(o, &opt);
+    // GEMM chunks of 2 images of a 5x5 conv on 3x12x12 (its im2col, 144 x 75 floats an
+    // image): the stem's sweep runs over 4 chunks.
+    static Kernels small;
+    small = cpu_kernels;
+    small.chunk_bytes = 2 * 144 * 75 * sizeof(float);
+    if (net_create(net, cfg, c->in, 10, &opt, &small, &err)) fail_msg("%s", err.msg);
+    if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
+}
+
+// The batchnorm counters (num_batches_tracked, on the host) of net, into out; their count.
+static int fused_counters(const Net *net, int64_t *out, int cap) {
+    int n = 0;
+    for (int m = 0; m < net->nmodules; m++)
+        for (int j = 0; j < net->modules[m]->nbuffers; j++)
+            if (net->modules[m]->buffers[j].dtype == DT_I64) {
+                assert_true(n < cap);
+                out[n++] = *(const int64_t *)net->modules[m]->buffers[j].data;
+            }
+    return n;
+}
+
+// FUSED_STEPS steps of o on case c, fused against unfused, from the same weights on the
+// same batches: the same bytes after each.
+static void check_fused(const FusedCase *c, const Optimizer *o, const char *oname) {
+    Net a, b;  // unfused, fused
+    Cfg ca, cb;
+    fused_build(&a, &ca, c, o, false);
+    fused_build(&b, &cb, c, o, true);
+    // The plan: the gradient block holds the most that one node's trained modules take (a
+    // leaf's, or a sweep's members' together).
+    int64_t largest = 0;
+    int trained = 0, swept = 0;
+    for (int m = 0; m < b.nmodules; m++) trained += layer_trains(b.modules[m]);
+    for (int j = 0; j < b.nnodes; j++) {
+        const NetNode *nd = &b.nodes[j];
+        Layer *const *ls = nd->kind == NODE_LEAF ? &nd->l : nd->chain;
+        const int nl = nd->kind == NODE_LEAF ? 1 : nd->kind == NODE_SWEEP ? nd->nchain : 0;
+        int64_t g = 0;
+        for (int i = 0; i < nl; i++) g += layer_trains(ls[i]) ? layer_param_floats(ls[i]) : 0;
+        if (g > largest) largest = g;
+        swept += nd->kind == NODE_SWEEP;
+    }
+    if (c->segments) assert_true(swept > 0);
+    // The stem's sweep holds conv1 and bn1, both trained unless the case freezes one.
+    if (c->segments && c->text == fused_resnet) {
+        assert_int_equal(b.nodes[0].kind, NODE_SWEEP);
+        assert_int_equal(b.nodes[0].chunk, 2);
+    }
+    assert_true(b.fused_update && !a.fused_update);
+    assert_int_equal(b.ntrained_modules, trained);
+    assert_int_equal(b.plan.grads, (size_t)largest * sizeof(float));
+    assert_int_equal(b.plan.grads_unfused, (size_t)b.ntrain * sizeof(float));
+    assert_int_equal(a.plan.grads, a.plan.grads_unfused);
+    assert_int_equal(a.plan.grads, b.plan.grads_unfused);
+    assert_true(b.plan.grads < a.plan.grads);  // every case has several trained modules
+    assert_int_equal(a.plan.optimizer, b.plan.optimizer);
+    assert_int_equal(a.ntrain, b.ntrain);
+    const int64_t nx = FUSED_B * shape_numel(c->in);
+    const size_t obytes = (size_t)a.nstates * (size_t)a.ntrain * sizeof(float);
+    for (int s = 0; s < FUSED_STEPS; s++) {
+        test_rng_seed(100 + s);
+        for (int64_t i = 0; i < nx; i++) a.input_buf[i] = b.input_buf[i] = (float)(test_urand() * 2 - 1);
+        for (int i = 0; i < FUSED_B; i++) a.labels[i] = b.labels[i] = (int32_t)(test_urand64() % 10);
+        const double lr = o->lr * (1.0 - 0.1 * s);
+        assert_int_equal(test_train_step(&a, o, FUSED_B, lr, 5, s), 0);
+        assert_int_equal(test_train_step(&b, o, FUSED_B, lr, 5, s), trained);
+        char what[256];
+        snprintf(what, sizeof what, "%s, %s, step %d", c->what, oname, s + 1);
+        if (memcmp(a.params, b.params, a.plan.params))
+            fail_msg("%s: the fused update's parameters differ", what);
+        if (obytes && memcmp(a.optimizer, b.optimizer, obytes))
+            fail_msg("%s: the fused update's optimizer state differs", what);
+        if (memcmp(a.buffers, b.buffers, a.plan.buffers))
+            fail_msg("%s: the fused update's batchnorm buffers differ", what);
+        int64_t ka[16], kb[16];
+        const int nk = fused_counters(&a, ka, 16);
+        assert_int_equal(fused_counters(&b, kb, 16), nk);
+        assert_memory_equal(ka, kb, (size_t)nk * sizeof *ka);
+        if (memcmp(a.metrics, b.metrics, NET_METRICS * sizeof(float)))
+            fail_msg("%s: the loss differs", what);
+        // The block is left zeroed for the next step's first module.
+        for (size_t i = 0; i < b.plan.grads / sizeof(float); i++)
+            if (b.grads[i] != 0.0f) fail_msg("%s: gradient slot element %zu is %g after the step", what, i, b.grads[i]);
+    }
+    net_free(&a), net_free(&b);
+    cfg_free(&ca), cfg_free(&cb);
+}
+
+static void check_fused_optimizers(const FusedCase *c) {
+    const struct {
+        const char *name;
+        Optimizer o;
+    } opts[] = {
+        {"sgd", {.kind = OPTIM_SGD, .lr = 0.05}},
+        {"sgd momentum 0.9 dampening 0.1", {.kind = OPTIM_SGD, .lr = 0.05, .momentum = 0.9, .dampening = 0.1}},
+        {"sgd momentum 0.9 weight_decay 0.01", {.kind = OPTIM_SGD, .lr = 0.05, .momentum = 0.9, .weight_decay = 0.01}},
+        {"sgd nesterov weight_decay 0.01 decay_skip_norm_bias",
+         {.kind = OPTIM_SGD, .lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 0.01,
+          .decay_skip_norm_bias = true}},
+        {"adamw weight_decay 0", {.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8}},
+        {"adamw weight_decay 0.01", {.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999,
+                                     .eps = 1e-8, .weight_decay = 0.01}},
+        {"adamw weight_decay 0.1 decay_skip_norm_bias",
+         {.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6,
+          .weight_decay = 0.1, .decay_skip_norm_bias = true}},
+        {"adadelta", {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6}},
+        {"adadelta weight_decay 0.01", {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6,
+                                        .weight_decay = 0.01}},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) check_fused(c, &opts[i].o, opts[i].name);
+}
+
+static const Shape seed_in = {.c = 1, .h = 10, .w = 10}, resnet_in = {.c = 3, .h = 12, .w = 12};
+
+static void test_fused_seed(void **state) {
+    static const char *const frozen[] = {"conv1", "fc1"};  // the first layer, and one between
+    const FusedCase plain = {"seed network", fused_seed, seed_in, 0, NULL, 0, false};
+    const FusedCase part = {"seed network, conv1 and fc1 frozen", fused_seed, seed_in, 0, frozen, 2, false};
+    const FusedCase ckpt = {"seed network, checkpoint = 3", fused_seed, seed_in, 3, NULL, 0, false};
+    check_fused_optimizers(&plain);
+    check_fused_optimizers(&part);
+    check_fused_optimizers(&ckpt);
+}
+
+static void test_fused_resnet(void **state) {
+    // A stem batchnorm frozen with its statistics, a convolution inside a trained block, a
+    // whole block.
+    static const char *const frozen[] = {"bn1", "layer2.0.conv1"}, *const block[] = {"layer1"};
+    const FusedCase plain = {"resnet", fused_resnet, resnet_in, 0, NULL, 0, false};
+    const FusedCase part = {"resnet, bn1 and layer2.0.conv1 frozen", fused_resnet, resnet_in, 0,
+                            frozen, 2, true};
+    const FusedCase stage = {"resnet, layer1 frozen", fused_resnet, resnet_in, 0, block, 1, false};
+    check_fused_optimizers(&plain);
+    check_fused_optimizers(&part);
+    check_fused_optimizers(&stage);
+}
+
+static void test_fused_resnet_checkpointed(void **state) {
+    static const char *const frozen[] = {"conv1", "layer2.0.downsample"};
+    const FusedCase sqrt_ = {"resnet, checkpoint = sqrt", fused_resnet, resnet_in, NET_SEGMENTS_SQRT,
+                             NULL, 0, false};
+    const FusedCase part = {"resnet, checkpoint = sqrt, conv1 and layer2.0.downsample frozen",
+                            fused_resnet, resnet_in, NET_SEGMENTS_SQRT, frozen, 2, false};
+    check_fused_optimizers(&sqrt_);
+    check_fused_optimizers(&part);
+}
+
+// Refused where it cannot hold: fp16's loss scaler decides on every gradient at once.
+static void test_fused_refused_fp16(void **state) {
+    Cfg cfg;
+    Error err = {{0}};
+    if (cfg_parse(&cfg, fused_seed, "fused.cfg", &err)) fail_msg("%s", err.msg);
+    NetOptions opt = {.batch = 2, .precision = DT_F16, .fused_update = true};
+    Net net;
+    assert_int_equal(net_create(&net, &cfg, seed_in, 10, &opt, &cpu_kernels, &err), -1);
+    if (!strstr(err.msg, "fused update needs fp32")) fail_msg("%s", err.msg);
+    cfg_free(&cfg);
+}
+
 int main(void) {
     cpu_set_threads(2);
     const struct CMUnitTest tests[] = {
@@ -348,6 +562,10 @@ int main(void) {
         cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_decay_skip_and_frozen),
+        cmocka_unit_test(test_fused_seed),
+        cmocka_unit_test(test_fused_resnet),
+        cmocka_unit_test(test_fused_resnet_checkpointed),
+        cmocka_unit_test(test_fused_refused_fp16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

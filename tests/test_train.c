@@ -225,6 +225,57 @@ static void test_resnet_resume(void **state) {
     assert_true(atof(acc + 8) > 80.0);
 }
 
+// fused_update = 1 (each module's update during backward) trains to the same bits as the
+// update after backward, on the seed network (dropout) and on the ResNet checkpointed with
+// SGD momentum and weight decay; it may be switched either way on resume, to the same bits;
+// --plan shows the smaller gradient block; fp16 and accumulation refuse it with the reason.
+static void test_fused_update(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX];
+    snprintf(args, sizeof args, "save=%s/unfused", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "fused_update=1 save=%s/fused", dir);
+    assert_int_equal(train(args), 0);
+    assert_non_null(strstr(read_output(), ", fused update"));
+    expect_same_tensors("unfused/last.safetensors", "fused/last.safetensors");
+    expect_same_tensors("unfused/best.safetensors", "fused/best.safetensors");
+    // The logs agree (loss, accuracy, validation) to the last digit.
+    assert_int_equal(run("test \"$(cut -d, -f1-5 %s/unfused/metrics.jsonl)\" = "
+                         "\"$(cut -d, -f1-5 %s/fused/metrics.jsonl)\"", dir, dir), 0);
+    // Stopped unfused and resumed fused, and the other way round.
+    snprintf(args, sizeof args, "save=%s/flip1 stop_after=7", dir);
+    assert_int_equal(train(args), 130);
+    assert_int_equal(run("./train resume=%s/flip1/last.safetensors fused_update=1", dir), 0);
+    assert_null(strstr(read_output(), "resume_force"));
+    expect_same_tensors("unfused/last.safetensors", "flip1/last.safetensors");
+    snprintf(args, sizeof args, "fused_update=1 save=%s/flip2 stop_after=25", dir);
+    assert_int_equal(train(args), 130);
+    assert_int_equal(run("./train resume=%s/flip2/last.safetensors fused_update=0", dir), 0);
+    expect_same_tensors("fused/last.safetensors", "flip2/last.safetensors");
+    // The ResNet (batchnorm, residual blocks), checkpointed, with SGD momentum and decay.
+    g_cfg = "resnet.cfg";
+    const char *sgd = "epochs=1 checkpoint=sqrt optimizer=sgd lr=0.05 momentum=0.9 "
+                      "weight_decay=0.001 decay_skip_norm_bias=1";
+    snprintf(args, sizeof args, "%s save=%s/res-unfused", sgd, dir);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "%s fused_update=1 save=%s/res-fused", sgd, dir);
+    assert_int_equal(train(args), 0);
+    expect_same_tensors("res-unfused/last.safetensors", "res-fused/last.safetensors");
+    // The plan: the largest module's gradients (fc, 8 x 3 + 3 floats, is smaller than
+    // layer2.0.conv2's 8 x 8 x 3 x 3 = 576), and what they would be without.
+    assert_int_equal(train("--plan --json fused_update=1"), 0);
+    assert_non_null(strstr(read_output(), "\"grads\": 2304, "));
+    assert_non_null(strstr(read_output(), "\"fused_update\": true"));
+    assert_int_equal(train("--plan fused_update=1"), 0);
+    assert_non_null(strstr(read_output(), "(fused update: the largest layer's;"));
+    // Refused where it would change the result, with the reason.
+    assert_int_equal(train("fused_update=1 precision=fp16"), 1);
+    assert_non_null(strstr(read_output(), "fused_update = 1 needs precision = fp32: with fp16 the "
+                                          "loss scaler must see every gradient"));
+    assert_int_equal(train("fused_update=1 accumulate=2"), 1);
+    assert_non_null(strstr(read_output(), "fused_update = 1 needs accumulate = 1"));
+}
+
 // Plain weights (a PyTorch state_dict) with a cfg: --eval and --predict take them with
 // --cfg, init= starts a run from them, init_skip leaves layers fresh.
 static void test_plain_weights(void **state) {
@@ -747,6 +798,7 @@ int main(void) {
         cmocka_unit_test_setup(test_resume_accumulate, use_net_cfg),
         cmocka_unit_test_setup(test_resnet_resume, use_net_cfg),
         cmocka_unit_test_setup(test_resume_alone, use_net_cfg),
+        cmocka_unit_test_setup(test_fused_update, use_net_cfg),
         cmocka_unit_test_setup(test_plain_weights, use_net_cfg),
         cmocka_unit_test_setup(test_eval_and_predict, use_net_cfg),
         cmocka_unit_test_setup(test_eval_val_split, use_net_cfg),

@@ -209,3 +209,34 @@ size_t winograd_workspace(int B, int OH, int OW, int C, int OC) {
     const size_t parts = shards > 1 ? ((size_t)16 * OC * C + OC + 15) / 16 * 16 * sizeof(float) : 0;
     return (size_t)2 * 16 * OC * C * sizeof(float) + shards * (winograd_chunk_bytes(n, OH, OW, C, OC) + parts);
 }
+
+typedef struct StepHook {
+    Net *net;
+    const Optimizer *o;
+    double lr;
+    uint64_t step;
+    int updated;
+} StepHook;
+
+static int step_hook_ready(void *arg, Layer *m) {
+    StepHook *h = arg;
+    assert_true(layer_trains(m));
+    optim_step_module(h->net, h->o, m, h->lr, h->step);
+    net_zero_module_grads(h->net, m);
+    h->updated++;
+    return 0;
+}
+
+int test_train_step(Net *net, const Optimizer *o, int N, double lr, uint64_t seed, uint64_t step) {
+    StepHook h = {net, o, lr, step, 0};
+    assert_null(net->hook.ready);
+    if (net->fused_update) net->hook = (GradHook){.ready = step_hook_ready, .arg = &h};
+    else net_zero_grads(net);
+    net_forward(net, N, true, seed, step, 0);
+    net_loss(net, N, N, true);
+    net_backward(net, N, seed, step, 0);
+    assert_false(net->hook.failed);
+    net->hook = (GradHook){0};
+    if (!net->fused_update) optim_step(net, o, NULL, lr, step);
+    return h.updated;
+}

@@ -7,6 +7,7 @@
 
 #include "../data/dataset.h"
 #include "../nn/net.h"
+#include "../nn/optim.h"
 
 // Big-endian 32-bit, as IDX headers store their magic and dimensions.
 void put_be32(uint8_t *p, uint32_t v);
@@ -71,5 +72,14 @@ size_t expect_activation_layout(const Net *net);
 // shard), tiles = n x ceil(OH / 2) x ceil(OW / 2); with several shards, each one's dU and
 // dbias too, 16 x OC x C + OC floats rounded up to 64 bytes.
 size_t winograd_workspace(int B, int OH, int OW, int C, int OC);
+
+// One training step of net on the N samples (and labels) in its input buffer, as ./train
+// takes it with accumulate = 1 in fp32: forward, loss and backward (dropout keyed by seed
+// and step), with the update of `o` at `lr`: after backward over the zeroed gradient block
+// (optim_step), or with net->fused_update during backward through net->hook, module by
+// module (optim_step_module, then the module's gradients zeroed: train.c's hook without
+// the ranks). Returns the modules the hook updated (0 unfused); a hook left set or failed
+// fails the test.
+int test_train_step(Net *net, const Optimizer *o, int N, double lr, uint64_t seed, uint64_t step);
 
 #endif
