@@ -458,6 +458,17 @@ static void test_budget_chooser(void **state) {
     assert_true(fits);
     assert_int_equal(c.net.segments, 0);
     assert_int_equal(c.accumulate, 2);
+    // The fused update stays while the batch stays whole and fp32 (its plan the smaller),
+    // and goes where the budget takes micro-batches, which need every gradient first.
+    NetOptions fused = base;
+    fused.fused_update = true;
+    assert_int_equal(fit_budget(&seed, &cpu_kernels, mnist, 10, 64, fused, 1, 0, mem_plan_total(&p0) - 1, false, &c, &fits, &err), 0);
+    assert_true(fits && c.net.fused_update && c.accumulate == 1 && c.net.segments == 0);
+    assert_true(c.plan.grads < c.plan.grads_unfused && c.plan.grads_unfused == p0.grads);
+    assert_int_equal(mem_plan_total(&c.plan), mem_plan_total(&p0) - (p0.grads - c.plan.grads));
+    const size_t fused_total = mem_plan_total(&c.plan);
+    assert_int_equal(fit_budget(&seed, &cpu_kernels, mnist, 10, 64, fused, 1, 0, fused_total - 1, false, &c, &fits, &err), 0);
+    assert_true(fits && !c.net.fused_update && c.accumulate == 2);
     cfg_free(&seed);
 }
 
