@@ -116,7 +116,7 @@ typedef struct Net {
                         // stops there (nlayers when everything is frozen)
     int ntrained_modules;  // modules that train (layer_trains): the hook's calls in a step
     bool fused_update;     // NetOptions.fused_update: every trained module's gradients
-                           // share the gradient block (net_module_grads)
+                           // share the gradient block (Layer.grads)
     // Called by net_backward after each trained module's backward (nn/layer.h); ready NULL:
     // none. The trainer sets it for the fused update; the network never calls the
     // optimizer itself.
@@ -133,7 +133,7 @@ typedef struct Net {
     float *params;     // (nparams): every layer's tensors, in layer order
     float *grads;      // the gradient block: (ntrain), the trained tensors' gradients in the
                        // same order; fused_update: (plan.grads / 4), the gradients of the
-                       // module being backpropagated, from the start (net_module_grads)
+                       // module being backpropagated, from the start (Layer.grads)
     float *optimizer;  // (nstates * ntrain): state s of the trained parameter at train_off t
                        // is at optimizer[s * ntrain + t] (net_opt_state)
     void *buffers;     // every layer's F32 buffers, then every layer's state
