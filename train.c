@@ -367,7 +367,7 @@ static void print_plan(const MemPlan *p, const Kernels *k, bool fused, size_t ba
     printf("memory plan (MB):\n");
     printf("  %-34s %10.1f\n", "parameters", p->params / 1e6);
     if (fused)
-        printf("  %-34s %10.1f  (fused update: the largest layer's; %.1f unfused)\n",
+        printf("  %-34s %10.1f  (fused update: a layer's at a time; %.1f unfused)\n",
                "gradients", p->grads / 1e6, p->grads_unfused / 1e6);
     else
         printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
@@ -495,6 +495,9 @@ static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, cons
                     : "",
                 c->net.precision != opt->precision && c->accumulate > *accumulate && c->coupled ? "" : "s",
                 why);
+    if (opt->fused_update && !c->net.fused_update)
+        fprintf(to, "memory = %.0f MB: without the fused update: %s needs every gradient before "
+                    "the update\n", o->memory / 1048576.0, c->accumulate > 1 ? "accumulation" : "fp16");
     *opt = c->net;
     opt->plan_only = false;
     *accumulate = c->accumulate;

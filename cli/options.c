@@ -15,10 +15,10 @@ const CfgKey train_keys[] = {
     {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
     {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
     {"fused_update", "0", "1: each layer's optimizer update runs during backward once its "
-                          "gradient is complete, so the gradient memory holds the largest "
-                          "layer's, not all of them; the same bits (fp32, accumulate = 1)"},
+                          "gradient is complete, so the gradient memory holds a layer's at a "
+                          "time, not all of them; the same bits (fp32, accumulate = 1)"},
     {"memory", "", "a budget (512M, 2G, ...): when the run does not fit, the fastest plan of "
-                   "checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
+                   "the fused update, checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
                    "of a few steps; fp16 and micro-batches under batchnorm only with auto_fp16 and "
                    "auto_microbatch"},
     {"auto_fp16", "0", "1: memory may also switch precision to fp16 (a different result)"},

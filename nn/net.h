@@ -31,8 +31,8 @@
 typedef struct MemPlan {
     size_t params, grads, optimizer, buffers, activations, workspace, threads, loader;
     // The gradient block without the fused update: every trained parameter's gradient.
-    // Equal to `grads` unless NetOptions.fused_update, where `grads` is the largest
-    // trained module's.
+    // Equal to `grads` unless NetOptions.fused_update, where `grads` is the most that one
+    // node's trained modules take.
     size_t grads_unfused;
     // Of `activations`: the bytes live at the loss, what forward keeps for backward: the
     // input and labels, every output that a backward reads (with checkpointing, each
@@ -77,8 +77,9 @@ typedef struct NetOptions {
     // The fused optimizer update (fp32 only; the trainer allows it with accumulate = 1):
     // each trained module is updated during backward, through Net.hook, as soon as its
     // gradients are complete and nothing later in the step reads its parameters; the
-    // gradient block holds one module's gradients at a time (the largest module's), which
-    // the hook zeroes after the update for the next module's backward.
+    // gradient block holds one node's modules' gradients at a time (a leaf's, or a
+    // sweep's members' together), which the hook zeroes after the update for the next
+    // node's backward.
     bool fused_update;
 } NetOptions;
 
@@ -172,7 +173,7 @@ typedef struct Net {
     float *params;     // (nparams): every layer's tensors, in layer order
     float *grads;      // the gradient block: (ntrain), the trained tensors' gradients in the
                        // same order; fused_update: (plan.grads / 4), the gradients of the
-                       // module being backpropagated, from the start (net_module_grads)
+                       // module being backpropagated, from the start (Layer.grads)
     float *optimizer;  // (nstates * ntrain): state s of the trained parameter at train_off t
                        // is at optimizer[s * ntrain + t] (net_opt_state)
     void *buffers;     // every layer's F32 buffers, then every layer's state

@@ -43,7 +43,9 @@ void optim_plan(const Optimizer *o, NetOptions *opt);
 // against net->scaler, the step is skipped if one is not finite, and the scaler's state is
 // updated by its rules: all on the device, in the order of its queue, so nothing waits for
 // the host. Adamw's bias correction and sgd's first momentum buffer count the steps the
-// optimizer took (step less the skipped ones, from net->scaler).
+// optimizer took (step less the skipped ones, from net->scaler). Not for a network with
+// fused_update: its modules were updated during backward (optim_step_module), and its
+// gradient block holds one module's gradients.
 void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
                 uint64_t step);
 // The same update for module m's trained tensors alone (none when it is frozen), from the

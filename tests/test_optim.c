@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "../nn/cfg.h"
+#include "../nn/checkpoint.h"
 #include "../nn/kernels.h"
 #include "../nn/net.h"
 #include "../nn/optim.h"
@@ -538,6 +539,65 @@ static void test_fused_resnet_checkpointed(void **state) {
     check_fused_optimizers(&part);
 }
 
+// Checkpoints do not know: a fused network's file is byte for byte an unfused one's after
+// the same steps, and each loads into the other kind, which then goes on to the same bits.
+static void test_fused_checkpoint(void **state) {
+    char dir[512];
+    assert_int_equal(test_tmpdir_make(dir, sizeof dir, "test_optim"), 0);
+    const FusedCase c = {"resnet", fused_resnet, resnet_in, 0, NULL, 0, false};
+    const Optimizer o = {.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                         .weight_decay = 0.01};
+    static char *classes[10] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
+    const CheckpointInfo info = {.cfg_text = (char *)fused_resnet, .class_names = classes, .classes = 10};
+    const TrainState st = {.epoch = 0, .batch = 2, .step = 2, .seed = 5, .best_val_acc = -1, .loss_scale = 1};
+    Net net[2], back[2];  // [unfused, fused]; back: the other's checkpoint loaded into each kind
+    Cfg cfg[2], cfg_back[2];
+    const int64_t nx = FUSED_B * shape_numel(c.in);
+    for (int f = 0; f < 2; f++) {
+        fused_build(&net[f], &cfg[f], &c, &o, f);
+        fused_build(&back[f], &cfg_back[f], &c, &o, f);
+    }
+    Error err = {{0}};
+    for (int s = 0; s < 3; s++) {
+        for (int f = 0; f < 2; f++) {
+            test_rng_seed(200 + s);
+            for (int64_t i = 0; i < nx; i++) net[f].input_buf[i] = back[f].input_buf[i] = (float)(test_urand() * 2 - 1);
+            for (int i = 0; i < FUSED_B; i++) net[f].labels[i] = back[f].labels[i] = (int32_t)(test_urand64() % 10);
+            if (s == 2) {  // back[f] takes the other kind's checkpoint, then the same step
+                const char *from = test_path(dir, f ? "unfused.safetensors" : "fused.safetensors");
+                TrainState got;
+                if (checkpoint_load_all(from, &back[f], &got, &err)) fail_msg("%s", err.msg);
+                test_train_step(&back[f], &o, FUSED_B, o.lr, 5, s);
+            }
+            test_train_step(&net[f], &o, FUSED_B, o.lr, 5, s);
+            if (s == 1 && checkpoint_save(test_path(dir, f ? "fused.safetensors" : "unfused.safetensors"),
+                                          &net[f], &st, &info, &err))
+                fail_msg("%s", err.msg);
+        }
+        if (s == 1) {
+            size_t na, nb;
+            char *a = test_read_file(test_path(dir, "unfused.safetensors"), &na);
+            char *b = test_read_file(test_path(dir, "fused.safetensors"), &nb);
+            assert_int_equal(na, nb);
+            if (memcmp(a, b, na)) fail_msg("the fused network's checkpoint differs from the unfused one's (%s)", dir);
+            free(a), free(b);
+        }
+    }
+    const size_t ob = (size_t)net[0].nstates * (size_t)net[0].ntrain * sizeof(float);
+    for (int f = 0; f < 2; f++)  // against the unfused network that was never saved
+        if (memcmp(net[0].params, back[f].params, net[0].plan.params) ||
+            memcmp(net[0].optimizer, back[f].optimizer, ob) ||
+            memcmp(net[0].buffers, back[f].buffers, net[0].plan.buffers) ||
+            memcmp(net[0].params, net[f].params, net[0].plan.params) ||
+            memcmp(net[0].optimizer, net[f].optimizer, ob))
+            fail_msg("the %s network resumed from the other kind's checkpoint differs", f ? "fused" : "unfused");
+    for (int f = 0; f < 2; f++) {
+        net_free(&net[f]), net_free(&back[f]);
+        cfg_free(&cfg[f]), cfg_free(&cfg_back[f]);
+    }
+    assert_int_equal(test_remove_tree(dir), 0);
+}
+
 // Refused where it cannot hold: fp16's loss scaler decides on every gradient at once.
 static void test_fused_refused_fp16(void **state) {
     Cfg cfg;
@@ -565,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_fused_seed),
         cmocka_unit_test(test_fused_resnet),
         cmocka_unit_test(test_fused_resnet_checkpointed),
+        cmocka_unit_test(test_fused_checkpoint),
         cmocka_unit_test(test_fused_refused_fp16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

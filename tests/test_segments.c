@@ -517,6 +517,22 @@ static void test_budget_chooser(void **state) {
         if (b == 3) assert_true(plans[c].accumulate > 1 || plans[c].net.segments > 0);
         free(plans);
     }
+    // A run that asks for the fused update keeps it in every plan of one fp32 batch, and
+    // goes without it where micro-batches need every gradient before the update.
+    q.base.fused_update = true;
+    q.budget = mem_plan_total(&ckpt) - 1;
+    FitChoice *fp;
+    int nf;
+    assert_int_equal(budget_plans(&q, &fp, &nf, &err), 0);
+    bool micro = false;
+    for (int i = 0; i < nf; i++) {
+        assert_int_equal(fp[i].net.fused_update, fp[i].accumulate == 1);
+        micro |= fp[i].accumulate > 1;
+        if (fp[i].net.fused_update) assert_true(fp[i].plan.grads < fp[i].plan.grads_unfused);
+    }
+    assert_true(micro);
+    free(fp);
+    q.base.fused_update = false;
     // Below every exact plan: nothing without leave; with auto_fp16, fp16 plans only.
     q.budget = 1;
     FitChoice *plans;
