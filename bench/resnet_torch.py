@@ -3,13 +3,14 @@
 on the CPU and prints images/s, peak RSS and the GEMM work of a step.
 
   resnet_torch.py CFG --size S --batch B --steps N [--channels C] [--threads T] [--segments K]
-                  [--torchvision]
+                  [--torchvision] [--sgd]
 
 The network is CFG's, built by bench/cfg_torch.py (the same layers, names and
 initialisation as cnn.c), or with --torchvision torchvision.models.resnet18(num_classes=10)
 (its in-place ReLUs keep less than cfg_torch's, so it is PyTorch at its leanest); the
 recipe is cnn.c's: NLL loss of log_softmax, mean over the batch, the cfg's Adadelta
-(lr 1.0, rho 0.9, eps 1e-6). The data is one fixed batch of random normal images of
+(lr 1.0, rho 0.9, eps 1e-6), or with --sgd SGD with momentum 0.9 (lr 0.01), which keeps
+one state tensor per parameter where Adadelta keeps two. The data is one fixed batch of random normal images of
 C x S x S (C = 3 by default) and random labels of 10 classes: data loading is not what is measured.
 --segments K > 1 runs the forward through torch.utils.checkpoint.checkpoint_sequential
 over the top-level layers in K segments; --segments sqrt takes round(sqrt(layers)), as
@@ -84,6 +85,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--segments", default="1")
     p.add_argument("--torchvision", action="store_true")
+    p.add_argument("--sgd", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")  # checkpoint's use_reentrant notice
@@ -94,7 +96,10 @@ def main():
     x = torch.randn(args.batch, args.channels, args.size, args.size, generator=gen)
     y = torch.randint(0, 10, (args.batch,), generator=gen)
     gflop = gemm_gflop(model, x)
-    opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.9, eps=1e-6)
+    if args.sgd:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    else:
+        opt = torch.optim.Adadelta(model.parameters(), lr=1.0, rho=0.9, eps=1e-6)
     if args.segments > 1:
         x.requires_grad_(True)  # checkpoint_sequential needs an input that wants a gradient
 
@@ -116,6 +121,7 @@ def main():
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,
                       "gflop_per_image": gflop, "batch": args.batch, "size": args.size,
                       "steps": args.steps, "segments": args.segments, "threads": args.threads,
+                      "optimizer": "sgd" if args.sgd else "adadelta",
                       "torch": torch.__version__}))
 
 

@@ -138,20 +138,16 @@ static float *conv_dbias(const Conv *c) { return c->bias ? c->base.grads[1] : NU
 // Whether PyTorch's weight order (c, kh, kw) differs from im2col's (kh, kw, c).
 static bool conv_permutes(const Conv *c) { return c->base.in.c > 1 && c->size > 1; }
 
-// Floats of one permuted weight (or its gradient) in the workspace, 64-byte aligned.
-static size_t conv_weight_floats(const Conv *c) {
-    const size_t n = (size_t)c->filters * c->base.in.c * c->size * c->size;
-    return conv_permutes(c) ? (n + 15) / 16 * 16 : 0;
-}
-
-// ---- Winograd: workspace [U][dU][each shard's V and M chunk][each shard's dU and dbias] ----
+// ---- Winograd: workspace [U][each shard's V and M chunk][each shard's dU and dbias] -------
 //
 // Each shard (Kernels.shards: one per compute thread on the CPU) takes its own images
 // through the input transform, the 16 products and the output transform, chunk by chunk,
 // its V and M within half the table's chunk_bytes when there are several (the CPU's 1 MB:
 // a core's L2; 1 MB ran as fast as 2 MB on deep.cfg, 256 KB 15% slower), or within
-// chunk_bytes when one shard does it all. Backward, each
-// of several shards sums its dU and dbias apart, and they are added in shard order.
+// chunk_bytes when one shard does it all. Backward, each of several shards sums its dU and
+// dbias apart over the pass's calls (LayerCtx.after_first, before_last), and on the last
+// they are added in shard order, into shard 0's (then dW) and onto dbias; one shard sums
+// into its own dU and dbias directly. No dU besides the shards' (resnet18's layer3: 4 MB).
 
 // Floats of the transformed weight U (16 x OC x C), and of dU, rounded up to 64 bytes.
 static size_t winograd_weight_floats(const Conv *c) {
@@ -165,9 +161,10 @@ static size_t winograd_chunk_bytes(const Conv *c, int n) {
 }
 
 typedef struct WinogradSpace {
-    float *U, *dU;
+    float *U;
     float *chunks;       // shard s's V at chunks + s * chunk_floats, its M after it (dV, dM)
-    float *parts;        // shard s's dU at parts + s * part_floats, its dbias after it
+    float *parts;        // shard s's dU at parts + s * part_floats, its dbias after it (one
+                         // shard: the dU alone, dbias being the layer's)
     int shards, chunk;   // images a chunk, at most
     size_t chunk_floats, part_floats;
 } WinogradSpace;
@@ -181,18 +178,18 @@ static WinogradSpace winograd_space(const Conv *c, const Kernels *k, void *works
     w.chunk = 1;
     while (w.chunk < share && winograd_chunk_bytes(c, w.chunk + 1) <= budget) w.chunk++;
     w.chunk_floats = winograd_chunk_bytes(c, w.chunk) / sizeof(float);
-    w.part_floats = w.shards > 1 ? ((size_t)16 * c->filters * c->base.in.c + c->filters + 15) / 16 * 16 : 0;
+    w.part_floats = w.shards > 1 ? ((size_t)16 * c->filters * c->base.in.c + c->filters + 15) / 16 * 16
+                                 : winograd_weight_floats(c);
     if (!workspace) return w;
     w.U = workspace;
-    w.dU = w.U + winograd_weight_floats(c);
-    w.chunks = w.dU + winograd_weight_floats(c);
+    w.chunks = w.U + winograd_weight_floats(c);
     w.parts = w.chunks + w.shards * w.chunk_floats;
     return w;
 }
 
 static size_t winograd_workspace_bytes(const Conv *c, const Kernels *k, int N) {
     const WinogradSpace w = winograd_space(c, k, NULL, N);
-    return (2 * winograd_weight_floats(c) + w.shards * (w.chunk_floats + w.part_floats)) * sizeof(float);
+    return (winograd_weight_floats(c) + w.shards * (w.chunk_floats + w.part_floats)) * sizeof(float);
 }
 
 // What a pass gives its shards.
@@ -203,6 +200,7 @@ typedef struct WinogradPass {
     float *out, *din, *dout;
     const float *in, *y;  // y: the layer's output, read by backward (NULL when not needed)
     bool dw;              // backward: sum dU
+    bool first;           // backward: the pass's first call (the sums start from zero)
 } WinogradPass;
 
 // Shard s's V and M for chunks of `chunk` images.
@@ -237,20 +235,18 @@ static void winograd_forward(const Conv *c, const LayerCtx *ctx, float *out, con
     ctx->k->shards(N, winograd_forward_shard, &p);
 }
 
-// dM from dout (times act'), then dU += M^T V and dbias (this shard's sums when there are
-// several, else the pass's), then dV = dM U in V's place and din from it.
+// dM from dout (times act'), then dU += M^T V and dbias (this shard's sums over the pass
+// when there are several, else the pass's), then dV = dM U in V's place and din from it.
 static void winograd_backward_shard(void *arg, int s, int64_t lo, int64_t hi) {
     const WinogradPass *p = arg;
     const Layer *l = &p->c->base;
     const Kernels *k = p->k;
     const int C = l->in.c, OC = p->c->filters;
     const int64_t su = (int64_t)OC * C;
-    float *V = winograd_v(p, s), *M = winograd_m(p, s), *dU = p->w.dU, *dbias = conv_dbias(p->c);
-    if (p->w.shards > 1) {
-        dU = p->w.parts + s * p->w.part_floats;
-        dbias = dbias ? dU + 16 * su : NULL;
-        k->zero(dU, p->w.part_floats * sizeof(float));
-    }
+    float *V = winograd_v(p, s), *M = winograd_m(p, s), *dU = p->w.parts + s * p->w.part_floats,
+          *dbias = conv_dbias(p->c);
+    if (p->w.shards > 1) dbias = dbias ? dU + 16 * su : NULL;
+    if (p->first && (p->dw || dbias != conv_dbias(p->c))) k->zero(dU, p->w.part_floats * sizeof(float));
     for (int64_t n0 = lo; n0 < hi; n0 += p->w.chunk) {
         const ConvGeometry g = conv_geometry(p->c, (int)(hi - n0 < p->w.chunk ? hi - n0 : p->w.chunk));
         const int T = (int)winograd_tiles(g);
@@ -268,7 +264,8 @@ static void winograd_backward_shard(void *arg, int s, int64_t lo, int64_t hi) {
     }
 }
 
-// dU sums a pass's chunks (zeroed on its first, added to dW on its last).
+// The shards' dU sum a pass's calls (zeroed on its first); on its last they are added up
+// (into shard 0's) and onto dW.
 static void winograd_backward(const Conv *c, const LayerCtx *ctx, float *din, float *dout,
                               const float *in, const float *out, int N) {
     const Layer *l = &c->base;
@@ -276,35 +273,48 @@ static void winograd_backward(const Conv *c, const LayerCtx *ctx, float *din, fl
     float *dw = l->grads[0];
     const int C = l->in.c, OC = c->filters;
     WinogradPass p = {.c = c, .k = k, .w = winograd_space(c, k, ctx->workspace, N), .din = din, .dout = dout,
-                      .in = in, .y = out, .dw = dw != NULL};
+                      .in = in, .y = out, .dw = dw != NULL, .first = !ctx->after_first};
     if (din && !ctx->after_first) k->winograd_weights(p.w.U, l->params[0].data, OC, C);
-    if (dw && !ctx->after_first) k->zero(p.w.dU, winograd_weight_floats(c) * sizeof(float));
     k->shards(N, winograd_backward_shard, &p);
+    if (ctx->before_last) return;
     if (p.w.shards > 1) {  // each part: the shard's dU (16 x OC x C), then its dbias (OC)
-        const int64_t du = (int64_t)16 * OC * C;
-        if (dw) k->add_parts(p.w.dU, p.w.parts, p.w.shards, du, (int64_t)p.w.part_floats);
-        if (conv_dbias(c)) k->add_parts(conv_dbias(c), p.w.parts + du, p.w.shards, OC, (int64_t)p.w.part_floats);
+        const int64_t du = (int64_t)16 * OC * C, stride = (int64_t)p.w.part_floats;
+        if (dw) k->add_parts(p.w.parts, p.w.parts + stride, p.w.shards - 1, du, stride);
+        if (conv_dbias(c)) {  // dbias += the parts' sum, in shard order
+            k->add_parts(p.w.parts + du, p.w.parts + stride + du, p.w.shards - 1, OC, stride);
+            k->add_parts(conv_dbias(c), p.w.parts + du, 1, OC, stride);
+        }
     }
-    if (dw && !ctx->before_last) k->winograd_weights_backward(dw, p.w.dU, OC, C);
+    if (dw) k->winograd_weights_backward(dw, p.w.parts, OC, C);
 }
 
 // ---- im2col + GEMM, and the direct kernels -------------------------------------------------
 
-// Workspace: [Wp][dWp][im2col chunk], the first two only when conv_permutes; the direct
-// kernels' partial sums instead.
+// Workspace: the im2col chunk; the direct kernels' partial sums instead.
 static size_t conv_workspace_bytes(const Layer *l, const Kernels *k, int N) {
     const Conv *c = (const Conv *)l;
     if (c->algorithm == CONV_WINOGRAD) return winograd_workspace_bytes(c, k, N);
     if (conv_is_pointwise(c)) return 0;
     if (conv_is_direct(c)) return (size_t)conv_direct_partial_floats(conv_geometry(c, N)) * sizeof(float);
-    return (2 * conv_weight_floats(c) +
-            (size_t)conv_chunk(c, k, N) * l->out.h * l->out.w * l->in.c * c->size * c->size) *
-           sizeof(float);
+    return (size_t)conv_chunk(c, k, N) * l->out.h * l->out.w * l->in.c * c->size * c->size * sizeof(float);
 }
 
-// W or dW (OC, C, K*K) -> (OC, K*K, C): an NCHW -> NHWC permute with N = OC, H = 1.
-static void conv_to_khkwc(const Conv *c, const Kernels *k, float *dst, const float *src) {
-    k->nchw_to_nhwc(dst, src, c->filters, 1, c->size * c->size, c->base.in.c);
+// W or dW (OC, C, K*K) -> (OC, K*K, C) in place (to_khkwc), or back: an NCHW <-> NHWC
+// permute of each output channel's row (N = OC, H = 1), a block of rows at a time through
+// `scratch` (the im2col chunk, which holds at least one row). The GEMMs read the weight
+// and sum its gradient in im2col's order between a pass's first call and its last; in
+// between nothing else reads them (a pass's calls follow each other, and in a sweep the
+// other members have their own parameters). The bits come back as they were: no copy of
+// either exists (resnet18's layer4: 2 x 9.4 MB).
+static void conv_permute(const Conv *c, const Kernels *k, float *x, float *scratch, bool to_khkwc) {
+    const int C = c->base.in.c, KK = c->size * c->size;
+    const int64_t row = (int64_t)C * KK, block = (int64_t)c->base.out.h * c->base.out.w;  // an image's im2col
+    for (int64_t r0 = 0; r0 < c->filters; r0 += block) {
+        const int n = (int)(c->filters - r0 < block ? c->filters - r0 : block);
+        k->copy(scratch, x + r0 * row, (size_t)n * (size_t)row * sizeof(float));
+        if (to_khkwc) k->nchw_to_nhwc(x + r0 * row, scratch, n, 1, KK, C);
+        else k->nhwc_to_nchw(x + r0 * row, scratch, n, 1, KK, C);
+    }
 }
 
 static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
@@ -320,12 +330,10 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
         return;
     }
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
-    float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
-    const float *w = l->params[0].data;  // (OC, K*K*C) after the permute
-    if (conv_permutes(c)) {  // once per pass: a chunked pass keeps it (LayerCtx.after_first)
-        if (!ctx->after_first) conv_to_khkwc(c, k, ctx->workspace, w);
-        w = ctx->workspace;
-    }
+    float *cols = ctx->workspace;
+    float *w = l->params[0].data;  // (OC, K*K*C) from a pass's first call to its last
+    const bool permutes = conv_permutes(c);
+    if (permutes && !ctx->after_first) conv_permute(c, k, w, cols, true);
     const int chunk = conv_chunk(c, k, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = N - n0 < chunk ? N - n0 : chunk;
@@ -339,6 +347,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
         k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk,
                 false, true, 1.0f, 0.0f);
     }
+    if (permutes && !ctx->before_last) conv_permute(c, k, w, cols, false);
     k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
 }
 
@@ -357,14 +366,12 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         return;
     }
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
-    float *cols = (float *)ctx->workspace + 2 * conv_weight_floats(c);
-    const float *w = l->params[0].data;
-    float *dw = l->grads[0];
-    if (conv_permutes(c)) {  // permuted on a pass's first chunk, back on its last
-        float *wp = ctx->workspace, *dwp = wp + conv_weight_floats(c);
-        if (din && !ctx->after_first) conv_to_khkwc(c, k, wp, w);
-        if (dw && !ctx->after_first) conv_to_khkwc(c, k, dwp, dw);
-        w = wp, dw = dw ? dwp : NULL;
+    float *cols = ctx->workspace;
+    float *w = l->params[0].data, *dw = l->grads[0];  // in im2col's order from a pass's first
+    const bool permutes = conv_permutes(c);          // call to its last
+    if (permutes && !ctx->after_first) {
+        if (din) conv_permute(c, k, w, cols, true);
+        if (dw) conv_permute(c, k, dw, cols, true);
     }
     k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * pixels, c->filters, c->act);
     const int chunk = conv_chunk(c, k, N);
@@ -390,8 +397,10 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
                   l->out.w);
     }
     // (OC, K*K*C) back to PyTorch's (OC, C, K*K).
-    if (dw && conv_permutes(c) && !ctx->before_last)
-        k->nhwc_to_nchw(l->grads[0], dw, c->filters, 1, c->size * c->size, l->in.c);
+    if (permutes && !ctx->before_last) {
+        if (din) conv_permute(c, k, w, cols, false);
+        if (dw) conv_permute(c, k, dw, cols, false);
+    }
 }
 
 // The GEMM path runs a pass in chunks of conv_chunk images, each its own GEMMs, the weight

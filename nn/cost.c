@@ -88,7 +88,7 @@ int cost_probe(CostTable *t, Net *net, int classes, int steps, Error *err) {
         net->k->upload(net->input_buf, x, (size_t)numel * sizeof *x);
     }
     net->k->upload(net->labels, y, (size_t)N * sizeof *y);
-    free(x), free(px), free(y);
+    free(x), free(y);  // px: the network may read it where it is (net_put_input)
     const int sizes[2] = {N, N > 1 ? N / 2 : 1};
     for (int s = 0; s < steps; s++) {
         const int size = s % 2, n = sizes[size];
@@ -100,6 +100,7 @@ int cost_probe(CostTable *t, Net *net, int classes, int steps, Error *err) {
         if (s >= 2) end_step(t, size);
     }
     net->exec.costs = NULL;
+    free(px);
     for (int i = 0; i < t->nlayers; i++)
         for (int k = 0; k < CALL_KINDS; k++) fit(&t->call[i][k]);
     fit(&t->value);

@@ -303,7 +303,8 @@ static bool crosses(const Net *net, int p) {
 
 // Buffer ids: five fixed ones, then per node its output, its inner activations, its output
 // gradient, that gradient's second term and a sweep's scratch. BUF_INPUT holds the batch:
-// fp32 values, or with input_bytes the table of byte values and the bytes; BUF_INPUT_F32
+// fp32 values, or with input_bytes the table of byte values and the bytes (off the host:
+// on the host the network reads the caller's, net_put_input); BUF_INPUT_F32
 // (input_bytes in F32) is where a leaf that reads the network's input expands the bytes, a
 // chunk at a time (Exec.input_chunk), live during its events only (a sweep expands them in
 // its scratch).
@@ -598,8 +599,8 @@ static void buffer_bytes(Net *net) {
     const int last = net->nnodes - 1;
     bool expanded = false;
     for (int j = 0; j <= last; j++) expanded |= expands_input(net, j);
-    if (net->input_bytes) {
-        buf[BUF_INPUT].bytes = align64(lut_bytes(net)) + align64(B * numel);
+    if (net->input_bytes) {  // the bytes are the caller's on the host (net_put_input)
+        buf[BUF_INPUT].bytes = align64(lut_bytes(net)) + (net->k->host_memory ? 0 : align64(B * numel));
         buf[BUF_INPUT_F32].bytes = expanded ? align64((size_t)net->exec.input_chunk * numel * sizeof(float)) : 0;
     } else {
         buf[BUF_INPUT].bytes = align64(B * numel * sizeof(float));
@@ -797,7 +798,7 @@ static void net_carve_activations(Net *net, char *base) {
     for (int b = 0; b < net->nbufs; b++) at[b] = net->bufs[b].bytes ? base + net->bufs[b].offset : NULL;
     if (net->input_bytes) {
         net->input_lut = (float *)at[BUF_INPUT];
-        net->input_u8 = (uint8_t *)at[BUF_INPUT] + align64(lut_bytes(net));
+        net->input_u8 = net->k->host_memory ? NULL : (uint8_t *)at[BUF_INPUT] + align64(lut_bytes(net));
         net->exec.input_f32 = (float *)at[BUF_INPUT_F32];  // NULL in F16: the scratch serves
     } else {
         net->input_buf = (float *)at[BUF_INPUT];
@@ -1291,7 +1292,7 @@ static LayerCtx net_ctx(const Net *net, bool train, uint64_t seed, uint64_t step
 // network's output is F32.
 static Stored node_out(const Net *net, int p) {
     if (p == NODE_INPUT)
-        return net->input_bytes ? (Stored){net->input_u8, STORED_U8} : (Stored){net->input_buf, STORED_F32};
+        return net->input_bytes ? (Stored){(void *)net->input_u8, STORED_U8} : (Stored){net->input_buf, STORED_F32};
     return stored_in(net->acts[p], p == net->nnodes - 1 || net->precision == DT_F32);
 }
 
@@ -1301,7 +1302,8 @@ void net_put_input(Net *net, const uint8_t *px, const float *lut, int n) {
         memcpy(net->lut_host, lut, lut_bytes(net));
         net->k->upload(net->input_lut, lut, lut_bytes(net));
     }
-    net->k->upload(net->input_u8, px, (size_t)n * (size_t)shape_numel(net->input));
+    if (net->k->host_memory) net->input_u8 = px;
+    else net->k->upload((void *)net->input_u8, px, (size_t)n * (size_t)shape_numel(net->input));
 }
 
 static Stored stored(const Net *net, void *p) { return stored_in(p, net->precision == DT_F32); }

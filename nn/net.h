@@ -72,7 +72,9 @@ typedef struct NetOptions {
     bool freeze_stats;
     // The input holds bytes (N, H, W, C) as the loader hands them out, read by the first
     // layer as lut[c][byte] (net_put_input): a quarter of an fp32 input's memory, the
-    // same floats. false: fp32 values in input_buf (tests, tools that make their own).
+    // same floats; on a device whose memory is the host's (the CPU) the network reads them
+    // where the caller keeps them and holds none. false: fp32 values in input_buf (tests,
+    // tools that make their own).
     bool input_bytes;
     // The fused optimizer update (fp32 only; the trainer allows it with accumulate = 1):
     // each trained module is updated during backward, through Net.hook, as soon as its
@@ -182,7 +184,9 @@ typedef struct Net {
     void *layer_workspace;  // what layers get as LayerCtx.workspace
     bool input_bytes;  // NetOptions.input_bytes
     float *input_buf;  // (batch, H, W, C) F32: the batch to forward; NULL with input_bytes
-    uint8_t *input_u8; // input_bytes: (batch, H, W, C) the batch to forward, as bytes
+    const uint8_t *input_u8;  // input_bytes: (batch, H, W, C) the batch to forward, as
+                              // bytes: in the activation block, or (host memory) the
+                              // caller's (net_put_input)
     float *input_lut;  // input_bytes: (C, 256) the value of each byte of each channel
     float *lut_host;   // input_bytes: (C, 256) what input_lut holds (NaN before the first)
     void **acts;       // acts[j]: (batch, nodes[j].out) output of node j, in precision; the
@@ -229,9 +233,12 @@ static inline float *net_opt_state(const Net *net, const Layer *l, int j, int s)
     return net->optimizer + (size_t)s * (size_t)net->ntrain + (size_t)l->train_off[j];
 }
 
-// With input_bytes: copies n samples of bytes px (n, H, W, C) into the network's input,
-// and the table lut (C, 256: lut[c * 256 + b] is the value of byte b in channel c) when it
-// differs from the one there. n <= batch.
+// With input_bytes: n samples of bytes px (n, H, W, C) become the network's input, and the
+// table lut (C, 256: lut[c * 256 + b] is the value of byte b in channel c) is copied when
+// it differs from the one there. n <= batch. On a device whose memory is the host's the
+// network reads px where it is (no copy of a batch exists): px must stay as it is until
+// the next net_put_input, through the step's backward (a loader's batch does: it is valid
+// until the loader's next one). Elsewhere px is uploaded and may go at once.
 void net_put_input(Net *net, const uint8_t *px, const float *lut, int n);
 
 // Forward of N samples from the network's input (input_buf or input_u8); the output

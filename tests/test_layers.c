@@ -784,13 +784,13 @@ static void test_conv_winograd(void **state) {
     // takes 16 matrices of V (100n x 40) and of M (100n x 32), each rounded up to 4 KB plus
     // 64 bytes (winograd_stride): 2 images 16 x (8,208 + 7,184) floats = 985,088 bytes, 3
     // images 1,443,840, over a shard's 1 MB. Each shard also sums its own dU and dbias,
-    // 16 x 32 x 40 + 32 = 20,512 floats.
+    // 16 x 32 x 40 + 32 = 20,512 floats, over the pass (there is no other dU).
     const ConvSpec big = {.N = 9, .C = 40, .H = 20, .W = 20, .OC = 32, .K = 3, .stride = 1,
                           .pad = 1, .relu = true};
     char text[256];
     conv_text(text, sizeof text, &big);
     Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = big.C, .h = big.H, .w = big.W});
-    const size_t weights = 2 * (size_t)16 * 32 * 40 * sizeof(float);
+    const size_t weights = (size_t)16 * 32 * 40 * sizeof(float);  // U
     assert_int_equal(cpu_kernels.shard_count(), 2);
     assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, big.N),
                      weights + 2 * ((size_t)16 * (8208 + 7184) + 20512) * sizeof(float));
@@ -798,11 +798,11 @@ static void test_conv_winograd(void **state) {
     check_conv(&big, false, 84);
     // auto: Winograd from 16 channels in and out and 100 output pixels (the workspace says
     // which path it took: the transformed weights and each shard's chunk and sums, or the
-    // permuted weights and the im2col rows).
+    // im2col rows).
     const struct { int OC, H; size_t floats; } autos[] = {
-        {16, 10, 2 * 16 * 16 * 16 + 2 * (16 * 2 * (1024 + 16) + 16 * 16 * 16 + 16)},  // Winograd, 25 tiles
-        {16, 9, 2 * 16 * 16 * 9 + 81 * 144},                // 81 pixels: im2col
-        {15, 10, 2 * 15 * 16 * 9 + 100 * 144},              // 15 filters: im2col
+        {16, 10, 16 * 16 * 16 + 2 * (16 * 2 * (1024 + 16) + 16 * 16 * 16 + 16)},  // Winograd, 25 tiles
+        {16, 9, 81 * 144},                // 81 pixels: im2col
+        {15, 10, 100 * 144},              // 15 filters: im2col
     };
     for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {
         const ConvSpec a = {.N = 1, .C = 16, .H = autos[i].H, .W = autos[i].H, .OC = autos[i].OC,
@@ -823,14 +823,14 @@ static void test_conv_chunked_batch(void **state) {
     conv_text(text, sizeof text, &s);
     Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
     const size_t per_image = (size_t)12 * 12 * 16 * 9 * sizeof(float);
-    // Before the im2col chunk: the weight and its gradient permuted to (OC, K, K, C).
-    const size_t weights = 2 * (size_t)2 * 16 * 9 * sizeof(float);
+    // The im2col chunk alone: the weight and its gradient are permuted to (OC, K, K, C) in
+    // place, through it.
     assert_int_equal(cpu_kernels.chunk_bytes, CONV_COL_BYTES);
-    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, s.N), weights + (CONV_COL_BYTES / per_image) * per_image);
-    assert_true(l->ops->workspace_bytes(l, &cpu_kernels, s.N) < weights + s.N * per_image);  // it really is chunked
+    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, s.N), (CONV_COL_BYTES / per_image) * per_image);
+    assert_true(l->ops->workspace_bytes(l, &cpu_kernels, s.N) < s.N * per_image);  // it really is chunked
     assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);  // with a partial chunk
     // A small batch is not chunked: its workspace is all of its im2col.
-    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, 3), weights + 3 * per_image);
+    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, 3), 3 * per_image);
     layer_free(l);
     // Against the double reference, forward and backward (finite differences over
     // 69,120 inputs would take too long; the reference backward is checked against them

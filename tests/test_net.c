@@ -294,9 +294,9 @@ static void expect_mnist_plan(const Net *net, int B) {
     assert_int_equal(net->plan.act_kept, kept);
     const size_t conv1 = 81920, conv2 = winograd_workspace(B, 24, 24, 32, 64);
     // 2 shards (2 threads), 1 image a chunk: a shard's chunk of 2 images would be 1,771,520
-    // bytes, over its 1 MB; each shard's dU and dbias 131,328 bytes.
+    // bytes, over its 1 MB; each shard's dU and dbias 131,328 bytes (no other dU).
     assert_int_equal(cpu_kernels.shard_count(), 2);
-    assert_int_equal(conv2, 262144 + 2 * (919552 + 131328));
+    assert_int_equal(conv2, 131072 + 2 * (919552 + 131328));
     const size_t ws = conv1 > conv2 ? conv1 : conv2;
     assert_int_equal(net->plan.workspace, ws);
     const size_t packing = cpu_kernels.thread_scratch();  // each thread's, AVX-512 GEMM
@@ -858,14 +858,15 @@ static void test_byte_input(void **state) {
                     fail_msg("%s: the byte input's batchnorm statistics differ", what);
                 if (memcmp(f.metrics, b.metrics, sizeof f.metrics) || memcmp(f.logp, b.logp, 3 * 5 * sizeof(float)))
                     fail_msg("%s: the byte input's loss or outputs differ", what);
-                // The plan: the input is a quarter (bytes, and the 3 KB table), the fp32
-                // expansion a chunk of the first layer in F32 and nothing in F16 (the
-                // executor's scratch takes it).
-                assert_non_null(b.net.input_u8);
+                // The plan: on the CPU the network reads the caller's bytes where they are
+                // (the last batch put, px's first 3 samples) and holds only the 3 KB table;
+                // the fp32 expansion is a chunk of the first layer in F32 and nothing in F16
+                // (the executor's scratch takes it).
+                assert_ptr_equal(b.net.input_u8, px);
                 assert_null(b.net.input_buf);
                 assert_int_equal(b.net.exec.input_chunk, byte_chunks[t]);
                 const ActBuffer *bin = &b.net.bufs[0], *fin = &f.net.bufs[0];
-                assert_int_equal(bin->bytes, 3 * 256 * 4 + (7 * numel + 63) / 64 * 64);
+                assert_int_equal(bin->bytes, 3 * 256 * 4);
                 assert_int_equal(fin->bytes, 7 * numel * 4);
                 assert_int_equal(b.net.bufs[4].bytes, p ? 0 : (size_t)byte_chunks[t] * numel * 4);
                 byte_step_free(&f), byte_step_free(&b);

@@ -140,11 +140,13 @@ static void fill_batch(Net *net, Shape in, int batch) {
         float lut[3 * 256];
         const float mean[3] = {0.5f, 0.4f, 0.3f}, std[3] = {0.25f, 0.2f, 0.3f};
         normalise_table(lut, in.c, mean, std);
-        uint8_t *px = malloc((size_t)(batch * shape_numel(in)));
+        // The network may read the bytes where they are until the next batch: kept here.
+        static uint8_t *px;
+        free(px);
+        px = malloc((size_t)(batch * shape_numel(in)));
         assert_non_null(px);
         for (int64_t i = 0; i < batch * shape_numel(in); i++) px[i] = (uint8_t)(rand() % 256);
         net_put_input(net, px, lut, batch);
-        free(px);
     } else {
         for (int64_t i = 0; i < batch * shape_numel(in); i++) net->input_buf[i] = (float)rand() / RAND_MAX - 0.5f;
     }

@@ -206,8 +206,9 @@ size_t winograd_workspace(int B, int OH, int OW, int C, int OC) {
     const size_t budget = shards > 1 ? (size_t)1 << 20 : (size_t)2 << 20;  // 2 MB chunk_bytes
     int n = 1;
     while (n < share && winograd_chunk_bytes(n + 1, OH, OW, C, OC) <= budget) n++;
-    const size_t parts = shards > 1 ? ((size_t)16 * OC * C + OC + 15) / 16 * 16 * sizeof(float) : 0;
-    return (size_t)2 * 16 * OC * C * sizeof(float) + shards * (winograd_chunk_bytes(n, OH, OW, C, OC) + parts);
+    // U, then each shard's chunk and its dU (and dbias, when there are several shards)
+    const size_t parts = (shards > 1 ? ((size_t)16 * OC * C + OC + 15) / 16 * 16 : (size_t)16 * OC * C) * sizeof(float);
+    return (size_t)16 * OC * C * sizeof(float) + shards * (winograd_chunk_bytes(n, OH, OW, C, OC) + parts);
 }
 
 typedef struct StepHook {
