@@ -3,9 +3,10 @@
 // Activations are channel-last, so the GEMM's output rows (n, oh, ow) x OC are already the
 // layer's output (N, OH, OW, OC): out = col @ Wp^T. im2col's columns are (kh, kw, c), so
 // that a patch is copied in runs of K * C contiguous floats; Wp is the weight permuted
-// from PyTorch's (OC, C, K, K) to (OC, K, K, C) in the workspace for each call, and the
-// weight gradient is accumulated in that order and permuted back (both orders are the
-// same when C = 1 or K = 1, and nothing is permuted then).
+// in place from PyTorch's (OC, C, K, K) to (OC, K, K, C) at a pass's first call and back at
+// its last, and the weight gradient is accumulated in that order between the same calls
+// (conv_permute; both orders are the same when C = 1 or K = 1, and nothing is permuted
+// then).
 // The batch is lowered in chunks of images so the im2col workspace stays near the kernel
 // table's chunk_bytes whatever the batch: a large batch costs activations, not workspace.
 // The CPU's 2 MB keeps a chunk in the caches between im2col writing it and the GEMM

@@ -1407,7 +1407,7 @@ static void cpu_add_parts(float *dst, const float *parts, int count, int64_t n, 
 const Kernels cpu_kernels = {
     .name = "cpu",
     .host_memory = true,
-    .fp16_scratch_bytes = (size_t)16 << 20,
+    .fp16_scratch_bytes = (size_t)8 << 20,
     .chunk_bytes = (size_t)2 << 20,
     .thread_scratch = cpu_thread_scratch,
     .shard_count = cpu_shard_count,

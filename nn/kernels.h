@@ -83,8 +83,10 @@ typedef struct Kernels {
     bool host_memory;  // the device's pointers are host memory (the CPU): no copies needed
     // fp16 runs each layer over chunks of samples through four fp32 scratch buffers of at
     // most this many bytes in all (at least one sample a chunk): cache-sized on the CPU
-    // (16 MB), where a chunk's conversions and compute stay in the caches; larger on a GPU
-    // (256 MB), where small chunks would mean small kernels and many launches.
+    // (8 MB: as fast as 16 MB on resnet18 and resnet-small, 4 MB was 12% slower on
+    // resnet18; bench/RESULTS.md), where a chunk's conversions and compute stay in the
+    // caches; larger on a GPU (256 MB), where small chunks would mean small kernels and
+    // many launches.
     size_t fp16_scratch_bytes;
     // The workspace a convolution lowers a chunk of its images into (im2col's columns, a
     // Winograd shard's transformed tiles; half of it a shard when there are several):

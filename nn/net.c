@@ -122,15 +122,28 @@ static Sweep node_sweep(const Net *net, const NetNode *nd, void *scratch) {
                    .bytes_in = net->input_bytes && nd->in[0] == NODE_INPUT, .scratch = scratch};
 }
 
-// Values of the largest input or output of l and its children.
-static size_t largest_of(const Layer *l) {
-    size_t m = (size_t)shape_numel(l->in);
-    if ((size_t)shape_numel(l->out) > m) m = (size_t)shape_numel(l->out);
-    for (int i = 0; i < l->nchildren; i++) {
-        const size_t c = largest_of(l->children[i]);
-        if (c > m) m = c;
+// Values of the largest input or output of a node that runs through the executor's fp16
+// scratch: every node but a sweep, which converts a chunk at a time in its own scratch (so
+// a swept stem's 112x112 tensors do not size the slots).
+static size_t largest_unswept(const Net *net) {
+    size_t m = 0;
+    for (int j = 0; j < net->nnodes; j++) {
+        const NetNode *nd = &net->nodes[j];
+        if (nd->kind == NODE_SWEEP) continue;
+        size_t v = (size_t)shape_numel(nd->out);
+        if (nd->kind == NODE_LEAF && (size_t)shape_numel(nd->l->in) > v) v = (size_t)shape_numel(nd->l->in);
+        if (v > m) m = v;
     }
     return m;
+}
+
+// Samples a call of module l takes at most: the executor's chunk, or a sweep's.
+static int call_samples(const Net *net, const Layer *l) {
+    int n = exec_chunk(&net->exec, l, net->batch);
+    for (int j = 0; j < net->nnodes; j++)
+        for (int i = 0; net->nodes[j].kind == NODE_SWEEP && i < net->nodes[j].nchain; i++)
+            if (net->nodes[j].chain[i] == l && net->nodes[j].chunk > n) n = net->nodes[j].chunk;
+    return n;
 }
 
 // Appends the nodes of every top-level layer: a leaf is its own node, a container expands.
@@ -850,12 +863,10 @@ static int64_t fused_grad_floats(const Net *net) {
 // Computes the rest of net->plan (workspace, parameters, gradients, optimizer state) and
 // the fp16 scratch of the executor.
 static void net_layout(Net *net) {
-    const int B = net->batch, last = net->nlayers - 1;
+    const int B = net->batch;
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16. The
     // workspace block holds the scratch (fp16 only) and then the layers' workspace.
-    size_t largest_any = 0;
-    for (int i = 0; i <= last; i++)
-        if (largest_of(net->layers[i]) > largest_any) largest_any = largest_of(net->layers[i]);
+    const size_t largest_any = largest_unswept(net);
     net->exec.precision = net->precision;
     net->exec.slot_values = 0;
     size_t ws = 0;
@@ -870,7 +881,7 @@ static void net_layout(Net *net) {
     size_t layer_ws = 0;
     for (int i = 0; i < net->nmodules; i++) {
         const Layer *l = net->modules[i];
-        const size_t w = layer_workspace_bytes(l, net->k, exec_chunk(&net->exec, l, B));
+        const size_t w = layer_workspace_bytes(l, net->k, call_samples(net, l));
         if (w > layer_ws) layer_ws = w;
     }
     net->plan.workspace = ws + layer_ws;

@@ -720,7 +720,7 @@ static void test_fp16_overflow_flagged(void **state) {
 
 // The small ResNet in fp16 against fp32, on inputs large enough that the stem's
 // activations run in chunks (batchnorm's statistics gathered over them): 3x180x180 gives
-// chunks of 8, so a batch of 9 is 8 + 1.
+// chunks of 4, so a batch of 9 is 4 + 4 + 1.
 static void test_fp16_resnet_against_fp32(void **state) {
     enum { N = 9 };
     const Shape in = {.c = 1, .h = 180, .w = 180};
@@ -733,7 +733,7 @@ static void test_fp16_resnet_against_fp32(void **state) {
     for (int i = 0; i < N; i++) y[i] = (int32_t)(test_urand() * 10);
     Net probe;
     make_net(&probe, acc_resnet, in, 10, N, DT_F16);
-    assert_int_equal(exec_chunk(&probe.exec, probe.layers[0], N), 8);
+    assert_int_equal(exec_chunk(&probe.exec, probe.layers[0], N), 4);
     net_free(&probe);
     RunOut f = run_once(acc_resnet, in, 10, DT_F32, N, x, y, 1.0f, false);
     RunOut h = run_once(acc_resnet, in, 10, DT_F16, N, x, y, 1024.0f, true);
@@ -764,7 +764,7 @@ static char *mnist_cfg_text(void) {
 }
 
 // The seed network, with both dropouts, on a batch of 40: fp16 runs each layer over chunks
-// of 28 samples (its scratch holds 28 of the largest activation), so this covers a full
+// of 14 samples (its scratch holds 14 of the largest activation), so this covers a full
 // and a partial chunk, and dropout masks keyed by the chunk's sample0. Against fp32 on the
 // whole batch at once.
 static void test_fp16_chunks_seed_network(void **state) {
@@ -783,12 +783,12 @@ static void test_fp16_chunks_seed_network(void **state) {
     Net probe;
     make_net(&probe, text, in, 10, N, DT_F16);
     assert_string_equal(probe.layers[1]->name, "conv2");
-    assert_int_equal(exec_chunk(&probe.exec, probe.layers[1], N), 28);
+    assert_int_equal(exec_chunk(&probe.exec, probe.layers[1], N), 14);
     net_free(&probe);
     RunOut f = run_once(text, in, 10, DT_F32, N, x, y, 1.0f, false);
     RunOut h = run_once(text, in, 10, DT_F16, N, x, y, 256.0f, true);
     assert_false(h.flag);
-    expect_close_to_fp32(&h, &f, "seed network, fp16 (chunks of 28, scale 256) vs fp32");
+    expect_close_to_fp32(&h, &f, "seed network, fp16 (chunks of 14, scale 256) vs fp32");
     run_free(&f), run_free(&h);
     free(x), free(text);
 }
@@ -937,7 +937,7 @@ static size_t mnist_kept(int B, size_t es) {
 }
 
 // workspace: fp16's four fp32 scratch buffers of `chunk` samples of the largest activation,
-// chunk = min(B, 16 MB / (4 * 36,864 * 4)) = min(B, 28); then the largest conv workspace
+// chunk = min(B, 8 MB / (4 * 36,864 * 4)) = min(B, 14); then the largest conv workspace
 // for a batch of `chunk`: conv1's (the direct kernels' partial sums, 64 blocks x (9 taps +
 // 1) x 32 filters x 4 = 81,920 bytes) or conv2's Winograd workspace (testutil.c).
 // The workspace of models/mnist.cfg at batch B: in fp16 the scratch's four slots of `chunk`
@@ -945,10 +945,10 @@ static size_t mnist_kept(int B, size_t es) {
 // samples as a slot holds of its own largest (conv1: 21,632 values), then the largest
 // layer workspace (conv1's im2col chunk, or conv2's permuted weight and im2col chunk).
 static size_t mnist_workspace(int B, bool fp16, int *chunk_out) {
-    const size_t mb16 = (size_t)16 << 20, largest = 36864;
+    const size_t mb8 = (size_t)8 << 20, largest = 36864;
     size_t chunk = (size_t)B, scratch = 0;
     if (fp16) {
-        chunk = mb16 / (4 * largest * 4) < chunk ? mb16 / (4 * largest * 4) : chunk;
+        chunk = mb8 / (4 * largest * 4) < chunk ? mb8 / (4 * largest * 4) : chunk;
         scratch = 4 * align64(chunk * largest * 4);
     }
     const size_t conv1 = 81920, conv2 = winograd_workspace((int)chunk, 24, 24, 32, 64);
@@ -966,7 +966,7 @@ static void test_memory_plan_fp16(void **state) {
     Cfg cfg;
     load_mnist_cfg(&cfg);
     const Shape in = {.c = 1, .h = 28, .w = 28};
-    const int batches[] = {64, 160, 3};  // the chunk stays 28 above 28
+    const int batches[] = {64, 160, 3};  // the chunk stays 14 above 14
     for (int k = 0; k < 3; k++) {
         const int B = batches[k];
         Net h, f;
@@ -986,7 +986,7 @@ static void test_memory_plan_fp16(void **state) {
         int chunk;
         assert_int_equal(h.plan.workspace, mnist_workspace(B, true, &chunk));
         assert_int_equal(exec_chunk(&h.exec, h.layers[1], B), chunk);
-        assert_int_equal(chunk, B < 28 ? B : 28);
+        assert_int_equal(chunk, B < 14 ? B : 14);
         assert_int_equal(h.scratch_bytes, 4 * align64((size_t)chunk * 36864 * 4));
         assert_int_equal(f.plan.workspace, mnist_workspace(B, false, NULL));
         // Parameters, gradients and optimizer state stay fp32.

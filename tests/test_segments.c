@@ -243,13 +243,13 @@ static void test_resnet_bitwise(void **state) {
 
 // fp16 runs every layer over chunks of samples through the fp32 scratch, batchnorm's
 // statistics over all the chunks: at 3x180x180 the stem's 4x180x180 outputs make chunks of
-// 8 samples, so a batch of 9 runs as 8 + 1 there (later layers, smaller, in one chunk).
+// 4 samples, so a batch of 9 runs as 4 + 4 + 1 there (later layers, smaller, in one chunk).
 static void test_resnet_fp16_bitwise(void **state) {
     const Shape in = {.c = 3, .h = 180, .w = 180};
     Net probe;
     Cfg cfg;
     build(&probe, &cfg, resnet, in, 9, 0, DT_F16);
-    assert_int_equal(exec_chunk(&probe.exec, probe.layers[0], 9), 8);
+    assert_int_equal(exec_chunk(&probe.exec, probe.layers[0], 9), 4);
     net_free(&probe);
     cfg_free(&cfg);
     expect_equal_gradients(resnet, in, 9, DT_F16);
@@ -406,6 +406,17 @@ static void test_resnet18_cfg_saving(void **state) {
                   c.plan.act_kept / 1e6);
     assert_true(c.plan.activations + 14000000 <= a.plan.activations);
     assert_true(c.plan.act_kept + 14000000 <= a.plan.act_kept);
+    // fp16: the executor's 4 scratch slots hold the largest tensor of a layer outside a
+    // sweep, as many samples as fit 8 MB (at least one): without sweeps the stem's
+    // 64x112x112 (one sample), with them layer1's 64x56x56 (two); the swept stem converts
+    // in the sweep's own scratch.
+    Net h, hs;
+    assert_int_equal(net_create(&h, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .plan_only = true, .input_bytes = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&hs, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true, .input_bytes = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(h.scratch_bytes, (size_t)4 * 64 * 112 * 112 * 4);  // multiples of 64 bytes
+    assert_int_equal(hs.scratch_bytes, (size_t)4 * 2 * 64 * 56 * 56 * 4);
+    net_free(&h);
+    net_free(&hs);
     net_free(&c);
     net_free(&a);
     net_free(&b);
