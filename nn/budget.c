@@ -146,9 +146,13 @@ int budget_estimate(const BudgetQuery *q, FitChoice *plans, int n, const CostTab
         if (!plans[i].fits) continue;
         if (estimate(q, &plans[i], t, &plans[i].seconds, err)) return -1;
         // Exact plans first: a lossy one only when none of them fits (budget_plans lists
-        // lossy plans only then).
+        // lossy plans only then); of two as fast, the smaller (the fused update costs
+        // nothing the estimate sees), but the run as configured (plans[0]) where it fits.
+        const bool faster = plans[i].seconds < plans[best < 0 ? i : best].seconds,
+                   as_fast = best > 0 && plans[i].seconds == plans[best].seconds;
         if (best < 0 || (plans[i].exact && !plans[best].exact) ||
-            (plans[i].exact == plans[best].exact && plans[i].seconds < plans[best].seconds))
+            (plans[i].exact == plans[best].exact &&
+             (faster || (as_fast && mem_plan_total(&plans[i].plan) < mem_plan_total(&plans[best].plan)))))
             best = i;
     }
     return best;

@@ -4,9 +4,9 @@
 // (checkpoint segments with their sweeps; the fused update; micro-batches where they give
 // the same gradient up to rounding), with their bytes; a probe of a few steps of the smallest that fits times
 // every call on this device (nn/cost.h), from which each plan's seconds a step follow
-// (budget_estimate); the fastest that fits is chosen. The savers that change the result
-// (fp16; micro-batches under batchnorm) join only with the user's leave and only when no
-// exact plan fits (DESIGN decision 17).
+// (budget_estimate); the fastest that fits is chosen (of two as fast, the smaller). The
+// savers that change the result (fp16; micro-batches under batchnorm) join only with the
+// user's leave and only when no exact plan fits (DESIGN decision 17).
 #ifndef NN_BUDGET_H
 #define NN_BUDGET_H
 
@@ -64,7 +64,8 @@ int budget_smallest(const FitChoice *plans, int n);
 
 // Sets the seconds of every plan that fits, and *plain those of the run as configured,
 // from t (a probe's: budget_probe), and returns the fastest plan that fits (exact ones
-// first, as budget_plans lists them), or -1 if none fits.
+// first, as budget_plans lists them; of two as fast, the smaller, but the run as configured
+// where it fits), or -1 if none fits.
 int budget_estimate(const BudgetQuery *q, FitChoice *plans, int n, const CostTable *t,
                     double *plain, Error *err);
 
