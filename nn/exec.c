@@ -7,9 +7,24 @@
 
 static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
 
+// Samples [n0, n0 + n) of s.via's output (`numel` values a sample, as many as its input
+// has) into dst: its input converted into scratch slot 3 (free while inputs are viewed: it
+// takes a backward's input gradient only after), via's forward, then rounded to halves and
+// back through slot 3, the values a stored output would give.
+static void view_via(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, float *dst) {
+    float *tmp = ctx->exec->scratch[3];
+    ctx->k->f16_to_f32(tmp, (const uint16_t *)s.p + n0 * numel, n * numel);
+    LayerCtx c = *ctx;
+    c.sample0 = ctx->sample0 + n0;
+    c.n0 = n0;
+    s.via->ops->forward(s.via, &c, dst, tmp, n);
+    ctx->k->f32_to_f16((uint16_t *)tmp, dst, n * numel);
+    ctx->k->f16_to_f32(dst, (const uint16_t *)tmp, n * numel);
+}
+
 // fp32 view of samples [n0, n0 + n) of a stored activation of `numel` values a sample: in
-// place when it is F32, else converted into scratch slot `slot` (a byte input in F32
-// precision: into Exec.input_f32); NULL for NULL.
+// place when it is F32, else converted into scratch slot `slot` (0 to 2; a byte input in
+// F32 precision: into Exec.input_f32); NULL for NULL.
 static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, int slot) {
     if (!s.p) return NULL;  // not read (LayerOps.backward_reads)
     const Exec *e = ctx->exec;
@@ -17,7 +32,8 @@ static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, 
     case STORED_F32: return (float *)s.p + n0 * numel;
     case STORED_F16: {
         float *dst = e->scratch[slot];
-        ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);
+        if (s.via) view_via(ctx, s, numel, n0, n, dst);
+        else ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);
         return dst;
     }
     case STORED_U8: {
@@ -119,6 +135,19 @@ static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in,
         if (out.kind != STORED_F32) store(ctx, out.p, y, nout, n0, n);
     }
     exec_charge(ctx, l, CALL_FORWARD, N, t0);
+}
+
+void exec_forward_stats(const LayerCtx *ctx, Layer *l, Stored in, int N) {
+    const LayerOps *ops = l->ops;
+    if (!ops->forward_reduce || (ops->forward_reduces && !ops->forward_reduces(l, ctx))) return;
+    const int64_t nin = shape_numel(l->in);
+    const int chunk = pass_chunk(ctx, l, in, N);
+    const double t0 = exec_start(ctx);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = chunk_len(chunk, n0, N);
+        ops->forward_reduce(l, ctx, view(ctx, in, nin, n0, n, 0), n0, n, N);
+    }
+    exec_charge(ctx, l, CALL_FORWARD_REDUCE, N, t0);
 }
 
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {

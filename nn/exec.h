@@ -43,19 +43,26 @@ int exec_chunk(const Exec *e, const Layer *l, int N);
 typedef enum StoredKind { STORED_F32, STORED_F16, STORED_U8 } StoredKind;
 
 // A stored activation: in the executor's precision, in F32 (the network's input and its
-// output, the log-probabilities), or the network's byte input.
+// output, the log-probabilities), or the network's byte input. With `via` (F16 only) it is
+// not the values but via's input: a reader gets via's output computed a chunk at a time
+// (via's forward on the chunk, rounded to halves as a stored output would be), so via's
+// output never exists whole (a node the network does not store: NetNode.virt).
 typedef struct Stored {
     void *p;
     StoredKind kind;
+    Layer *via;
 } Stored;
 
 // F32 where f32 is set, else F16 (the executor's halves).
-static inline Stored stored_in(void *p, bool f32) { return (Stored){p, f32 ? STORED_F32 : STORED_F16}; }
+static inline Stored stored_in(void *p, bool f32) { return (Stored){.p = p, .kind = f32 ? STORED_F32 : STORED_F16}; }
 
 // Layer l forward over N samples (out from in), and backward (din from dout; din.p NULL
 // when nobody needs it); parameter gradients accumulate. A STORED_U8 input is read
 // normalised (Exec.lut), in chunks where Exec says so.
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N);
+// Layer l's batch pass alone (batchnorm's statistics), where its forward needs one: the
+// forward of a node whose output its reader computes (Stored.via).
+void exec_forward_stats(const LayerCtx *ctx, Layer *l, Stored in, int N);
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
                    int N);
 

@@ -73,6 +73,9 @@ typedef struct NetNode {
                       // again from its input where a backward reads it (a batchnorm between
                       // two convolutions, a 1x1 downsampling convolution)
     int top;          // the top-level layer it is part of
+    bool virt;        // F16, set by the schedule: a jit leaf whose output is never stored;
+                      // its one reader, a leaf, computes it a chunk at a time from its
+                      // input (Stored.via), and its forward is its batch pass alone
 } NetNode;
 typedef struct NodeList {
     NetNode *node;

@@ -175,8 +175,17 @@ static unsigned node_reads(const NetNode *n) {
     return layer_backward_reads(n->l);
 }
 
-// Whether node j's backward may write its input gradient over its output gradient.
-static bool node_in_place(const NetNode *n) { return n->kind == NODE_LEAF && n->l->ops->backward_in_place; }
+// Whether node j's backward may write its input gradient over its output gradient: a
+// layer that computes in place, or in F16 any leaf whose input and output are the same
+// size (the executor reads a chunk's output gradient into its fp32 scratch before it stores
+// that chunk's input gradient, and a batch pass reads all of it first), but the last,
+// whose output gradient is fp32.
+static bool node_in_place(const Net *net, int j) {
+    const NetNode *n = &net->nodes[j];
+    if (n->kind != NODE_LEAF) return false;
+    return n->l->ops->backward_in_place ||
+           (net->precision == DT_F16 && j < net->nnodes - 1 && shape_numel(n->l->in) == shape_numel(n->l->out));
+}
 
 // Whether node j's backward may write its input gradient over its input (LayerOps.din_over_in;
 // a sweep reads each chunk's input before it writes the chunk's gradient).
@@ -443,7 +452,7 @@ static int route_gradients(Net *net, int j, int t, Error *err) {
             b[p].grad = b[j].grad;
         } else if (b[p].grad < 0) {  // a leaf's or sweep's first term
             const int over = over_input(net, j, p, t);
-            b[p].grad = node_in_place(n) && !shared_later(net, b[j].grad, j) ? b[j].grad
+            b[p].grad = node_in_place(net, j) && !shared_later(net, b[j].grad, j) ? b[j].grad
                         : over >= 0                                           ? over
                                                                               : buf_grad(p);
             b[j].din = b[p].grad;
@@ -456,6 +465,25 @@ static int route_gradients(Net *net, int j, int t, Error *err) {
         }
     }
     return 0;
+}
+
+// Whether node a's output need not be stored (NetNode.virt): in F16, a jit leaf of a layer
+// that computes each sample alone and cheaply (sweep_cheap: batchnorm, ReLU, ...), the
+// same size out as in and keeping nothing, whose backward does not read its output, read
+// by one leaf in its own segment, its input a stored node's output. Its reader computes
+// it a chunk at a time wherever it reads it: a ResNet block's bn1 output exists only in
+// conv2's scratch, in forward, in recomputation and in conv2's backward.
+static bool virtual_node(const Net *net, int a) {
+    const NetNode *an = &net->nodes[a];
+    if (net->precision != DT_F16 || an->kind != NODE_LEAF || !an->jit || an->in[0] == NODE_INPUT ||
+        net->nodes[an->in[0]].kind != NODE_LEAF || net->nodes[an->in[0]].virt || !sweep_cheap(an->l) ||
+        inner_bytes(net, a) || (node_reads(an) & BACKWARD_READS_OUT) ||
+        shape_numel(an->l->in) != shape_numel(an->l->out) || crosses(net, a) || consumers(net, a) != 1)
+        return false;
+    for (int j = a + 1; j < net->nnodes; j++)
+        if (net->nodes[j].in[0] == a || (node_nin(&net->nodes[j]) > 1 && net->nodes[j].in[1] == a))
+            return net->nodes[j].kind == NODE_LEAF && segment_of(net, j) == segment_of(net, a);
+    return false;
 }
 
 // Builds net->events and the nodes' buffer ids (net->nbuf) from the segments and the
@@ -476,8 +504,14 @@ static int net_schedule(Net *net, Error *err) {
         free(sc.fresh), free(has_grad);
         return -1;
     }
+    for (int j = 0; j < n; j++) net->nodes[j].virt = false;
+    for (int j = 0; j < n; j++) net->nodes[j].virt = virtual_node(net, j);
     for (int j = 0; j < n; j++) {
         const NetNode *nd = &net->nodes[j];
+        if (nd->virt) {  // its reader's input is its own input's buffer (Stored.via)
+            net->nbuf[j] = (NodeBufs){.out = out_buffer(net, nd->in[0]), .grad = -1, .term = -1, .din = -1};
+            continue;
+        }
         // A sum writes over its first input's output when nothing reads that after the
         // sum: a leaf in the sum's segment, not recomputed on its own, whose backward does
         // not read its output, with the sum its only reader.
@@ -583,6 +617,7 @@ static void span_read(SpanBuilder *sb, int b, int t) { sb->open[b].to = t; }
 static void spans_forward(const Net *net, SpanBuilder *sb, int j, int t) {
     const NetNode *nd = &net->nodes[j];
     for (int k = 0; k < node_nin(nd); k++) span_read(sb, out_buffer(net, nd->in[k]), t);
+    if (nd->virt) return;  // its batch pass alone: it writes nothing
     if (expands_input(net, j)) span_write(sb, BUF_INPUT_F32, t);  // anew at every event that reads it
     span_write(sb, net->nbuf[j].out, t);
     if (inner_bytes(net, j)) span_write(sb, buf_inner(j), t);
@@ -624,7 +659,7 @@ static void buffer_bytes(Net *net) {
     buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->nodes[last].out) * sizeof(float));
     for (int j = 0; j <= last; j++) {
         const size_t values = B * (size_t)shape_numel(net->nodes[j].out);
-        buf[buf_out(j)].bytes = align64(values * (j == last ? sizeof(float) : es));
+        buf[buf_out(j)].bytes = net->nodes[j].virt ? 0 : align64(values * (j == last ? sizeof(float) : es));
         buf[buf_inner(j)].bytes = align64(B * inner_bytes(net, j));
         buf[buf_grad(j)].bytes = align64(values * es);
         buf[buf_term(j)].bytes = align64(values * es);
@@ -1303,8 +1338,10 @@ static LayerCtx net_ctx(const Net *net, bool train, uint64_t seed, uint64_t step
 // network's output is F32.
 static Stored node_out(const Net *net, int p) {
     if (p == NODE_INPUT)
-        return net->input_bytes ? (Stored){(void *)net->input_u8, STORED_U8} : (Stored){net->input_buf, STORED_F32};
-    return stored_in(net->acts[p], p == net->nnodes - 1 || net->precision == DT_F32);
+        return net->input_bytes ? (Stored){.p = (void *)net->input_u8, .kind = STORED_U8} : (Stored){.p = net->input_buf, .kind = STORED_F32};
+    Stored s = stored_in(net->acts[p], p == net->nnodes - 1 || net->precision == DT_F32);
+    if (net->nodes[p].virt) s.via = net->nodes[p].l;  // acts[p]: its input's buffer
+    return s;
 }
 
 void net_put_input(Net *net, const uint8_t *px, const float *lut, int n) {
@@ -1342,6 +1379,10 @@ static void net_charge(const Net *net, int j, CallKind kind, int N, double t0) {
 static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
     const double t0 = net_start(net);
+    if (nd->virt) {
+        exec_forward_stats(ctx, nd->l, node_out(net, nd->in[0]), N);
+        return;
+    }
     if (nd->kind == NODE_LEAF) {
         exec_forward(ctx, nd->l, node_out(net, j), node_out(net, nd->in[0]), N);
         return;  // timed by the executor
@@ -1360,7 +1401,7 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
 // activation, in place, which its inputs then share as theirs.
 static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
-    const Stored none = {NULL, STORED_F32}, dout = j == net->nnodes - 1 ? (Stored){net->dlogp, STORED_F32}
+    const Stored none = {.kind = STORED_F32}, dout = j == net->nnodes - 1 ? (Stored){.p = net->dlogp, .kind = STORED_F32}
                                                                    : stored(net, net->grad[j]);
     const double t0 = net_start(net);
     if (nd->kind == NODE_SUM) {

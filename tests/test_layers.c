@@ -263,7 +263,7 @@ static LayerCtx case_ctx(const Case *c) {
                       .step = 0, .sample0 = 0, .train = true};
 }
 
-static Stored f32(const void *p) { return (Stored){(void *)p, STORED_F32}; }
+static Stored f32(const void *p) { return (Stored){.p = (void *)p, .kind = STORED_F32}; }
 
 // A container's node p's output (NODE_INPUT: the case's input).
 static const float *node_value(const Case *c, int p) { return p == NODE_INPUT ? c->in : c->node_out[p]; }
