@@ -424,11 +424,12 @@ static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
 // fits with a probe of a few steps, and changes *opt and *accumulate to the fastest that
 // fits: says what it chose, its estimated step against the run as configured's, and what it
 // changes in the training when it changes more than float rounding (only with the user's
-// leave); an error when nothing fits, naming what would with which leave. *r: what it
+// leave); an error when nothing fits, naming what would with which leave, and whether
+// prefetch = 1 would (`prefetch1_saves`: the bytes it takes off the overhead). *r: what it
 // considered (the caller frees r->plans).
 static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
-                        int classes, size_t overhead, NetOptions *opt, int *accumulate,
-                        BudgetReport *r, Error *err) {
+                        int classes, size_t overhead, size_t prefetch1_saves, NetOptions *opt,
+                        int *accumulate, BudgetReport *r, Error *err) {
     memset(r, 0, sizeof *r);
     r->chosen = -1;
     const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
@@ -463,10 +464,15 @@ static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, cons
         }
         free(all);
         const double need = s ? (mem_plan_on(&s->plan, k) + overhead) / 1048576.0 : 0;
+        char ring[300] = "";
+        if (s && prefetch1_saves && mem_plan_on(&s->plan, k) + overhead - prefetch1_saves <= o->memory)
+            snprintf(ring, sizeof ring, "; or set prefetch = 1: the loader then keeps one batch "
+                     "ahead (%.0f MB less), and that plan fits, at the cost of decoding the next "
+                     "batch only after each step", prefetch1_saves / 1048576.0);
         return err_set(err, "memory = %.0f MB: nothing fits that trains as asked; the smallest plan "
-                            "(%s) needs %.0f MB %s: raise memory to at least %.0fM or lower the batch%s",
+                            "(%s) needs %.0f MB %s: raise memory to at least %.0fM or lower the batch%s%s",
                        o->memory / 1048576.0, s ? savers_of(s, buf, sizeof buf) : "none", need, with,
-                       need + 1, extra);
+                       need + 1, ring, extra);
     }
     // Time the plans that fit: a probe of the smallest (it fits) on this device.
     CostTable t;
@@ -610,8 +616,9 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                           .tf32 = o->tf32 != 0, .input_bytes = true, .fused_update = o->fused_update};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
-    if (o->memory && apply_budget(&mine, k, cfg, train, data.classes,
-                                  (k->host_memory ? data_loader_bytes(&data) : 0) + baseline,
+    const size_t loader = k->host_memory ? data_loader_bytes(&data) : 0,
+                 loader1 = k->host_memory ? data_loader_bytes_at(&data, 1) : 0;
+    if (o->memory && apply_budget(&mine, k, cfg, train, data.classes, loader + baseline, loader - loader1,
                                   &net_opt, &accumulate, &budget, err))
         goto done;
     // The plan before anything of it is allocated, against what the machine can still give:

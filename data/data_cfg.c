@@ -325,10 +325,13 @@ void data_close(Data *d) {
     memset(d, 0, sizeof *d);
 }
 
-size_t data_loader_bytes(const Data *d) {
+size_t data_loader_bytes_at(const Data *d, int prefetch) {
     // loader_bytes needs the config the loader was made with; the loaders keep it. The test
     // loader shares the training loader's ring (its size: its order); the two never decode
     // at once (the test set is read between training epochs).
     const size_t train = loader_read_bytes(d->train_loader), test = loader_read_bytes(d->test_loader);
-    return loader_size(d->train_loader) + loader_size(d->test_loader) + (train > test ? train : test);
+    const size_t ring = prefetch ? loader_size_at(d->train_loader, prefetch) : loader_size(d->train_loader);
+    return ring + loader_size(d->test_loader) + (train > test ? train : test);
 }
+
+size_t data_loader_bytes(const Data *d) { return data_loader_bytes_at(d, 0); }

@@ -55,5 +55,7 @@ int data_open_test(Data *d, const DataConfig *dc, int batch, Error *err);
 void data_close(Data *d);
 // Bytes of the loaders' buffers and of their readers' decoding, for the memory plan.
 size_t data_loader_bytes(const Data *d);
+// The same had the loaders been made with `prefetch` batches ahead (0: as they were).
+size_t data_loader_bytes_at(const Data *d, int prefetch);
 
 #endif

@@ -173,6 +173,8 @@ size_t loader_bytes(const Dataset *ds, const LoaderConfig *cfg);
 // What an existing loader allocated: loader_bytes, or its order alone for one that
 // shares another's ring; 0 for NULL.
 size_t loader_size(const Loader *l);
+// What loader_size would be, had the loader been made with `prefetch` batches ahead.
+size_t loader_size_at(const Loader *l, int prefetch);
 // The heap its readers (each worker, or the caller) hold at most while they decode:
 // readers x the data set's read_bytes. Not part of loader_size's block.
 size_t loader_read_bytes(const Loader *l);

@@ -176,6 +176,13 @@ size_t loader_size(const Loader *l) {
     return (size_t)l->ds->count * sizeof(int64_t) + (l->own_ring ? l->ring->lay.total : 0);
 }
 
+size_t loader_size_at(const Loader *l, int prefetch) {
+    if (!l || !l->own_ring) return loader_size(l);
+    LoaderConfig c = l->cfg;
+    c.prefetch = prefetch;
+    return loader_bytes(l->ds, &c);
+}
+
 size_t loader_read_bytes(const Loader *l) {
     return l ? (size_t)(l->cfg.workers > 0 ? l->cfg.workers : 1) * l->ds->read_bytes : 0;
 }

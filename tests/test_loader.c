@@ -248,6 +248,7 @@ static void train_and_evaluate(Dataset *tr, Dataset *te, LoaderConfig ct, Loader
     else if (loader_create_shared(&test, te, &ce, train, &err)) fail_msg("%s", err.msg);
     // The shared loader allocates its order alone.
     assert_int_equal(loader_size(test), shared ? (size_t)te->count * 8 : loader_bytes(te, &ce));
+    if (shared) assert_int_equal(loader_size_at(test, 1), (size_t)te->count * 8);  // no ring of its own
     for (int e = 0; e < 3; e++) {
         run_epochs(train, tr, e, e + 1, 0, r);
         run_epochs(test, te, 0, 1, 0, r);
@@ -619,6 +620,13 @@ static void test_loader_bytes_ring(void **state) {
     Loader *l = make_loader(ds, cfg);
     assert_int_equal(loader_size(l), x + slot + order + 12);
     loader_destroy(l);
+    cfg.workers = 2;  // what the same loader would take with another prefetch
+    l = make_loader(ds, cfg);
+    assert_int_equal(loader_size(l), x + 3 * slot + order + 2 * 12);
+    assert_int_equal(loader_size_at(l, 3), loader_size(l));
+    assert_int_equal(loader_size_at(l, 1), x + slot + order + 2 * 12);
+    loader_destroy(l);
+    cfg.workers = 0;
     cfg.workers = -1;
     assert_int_equal(loader_bytes(ds, &cfg), 0);
     Error err = {{0}};

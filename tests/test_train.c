@@ -760,6 +760,32 @@ static void test_impossible_values(void **state) {
     assert_non_null(strstr(read_output(), "has finished 99 epochs and epochs = 3"));
 }
 
+// The MB a refused budget's smallest plan needs ("needs X MB" in the output), or -1.
+static int needs_mb(const char *out) {
+    const char *at = strstr(out, ") needs ");
+    int mb;
+    return at && sscanf(at, ") needs %d MB", &mb) == 1 ? mb : -1;
+}
+
+// A budget that the smallest plan fits only with the loader's ring at one batch: the
+// refusal says so (prefetch = 1, and what it costs), and with it the run fits.
+static void test_budget_names_prefetch(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    assert_int_equal(train("batch=512 prefetch=64 memory=1M --plan"), 1);
+    const int ahead = needs_mb(read_output());
+    assert_null(strstr(read_output(), "prefetch = 1"));  // 1 MB: nothing fits either way
+    assert_int_equal(train("batch=512 prefetch=1 memory=1M --plan"), 1);
+    const int one = needs_mb(read_output());
+    if (!(one > 0 && one + 3 <= ahead))  // the ring's other slots of 512 x 784 bytes
+        fail_msg("the smallest plan needs %d MB with prefetch 64, %d MB with 1: %s", ahead, one, read_output());
+    char args[128];
+    snprintf(args, sizeof args, "batch=512 prefetch=64 memory=%dM --plan", one + 1);
+    assert_int_equal(train(args), 1);
+    assert_non_null(strstr(read_output(), "or set prefetch = 1: the loader then keeps one batch ahead"));
+    snprintf(args, sizeof args, "batch=512 prefetch=1 memory=%dM --plan", one + 1);
+    assert_int_equal(train(args), 0);
+}
+
 static void test_bad_input(void **state) {
     if (access("./train", X_OK) != 0) skip();
     assert_int_equal(train("epochs=0"), 1);
@@ -805,6 +831,7 @@ int main(void) {
         cmocka_unit_test_setup(test_predict_folder, use_net_cfg),
         cmocka_unit_test_setup(test_data_mismatch, use_net_cfg),
         cmocka_unit_test_setup(test_bad_input, use_net_cfg),
+        cmocka_unit_test_setup(test_budget_names_prefetch, use_net_cfg),
         cmocka_unit_test_setup(test_forged_input_channels, use_net_cfg),
         cmocka_unit_test_setup(test_run_folder_kept, use_net_cfg),
         cmocka_unit_test_setup(test_stop_at_epoch_end, use_net_cfg),
