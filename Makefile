@@ -60,6 +60,8 @@ ifeq ($(CUDA)$(if $(GPU_SRC),y,n),1y)
   CUDA_LIB  := libcnn_cuda.so
 endif
 $(BUILD)/nn/cuda_loader.o: CFLAGS += -DCNN_CUDA_LIB='"$(abspath $(CUDA_LIB))"'
+# sqrtf without errno: the optimizer loops vectorise (the same values; nothing reads errno).
+$(BUILD)/nn/cpu_kernels.o: CFLAGS += -fno-math-errno
 LDLIBS  += -ldl
 
 # Data parallelism over MPI (nn/dist.c) when mpicc is found (or MPI=1); MPI=0 builds without.

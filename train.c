@@ -331,10 +331,12 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
     for (int i = 0; i < r->n; i++) {
         const FitChoice *c = &r->plans[i];
         fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"fused_update\": %s, \"accumulate\": %d, "
-                   "\"precision\": \"%s\", \"bytes\": %zu, \"fits\": %s, \"exact\": %s, \"seconds\": ",
+                   "\"precision\": \"%s\", \"optimizer_state\": \"%s\", \"bytes\": %zu, "
+                   "\"fits\": %s, \"exact\": %s, \"seconds\": ",
                 i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false",
                 c->net.fused_update ? "true" : "false", c->accumulate,
-                c->net.precision == DT_F16 ? "fp16" : "fp32", mem_plan_on(&c->plan, k),
+                c->net.precision == DT_F16 ? "fp16" : "fp32", state_format_names[c->net.opt_format],
+                mem_plan_on(&c->plan, k),
                 c->fits ? "true" : "false", c->exact ? "true" : "false");
         if (c->seconds >= 0) fprintf(f, "%.4f}", c->seconds);
         else fprintf(f, "null}");
@@ -346,16 +348,18 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
 // still give (`source` says whence). `baseline` is the process's own memory before the
 // plan (the CPU), or the GPU's use once set up (its context, cuBLAS's workspace).
 // With the fused update (`fused`) the gradients line says what they would take without it.
-static void print_plan(const MemPlan *p, const Kernels *k, bool fused, size_t baseline, size_t available,
+static void print_plan(const MemPlan *p, const Kernels *k, bool fused, StateFormat format,
+                       size_t baseline, size_t available,
                        const char *source, bool json, const BudgetReport *budget) {
     const size_t need = mem_plan_on(p, k);
     if (json) {
         printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"grads_unfused\": %zu, "
-               "\"fused_update\": %s, \"optimizer\": %zu, "
+               "\"fused_update\": %s, \"optimizer\": %zu, \"optimizer_state\": \"%s\", "
                "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
                "\"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, "
                "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
                k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false", p->optimizer,
+               state_format_names[format],
                p->buffers, p->activations, p->act_kept, p->workspace, p->threads, p->loader,
                mem_plan_total(p), need, baseline);
         if (available == SIZE_MAX) printf("null");
@@ -371,7 +375,10 @@ static void print_plan(const MemPlan *p, const Kernels *k, bool fused, size_t ba
                "gradients", p->grads / 1e6, p->grads_unfused / 1e6);
     else
         printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
-    printf("  %-34s %10.1f\n", "optimizer state", p->optimizer / 1e6);
+    if (format != STATE_F32)
+        printf("  %-34s %10.1f  (%s)\n", "optimizer state", p->optimizer / 1e6, state_format_names[format]);
+    else
+        printf("  %-34s %10.1f\n", "optimizer state", p->optimizer / 1e6);
     printf("  %-34s %10.1f\n", "buffers (batchnorm statistics)", p->buffers / 1e6);
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
     printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
@@ -394,16 +401,27 @@ static void print_plan(const MemPlan *p, const Kernels *k, bool fused, size_t ba
 
 // The user's leave for the savers that change the result (DESIGN decision 17).
 static BudgetLeave leave_of(const Options *o) {
-    return (BudgetLeave){.fp16 = o->auto_fp16 != 0, .microbatch = o->auto_microbatch != 0};
+    return (BudgetLeave){.fp16 = o->auto_fp16 != 0, .microbatch = o->auto_microbatch != 0,
+                         .compress = o->auto_compress != 0};
 }
 
-// The keys that would allow what choice c changes, beyond the leave given (for messages):
-// " auto_fp16=1", " auto_microbatch=1", both or "".
-static const char *keys_for(const FitChoice *c, const Options *o, int accumulate, char *buf,
-                            size_t cap) {
-    snprintf(buf, cap, "%s%s", c->net.precision == DT_F16 && o->precision != DT_F16 && !o->auto_fp16
-                                   ? " auto_fp16=1" : "",
-             c->accumulate > accumulate && c->coupled && !o->auto_microbatch ? " auto_microbatch=1" : "");
+// The keys that allow what choice c changes against the configured `base` and
+// `accumulate`: all of them (`given`), or those beyond the leave o gives. sep goes before
+// each key after the first (" and ", " "); *count: how many.
+static const char *keys_for(const FitChoice *c, const Options *o, const NetOptions *base,
+                            int accumulate, bool given, const char *sep, char *buf, size_t cap,
+                            int *count) {
+    const bool need[] = {c->net.precision == DT_F16 && base->precision != DT_F16,
+                         c->accumulate > accumulate && c->coupled,
+                         c->net.opt_format != base->opt_format};
+    const bool have[] = {o->auto_fp16, o->auto_microbatch, o->auto_compress};
+    static const char *const key[] = {"auto_fp16=1", "auto_microbatch=1", "auto_compress=1"};
+    size_t n = 0;
+    buf[0] = '\0';
+    *count = 0;
+    for (int i = 0; i < 3; i++)
+        if (need[i] && (given || !have[i]) && n < cap)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", (*count)++ ? sep : "", key[i]);
     return buf;
 }
 
@@ -415,7 +433,9 @@ static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
     if (c->net.fused_update) n += snprintf(buf + n, cap - (size_t)n, ", fused update");
     if (c->accumulate > 1)
         n += snprintf(buf + n, cap - (size_t)n, ", accumulate = %d (micro-batch %d)", c->accumulate, c->net.batch);
-    if (c->net.precision == DT_F16) snprintf(buf + n, cap - (size_t)n, ", fp16");
+    if (c->net.precision == DT_F16) n += snprintf(buf + n, cap - (size_t)n, ", fp16");
+    if (c->net.opt_format != STATE_F32)
+        snprintf(buf + n, cap - (size_t)n, ", %s optimizer state", state_format_names[c->net.opt_format]);
     return buf;
 }
 
@@ -447,20 +467,21 @@ static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, cons
     }
     const int smallest = budget_smallest(r->plans, r->n);
     const FitChoice *s = smallest >= 0 ? &r->plans[smallest] : NULL;
-    char buf[200], keys[64], why[300];
+    char buf[200], keys[96], why[400];
     if (!s || !s->fits) {
         // Would a saver the user has not allowed fit? Say which, and what it would change.
         BudgetQuery any = q;
-        any.leave = (BudgetLeave){true, true};
+        any.leave = (BudgetLeave){true, true, true};
         FitChoice *all = NULL;
         int nall = 0;
         char extra[500] = "";
         if (!budget_plans(&any, &all, &nall, err)) {
             const int a = budget_smallest(all, nall);
+            int nk;
             if (a >= 0 && all[a].fits)
-                snprintf(extra, sizeof extra, "; %s would fit with%s, but %s", savers_of(&all[a], buf, sizeof buf),
-                         keys_for(&all[a], o, *accumulate, keys, sizeof keys),
-                         fit_changes(&all[a], o->precision, *accumulate, o->batch, why, sizeof why));
+                snprintf(extra, sizeof extra, "; %s would fit with %s, but %s", savers_of(&all[a], buf, sizeof buf),
+                         keys_for(&all[a], o, opt, *accumulate, false, " ", keys, sizeof keys, &nk),
+                         fit_changes(&all[a], opt, *accumulate, o->batch, why, sizeof why));
         }
         free(all);
         const double need = s ? (mem_plan_on(&s->plan, k) + overhead) / 1048576.0 : 0;
@@ -493,14 +514,12 @@ static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, cons
             o->memory / 1048576.0, savers_of(c, buf, sizeof buf),
             (mem_plan_on(&c->plan, k) + overhead) / 1048576.0, with, c->seconds,
             r->plain > 0 ? c->seconds / r->plain : 0.0, r->plain, r->probe_steps, r->probe);
-    if (fit_changes(c, opt->precision, *accumulate, o->batch, why, sizeof why)[0])
-        fprintf(to, "memory = %.0f MB: this changes the training, as%s%s allow%s: %s\n",
-                o->memory / 1048576.0, c->net.precision != opt->precision ? " auto_fp16 = 1" : "",
-                c->accumulate > *accumulate && c->coupled
-                    ? (c->net.precision != opt->precision ? " and auto_microbatch = 1" : " auto_microbatch = 1")
-                    : "",
-                c->net.precision != opt->precision && c->accumulate > *accumulate && c->coupled ? "" : "s",
-                why);
+    if (fit_changes(c, opt, *accumulate, o->batch, why, sizeof why)[0]) {
+        int nk;
+        keys_for(c, o, opt, *accumulate, true, " and ", keys, sizeof keys, &nk);
+        fprintf(to, "memory = %.0f MB: this changes the training, as %s allow%s: %s\n",
+                o->memory / 1048576.0, keys, nk == 1 ? "s" : "", why);
+    }
     if (opt->fused_update && !c->net.fused_update)
         fprintf(to, "memory = %.0f MB: without the fused update: %s needs every gradient before "
                     "the update\n", o->memory / 1048576.0, c->accumulate > 1 ? "accumulation" : "fp16");
@@ -522,25 +541,26 @@ static void refuse_too_big(const Options *o, const Kernels *k, const Cfg *cfg, c
     const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
                            .batch = o->batch, .base = opt, .base_accumulate = accumulate,
                            .overhead = k->host_memory ? plan->loader : 0, .budget = budget,
-                           .leave = {true, true}};
+                           .leave = {true, true, true}};
     FitChoice *plans = NULL;
     int n = 0;
     const bool searched = !budget_plans(&q, &plans, &n, &ignored);
     const int s = searched ? budget_smallest(plans, n) : -1;
     const bool fits = s >= 0 && plans[s].fits;
-    char what[700] = "lower the batch", keys[64], why[300], buf[200];
+    char what[800] = "lower the batch", keys[96], why[400], buf[200];
     if (fits) {
-        const int w = snprintf(what, sizeof what, "memory=%.0fM%s chooses what fits (%s)", budget / 1048576.0,
-                               keys_for(&plans[s], o, accumulate, keys, sizeof keys),
-                               savers_of(&plans[s], buf, sizeof buf));
-        if (fit_changes(&plans[s], o->precision, accumulate, o->batch, why, sizeof why)[0])
+        int nk;
+        keys_for(&plans[s], o, &opt, accumulate, false, " ", keys, sizeof keys, &nk);
+        const int w = snprintf(what, sizeof what, "memory=%.0fM%s%s chooses what fits (%s)",
+                               budget / 1048576.0, nk ? " " : "", keys, savers_of(&plans[s], buf, sizeof buf));
+        if (fit_changes(&plans[s], &opt, accumulate, o->batch, why, sizeof why)[0])
             snprintf(what + w, sizeof what - (size_t)w, " (%s)", why);
     }
     free(plans);
     err_set(err, "the memory plan needs %.1f MB but %.1f MB is %s: the run cannot fit (it would "
                  "be killed when memory runs out); %s%s", mem_plan_on(plan, k) / 1e6, available / 1e6,
             source, what, searched && !fits ? " (even checkpointing, accumulation to a micro-batch "
-                                              "of 1 and fp16 do not fit)" : "");
+                                              "of 1, fp16 and int8 optimizer state do not fit)" : "");
 }
 
 // Whether the network has a layer called name, or layers below a module of that name.
@@ -627,7 +647,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     if (o->plan) {
-        print_plan(&net.plan, k, net.fused_update, baseline, available, source, o->json, &budget);
+        print_plan(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, o->json, &budget);
         rc = 0;
         goto done;
     }
@@ -705,12 +725,14 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     printf(", %s", net.precision == DT_F16 ? "fp16 activations" : "fp32");
     if (net.nsegments > 1) printf(", %d checkpoint segments", net.nsegments);
     if (net.fused_update) printf(", fused update");
+    if (net.opt_format != STATE_F32)
+        printf(", %s optimizer state (changes the result)", state_format_names[net.opt_format]);
     printf("\n");
     if (test) printf("       %lld test images\n", (long long)test->count);
     if (train->info) printf("       train: %s\n", train->info);
     if (test && test->info) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
-    print_plan(&net.plan, k, net.fused_update, baseline, available, source, false, NULL);
+    print_plan(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, false, NULL);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);

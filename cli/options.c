@@ -19,9 +19,11 @@ const CfgKey train_keys[] = {
                           "time, not all of them; the same bits (fp32, accumulate = 1)"},
     {"memory", "", "a budget (512M, 2G, ...): when the run does not fit, the fastest plan of "
                    "the fused update, checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
-                   "of a few steps; fp16 and micro-batches under batchnorm only with auto_fp16 and "
-                   "auto_microbatch"},
+                   "of a few steps; fp16, micro-batches under batchnorm and compressed optimizer "
+                   "state only with auto_fp16, auto_microbatch and auto_compress"},
     {"auto_fp16", "0", "1: memory may also switch precision to fp16 (a different result)"},
+    {"auto_compress", "0", "1: memory may also store the optimizer state as bf16 or int8 "
+                           "(optimizer_state; a different result)"},
     {"auto_microbatch", "0", "1: memory may also split the batch into micro-batches on a network "
                              "with batchnorm, which then normalises each micro-batch by its own "
                              "statistics (a different training)"},
@@ -41,6 +43,9 @@ const CfgKey train_keys[] = {
     {"weight_decay", "by optimizer", "adadelta and sgd (0): L2 penalty added to the gradient; "
                                      "adamw (0.01): decoupled decay"},
     {"decay_skip_norm_bias", "0", "1: no weight decay for biases and batchnorm parameters"},
+    {"optimizer_state", "fp32", "how the optimizer's state is stored: fp32, bf16 (half the "
+                                "memory) or int8 (a quarter: block-wise 8-bit quantization); "
+                                "bf16 and int8 change the result"},
     {"schedule", "step", "step (StepLR: lr_gamma each epoch) or cosine (annealed each step to "
                          "lr_min over the run)"},
     {"lr_gamma", "0.7", "step: the learning rate is multiplied by this after each epoch"},
@@ -181,9 +186,13 @@ static int read_names(const Cfg *cfg, const CfgSection *t, const char *key, Name
 
 // The optimizer's keys, with its defaults.
 static int read_optimizer(Optimizer *o, const Cfg *cfg, const CfgSection *t, Error *err) {
-    int kind;
-    if (cfg_choice(cfg, t, "optimizer", "adadelta", optim_names, OPTIM_COUNT, &kind, err)) return -1;
+    int kind, format;
+    if (cfg_choice(cfg, t, "optimizer", "adadelta", optim_names, OPTIM_COUNT, &kind, err) ||
+        cfg_choice(cfg, t, "optimizer_state", "fp32", state_format_names, STATE_FORMAT_COUNT,
+                   &format, err))
+        return -1;
     o->kind = (OptimKind)kind;
+    o->state_format = (StateFormat)format;
     static const char *const lr0[] = {"1.0", "0.01", "0.001"}, *const eps0[] = {"1e-6", "1e-6", "1e-8"},
                              *const wd0[] = {"0", "0", "0.01"};
     static_assert(OPTIM_COUNT == 3, "the optimizers' defaults above");
@@ -235,7 +244,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
     int precision;
     static const char *const precisions[] = {"fp32", "fp16"};
     const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, auto_microbatch, tf32, freeze_bn, resume_force, fused_update;
+    int64_t auto_fp16, auto_microbatch, auto_compress, tf32, freeze_bn, resume_force, fused_update;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
@@ -246,6 +255,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
         cfg_str(cfg, t, "memory", "", &memory, err) ||
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
+        cfg_int(cfg, t, "auto_compress", "0", 0, 1, &auto_compress, err) ||
         cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
@@ -283,6 +293,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_fil
                             "fused_update = 0 or accumulate = 1", cfg_path, o->accumulate);
     o->auto_fp16 = (int)auto_fp16;
     o->auto_microbatch = (int)auto_microbatch;
+    o->auto_compress = (int)auto_compress;
     o->tf32 = (int)tf32;
     if (strcmp(checkpoint, "none") == 0) {
         o->segments = 0;

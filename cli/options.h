@@ -28,6 +28,7 @@ typedef struct Options {
     size_t memory;       // budget in bytes; 0 = none
     int auto_fp16;       // memory may choose fp16
     int auto_microbatch; // memory may choose micro-batches on a batch-coupled network
+    int auto_compress;   // memory may choose compressed optimizer state (bf16, int8)
     int tf32;
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]

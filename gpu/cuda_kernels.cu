@@ -772,6 +772,46 @@ __host__ __device__ static inline void adamw_at(int64_t i, float *p, float *m, f
     p[i] = add_rn(pi, div_rn(mul_rn(-a.step_size, mi), add_rn(div_rn(sqrt_rn(vi), a.bc2_sqrt), a.eps)));
 }
 
+// ---- compressed optimizer state (nn/quant.h) ---------------------------------------------
+
+// One element of a packed step: the rule's update on fp32 values.
+__host__ __device__ static inline void packed_rule_at(const StepScalars &r, const AdamWScalars &a,
+                                                      bool first, float *p, float *x0, float *x1,
+                                                      float g) {
+    switch (r.rule) {
+    case RULE_ADADELTA: adadelta_at(0, p, x0, x1, &g, r.lr, r.rho, r.eps, r.weight_decay); break;
+    case RULE_SGD:
+        sgd_at(0, p, x0, &g, r.lr, r.momentum, r.one_minus_dampening, r.weight_decay, r.nesterov, first);
+        break;
+    case RULE_ADAMW: adamw_at(0, p, x0, x1, &g, a); break;
+    }
+}
+
+// Value i (of block b) of packed state s read back; map: the state's map (int8).
+__host__ __device__ static inline float unpack_at(PackedState s, StateFormat f, const float *map,
+                                                  int64_t i, int64_t b) {
+    if (f == STATE_BF16) return bf16_to_float(((const uint16_t *)s.codes)[i]);
+    return mul_rn(map[((const uint8_t *)s.codes)[i]], s.absmax[b]);
+}
+
+// x stored as value i of s, its block's absmax amax (int8).
+__host__ __device__ static inline void pack_at(PackedState s, StateFormat f, const float *map,
+                                               bool is_signed, float amax, float x, int64_t i) {
+    if (f == STATE_BF16) {
+        ((uint16_t *)s.codes)[i] = bf16_from_float(x);
+        return;
+    }
+    uint8_t *c = (uint8_t *)s.codes;
+    if (amax == 0.0f) {
+        c[i] = is_signed ? QUANT_SIGNED_ZERO : 0;
+        return;
+    }
+    const float v = div_rn(x, amax);
+    int code;
+    QUANT_NEAREST(map, v, sub_rn, code);
+    c[i] = (uint8_t)(is_signed ? quant_keep_sign(code, v) : code);
+}
+
 // ---- Winograd F(2x2, 3x3): the CPU's formulas (nn/cpu_kernels.c), operation for operation -----
 
 __host__ __device__ static inline void wg_bt_at(float *y, const float *x, int s) {
@@ -1715,6 +1755,70 @@ static void cuda_adamw_step(float *p, float *m, float *v, const float *grad, int
     LAUNCH_CHECK();
 }
 
+// The quantization maps (nn/quant.h), uploaded at set-up.
+__constant__ float quant_map_dev[QUANT_MAP_FLOATS];
+
+// A CUDA block per block of QUANT_BLOCK values (grid-stride over them), each thread
+// PACK_PER_THREAD of them: read back, updated in registers, the block's new absmax reduced
+// in shared memory (a maximum: the order does not matter), stored rounded. bf16 has no
+// absmax and takes the same path.
+#define PACK_PER_THREAD (QUANT_BLOCK / THREADS)
+static_assert(QUANT_BLOCK % THREADS == 0, "a quantization block is whole threads' values");
+
+__global__ void __launch_bounds__(THREADS)
+    packed_step_kernel(float *p, PackedState s0, PackedState s1, const float *grad, int64_t n,
+                       StateFormat f, StepScalars r, const ScalerState *gate, uint64_t step) {
+    __shared__ float amax[2][THREADS];
+    int64_t taken;
+    if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return;
+    const AdamWScalars a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
+    const bool two = r.rule != RULE_SGD, first = taken == 0;
+    const float *map0 = quant_map_dev + (r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED);
+    const float *map1 = quant_map_dev + QUANT_UNSIGNED;
+    for (int64_t b = blockIdx.x; b < quant_blocks(n); b += gridDim.x) {
+        float x0[PACK_PER_THREAD], x1[PACK_PER_THREAD], m0 = 0.0f, m1 = 0.0f;
+        for (int k = 0; k < PACK_PER_THREAD; k++) {
+            const int64_t i = b * QUANT_BLOCK + threadIdx.x + (int64_t)k * THREADS;
+            if (i >= n) continue;
+            x0[k] = unpack_at(s0, f, map0, i, b);
+            x1[k] = two ? unpack_at(s1, f, map1, i, b) : 0.0f;
+            packed_rule_at(r, a, first, &p[i], &x0[k], &x1[k], grad[i]);
+            m0 = fmaxf(m0, fabsf(x0[k])), m1 = fmaxf(m1, fabsf(x1[k]));
+        }
+        amax[0][threadIdx.x] = m0, amax[1][threadIdx.x] = m1;
+        __syncthreads();  // every thread has read the old absmax too
+        for (int w = THREADS / 2; w > 0; w /= 2) {
+            if ((int)threadIdx.x < w) {
+                amax[0][threadIdx.x] = fmaxf(amax[0][threadIdx.x], amax[0][threadIdx.x + w]);
+                amax[1][threadIdx.x] = fmaxf(amax[1][threadIdx.x], amax[1][threadIdx.x + w]);
+            }
+            __syncthreads();
+        }
+        m0 = amax[0][0], m1 = amax[1][0];
+        if (f == STATE_INT8 && threadIdx.x == 0) {
+            s0.absmax[b] = m0;
+            if (two) s1.absmax[b] = m1;
+        }
+        for (int k = 0; k < PACK_PER_THREAD; k++) {
+            const int64_t i = b * QUANT_BLOCK + threadIdx.x + (int64_t)k * THREADS;
+            if (i >= n) continue;
+            pack_at(s0, f, map0, r.rule != RULE_ADADELTA, m0, x0[k], i);
+            if (two) pack_at(s1, f, map1, false, m1, x1[k], i);
+        }
+        __syncthreads();  // amax is reused by the next block
+    }
+}
+
+static void cuda_optim_step_packed(float *p, PackedState s0, PackedState s1, const float *grad,
+                                   int64_t n, StateFormat f, StepScalars r,
+                                   const ScalerState *gate, uint64_t step) {
+    if (n <= 0) return;
+    int64_t blocks = quant_blocks(n), cap = (int64_t)g.sms * 8;
+    packed_step_kernel<<<(unsigned)(blocks < cap ? blocks : cap), THREADS, 0, g.stream>>>(
+        p, s0, s1, grad, n, f, r, gate, step);
+    LAUNCH_CHECK();
+}
+
 // ---- the table -------------------------------------------------------------------------------
 
 static Kernels g_table;
@@ -1784,6 +1888,12 @@ static void cuda_init(void) {
         return;
     }
     g.sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    float map[QUANT_MAP_FLOATS];
+    quant_map_fill(map);
+    if ((e = cudaMemcpyToSymbol(quant_map_dev, map, sizeof map)) != cudaSuccess) {
+        set_error("device=cuda: cannot set up the GPU (%s: %s)", "cudaMemcpyToSymbol", e);
+        return;
+    }
     size_t avail;
     if ((e = cudaMemGetInfo(&avail, &g.used_at_init)) != cudaSuccess) {
         set_error("device=cuda: cannot query the GPU's memory (%s: %s)", "cudaMemGetInfo", e);
@@ -1853,6 +1963,7 @@ static void cuda_init(void) {
     k->adadelta_step = cuda_adadelta_step;
     k->sgd_step = cuda_sgd_step;
     k->adamw_step = cuda_adamw_step;
+    k->optim_step_packed = cuda_optim_step_packed;
 }
 
 // The CUDA table, or NULL with a message when no usable GPU is here (set up once; every

@@ -32,7 +32,8 @@ typedef struct List {
 static int list_add(List *l, const FitChoice *c, Error *err) {
     for (int i = 0; i < l->n; i++)  // the same plan twice (the configured segments)
         if (l->p[i].accumulate == c->accumulate && l->p[i].net.segments == c->net.segments &&
-            l->p[i].net.precision == c->net.precision && l->p[i].net.fused_update == c->net.fused_update)
+            l->p[i].net.precision == c->net.precision && l->p[i].net.fused_update == c->net.fused_update &&
+            l->p[i].net.opt_format == c->net.opt_format)
             return 0;
     if (l->n == l->cap) {
         const int cap = l->cap ? 2 * l->cap : 32;
@@ -91,19 +92,24 @@ int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err) {
         if (f < 0) goto fail;
         fit += f;
     }
-    // The lossy ones the leave allows, when no exact plan fits.
-    for (int pass = 0; pass < 2 && !fit; pass++) {
-        NetOptions opt = q->base;
-        if (pass == 1) {
-            if (!q->leave.fp16 || q->base.precision == DT_F16) break;
-            opt.precision = DT_F16;
-        }
-        for (int acc = q->base_accumulate; acc <= q->batch; acc++) {
-            if (q->batch % acc || (pass == 0 && (acc == q->base_accumulate || !coupled || !q->leave.microbatch)) ||
-                (pass == 1 && acc > q->base_accumulate && coupled && !q->leave.microbatch))
-                continue;
-            const int f = add_segmentings(q, &l, opt, acc, nodes, false, err);
-            if (f < 0) goto fail;
+    // The lossy ones the leave allows, when no exact plan fits: each precision and state
+    // format allowed (the configured pair only with micro-batches that change the result),
+    // with every micro-batch count allowed.
+    const int nstate = q->leave.compress && q->base.opt_states ? STATE_FORMAT_COUNT : 1;
+    for (int half = 0; half < 2 && !fit; half++) {
+        if (half && (!q->leave.fp16 || q->base.precision == DT_F16)) break;
+        for (int f = 0; f < nstate; f++) {
+            NetOptions opt = q->base;
+            if (half) opt.precision = DT_F16;
+            if (f) opt.opt_format = (StateFormat)f;
+            if (f && opt.opt_format == q->base.opt_format) continue;
+            const bool same = !half && !f;  // as configured but for the micro-batches
+            for (int acc = q->base_accumulate; acc <= q->batch; acc++) {
+                if (q->batch % acc || (same && (acc == q->base_accumulate || !coupled || !q->leave.microbatch)) ||
+                    (!same && acc > q->base_accumulate && coupled && !q->leave.microbatch))
+                    continue;
+                if (add_segmentings(q, &l, opt, acc, nodes, false, err) < 0) goto fail;
+            }
         }
     }
     *plans = l.p, *n = l.n;
@@ -176,13 +182,19 @@ int budget_probe(const BudgetQuery *q, const FitChoice *c, int steps, CostTable 
     return rc;
 }
 
-const char *fit_changes(const FitChoice *c, DType base_precision, int base_accumulate, int batch,
+const char *fit_changes(const FitChoice *c, const NetOptions *base, int base_accumulate, int batch,
                         char *why, size_t cap) {
     why[0] = '\0';
     size_t n = 0;
-    if (c->net.precision == DT_F16 && base_precision != DT_F16)
+    if (c->net.precision == DT_F16 && base->precision != DT_F16)
         n += (size_t)snprintf(why + n, cap - n, "fp16 stores activations and their gradients as "
                               "halves (rounded to 11 significant bits)");
+    if (c->net.opt_format != base->opt_format && n < cap)
+        n += (size_t)snprintf(why + n, cap - n, "%sthe optimizer state is stored as %s (%s)",
+                              n ? "; " : "", state_format_names[c->net.opt_format],
+                              c->net.opt_format == STATE_INT8
+                                  ? "block-wise 8-bit codes, rounded each step"
+                                  : "rounded to 8 significant bits each step");
     if (c->accumulate > base_accumulate && c->coupled && n < cap)
         snprintf(why + n, cap - n, "%sbatchnorm normalises each micro-batch of %d by its own "
                  "statistics and moves its running statistics %d times a step: a different "

@@ -5,8 +5,9 @@
 // the same gradient up to rounding), with their bytes; a probe of a few steps of the smallest that fits times
 // every call on this device (nn/cost.h), from which each plan's seconds a step follow
 // (budget_estimate); the fastest that fits is chosen (of two as fast, the smaller). The
-// savers that change the result (fp16; micro-batches under batchnorm) join only with the
-// user's leave and only when no exact plan fits (DESIGN decision 17).
+// savers that change the result (fp16; micro-batches under batchnorm; compressed optimizer
+// state) join only with the user's leave and only when no exact plan fits (DESIGN
+// decision 17).
 #ifndef NN_BUDGET_H
 #define NN_BUDGET_H
 
@@ -16,13 +17,13 @@
 #include "net.h"
 
 // The savers that change the result, which the budget may choose only with the user's
-// leave: fp16 storage (auto_fp16), and micro-batches on a network whose layers normalise
-// by the statistics of the batch they see (auto_microbatch): batchnorm then normalises
-// each micro-batch by its own, a different training from the batch asked for.
-// Micro-batches on a network without such layers give the same gradient up to float
-// rounding and need no leave.
+// leave: fp16 storage (auto_fp16), micro-batches on a network whose layers normalise by
+// the statistics of the batch they see (auto_microbatch): batchnorm then normalises each
+// micro-batch by its own, a different training from the batch asked for; compressed
+// optimizer state, bf16 or int8 (auto_compress). Micro-batches on a network without such
+// layers give the same gradient up to float rounding and need no leave.
 typedef struct BudgetLeave {
-    bool fp16, microbatch;
+    bool fp16, microbatch, compress;
 } BudgetLeave;
 
 // What the budget plans for: the network, the device, the batch as configured.
@@ -55,7 +56,8 @@ typedef struct FitChoice {
 // the fused update where it may run (one fp32 batch; always with it when q->base has it:
 // it changes nothing but the gradients' memory); micro-batches for every
 // divisor of the batch where they are exact or allowed; lossy plans (fp16, micro-batches
-// under batchnorm) only when the leave allows and no exact plan fits. Errors come from
+// under batchnorm, bf16 or int8 optimizer state) only when the leave allows and no exact
+// plan fits. Errors come from
 // building the network (a bad cfg).
 int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err);
 
@@ -74,10 +76,10 @@ int budget_estimate(const BudgetQuery *q, FitChoice *plans, int n, const CostTab
 int budget_probe(const BudgetQuery *q, const FitChoice *c, int steps, CostTable *t, double *seconds,
                  Error *err);
 
-// What choice c changes in the training asked for (base precision, base_accumulate and the
-// global batch), in words for the message that chooses it ("" when it changes nothing but
-// float rounding), into why (cap bytes). Returns why.
-const char *fit_changes(const FitChoice *c, DType base_precision, int base_accumulate, int batch,
+// What choice c changes in the training asked for (base: the options as configured, with
+// base_accumulate and the global batch), in words for the message that chooses it (""
+// when it changes nothing but float rounding), into why (cap bytes). Returns why.
+const char *fit_changes(const FitChoice *c, const NetOptions *base, int base_accumulate, int batch,
                         char *why, size_t cap);
 
 // The memory this process can still take on this machine, in bytes: the least of the

@@ -104,6 +104,30 @@ static int opt_key(const Net *net, char *out, size_t cap, const char *param, int
 
 static bool is_opt_key(const char *key) { return strncmp(key, OPT_PREFIX, OPT_PREFIX_LEN) == 0; }
 
+// Tensors that hold one optimizer state of a trained parameter: 1, or 2 with int8 state.
+static int state_tensor_count(const Net *net) { return net->opt_format == STATE_INT8 ? 2 : 1; }
+
+// State h of trained model tensor m as a file holds it, in out[0 .. state_tensor_count):
+// its values (F32, BF16 or U8 codes, the parameter's shape) under opt_key, and with int8
+// its blocks' absmax (F32, one per block) under opt_key + "_absmax"; data: where they are
+// on the device. -1 if a key does not fit.
+static int state_tensors(const Net *net, const ModelTensor *m, int h, Tensor *out) {
+    static const DType stored[STATE_FORMAT_COUNT] = {DT_F32, DT_BF16, DT_U8};
+    const PackedState ps = net_opt_state(net, m->l, m->j, h);
+    out[0] = *m->t;
+    out[0].dtype = stored[net->opt_format];
+    out[0].data = ps.codes;
+    if (opt_key(net, out[0].name, sizeof out[0].name, m->t->name, h)) return -1;
+    if (net->opt_format != STATE_INT8) return 0;
+    out[1] = (Tensor){.dtype = DT_F32, .ndim = 1, .data = ps.absmax};
+    out[1].shape[0] = quant_blocks(tensor_numel(m->t));
+    const int w = snprintf(out[1].name, sizeof out[1].name, "%s_absmax", out[0].name);
+    return w < 0 || (size_t)w >= sizeof out[1].name ? -1 : 0;
+}
+
+// Floats that a tensor of `bytes` takes in host staging (rounded up to whole floats).
+static size_t staged_floats(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
+
 // "[64, 9216]" into buf (always terminated).
 static const char *shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
     size_t n = 0;
@@ -156,7 +180,7 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
                             "images decode to (1 or 3 channels, 1 to %d pixels a side)", path,
                        net->input.c, net->input.h, net->input.w, INPUT_MAX_SIDE);
     int nm = 0, nt = 0, rc = -1;
-    const int S = net->nstates;
+    const int S = net->nstates, T = state_tensor_count(net);
     Tensor *t = NULL;
     float *host = NULL;
     char *classes = NULL;
@@ -164,11 +188,13 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
     if (!model) goto done;
     classes = join_classes(info, path, err);
     if (!classes) goto done;
-    t = xcalloc((size_t)(nm + S * nt), sizeof *t, err);
+    const int ntensors = nm + S * nt * T;
+    t = xcalloc((size_t)ntensors, sizeof *t, err);
     if (!t) goto done;
     // Where the device's memory is the host's (the CPU), the tensors are written from it
     // directly: saving then costs no memory beyond the plan.
-    const size_t nbuf = buffer_floats(model, nm), nopt = (size_t)S * (size_t)net->ntrain;
+    const size_t nbuf = buffer_floats(model, nm),
+                 nopt = staged_floats(net->plan.optimizer) + (size_t)(S * nt * T);
     if (!net->k->host_memory &&
         !(host = xcalloc((size_t)net->nparams + nopt + nbuf, sizeof *host, err)))
         goto done;
@@ -177,7 +203,7 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
     // states. Host layout: the parameters, the optimizer states, the buffers.
     if (net->k->sync) net->k->sync();
     size_t off = 0, ooff = (size_t)net->nparams, boff = ooff + nopt;
-    for (int i = 0, ti = 0; i < nm; i++) {
+    for (int i = 0, ti = nm; i < nm; i++) {
         const Tensor *p = model[i].t;
         const size_t n = (size_t)tensor_numel(p), bytes = n * sizeof(float);
         t[i] = *p;
@@ -187,18 +213,19 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
             *(model[i].param ? &off : &boff) += n;
         }
         if (!model[i].trained) continue;
-        for (int h = 0; h < S; h++, ti++) {
-            Tensor *o = &t[nm + ti];
-            *o = *p;
-            float *src = net_opt_state(net, model[i].l, model[i].j, h);
-            o->data = host ? host + ooff : src;
-            if (opt_key(net, o->name, sizeof o->name, p->name, h)) {
+        for (int h = 0; h < S; h++, ti += T) {
+            if (state_tensors(net, &model[i], h, &t[ti])) {
                 err_set(err, "cannot write '%s': the optimizer key of '%s' is too long", path,
                         p->name);
                 goto done;
             }
-            if (host && bytes) net->k->download(o->data, src, bytes);
-            if (host) ooff += n;
+            for (int u = 0; u < T && host; u++) {
+                Tensor *o = &t[ti + u];
+                const size_t b = tensor_bytes(o);
+                if (b) net->k->download(host + ooff, o->data, b);
+                o->data = host + ooff;
+                ooff += staged_floats(b);
+            }
         }
     }
 
@@ -230,7 +257,7 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
         }
         keys[NINFO + i] = f->key, values[NINFO + i] = nums[i];
     }
-    rc = st_write(path, t, nm + S * nt, keys, values, NINFO + NSTATE, err);
+    rc = st_write(path, t, ntensors, keys, values, NINFO + NSTATE, err);
 done:
     free(model);
     free(classes);
@@ -515,9 +542,9 @@ int checkpoint_rename_key(const char *key, const RenameRule *rules, int nrules, 
 // One tensor the network needs from the file.
 typedef struct Want {
     char name[TENSOR_NAME_MAX];
-    const Tensor *param;  // its model tensor (the shape and dtype; optimizer state: the same)
-    void *dev;            // where it goes: the device, or the host (on_host)
-    bool host;
+    const Tensor *param;  // its model tensor (optimizer state: its parameter's)
+    Tensor expect;        // the name, shape and dtype the file must hold, and `dev`
+    bool host;            // expect.data is host memory (on_host), else the device's
     bool optional;        // num_batches_tracked: PyTorch fills it in when it is missing
     bool nonnegative;     // a variance or a counter: no value below 0 can be right
     const StEntry *e;     // the file's entry, or NULL if missing
@@ -542,7 +569,7 @@ static int check_values(const char *path, const Want *want, int nwant, const flo
     size_t off = 0;
     for (int i = 0; i < nwant; i++) {
         if (!want[i].e) continue;
-        const Tensor *t = want[i].param;
+        const Tensor *t = &want[i].expect;
         const size_t bytes = tensor_bytes(t);
         const float *x = data + off;
         off += (bytes + sizeof(float) - 1) / sizeof(float);
@@ -551,6 +578,14 @@ static int check_values(const char *path, const Want *want, int nwant, const flo
             for (int64_t j = 0; j < n; j++) {
                 nonfinite += !isfinite(x[j]);
                 negative += want[i].nonnegative && x[j] < 0;
+            }
+        } else if (t->dtype == DT_BF16) {
+            for (int64_t j = 0; j < n; j++) {
+                uint16_t h;
+                memcpy(&h, (const char *)x + j * sizeof h, sizeof h);
+                const float v = bf16_to_float(h);
+                nonfinite += !isfinite(v);
+                negative += want[i].nonnegative && v < 0;
             }
         } else if (t->dtype == DT_I64) {
             int64_t v;
@@ -781,8 +816,8 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
         want[i].e = st_find(f, want[i].name);
         if (!want[i].e && !want[i].optional)
             missing[nmissing++] = want[i].name;
-        else if (want[i].e && (!same_shape(want[i].e, want[i].param) ||
-                               !dtype_fits(want[i].e->dtype, want[i].param)))
+        else if (want[i].e && (!same_shape(want[i].e, &want[i].expect) ||
+                               !dtype_fits(want[i].e->dtype, &want[i].expect)))
             bad[nbad++] = i;
         sorted[i] = want[i].name;
     }
@@ -854,14 +889,14 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
         for (int i = 0; i < nbad && i < (lim + 1) / 2; i++) {
             const Want *w = &want[bad[i]];
             char a[160], b[160];
-            if (!dtype_fits(w->e->dtype, w->param))
+            if (!dtype_fits(w->e->dtype, &w->expect))
                 msg_add(&m, "%s%s is %s in the file, not %s", sep, w->name,
                         st_dtype_names[w->e->dtype],
-                        w->param->dtype == DT_F32 ? "a float type" : dtype_names[w->param->dtype]);
+                        w->expect.dtype == DT_F32 ? "a float type" : dtype_names[w->expect.dtype]);
             else
                 msg_add(&m, "%s%s is %s in the file but %s in the network", sep, w->name,
                         shape_str(a, sizeof a, w->e->shape, w->e->ndim),
-                        shape_str(b, sizeof b, w->param->shape, w->param->ndim));
+                        shape_str(b, sizeof b, w->expect.shape, w->expect.ndim));
             sep = "; ";
         }
         if (nbad > (lim + 1) / 2)
@@ -902,14 +937,9 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
     TrainState s;
     ModelTensor *model = list_model(net, &nm, &nt, err);
     if (!model || (st && (check_format(&f, err) || read_state(&f, &s, err)))) goto done;
-    const int S = st ? net->nstates : 0;  // optimizer states a trained parameter
-    // Host staging, in floats: every model tensor (an I64 counter takes two), then the
-    // optimizer state.
-    size_t units = (size_t)net->ntrain * (size_t)S;
-    for (int i = 0; i < nm; i++) units += (tensor_bytes(model[i].t) + sizeof(float) - 1) / sizeof(float);
-    want = xcalloc((size_t)(nm + S * nt), sizeof *want, err);
-    host = xcalloc(units + 1, sizeof *host, err);
-    if (!want || !host) goto done;
+    const int S = st ? net->nstates : 0, T = state_tensor_count(net);
+    want = xcalloc((size_t)(nm + S * nt * T), sizeof *want, err);
+    if (!want) goto done;
     // Model keys first (in state_dict order), then each trained parameter's optimizer state.
     int nmodel = 0, nwant;
     for (int i = 0; i < nm; i++) {
@@ -918,7 +948,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         Want *w = &want[nmodel++];
         snprintf(w->name, sizeof w->name, "%s", p->name);
         w->param = p;
-        w->dev = p->data;
+        w->expect = *p;
         w->host = on_host(net, p);
         w->optional = p->dtype == DT_I64;  // num_batches_tracked
         w->nonnegative = model_nonnegative(p->name);
@@ -927,25 +957,46 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
     for (int i = 0; i < nm; i++) {
         if (!model[i].trained) continue;
         for (int h = 0; h < S; h++) {
-            Want *w = &want[nwant++];
-            if (opt_key(net, w->name, sizeof w->name, model[i].t->name, h)) {
+            Tensor t[2];
+            if (state_tensors(net, &model[i], h, t)) {
                 err_set(err, "%s: the optimizer key of '%s' is too long", path, model[i].t->name);
                 goto done;
             }
-            w->param = model[i].t;
-            w->dev = net_opt_state(net, model[i].l, model[i].j, h);
-            w->host = net->k->host_memory;
-            w->nonnegative = optim_state_nonnegative(net->state_names[h]);
+            for (int u = 0; u < T; u++) {
+                Want *w = &want[nwant++];
+                memcpy(w->name, t[u].name, sizeof w->name);
+                w->param = model[i].t;
+                w->expect = t[u];
+                w->host = net->k->host_memory;
+                w->nonnegative = u == 1 || optim_state_nonnegative(net->state_names[h]);
+            }
         }
     }
+    // State stored in another format than this run's: say which key sets it.
+    if (nwant > nmodel) {
+        const StEntry *e = st_find(&f, want[nmodel].name);
+        static const StDType stored[STATE_FORMAT_COUNT] = {ST_F32, ST_BF16, ST_U8};
+        for (int fmt = 0; e && fmt < STATE_FORMAT_COUNT; fmt++)
+            if (e->dtype == stored[fmt] && fmt != (int)net->opt_format) {
+                err_set(err, "%s: its optimizer state is stored as %s (optimizer_state = %s), "
+                             "this run's as %s: resume with optimizer_state = %s",
+                        path, state_format_names[fmt], state_format_names[fmt],
+                        state_format_names[net->opt_format], state_format_names[fmt]);
+                goto done;
+            }
+    }
+    // Host staging: every tensor wanted, each rounded up to whole floats.
+    size_t units = 1;
+    for (int i = 0; i < nwant; i++) units += staged_floats(tensor_bytes(&want[i].expect));
+    host = xcalloc(units, sizeof *host, err);
+    if (!host) goto done;
     if (match(&f, want, nwant, nmodel, st != NULL, skip, err)) goto done;
 
     // Everything fits: read it all to the host, and only then touch the network.
     size_t off = 0;
     for (int i = 0; i < nwant; i++) {
         if (!want[i].e) continue;  // an optional counter the file lacks: 0
-        Tensor t = *want[i].param;
-        snprintf(t.name, sizeof t.name, "%s", want[i].name);
+        Tensor t = want[i].expect;
         t.data = host + off;
         if (st_read_tensor(&f, &t, err)) goto done;
         off += (tensor_bytes(&t) + sizeof(float) - 1) / sizeof(float);
@@ -954,12 +1005,12 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
     off = 0;
     static const int64_t zero = 0;
     for (int i = 0; i < nwant; i++) {
-        const size_t bytes = tensor_bytes(want[i].param);
+        const size_t bytes = tensor_bytes(&want[i].expect);
         const void *src = host + off;
         if (!want[i].e) src = &zero;
         else off += (bytes + sizeof(float) - 1) / sizeof(float);
-        if (want[i].host) memcpy(want[i].dev, src, bytes);
-        else if (bytes) net->k->upload(want[i].dev, src, bytes);
+        if (want[i].host) memcpy(want[i].expect.data, src, bytes);
+        else if (bytes) net->k->upload(want[i].expect.data, src, bytes);
     }
     if (net->k->sync) net->k->sync();
     if (st) *st = s;

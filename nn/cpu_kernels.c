@@ -1314,21 +1314,54 @@ static void cpu_scaler_update(ScalerState *s, ScalerRules r) { scaler_advance(s,
 
 // ---- optimizer ------------------------------------------------------------------------------
 
+// One element of each rule, kernels.h's expressions: the fp32 kernels and the packed one
+// run these. Every operand is loaded whatever the branch, so that the branches become
+// selects and the loops vectorise; the values are the same.
+static inline void adadelta_elem(float *p, float *square_avg, float *acc_delta, float g, float lr,
+                                 float rho, float eps, float weight_decay) {
+    const float pv = *p, acc = *acc_delta;
+    const float gi = weight_decay != 0.0f ? g + weight_decay * pv : g;
+    const float sq = rho * *square_avg + (1.0f - rho) * gi * gi;
+    const float std = sqrtf(sq + eps);
+    const float delta = sqrtf(acc + eps) / std * gi;
+    *square_avg = sq;
+    *acc_delta = rho * acc + (1.0f - rho) * delta * delta;
+    *p = pv - lr * delta;
+}
+
+// SGD with momentum (buf: its momentum buffer); without, sgd_plain_elem.
+static inline void sgd_elem(float *p, float *buf, float g, float lr, float momentum,
+                            float one_minus_dampening, float weight_decay, bool nesterov,
+                            bool first) {
+    const float pv = *p, bv = *buf;
+    const float d = weight_decay != 0.0f ? g + weight_decay * pv : g;
+    const float b = first ? d : bv * momentum + one_minus_dampening * d;
+    *buf = b;
+    *p = pv + -lr * (nesterov ? d + momentum * b : b);
+}
+
+static inline void sgd_plain_elem(float *p, float g, float lr, float weight_decay) {
+    const float pv = *p;
+    *p = pv + -lr * (weight_decay != 0.0f ? g + weight_decay * pv : g);
+}
+
+static inline void adamw_elem(float *p, float *m, float *v, float g, AdamWScalars a) {
+    const float pi = *p * a.decay;
+    const float mi = *m * a.beta1 + a.one_minus_beta1 * g;
+    const float vi = *v * a.beta2 + a.one_minus_beta2 * g * g;
+    *m = mi;
+    *v = vi;
+    *p = pi + -a.step_size * mi / (sqrtf(vi) / a.bc2_sqrt + a.eps);
+}
+
 static void cpu_adadelta_step(float *p, float *square_avg, float *acc_delta, const float *g,
                               int64_t n, float lr, float rho, float eps, float weight_decay,
                               const ScalerState *gate) {
     int64_t taken;
     if (!scaler_gate(gate, 0, &taken)) return;
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        const float gi = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
-        const float sq = rho * square_avg[i] + (1.0f - rho) * gi * gi;
-        const float std = sqrtf(sq + eps);
-        const float delta = sqrtf(acc_delta[i] + eps) / std * gi;
-        square_avg[i] = sq;
-        acc_delta[i] = rho * acc_delta[i] + (1.0f - rho) * delta * delta;
-        p[i] -= lr * delta;
-    }
+    for (int64_t i = 0; i < n; i++)
+        adadelta_elem(&p[i], &square_avg[i], &acc_delta[i], g[i], lr, rho, eps, weight_decay);
 }
 
 static void cpu_sgd_step(float *p, float *buf, const float *g, int64_t n, float lr, float momentum,
@@ -1337,16 +1370,14 @@ static void cpu_sgd_step(float *p, float *buf, const float *g, int64_t n, float 
     int64_t taken;
     if (!scaler_gate(gate, step, &taken)) return;
     const bool first = taken == 0;
+    if (!buf) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        float d = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
-        if (buf) {
-            const float b = first ? d : buf[i] * momentum + one_minus_dampening * d;
-            buf[i] = b;
-            d = nesterov ? d + momentum * b : b;
-        }
-        p[i] = p[i] + -lr * d;
+        for (int64_t i = 0; i < n; i++) sgd_plain_elem(&p[i], g[i], lr, weight_decay);
+        return;
     }
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        sgd_elem(&p[i], &buf[i], g[i], lr, momentum, one_minus_dampening, weight_decay, nesterov, first);
 }
 
 static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t n, AdamWHyper h,
@@ -1355,13 +1386,112 @@ static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t
     if (!scaler_gate(gate, step, &taken)) return;
     const AdamWScalars a = adamw_scalars(h, taken);
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        const float pi = p[i] * a.decay;
-        const float mi = m[i] * a.beta1 + a.one_minus_beta1 * g[i];
-        const float vi = v[i] * a.beta2 + a.one_minus_beta2 * g[i] * g[i];
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi + -a.step_size * mi / (sqrtf(vi) / a.bc2_sqrt + a.eps);
+    for (int64_t i = 0; i < n; i++) adamw_elem(&p[i], &m[i], &v[i], g[i], a);
+}
+
+// The quantization maps (nn/quant.h), built once when the program loads.
+static float quant_map[QUANT_MAP_FLOATS];
+__attribute__((constructor)) static void quant_map_init(void) { quant_map_fill(quant_map); }
+
+#define SUB(a, b) ((a) - (b))
+
+// Block b's m values of packed state s (its first at i0) read back into x.
+static void unpack_block(float *x, PackedState s, StateFormat f, int map, int64_t b, int64_t i0,
+                         int m) {
+    if (f == STATE_BF16) {
+        const uint16_t *c = (const uint16_t *)s.codes + i0;
+#pragma omp simd
+        for (int i = 0; i < m; i++) x[i] = bf16_to_float(c[i]);
+        return;
+    }
+    const uint8_t *c = (const uint8_t *)s.codes + i0;
+    const float *q = quant_map + map, amax = s.absmax[b];
+#pragma omp simd
+    for (int i = 0; i < m; i++) x[i] = q[c[i]] * amax;
+}
+
+// x's m values stored back as block b of s: its absmax, then each value's code.
+static void pack_block(PackedState s, const float *x, StateFormat f, int map, int64_t b,
+                       int64_t i0, int m) {
+    if (f == STATE_BF16) {
+        uint16_t *c = (uint16_t *)s.codes + i0;
+#pragma omp simd
+        for (int i = 0; i < m; i++) c[i] = bf16_from_float(x[i]);
+        return;
+    }
+    uint8_t *c = (uint8_t *)s.codes + i0;
+    float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+    for (int i = 0; i < m; i++) amax = fmaxf(amax, fabsf(x[i]));
+    s.absmax[b] = amax;
+    const float *q = quant_map + map;
+    const bool is_signed = map == QUANT_SIGNED;
+    if (amax == 0.0f) {
+        memset(c, is_signed ? QUANT_SIGNED_ZERO : 0, (size_t)m);
+        return;
+    }
+    if (is_signed) {
+#pragma omp simd
+        for (int i = 0; i < m; i++) {
+            const float v = x[i] / amax;
+            int code;
+            QUANT_NEAREST(q, v, SUB, code);
+            c[i] = (uint8_t)quant_keep_sign(code, v);
+        }
+        return;
+    }
+#pragma omp simd
+    for (int i = 0; i < m; i++) {
+        const float v = x[i] / amax;
+        int code;
+        QUANT_NEAREST(q, v, SUB, code);
+        c[i] = (uint8_t)code;
+    }
+}
+
+// The rule's update of m parameters pb and their state, read back into x0 and x1.
+static void step_block(float *restrict pb, float *restrict x0, float *restrict x1,
+                       const float *restrict gb, int m, StepScalars r, AdamWScalars a, bool first) {
+    const float lr = r.lr, rho = r.rho, eps = r.eps, wd = r.weight_decay, mom = r.momentum,
+                omd = r.one_minus_dampening;
+    const bool nesterov = r.nesterov;
+    switch (r.rule) {
+    case RULE_ADADELTA:
+#pragma omp simd
+        for (int i = 0; i < m; i++) adadelta_elem(&pb[i], &x0[i], &x1[i], gb[i], lr, rho, eps, wd);
+        break;
+    case RULE_SGD:
+#pragma omp simd
+        for (int i = 0; i < m; i++) sgd_elem(&pb[i], &x0[i], gb[i], lr, mom, omd, wd, nesterov, first);
+        break;
+    case RULE_ADAMW:
+#pragma omp simd
+        for (int i = 0; i < m; i++) adamw_elem(&pb[i], &x0[i], &x1[i], gb[i], a);
+        break;
+    }
+}
+
+static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, const float *g,
+                                  int64_t n, StateFormat f, StepScalars r,
+                                  const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return;
+    const AdamWScalars a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
+    const bool first = taken == 0, two = r.rule != RULE_SGD;
+    const int map0 = r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED;
+    const int64_t nb = quant_blocks(n);
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        float x0[QUANT_BLOCK], x1[QUANT_BLOCK];
+        const int64_t i0 = b * QUANT_BLOCK;
+        const int m = n - i0 < QUANT_BLOCK ? (int)(n - i0) : QUANT_BLOCK;
+        float *pb = p + i0;
+        const float *gb = g + i0;
+        unpack_block(x0, s0, f, map0, b, i0, m);
+        if (two) unpack_block(x1, s1, f, QUANT_UNSIGNED, b, i0, m);
+        step_block(pb, x0, x1, gb, m, r, a, first);
+        pack_block(s0, x0, f, map0, b, i0, m);
+        if (two) pack_block(s1, x1, f, QUANT_UNSIGNED, b, i0, m);
     }
 }
 
@@ -1466,4 +1596,5 @@ const Kernels cpu_kernels = {
     .adadelta_step = cpu_adadelta_step,
     .sgd_step = cpu_sgd_step,
     .adamw_step = cpu_adamw_step,
+    .optim_step_packed = cpu_optim_step_packed,
 };

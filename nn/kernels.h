@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "quant.h"
 #include "scaler.h"
 
 typedef enum Activation { ACT_NONE, ACT_RELU, ACT_COUNT } Activation;
@@ -77,6 +78,24 @@ HOST_DEVICE static inline AdamWScalars adamw_scalars(AdamWHyper h, int64_t taken
     a.bc2_sqrt = (float)sqrt(1.0 - pow(h.beta2, t));
     return a;
 }
+
+// One optimizer step's rule and scalars, as the fp32 step kernels take them, for the
+// kernel that updates compressed state (Kernels.optim_step_packed).
+typedef enum StepRule { RULE_ADADELTA, RULE_SGD, RULE_ADAMW } StepRule;
+typedef struct StepScalars {
+    StepRule rule;
+    float lr, rho, eps, weight_decay;        // adadelta (lr, weight_decay: sgd too)
+    float momentum, one_minus_dampening;     // sgd (with momentum: packed state has one)
+    bool nesterov;
+    AdamWHyper adamw;                        // adamw
+} StepScalars;
+
+// A state tensor in a compressed format (nn/quant.h): its codes, and (int8) the absmax of
+// each of its blocks.
+typedef struct PackedState {
+    void *codes;
+    float *absmax;
+} PackedState;
 
 typedef struct Kernels {
     const char *name;  // "cpu", "cuda"
@@ -346,6 +365,16 @@ typedef struct Kernels {
     // p = p + -step_size * m / (sqrt(v) / bc2_sqrt + eps).
     void (*adamw_step)(float *p, float *m, float *v, const float *g, int64_t n, AdamWHyper h,
                        const ScalerState *gate, uint64_t step);
+    // The same updates over n parameters whose state is stored in format f (STATE_BF16 or
+    // STATE_INT8, nn/quant.h), one or two tensors of it (s1 unused by SGD): each value is
+    // read back to fp32, the rule's update runs as above on fp32 values (the parameter
+    // takes the updated state before it is rounded), and the state is stored rounded
+    // again: int8 a block of QUANT_BLOCK values at a time from the first (its new absmax,
+    // then its codes; the n values are one tensor's). Adadelta's two states and AdamW's
+    // exp_avg_sq use the unsigned map, momentum and exp_avg the signed one. Gated as above.
+    void (*optim_step_packed)(float *p, PackedState s0, PackedState s1, const float *g, int64_t n,
+                              StateFormat f, StepScalars r, const ScalerState *gate,
+                              uint64_t step);
 } Kernels;
 
 // The CPU backend (OpenBLAS), always built.

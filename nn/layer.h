@@ -182,6 +182,8 @@ struct Layer {
     int64_t train_off[LAYER_MAX_PARAMS];  // parameter j's offset among the trained scalars
                                           // (state_dict order): where its optimizer state
                                           // lives (net_opt_state); -1 when frozen
+    int64_t state_block[LAYER_MAX_PARAMS];  // int8 optimizer state: the first of parameter
+                                            // j's blocks among all (nn/quant.h)
     bool frozen;        // its parameters stay fixed: backward computes no gradient for them
     bool frozen_stats;  // batchnorm: normalise by the running statistics, always
     ParamInit init[LAYER_MAX_PARAMS];

@@ -925,7 +925,10 @@ static void net_layout(Net *net) {
     net->plan.grads_unfused = (size_t)net->ntrain * sizeof(float);
     net->plan.grads = net->fused_update ? (size_t)fused_grad_floats(net) * sizeof(float)
                                         : net->plan.grads_unfused;
-    net->plan.optimizer = (size_t)net->nstates * (size_t)net->ntrain * sizeof(float);
+    net->plan.optimizer =
+        net->opt_format == STATE_INT8
+            ? net_opt_absmax_offset(net) + (size_t)net->nstates * (size_t)net->nblocks * sizeof(float)
+            : (size_t)net->nstates * (size_t)net->ntrain * state_format_bytes(net->opt_format);
 }
 
 // The buffer block: every module's F32 buffers, then every module's state. Computes
@@ -1153,6 +1156,11 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
                 opt->batch, dtype_names[opt->precision]);
         goto fail;
     }
+    if ((unsigned)opt->opt_format >= STATE_FORMAT_COUNT) {
+        err_set(err, "net_create: optimizer state format %d: expected fp32, bf16 or int8",
+                (int)opt->opt_format);
+        goto fail;
+    }
     if (opt->fused_update && opt->precision != DT_F32) {
         err_set(err, "net_create: the fused update needs fp32: with fp16 the loss scaler must "
                      "see every gradient before it decides whether the step is taken");
@@ -1165,6 +1173,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         goto fail;
     net->nstates = opt->opt_states;
     net->state_names = opt->opt_state_names;
+    net->opt_format = opt->opt_format;
     for (int i = 0; i < net->nmodules; i++) {
         Layer *l = net->modules[i];
         net->ntrained_modules += layer_trains(l);
@@ -1172,8 +1181,9 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         for (int j = 0; j < l->nparams; j++) {
             const int64_t n = tensor_numel(&l->params[j]);
             l->train_off[j] = l->frozen ? -1 : net->ntrain;
+            l->state_block[j] = l->frozen ? -1 : net->nblocks;
             net->nparams += n;
-            if (!l->frozen) net->ntrain += n;
+            if (!l->frozen) net->ntrain += n, net->nblocks += quant_blocks(n);
         }
     }
     net->exec.input_c = input.c;  // planned by the cuts' search too

@@ -61,9 +61,11 @@ typedef struct NetOptions {
                          // recomputation below the layer (the trainer sets it with segments)
     size_t sweep_bytes;  // the scratch a sweep's chunk may take, which sets its samples (0: 8 MB)
     bool tf32;        // GEMM inputs rounded to 10 mantissa bits in fp32 too (Kernels.gemm_reduced)
-    // Optimizer state tensors kept per trained parameter (optim_nstates) and their names.
+    // Optimizer state tensors kept per trained parameter (optim_nstates) and their names,
+    // and how they are stored (nn/quant.h: fp32, or compressed to bf16 or int8 blocks).
     int opt_states;
     const char *const *opt_state_names;
+    StateFormat opt_format;
     // Layers whose parameters stay fixed: names, or module paths above them ("layer1").
     // They get no gradient and no optimizer memory; with freeze_stats their batchnorms
     // normalise by the running statistics, which do not move (evaluation mode).
@@ -152,6 +154,8 @@ typedef struct Net {
     int64_t nparams;  // scalars in all parameter tensors
     int64_t ntrain;   // of them, in trained (not frozen) tensors
     int nstates;      // optimizer state tensors per trained parameter
+    StateFormat opt_format;  // how they are stored (NetOptions.opt_format)
+    int64_t nblocks;  // int8: the blocks of one state over all trained tensors
     const char *const *state_names;  // their names ("square_avg", ...)
     int first_trained;  // the first node with a trained parameter: backward stops there
                         // (nnodes when everything is frozen)
@@ -176,8 +180,9 @@ typedef struct Net {
     float *grads;      // the gradient block: (ntrain), the trained tensors' gradients in the
                        // same order; fused_update: (plan.grads / 4), the gradients of the
                        // module being backpropagated, from the start (Layer.grads)
-    float *optimizer;  // (nstates * ntrain): state s of the trained parameter at train_off t
-                       // is at optimizer[s * ntrain + t] (net_opt_state)
+    void *optimizer;   // (nstates * ntrain) values of opt_format: state s of the trained
+                       // parameter at train_off t is value s * ntrain + t; int8: then
+                       // (nstates * nblocks) floats, the blocks' absmax (net_opt_state)
     void *buffers;     // every layer's F32 buffers, then every layer's state
     void *activations;
     void *workspace;        // the fp16 scratch, then layer_workspace
@@ -227,10 +232,21 @@ int net_init_params(Net *net, uint64_t seed, Error *err);
 // net_create and net_init_params do it.
 int net_reset_buffers(Net *net, Error *err);
 
+// int8: where the absmax floats start in the optimizer block (after the codes, aligned).
+static inline size_t net_opt_absmax_offset(const Net *net) {
+    return ((size_t)net->nstates * (size_t)net->ntrain + 255) / 256 * 256;
+}
+
 // Optimizer state s of trained parameter j of module l (its place among the trained scalars,
-// wherever its gradient is).
-static inline float *net_opt_state(const Net *net, const Layer *l, int j, int s) {
-    return net->optimizer + (size_t)s * (size_t)net->ntrain + (size_t)l->train_off[j];
+// wherever its gradient is): its values in net->opt_format (fp32: floats) and, int8, its
+// blocks' absmax (else NULL).
+static inline PackedState net_opt_state(const Net *net, const Layer *l, int j, int s) {
+    const size_t v = (size_t)s * (size_t)net->ntrain + (size_t)l->train_off[j];
+    PackedState p = {(char *)net->optimizer + v * state_format_bytes(net->opt_format), NULL};
+    if (net->opt_format == STATE_INT8)
+        p.absmax = (float *)((char *)net->optimizer + net_opt_absmax_offset(net)) +
+                   (size_t)s * (size_t)net->nblocks + (size_t)l->state_block[j];
+    return p;
 }
 
 // With input_bytes: n samples of bytes px (n, H, W, C) become the network's input, and the

@@ -33,12 +33,19 @@ bool optim_state_nonnegative(const char *state_name) {
 void optim_plan(const Optimizer *o, NetOptions *opt) {
     opt->opt_states = optim_nstates(o);
     opt->opt_state_names = optim_state_names(o);
+    opt->opt_format = o->state_format;
 }
 
+const char *const state_format_names[STATE_FORMAT_COUNT] = {"fp32", "bf16", "int8"};
+static_assert(STATE_FORMAT_COUNT == 3, "state_format_names must list every StateFormat");
+
 // A run of neighbouring trained tensors that one kernel call updates: n parameters from p,
-// their gradients from g, their optimizer state from train_off `off`, one weight decay.
+// their gradients from g, their optimizer state from that of trained parameter j of
+// module l (the run's first), one weight decay.
 typedef struct Span {
     float *p, *g;
+    const Layer *l;
+    int j;
     int64_t off, n;
     double wd;
 } Span;
@@ -46,10 +53,22 @@ typedef struct Span {
 // One kernel call over span s.
 static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t step, const Span *s) {
     const Kernels *k = net->k;
-    const size_t ntrain = (size_t)net->ntrain;
-    float *st0 = net->optimizer + (size_t)s->off, *st1 = st0 + ntrain;
     // The scalars as PyTorch computes them, in double, then rounded to float as its
     // kernels take them.
+    const AdamWHyper h = {.lr = lr, .weight_decay = s->wd, .beta1 = o->beta1, .beta2 = o->beta2,
+                          .eps = o->eps};
+    if (net->opt_format != STATE_F32) {
+        const StepScalars r = {
+            .rule = o->kind == OPTIM_ADADELTA ? RULE_ADADELTA : o->kind == OPTIM_SGD ? RULE_SGD : RULE_ADAMW,
+            .lr = (float)lr, .rho = (float)o->rho, .eps = (float)o->eps, .weight_decay = (float)s->wd,
+            .momentum = (float)o->momentum, .one_minus_dampening = (float)(1 - o->dampening),
+            .nesterov = o->nesterov, .adamw = h};
+        const PackedState s1 = net->nstates > 1 ? net_opt_state(net, s->l, s->j, 1) : (PackedState){0};
+        k->optim_step_packed(s->p, net_opt_state(net, s->l, s->j, 0), s1, s->g, s->n,
+                             net->opt_format, r, net->scaler, step);
+        return;
+    }
+    float *st0 = (float *)net->optimizer + (size_t)s->off, *st1 = st0 + (size_t)net->ntrain;
     switch (o->kind) {
     case OPTIM_ADADELTA:
         k->adadelta_step(s->p, st0, st1, s->g, s->n, (float)lr, (float)o->rho, (float)o->eps,
@@ -60,12 +79,9 @@ static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t st
                     (float)o->momentum, (float)(1 - o->dampening), (float)s->wd, o->nesterov,
                     net->scaler, step);
         break;
-    case OPTIM_ADAMW: {
-        const AdamWHyper h = {.lr = lr, .weight_decay = s->wd, .beta1 = o->beta1, .beta2 = o->beta2,
-                              .eps = o->eps};
+    case OPTIM_ADAMW:
         k->adamw_step(s->p, st0, st1, s->g, s->n, h, net->scaler, step);
         break;
-    }
     default:
         break;
     }
@@ -75,9 +91,10 @@ static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t st
 // continue it: the updates are elementwise, so neighbouring tensors with the same weight
 // decay are one kernel call (one launch on a GPU, one parallel loop on the CPU). A frozen
 // tensor between two (its parameters lie between theirs, it has no gradient or state), a
-// gradient elsewhere (the fused update's block) or a change of weight decay
-// (decay_skip_norm_bias) starts a new one. Each element's arithmetic is the same however
-// the tensors are grouped: the same scalars go to every call of a step.
+// gradient elsewhere (the fused update's block), a change of weight decay
+// (decay_skip_norm_bias) or int8 state (its blocks start at each tensor's first value)
+// starts a new one. Each element's arithmetic is the same however the tensors are
+// grouped: the same scalars go to every call of a step.
 static void add_module(const Net *net, const Optimizer *o, double lr, uint64_t step, Span *s,
                        const Layer *l) {
     for (int j = 0; j < l->nparams; j++) {
@@ -86,12 +103,13 @@ static void add_module(const Net *net, const Optimizer *o, double lr, uint64_t s
         float *p = l->params[j].data;
         const int64_t n = tensor_numel(&l->params[j]), off = l->train_off[j];
         const double wd = o->decay_skip_norm_bias && l->params[j].ndim <= 1 ? 0.0 : o->weight_decay;
-        if (s->n && p == s->p + s->n && g == s->g + s->n && off == s->off + s->n && wd == s->wd) {
+        if (s->n && p == s->p + s->n && g == s->g + s->n && off == s->off + s->n && wd == s->wd &&
+            net->opt_format != STATE_INT8) {
             s->n += n;
             continue;
         }
         if (s->n) step_span(net, o, lr, step, s);
-        *s = (Span){p, g, off, n, wd};
+        *s = (Span){p, g, l, j, off, n, wd};
     }
 }
 

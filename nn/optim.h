@@ -2,7 +2,9 @@
 //
 // Each trained parameter tensor (frozen ones have none) keeps optim_nstates() state
 // tensors of its shape in net->optimizer, saved in checkpoints as
-// "optimizer.<parameter>.<state name>" (PyTorch's names for them).
+// "optimizer.<parameter>.<state name>" (PyTorch's names for them): F32, or compressed
+// (Optimizer.state_format, nn/quant.h) BF16, or U8 codes with their blocks' absmax in
+// "optimizer.<parameter>.<state name>.absmax" (F32).
 #ifndef NN_OPTIM_H
 #define NN_OPTIM_H
 
@@ -25,6 +27,7 @@ typedef struct Optimizer {
     double momentum, dampening; // sgd: 0, 0
     bool nesterov;              // sgd
     double beta1, beta2;        // adamw: 0.9, 0.999
+    StateFormat state_format;   // how the state is stored (nn/quant.h): fp32, bf16, int8
 } Optimizer;
 
 // The state tensors of each trained parameter, and their names: adadelta square_avg and
@@ -34,7 +37,8 @@ const char *const *optim_state_names(const Optimizer *o);
 // Whether a state of that name holds only values >= 0 (it averages squares: adadelta's
 // square_avg and acc_delta, adamw's exp_avg_sq); a checkpoint's negative ones are refused.
 bool optim_state_nonnegative(const char *state_name);
-// Sets opt's optimizer state count and names (the network plans and names the state).
+// Sets opt's optimizer state count, names and format (the network plans, names and
+// stores the state).
 void optim_plan(const Optimizer *o, NetOptions *opt);
 
 // One optimizer step at step `step` of the run (from 0; every step counted, skipped ones

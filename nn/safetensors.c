@@ -29,8 +29,8 @@ const size_t st_dtype_sizes[ST_DTYPE_COUNT] = {1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 
 static_assert(ST_DTYPE_COUNT == 15, "st_dtype tables must list every StDType");
 
 // DType -> StDType, in DType's order.
-static const StDType from_dtype[DT_COUNT] = {ST_F32, ST_F16, ST_I64, ST_I32, ST_U8};
-static_assert(DT_COUNT == 5, "from_dtype must list every DType");
+static const StDType from_dtype[DT_COUNT] = {ST_F32, ST_F16, ST_I64, ST_I32, ST_U8, ST_BF16};
+static_assert(DT_COUNT == 6, "from_dtype must list every DType");
 
 StDType st_dtype_from(DType dt) { return from_dtype[dt]; }
 
@@ -831,7 +831,7 @@ int st_as_tensor(const StFile *f, const StEntry *e, Tensor *out, Error *err) {
     int dt = to_dtype(e->dtype);
     if (dt < 0)
         return err_set(
-            err, "%s: tensor '%s' is %s, which cnn.c tensors cannot hold (F32, F16, I64, I32, U8)",
+            err, "%s: tensor '%s' is %s, which cnn.c tensors cannot hold (F32, F16, I64, I32, U8, BF16)",
             f->path, e->name, st_dtype_names[e->dtype]);
     memset(out, 0, sizeof *out);
     memcpy(out->name, e->name, sizeof out->name);

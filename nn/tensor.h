@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum DType { DT_F32, DT_F16, DT_I64, DT_I32, DT_U8, DT_COUNT } DType;
+typedef enum DType { DT_F32, DT_F16, DT_I64, DT_I32, DT_U8, DT_BF16, DT_COUNT } DType;
 extern const char *const dtype_names[DT_COUNT];  // safetensors spellings: "F32", ...
 extern const size_t dtype_sizes[DT_COUNT];
 

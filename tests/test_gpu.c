@@ -243,7 +243,7 @@ static void test_backend(void **state) {
         (void *)k->global_avgpool_backward, (void *)k->bn_sums, (void *)k->bn_batch_stats,
         (void *)k->bn_eval_stats, (void *)k->bn_forward, (void *)k->bn_backward_sums,
         (void *)k->bn_backward, (void *)k->bn_param_grads, (void *)k->sgd_step,
-        (void *)k->adamw_step,
+        (void *)k->adamw_step, (void *)k->optim_step_packed,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (!fns[i]) fail_msg("the CUDA table's entry %zu is NULL", i);
@@ -1563,10 +1563,69 @@ static void test_net_step_bytes(void **state) {
     free(px);
 }
 
+// Compressed optimizer state (nn/quant.h): each rule in bf16 and int8 over three blocks
+// and a partial one, 4 steps (the last gated shut, one block of zero gradients), the
+// parameters, codes and absmax bit for bit on both devices.
+static void test_optim_packed(void **state) {
+    NEED_GPU();
+    const int64_t n = 3 * QUANT_BLOCK + 777;
+    const StepScalars rules[] = {
+        {.rule = RULE_ADADELTA, .lr = 1.0f, .rho = 0.9f, .eps = 1e-6f, .weight_decay = 0.01f},
+        {.rule = RULE_SGD, .lr = 0.05f, .momentum = 0.9f, .one_minus_dampening = 0.9f, .weight_decay = 5e-4f},
+        {.rule = RULE_SGD, .lr = 0.05f, .momentum = 0.9f, .one_minus_dampening = 1.0f, .nesterov = true},
+        {.rule = RULE_ADAMW, .adamw = {.lr = 1e-3, .weight_decay = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8}},
+    };
+    for (size_t ri = 0; ri < sizeof rules / sizeof rules[0]; ri++)
+        for (int f = STATE_BF16; f < STATE_FORMAT_COUNT; f++) {
+            rng_seed(30 + ri);
+            float *p = rand_floats(n, -1, 1), *g = rand_floats(n, -1, 1);
+            for (int64_t i = 0; i < QUANT_BLOCK; i++) g[i] = 0.0f;
+            const size_t cb = (size_t)n * 2, ab = (size_t)quant_blocks(n) * 4;
+            void *zero = calloc(cb, 1);
+            Buf bp = buf_from(p, (size_t)n * 4), bg = buf_from(g, (size_t)n * 4);
+            Buf c0 = buf_from(zero, cb), c1 = buf_from(zero, cb), a0 = buf_from(zero, ab), a1 = buf_from(zero, ab);
+            const ScalerState open = {.scale = 1}, shut = {.scale = 1, .found = 1};
+            Buf gate = buf_from(&open, sizeof open), skip = buf_from(&shut, sizeof shut);
+            for (uint64_t step = 0; step < 4; step++) {
+                if (step == 1) {  // new gradients, larger: new block maxima
+                    float *g2 = rand_floats(n, -3, 3);
+                    C->upload(bg.cpu, g2, (size_t)n * 4), G->upload(bg.gpu, g2, (size_t)n * 4);
+                    free(g2);
+                }
+                BOTH(k->optim_step_packed(P(bp), (PackedState){P(c0), P(a0)}, (PackedState){P(c1), P(a1)},
+                                          P(bg), n, (StateFormat)f, rules[ri],
+                                          step == 3 ? P(skip) : step == 2 ? P(gate) : NULL, step));
+            }
+            char what[96];
+            float *hc = xmalloc(cb > (size_t)n * 4 ? cb : (size_t)n * 4), *hg = xmalloc(cb > (size_t)n * 4 ? cb : (size_t)n * 4);
+            snprintf(what, sizeof what, "packed rule %zu %s: params", ri, f == STATE_BF16 ? "bf16" : "int8");
+            buf_fetch(bp, hc, hg);
+            expect_same_f32(hc, hg, n, what);
+            const Buf states[] = {c0, c1, a0, a1};
+            for (int b = 0; b < 4; b++) {
+                if (rules[ri].rule == RULE_SGD && (b & 1)) continue;  // one state
+                if (f == STATE_BF16 && b >= 2) continue;               // no absmax
+                snprintf(what, sizeof what, "packed rule %zu %s: %s %d", ri, f == STATE_BF16 ? "bf16" : "int8",
+                         b < 2 ? "codes" : "absmax", b & 1);
+                buf_fetch(states[b], hc, hg);
+                if (memcmp(hc, hg, states[b].bytes)) {
+                    size_t i = 0;
+                    while (((char *)hc)[i] == ((char *)hg)[i]) i++;
+                    fail_msg("%s: byte %zu differs: cpu 0x%02x, gpu 0x%02x", what, i,
+                             ((unsigned char *)hc)[i], ((unsigned char *)hg)[i]);
+                }
+            }
+            buf_free(bp), buf_free(bg), buf_free(c0), buf_free(c1), buf_free(a0), buf_free(a1);
+            buf_free(gate), buf_free(skip);
+            free(p), free(g), free(zero), free(hc), free(hg);
+        }
+}
+
 // Parameters and optimizer state of a network of g_step_cfg on G after 2 steps of o (on
 // batches drawn from seed 21), the update fused or not: host copies, nparams floats then
 // nstates x ntrain.
 static float *fused_run(const Optimizer *o, int segments, bool fused, size_t *n) {
+    // (o->state_format: how the state is stored; the whole block is compared)
     Cfg cfg;
     Error err = {{0}};
     if (cfg_parse(&cfg, g_step_cfg, "step.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
@@ -1591,11 +1650,12 @@ static float *fused_run(const Optimizer *o, int segments, bool fused, size_t *n)
         assert_int_equal(updated, fused ? net.ntrained_modules : 0);
         free(x);
     }
-    const size_t np = (size_t)net.nparams, ns = (size_t)net.nstates * (size_t)net.ntrain;
+    const size_t np = (size_t)net.nparams, ns = (net.plan.optimizer + 3) / 4;
     *n = np + ns;
-    float *h = xmalloc((*n ? *n : 1) * 4);
+    float *h = calloc(*n ? *n : 1, 4);
+    assert_non_null(h);
     G->download(h, net.params, np * 4);
-    if (ns) G->download(h + np, net.optimizer, ns * 4);
+    if (ns) G->download(h + np, net.optimizer, net.plan.optimizer);
     net_free(&net);
     return h;
 }
@@ -1609,18 +1669,21 @@ static void test_net_step_fused(void **state) {
     };
     for (int r = 0; r < 2; r++)
         for (int seg = 0; seg < 2; seg++)
-            for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-                g_step_cfg = r ? step_resnet_cfg : step_cfg;
-                size_t na, nb;
-                float *a = fused_run(&opts[i], seg ? NET_SEGMENTS_SQRT : 0, false, &na);
-                float *b = fused_run(&opts[i], seg ? NET_SEGMENTS_SQRT : 0, true, &nb);
-                assert_int_equal(na, nb);
-                if (memcmp(a, b, na * 4))
-                    fail_msg("%s, %s%s: the fused update's parameters or state differ on %s",
-                             r ? "resnet" : "plain", optim_names[opts[i].kind],
-                             seg ? ", checkpoint = sqrt" : "", G->name);
-                free(a), free(b);
-            }
+            for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+                for (int f = 0; f < STATE_FORMAT_COUNT; f += seg ? STATE_FORMAT_COUNT : 1) {
+                    g_step_cfg = r ? step_resnet_cfg : step_cfg;
+                    Optimizer o = opts[i];
+                    o.state_format = (StateFormat)f;
+                    size_t na, nb;
+                    float *a = fused_run(&o, seg ? NET_SEGMENTS_SQRT : 0, false, &na);
+                    float *b = fused_run(&o, seg ? NET_SEGMENTS_SQRT : 0, true, &nb);
+                    assert_int_equal(na, nb);
+                    if (memcmp(a, b, na * 4))
+                        fail_msg("%s, %s%s, optimizer_state %s: the fused update's parameters or "
+                                 "state differ on %s", r ? "resnet" : "plain", optim_names[o.kind],
+                                 seg ? ", checkpoint = sqrt" : "", state_format_names[f], G->name);
+                    free(a), free(b);
+                }
 }
 
 // One training step of B samples (x, y) on a fresh network of g_step_cfg on G; the network
@@ -1816,6 +1879,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_scaler_update),
         cmocka_unit_test(test_adadelta),
         cmocka_unit_test(test_sgd_adamw),
+        cmocka_unit_test(test_optim_packed),
         cmocka_unit_test(test_net_step_fp32),
         cmocka_unit_test(test_net_step_fp16),
         cmocka_unit_test(test_net_step_bytes),

@@ -62,7 +62,7 @@ static void params_free(Params *p) { net_free(&p->net); }
 // Optimizer state s of parameter element i.
 // (The weight's state, then the bias's: trained scalars in state_dict order.)
 static float opt_state_at(const Params *p, int s, int64_t i) {
-    return net_opt_state(&p->net, p->net.modules[0], 0, s)[i];
+    return ((const float *)net_opt_state(&p->net, p->net.modules[0], 0, s).codes)[i];
 }
 
 static void expect_rel(const char *what, int i, double got, double want) {
@@ -383,6 +383,7 @@ typedef struct FusedCase {
 } FusedCase;
 
 static void fused_build(Net *net, Cfg *cfg, const FusedCase *c, const Optimizer *o, bool fused) {
+    // (o->state_format: the state's format, which optim_plan passes on)
     Error err = {{0}};
     if (cfg_parse(cfg, c->text, "fused.cfg", &err)) fail_msg("%s", err.msg);
     // Under checkpointing with sweeps of one sample where they may (sweep_bytes 1): a
@@ -450,7 +451,7 @@ static void check_fused(const FusedCase *c, const Optimizer *o, const char *onam
     assert_int_equal(a.plan.optimizer, b.plan.optimizer);
     assert_int_equal(a.ntrain, b.ntrain);
     const int64_t nx = FUSED_B * shape_numel(c->in);
-    const size_t obytes = (size_t)a.nstates * (size_t)a.ntrain * sizeof(float);
+    const size_t obytes = a.plan.optimizer;
     for (int s = 0; s < FUSED_STEPS; s++) {
         test_rng_seed(100 + s);
         for (int64_t i = 0; i < nx; i++) a.input_buf[i] = b.input_buf[i] = (float)(test_urand() * 2 - 1);
@@ -459,7 +460,8 @@ static void check_fused(const FusedCase *c, const Optimizer *o, const char *onam
         assert_int_equal(test_train_step(&a, o, FUSED_B, lr, 5, s), 0);
         assert_int_equal(test_train_step(&b, o, FUSED_B, lr, 5, s), trained);
         char what[256];
-        snprintf(what, sizeof what, "%s, %s, step %d", c->what, oname, s + 1);
+        snprintf(what, sizeof what, "%s, %s, optimizer_state %s, step %d", c->what, oname,
+                 state_format_names[o->state_format], s + 1);
         if (memcmp(a.params, b.params, a.plan.params))
             fail_msg("%s: the fused update's parameters differ", what);
         if (obytes && memcmp(a.optimizer, b.optimizer, obytes))
@@ -501,7 +503,16 @@ static void check_fused_optimizers(const FusedCase *c) {
         {"adadelta weight_decay 0.01", {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6,
                                         .weight_decay = 0.01}},
     };
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) check_fused(c, &opts[i].o, opts[i].name);
+    // Every optimizer with fp32 state; with compressed state (bf16, int8) each kind once.
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        check_fused(c, &opts[i].o, opts[i].name);
+        if (i != 2 && i != 5 && i != 8) continue;
+        for (int f = STATE_BF16; f < STATE_FORMAT_COUNT; f++) {
+            Optimizer o = opts[i].o;
+            o.state_format = (StateFormat)f;
+            check_fused(c, &o, opts[i].name);
+        }
+    }
 }
 
 static const Shape seed_in = {.c = 1, .h = 10, .w = 10}, resnet_in = {.c = 3, .h = 12, .w = 12};
@@ -540,13 +551,14 @@ static void test_fused_resnet_checkpointed(void **state) {
 }
 
 // Checkpoints do not know: a fused network's file is byte for byte an unfused one's after
-// the same steps, and each loads into the other kind, which then goes on to the same bits.
-static void test_fused_checkpoint(void **state) {
+// the same steps, and each loads into the other kind, which then goes on to the same bits
+// (a resume as exact as the uninterrupted run), with the state in format fmt.
+static void check_fused_checkpoint(StateFormat fmt) {
     char dir[512];
     assert_int_equal(test_tmpdir_make(dir, sizeof dir, "test_optim"), 0);
     const FusedCase c = {"resnet", fused_resnet, resnet_in, 0, NULL, 0, false};
     const Optimizer o = {.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                         .weight_decay = 0.01};
+                         .weight_decay = 0.01, .state_format = fmt};
     static char *classes[10] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
     const CheckpointInfo info = {.cfg_text = (char *)fused_resnet, .class_names = classes, .classes = 10};
     const TrainState st = {.epoch = 0, .batch = 2, .step = 2, .seed = 5, .best_val_acc = -1, .loss_scale = 1};
@@ -583,19 +595,24 @@ static void test_fused_checkpoint(void **state) {
             free(a), free(b);
         }
     }
-    const size_t ob = (size_t)net[0].nstates * (size_t)net[0].ntrain * sizeof(float);
+    const size_t ob = net[0].plan.optimizer;
     for (int f = 0; f < 2; f++)  // against the unfused network that was never saved
         if (memcmp(net[0].params, back[f].params, net[0].plan.params) ||
             memcmp(net[0].optimizer, back[f].optimizer, ob) ||
             memcmp(net[0].buffers, back[f].buffers, net[0].plan.buffers) ||
             memcmp(net[0].params, net[f].params, net[0].plan.params) ||
             memcmp(net[0].optimizer, net[f].optimizer, ob))
-            fail_msg("the %s network resumed from the other kind's checkpoint differs", f ? "fused" : "unfused");
+            fail_msg("the %s network resumed from the other kind's checkpoint differs "
+                     "(optimizer_state %s)", f ? "fused" : "unfused", state_format_names[fmt]);
     for (int f = 0; f < 2; f++) {
         net_free(&net[f]), net_free(&back[f]);
         cfg_free(&cfg[f]), cfg_free(&cfg_back[f]);
     }
     assert_int_equal(test_remove_tree(dir), 0);
+}
+
+static void test_fused_checkpoint(void **state) {
+    for (int f = 0; f < STATE_FORMAT_COUNT; f++) check_fused_checkpoint((StateFormat)f);
 }
 
 // Refused where it cannot hold: fp16's loss scaler decides on every gradient at once.

@@ -615,7 +615,7 @@ static void test_budget_leave(void **state) {
     char want[200];
     snprintf(want, sizeof want, "batchnorm normalises each micro-batch of %d by its own statistics and "
              "moves its running statistics %d times a step", plans[micro].net.batch, plans[micro].accumulate);
-    assert_non_null(strstr(fit_changes(&plans[micro], DT_F32, 1, 64, why, sizeof why), want));
+    assert_non_null(strstr(fit_changes(&plans[micro], &q.base, 1, 64, why, sizeof why), want));
     free(plans);
     // The same network with every batchnorm frozen (freeze_stats): micro-batches are exact
     // up to rounding, and listed without leave.
@@ -628,9 +628,36 @@ static void test_budget_leave(void **state) {
         assert_false(plans[i].coupled);
         assert_true(plans[i].exact);
         any_micro |= plans[i].accumulate > 1;
-        assert_string_equal(fit_changes(&plans[i], DT_F32, 1, 64, why, sizeof why), "");
+        assert_string_equal(fit_changes(&plans[i], &q.base, 1, 64, why, sizeof why), "");
     }
     assert_true(any_micro);
+    free(plans);
+    // Compressed optimizer state (auto_compress): with SGD momentum's state, a budget
+    // between the smallest compressed plan and the smallest exact one lists compressed
+    // plans that fit, never as exact, and says what they change; without leave none fits.
+    q.base.freeze = NULL, q.base.nfreeze = 0, q.base.freeze_stats = false;
+    const Optimizer sgd = {.kind = OPTIM_SGD, .momentum = 0.9};
+    optim_plan(&sgd, &q.base);
+    q.budget = 1;
+    assert_int_equal(budget_plans(&q, &plans, &n, &err), 0);
+    const size_t exact_min = mem_plan_total(&plans[budget_smallest(plans, n)].plan);
+    free(plans);
+    q.budget = exact_min - 1;
+    assert_int_equal(budget_plans(&q, &plans, &n, &err), 0);
+    for (int i = 0; i < n; i++) assert_false(plans[i].fits);
+    free(plans);
+    q.leave.compress = true;
+    assert_int_equal(budget_plans(&q, &plans, &n, &err), 0);
+    int fit = 0, q8 = -1;
+    for (int i = 0; i < n; i++) {
+        if (!plans[i].fits) continue;
+        fit++;
+        assert_true(plans[i].net.opt_format != STATE_F32 && !plans[i].exact && plans[i].accumulate == 1);
+        if (plans[i].net.opt_format == STATE_INT8) q8 = i;
+    }
+    assert_true(fit > 0 && q8 >= 0);
+    assert_non_null(strstr(fit_changes(&plans[q8], &q.base, 1, 64, why, sizeof why),
+                           "the optimizer state is stored as int8"));
     free(plans);
     cfg_free(&cfg);
 }

@@ -359,6 +359,39 @@ static void replay_adamw_step(float *p, float *m, float *v, const float *grad, i
     for (int64_t i = 0; i < n; i++) adamw_at(i, p, m, v, grad, a);
 }
 
+// packed_step_kernel, a CUDA block (one block of values) after another, its threads'
+// values in any order: the block's absmax is a maximum.
+static float replay_quant_map[QUANT_MAP_FLOATS];
+static void replay_optim_step_packed(float *p, PackedState s0, PackedState s1, const float *grad,
+                                     int64_t n, StateFormat f, StepScalars r,
+                                     const ScalerState *gate, uint64_t step) {
+    int64_t taken;
+    if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return;
+    const AdamWScalars a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
+    const bool two = r.rule != RULE_SGD, first = taken == 0;
+    const float *map0 = replay_quant_map + (r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED);
+    const float *map1 = replay_quant_map + QUANT_UNSIGNED;
+    static float x0[QUANT_BLOCK], x1[QUANT_BLOCK];
+    for (int64_t b = 0; b < quant_blocks(n); b++) {
+        const int64_t i0 = b * QUANT_BLOCK, m = n - i0 < QUANT_BLOCK ? n - i0 : QUANT_BLOCK;
+        float m0 = 0.0f, m1 = 0.0f;
+        for (int64_t k = 0; k < m; k++) {
+            x0[k] = unpack_at(s0, f, map0, i0 + k, b);
+            x1[k] = two ? unpack_at(s1, f, map1, i0 + k, b) : 0.0f;
+            packed_rule_at(r, a, first, &p[i0 + k], &x0[k], &x1[k], grad[i0 + k]);
+            m0 = fmaxf(m0, fabsf(x0[k])), m1 = fmaxf(m1, fabsf(x1[k]));
+        }
+        if (f == STATE_INT8) {
+            s0.absmax[b] = m0;
+            if (two) s1.absmax[b] = m1;
+        }
+        for (int64_t k = 0; k < m; k++) {
+            pack_at(s0, f, map0, r.rule != RULE_ADADELTA, m0, x0[k], i0 + k);
+            if (two) pack_at(s1, f, map1, false, m1, x1[k], i0 + k);
+        }
+    }
+}
+
 // Stands in for the CUDA table, under its name.
 static Kernels replay_table;
 
@@ -402,5 +435,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->unscale_check = replay_unscale_check, k->scaler_update = replay_scaler_update;
     k->adadelta_step = replay_adadelta_step;
     k->sgd_step = replay_sgd_step, k->adamw_step = replay_adamw_step;
+    quant_map_fill(replay_quant_map);
+    k->optim_step_packed = replay_optim_step_packed;
     return k;
 }
