@@ -38,7 +38,8 @@
 enum {
     EXIT_USAGE = 2,         // the command line is not one ./train takes
     EXIT_NOTHING_LEFT = 3,  // resume: the checkpoint has trained every epoch asked for
-    EXIT_STOPPED = 130,     // a signal or stop_after stopped it, with a checkpoint to resume
+    EXIT_STOPPED = 130,     // a signal stopped it, with a checkpoint to resume (stop_after,
+                            // a planned stop, exits with 0)
 };
 
 // The processes of a data-parallel run (nn/dist.h): rank 0 of 1 without mpirun.
@@ -205,6 +206,8 @@ typedef struct Run {
     double lr;                      // of the last step
     const char *stopped;            // why the run stops after this epoch (a stop at its last
                                     // batch), or NULL
+    bool signalled;                 // the stop came from a signal (to any process), not from
+                                    // stop_after
 } Run;
 
 // Why training stops early: stop_after, or a signal to this process or another one.
@@ -276,6 +279,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
         mine += b->n;
         const double tn = now();
         const bool step_limit = o->stop_after && r->st.step >= (uint64_t)o->stop_after;
+        r->signalled = stop;
         if ((stop || step_limit) && r->st.batch == nbatches) {
             r->stopped = stop_reason(step_limit);
             break;
@@ -574,7 +578,9 @@ static bool has_module(const Net *net, const char *name) {
 }
 
 // How a run ends (train_main turns it into the exit status).
-enum { RUN_TRAINED, RUN_STOPPED, RUN_NOTHING_LEFT };
+// What run() did: trained to the end, stopped by a signal or at stop_after (a checkpoint
+// written either way), or found nothing left to train.
+enum { RUN_TRAINED, RUN_STOPPED, RUN_STOPPED_AFTER, RUN_NOTHING_LEFT };
 
 // Trains the run that o and cfg describe (--plan: prints its plan). Returns a RUN_ value, or
 // -1 with err.
@@ -754,7 +760,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (stopped < 0) goto done;
         if (stopped) {
             if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
-            rc = RUN_STOPPED;
+            rc = r.signalled ? RUN_STOPPED : RUN_STOPPED_AFTER;
             goto done;
         }
         if (test && evaluate(&net, data.test_loader, &dist, &te, &r.eval, err)) goto done;
@@ -862,7 +868,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (r.stopped) {
             printf("stopped %s at the end of epoch %d; wrote %s\nresume with: ./train resume=%s\n",
                    r.stopped, epoch + 1, r.last, r.last);
-            rc = RUN_STOPPED;
+            rc = r.signalled ? RUN_STOPPED : RUN_STOPPED_AFTER;
             goto done;
         }
     }
@@ -880,6 +886,9 @@ done:
 
 
 int main(int argc, char **argv) {
+    // A line at a time even when stdout is a file or a pipe (nohup, a notebook, a CI log):
+    // the header and each epoch show as they happen.
+    setvbuf(stdout, NULL, _IOLBF, 0);
     Error err = {0};
     if (dist_init(&dist, &argc, &argv, &err)) {
         fprintf(stderr, "train: %s\n", err.msg);
@@ -979,7 +988,8 @@ static int train_main(int argc, char **argv) {
     o.plan = plan, o.json = json;
     const int ran = run(&o, &cfg, &err);
     if (ran < 0) goto fail;
-    // Stopped (a signal, stop_after): the checkpoint is written, resume is possible.
+    // Stopped by a signal: the checkpoint is written, resume is possible (stop_after, a
+    // planned stop, is a success).
     rc = ran == RUN_STOPPED ? EXIT_STOPPED : ran == RUN_NOTHING_LEFT ? EXIT_NOTHING_LEFT : 0;
     goto out;
 fail:

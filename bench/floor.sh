@@ -35,7 +35,7 @@ train() {
     name=$1; shift
     rm -rf "${OUT:?}/$name"
     /usr/bin/time -f "%M" -o "$OUT/$name.time" ./train models/resnet18.cfg $ARGS "$@" \
-        stop_after="$STEPS" save="$OUT/$name" > "$OUT/$name.log" 2>&1 || [ $? -eq 130 ]
+        stop_after="$STEPS" save="$OUT/$name" > "$OUT/$name.log" 2>&1
     tail -n 1 "$OUT/$name.time" > "$OUT/$name.kib"
 }
 # torch NAME ARGS...: PyTorch's plain run; peak RSS in KiB into $OUT/NAME.kib

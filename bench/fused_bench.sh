@@ -30,11 +30,11 @@ run() {  # model fused round
     log="$OUT/runs/$1-fused$2-$3.log"
     case $1 in
     fashion) ./train models/fashion.cfg stop_after="$FASHION_STEPS" threads="$THREADS" profile=1 \
-                 fused_update="$2" save="$OUT/runs/$1-$2-$3" > "$log" 2>&1 || [ $? -eq 130 ] ;;
+                 fused_update="$2" save="$OUT/runs/$1-$2-$3" > "$log" 2>&1 ;;
     resnet18) ./train models/resnet18.cfg train="$FOLDER" val_split=0 cache="$OUT/cache" \
                   batch=32 optimizer=sgd lr=0.01 momentum=0.9 stop_after="$RESNET_STEPS" \
                   threads="$THREADS" profile=1 fused_update="$2" save="$OUT/runs/$1-$2-$3" \
-                  > "$log" 2>&1 || [ $? -eq 130 ] ;;
+                  > "$log" 2>&1 ;;
     esac
     total=$(grep '^| total ' "$log" | awk -F'|' '{gsub(/ /, "", $3); print $3}')
     opt=$(grep '^| optimizer ' "$log" | awk -F'|' '{gsub(/ /, "", $3); print $3}')

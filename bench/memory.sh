@@ -19,7 +19,7 @@ run() {
     cfg=$1; name=$2; shift 2
     plan=$(./train "$cfg" --plan --json "$@")
     /usr/bin/time -f "%M %e %U %S" -o "$OUT/$name.time" ./train "$cfg" "$@" stop_after="$STEPS" \
-        save="$OUT/$name" > "$OUT/$name.log" 2>&1 || [ $? -eq 130 ]
+        save="$OUT/$name" > "$OUT/$name.log" 2>&1
     /usr/bin/python3 - "$plan" "$OUT/$name.time" "$name" "$STEPS" <<'PY'
 import json, sys
 plan = json.loads(sys.argv[1]); peak_kib, secs, user, system = open(sys.argv[2]).read().split()[-4:]

@@ -61,7 +61,7 @@ run() {  # name overrides...
         /usr/bin/python3 bench/pytorch_cfg.py "$OUT/parity.cfg" "$@" --threads "$THREADS" \
             --steps $steps --double --save "$OUT/$name-pt64-$steps.safetensors" > /dev/null
         ./train "$OUT/parity.cfg" "$@" threads="$THREADS" init="$OUT/init.safetensors" \
-            stop_after=$steps save="$OUT/$name-cnn-$steps" > "$OUT/$name-cnn-$steps.log" || [ $? -eq 130 ]
+            stop_after=$steps save="$OUT/$name-cnn-$steps" > "$OUT/$name-cnn-$steps.log"
     done
     /usr/bin/python3 - "$OUT" "$name" <<'EOF'
 import os, sys

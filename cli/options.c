@@ -62,8 +62,8 @@ const CfgKey train_keys[] = {
     {"save", "runs/<cfg name>", "folder for checkpoints (last, best), metrics.jsonl and "
                                 "curves.svg; another run's files there move to previous-N/"},
     {"save_every", "0", "also write the last checkpoint every N batches; 0 = each epoch only"},
-    {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint, as on "
-                        "Ctrl-C (for time-boxed sessions); 0 = never"},
+    {"stop_after", "0", "stop after this many optimizer steps in all, with a checkpoint to "
+                        "resume, and exit with 0 (for time-boxed sessions); 0 = never"},
     {"resume", "", "a checkpoint to continue training from exactly: ./train resume=CKPT takes "
                    "the cfg stored in it; settings that change the run are refused"},
     {"resume_force", "0", "1: resume although settings that change the run differ from the "

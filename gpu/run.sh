@@ -20,7 +20,7 @@
 #   bench    bench/gpu_bench.sh: cnn.c against PyTorch on this GPU (issue 18)
 # DRY=1 checks the script where there is no GPU: this machine's build and packages,
 # device=cpu, a few steps a run (the numbers mean nothing). A run stopped by stop_after
-# exits with 130, as one stopped by a signal: its checkpoint is written.
+# exits with 0, its checkpoint written.
 set -u
 OUT=${1:?usage: sh gpu/run.sh OUTDIR [test sanitize train resume memory profile bench]}
 shift
@@ -114,7 +114,7 @@ for stage in $STAGES; do
                     shift 2
                     compute-sanitizer --tool $tool --error-exitcode 99 ./train "$cfg" $DATA device=cuda \
                         stop_after=3 save="$RUNS/san-$tool-$name" "$@" > "$OUT/sanitize-$tool-$name.log" 2>&1
-                    say "compute-sanitizer --tool $tool $name: exit $? (130: clean, stopped; 99: errors)"
+                    say "compute-sanitizer --tool $tool $name: exit $? (0: clean; 99: errors)"
                     grep -E '^========= (ERROR|Invalid|Race|.*errors)' "$OUT/sanitize-$tool-$name.log" | head -8 |
                         sed 's/^/    /' | tee -a "$SUMMARY"
                 done
