@@ -734,9 +734,11 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net.opt_format != STATE_F32)
         printf(", %s optimizer state (changes the result)", state_format_names[net.opt_format]);
     printf("\n");
-    if (test) printf("       %lld test images\n", (long long)test->count);
-    if (train->info) printf("       train: %s\n", train->info);
-    if (test && test->info) printf("       test: %s\n", test->info);
+    // With val_split both parts carry the split's one line: said once, as validation.
+    const bool split = dc.val_split > 0.0;
+    if (test) printf("       %lld %s images\n", (long long)test->count, split ? "validation" : "test");
+    if (train->info) printf("       %s: %s\n", split ? "split" : "train", train->info);
+    if (test && test->info && !split) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
     print_plan(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, false, NULL);
 
@@ -821,7 +823,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (dist.rank == 0 && test) {
             snprintf(val_loss, sizeof val_loss, "%.6f", te.loss / te.seen);
             snprintf(val_acc_s, sizeof val_acc_s, "%.4f", val_acc);
-            snprintf(val_top5, sizeof val_top5, "%.4f", 100.0 * (double)r.eval.top5 / (double)te.seen);
+            if (data.classes > 5)  // with 5 classes or fewer it is always 100: null
+                snprintf(val_top5, sizeof val_top5, "%.4f", 100.0 * (double)r.eval.top5 / (double)te.seen);
         }
         if (dist.rank == 0) {
             char *line = NULL;

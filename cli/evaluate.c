@@ -129,8 +129,11 @@ static void print_evaluation(const char *weights, const char *source, const Tota
         json_string(stdout, weights);
         printf(", \"data\": ");
         json_string(stdout, source);
-        printf(", \"images\": %lld, \"loss\": %.6f, \"acc\": %.4f, \"top5\": %.4f, \"classes\": [",
-               (long long)t->seen, t->loss / t->seen, acc, top5);
+        printf(", \"images\": %lld, \"loss\": %.6f, \"acc\": %.4f, \"top5\": ",
+               (long long)t->seen, t->loss / t->seen, acc);
+        if (C > 5) printf("%.4f", top5);  // with 5 classes or fewer it is always 100
+        else printf("null");
+        printf(", \"classes\": [");
         for (int c = 0; c < C; c++) {
             if (c) printf(", ");
             json_string(stdout, names[c]);

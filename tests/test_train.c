@@ -373,6 +373,8 @@ static void test_training_learns(void **state) {
         double loss;
         const char *p = strstr(line, "\"train_loss\": "), *q = strstr(line, "\"val_acc\": ");
         assert_true(p && q && strstr(line, "\"img_per_s\": ") && strstr(line, "\"peak_rss_mb\": "));
+        // 3 classes: top-5 is always 100%, so it is not reported (issue 33, point 7).
+        if (!strstr(line, "\"val_top5\": null")) fail_msg("3 classes, a top-5 in: %s", line);
         loss = atof(p + 14);
         acc = atof(q + 11);
         if (first < 0) first = loss;
@@ -447,6 +449,7 @@ static void test_eval_and_predict(void **state) {
     long long diagonal;
     assert_int_equal(json_matrix_sum(read_output(), "\"confusion\": ", 3, &diagonal), 150);
     assert_non_null(strstr(read_output(), "\"images\": 150,"));
+    assert_non_null(strstr(read_output(), "\"top5\": null,"));  // 3 classes
     const double eval_acc = atof(strstr(read_output(), "\"acc\": ") + 7);
     assert_true(fabs(eval_acc - 100.0 * (double)diagonal / 150) < 1e-3);
     assert_true(fabs(eval_acc - atof(acc + 8)) < 0.006);
@@ -469,6 +472,13 @@ static void test_eval_val_split(void **state) {
     char args[2048];
     snprintf(args, sizeof args, "epochs=1 val_split=0.2 test= test_labels= save=%s/vs", dir);
     assert_int_equal(train(args), 0);
+    // The header names the held-out part as validation, and the split once (issue 33,
+    // point 6).
+    const char *out = read_output();
+    if (!strstr(out, "480 training images") || !strstr(out, "       120 validation images\n") ||
+        strstr(out, "test images") || !strstr(out, "       split: 480 training and 120 validation") ||
+        strstr(strstr(out, "validation samples") + 1, "validation samples"))
+        fail_msg("the header of a val_split run: %s", out);
     const char *acc = strstr(read_output(), "val_acc ");
     assert_non_null(acc);
     const double logged = atof(acc + 8);
