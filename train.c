@@ -674,7 +674,9 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     net.plan.loader = data_loader_bytes(&data);
     r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
     r.scaler = (ScalerState){.scale = net.precision == DT_F16 ? o->init_scale : 1.0};
-    if (o->init[0]) {
+    // A resumed run takes every weight from its checkpoint: init (its first start's) is not
+    // read, and may be gone.
+    if (o->init[0] && !o->resume[0]) {
         for (int i = 0; i < o->init_skip.n; i++)
             if (!has_module(&net, o->init_skip.names[i])) {
                 err_set(err, "%s: init_skip names '%s', but the network has no layer of that "
@@ -685,7 +687,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         if (checkpoint_load_weights(o->init, &net, o->init_skip.names, o->init_skip.n, err)) goto done;
         printf("initial weights from %s%s%s\n", o->init, o->init_skip.n ? "; fresh: " : "",
                o->init_skip.n ? o->init_skip.text : "");
-    } else if (o->init_skip.n) {
+    } else if (o->init_skip.n && !o->init[0]) {
         err_set(err, "%s: init_skip is set but init is not: init_skip says which layers of the "
                      "init weights to leave out", cfg->path);
         goto done;
