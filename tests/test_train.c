@@ -315,12 +315,13 @@ static void test_plain_weights(void **state) {
     assert_non_null(strstr(read_output(), "; fresh: fc"));
     // resume= alone needs only the checkpoint: the run's init file may be gone, and is not
     // said to be loaded (issue 33, point 3).
-    snprintf(want, sizeof want, "%s/plain-moved.safetensors", dir);
-    assert_int_equal(rename(plain, want), 0);
+    char moved[PATH_MAX + 32];
+    snprintf(moved, sizeof moved, "%s/plain-moved.safetensors", dir);
+    assert_int_equal(rename(plain, moved), 0);
     assert_int_equal(run("./train resume=%s/res3/last.safetensors stop_after=8", dir), 0);
     if (!strstr(read_output(), "resuming from") || strstr(read_output(), "initial weights"))
         fail_msg("%s", read_output());
-    assert_int_equal(rename(want, plain), 0);
+    assert_int_equal(rename(moved, plain), 0);
     snprintf(args, sizeof args, "epochs=1 init=%s init_skip=fc,layer9 save=%s/res4", plain, dir);
     assert_int_equal(train(args), 1);
     assert_non_null(strstr(read_output(), "init_skip names 'layer9'"));
