@@ -928,7 +928,7 @@ static int train_main(int argc, char **argv) {
             goto fail;
         }
         // WEIGHTS, then the options (--cfg CFG, --json, --top K) anywhere among the rest:
-        // overrides for --eval, images and folders for --predict.
+        // overrides for --eval, overrides, images and folders for --predict.
         PredictOptions po = {.top = 5};
         int nrest = 0;
         char **rest = argv + 3;  // the other arguments, moved to the front
@@ -951,7 +951,7 @@ static int train_main(int argc, char **argv) {
         if (argc < 3 || (!eval && !nrest)) {
             fprintf(stderr, eval ? "usage: ./train --eval WEIGHTS [--cfg CFG] [--json] [key=value ...]\n"
                                  : "usage: ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] "
-                                   "IMAGE|FOLDER...\n");
+                                   "[key=value ...] IMAGE|FOLDER...\n");
             return EXIT_USAGE;
         }
         if (eval) {

@@ -94,20 +94,38 @@ static void print_prediction(const char *file, float *logp, int classes, char *c
     printf(po->json ? "]}\n" : "\n");
 }
 
+// Whether argument a is a key=value override (KEY: letters, digits, '_' and '.', not a
+// digit first) rather than a path: a file or folder of that name is always a path.
+static bool is_override(const char *a) {
+    const char *eq = strchr(a, '=');
+    struct stat st;
+    if (!eq || eq == a || (a[0] >= '0' && a[0] <= '9') || stat(a, &st) == 0) return false;
+    for (const char *c = a; c < eq; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_' || *c == '.'))
+            return false;
+    return true;
+}
+
 int predict(const char *weights, const PredictOptions *po, int nargs, char **args, Error *err) {
     Model m = {0};
     PathList files = {0};
-    int failed = -1;
+    int failed = -1, nover = 0;
     uint8_t *pixels = NULL;  // (batch, H, W, C) the decoded images, as the loader's bytes
     float *lut = NULL, *logp = NULL;
     int *slot_file = NULL;  // the file of each image of the batch
-    for (int i = 0; i < nargs; i++)
-        if (paths_collect(&files, args[i], true, 0, err)) goto done;
+    char **overrides = xcalloc((size_t)nargs + 1, sizeof *overrides, err);
+    if (!overrides) goto done;
+    for (int i = 0; i < nargs; i++) {
+        if (is_override(args[i])) overrides[nover++] = args[i];
+        else if (paths_collect(&files, args[i], true, 0, err)) goto done;
+    }
     if (!files.n) {
-        err_set(err, "no image files in %s%s", args[0], nargs > 1 ? " and the other paths" : "");
+        err_set(err, "no image files in %s", nargs > nover ? "the paths given" : "the arguments "
+                     "(key=value ones are settings: give an image or a folder)");
         goto done;
     }
-    if (model_open(&m, weights, po->cfg, 0, NULL, false, err)) goto done;
+    if (model_open(&m, weights, po->cfg, nover, overrides, false, err)) goto done;
     Shape input = m.info.input;
     int classes = m.info.classes;
     char *const *names = m.info.class_names;
@@ -180,5 +198,6 @@ done:
     free(pixels);
     free(lut);
     free(logp);
+    free(overrides);
     return failed;
 }

@@ -15,8 +15,10 @@ typedef struct PredictOptions {
     size_t memory;  // the most the network may take, in bytes; 0: what the device can give
 } PredictOptions;
 
-// ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] IMAGE|FOLDER...: the top
-// classes of each image, decoded and resized to the network's input as a folder data set
+// ./train --predict WEIGHTS [--cfg CFG] [--json] [--top K] [key=value ...] IMAGE|FOLDER...:
+// the key=value arguments override the cfg (threads=1, batch=8, device=cpu, ...; an
+// argument that names an existing file or folder is always a path); the top classes of
+// each image, decoded and resized to the network's input as a folder data set
 // does and normalised with the cfg's mean and std, in batches of the cfg's batch size.
 // Plain weights take the input shape and the class names from the cfg's training data.
 // A file that cannot be read or decoded is reported (on stderr, or as a JSON line with

@@ -306,6 +306,13 @@ static void test_plain_weights(void **state) {
     assert_true(stbi_write_png(args, 10, 10, 1, px, 10));
     assert_int_equal(run("./train --predict %s --cfg %s/resnet.cfg %s", plain, dir, args), 0);
     assert_non_null(strstr(read_output(), "sample.png:  "));
+    // With overrides, the same answer (issue 33, point 2); a bad key names itself.
+    char first[200];
+    snprintf(first, sizeof first, "%.150s", strstr(read_output(), "sample.png:  "));
+    assert_int_equal(run("./train --predict %s --cfg %s/resnet.cfg threads=1 batch=4 %s", plain, dir, args), 0);
+    if (!strstr(read_output(), first)) fail_msg("expected '%s' in: %s", first, read_output());
+    assert_int_not_equal(run("./train --predict %s --cfg %s/resnet.cfg thread=1 %s", plain, dir, args), 0);
+    assert_non_null(strstr(read_output(), "thread"));
     // init= from plain weights, with and without a fresh classifier.
     snprintf(args, sizeof args, "epochs=1 init=%s save=%s/res2", plain, dir);
     assert_int_equal(train(args), 0);
