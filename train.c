@@ -988,7 +988,7 @@ static int train_main(int argc, char **argv) {
         err_set(&err, "--json goes with --plan");
         goto fail;
     }
-    if (options_read(&o, &cfg, cfg_path, true, &err)) goto fail;
+    if (options_read(&o, &cfg, cfg_path, DATA_FILES_ALL, &err)) goto fail;
     if (o.resume[0] && resume_check(&cfg, o.resume, o.resume_force, &err)) goto fail;
     o.plan = plan, o.json = json;
     const int ran = run(&o, &cfg, &err);

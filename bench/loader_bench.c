@@ -231,7 +231,7 @@ int main(int argc, char **argv) {
     DataConfig dc;
     if (cfg_int(&cfg, t, "batch", "64", 1, 1 << 20, &batch, &err) ||
         cfg_int(&cfg, t, "seed", "1", 0, INT64_MAX, &seed, &err) ||
-        data_cfg_read(&dc, &cfg, d, true, &err))
+        data_cfg_read(&dc, &cfg, d, DATA_FILES_ALL, &err))
         goto fail;
     if (stb) return stb_bench(&dc, epochs);
     pthread_t spin[64];

@@ -176,10 +176,21 @@ int eval_weights(const char *weights, const char *cfg_path, bool json, int nover
     Model m;
     EvalStats e = {0};
     int rc = -1;
-    if (model_open(&m, weights, cfg_path, noverrides, overrides, true, err)) goto done;
+    // A test set named on the command line is what to evaluate: the cfg's val_split and
+    // training data are left alone (the class names come from the checkpoint or the set).
+    bool named = false;
+    for (int i = 0; i < noverrides; i++)
+        named |= !strncmp(overrides[i], "test=", 5) && overrides[i][5] != '\0';
+    char **all = xcalloc((size_t)noverrides + 1, sizeof *all, err);
+    if (!all) return -1;
+    memcpy(all, overrides, (size_t)noverrides * sizeof *all);
+    static char no_split[] = "val_split=";
+    if (named) all[noverrides] = no_split;
+    if (model_open(&m, weights, cfg_path, noverrides + named, all, named ? DATA_FILES_TEST : DATA_FILES_ALL, err))
+        goto done;
     const bool split = m.o.data.val_split > 0;
-    if (split || !m.is_checkpoint ? data_open(&m.data, &m.o.data, m.o.batch, m.o.seed, err)
-                                  : data_open_test(&m.data, &m.o.data, m.o.batch, err))
+    if (split || (!m.is_checkpoint && !named) ? data_open(&m.data, &m.o.data, m.o.batch, m.o.seed, err)
+                                              : data_open_test(&m.data, &m.o.data, m.o.batch, err))
         goto done;
     if (!m.data.test) {
         err_set(err, "%s: [data] has no test set (test, test_labels or val_split) to evaluate on",
@@ -215,5 +226,6 @@ int eval_weights(const char *weights, const char *cfg_path, bool json, int nover
 done:
     eval_stats_free(&e);
     model_close(&m);
+    free(all);
     return rc;
 }

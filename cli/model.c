@@ -14,7 +14,7 @@ void model_close(Model *m) {
 }
 
 int model_open(Model *m, const char *weights, const char *cfg_path, int noverrides,
-               char **overrides, bool data, Error *err) {
+               char **overrides, DataFiles data, Error *err) {
     memset(m, 0, sizeof *m);
     if (checkpoint_probe(weights, &m->is_checkpoint, err) ||
         (m->is_checkpoint && checkpoint_read_info(weights, &m->info, NULL, err)))
@@ -31,7 +31,9 @@ int model_open(Model *m, const char *weights, const char *cfg_path, int noverrid
     }
     for (int i = 0; i < noverrides; i++)
         if (options_override(&m->cfg, overrides[i], err)) return -1;
-    if (options_read(&m->o, &m->cfg, m->name, data || !m->is_checkpoint, err) || !(m->k = kernels_for_device(m->o.device, err)))
+    if (options_read(&m->o, &m->cfg, m->name,
+                     data == DATA_FILES_NONE && !m->is_checkpoint ? DATA_FILES_ALL : data, err) ||
+        !(m->k = kernels_for_device(m->o.device, err)))
         return -1;
     cpu_set_threads(m->o.threads > 0 ? m->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
     return 0;

@@ -25,11 +25,12 @@ typedef struct Model {
 
 // Reads the cfg of `weights` (its stored one, or cfg_path) with the overrides applied, and
 // the options. The checkpoint's metadata is validated here (checkpoint_read_info) before
-// anything uses it. data: the cfg's data sets will be opened, so [data]'s files are checked
-// (plain weights always need them: their input shape and class names come from the data).
-// model_close frees what it opened, also after a failure.
+// anything uses it. data: which of the cfg's data sets will be opened, so that [data]'s
+// files are checked (plain weights need one at least: their input shape and class names
+// come from the data; DATA_FILES_NONE then checks all). model_close frees what it opened,
+// also after a failure.
 int model_open(Model *m, const char *weights, const char *cfg_path, int noverrides,
-               char **overrides, bool data, Error *err);
+               char **overrides, DataFiles data, Error *err);
 
 // Builds the network for batches of `batch` inputs of `shape` and loads the weights, once
 // its plan is known to fit in `memory` bytes (0: what the device can still give).

@@ -233,7 +233,7 @@ static int read_schedule(Schedule *s, const Cfg *cfg, const CfgSection *t, Error
     return 0;
 }
 
-int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_files, Error *err) {
+int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles data_files, Error *err) {
     const CfgSection *t = cfg_section(cfg, "train"), *d = cfg_section(cfg, "data");
     if (!t) return err_set(err, "%s: no [train] section (see models/mnist.cfg)", cfg_path);
     if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);

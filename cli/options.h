@@ -52,8 +52,8 @@ extern const CfgKey train_keys[];
 extern const int train_nkeys;
 
 // Reads [train] and [data] of cfg (cfg_path names it in messages) into *o. Errors name the
-// file, line and key. data_files: [data]'s files are checked (data_cfg_read's `files`).
-int options_read(Options *o, const Cfg *cfg, const char *cfg_path, bool data_files, Error *err);
+// file, line and key. data_files: which of [data]'s files are checked (data_cfg_read).
+int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles data_files, Error *err);
 
 // Applies one command-line override "key=value", "section.key=value" or "layer.key=value"
 // to cfg; "key=" sets the key back to its default.

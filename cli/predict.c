@@ -125,7 +125,7 @@ int predict(const char *weights, const PredictOptions *po, int nargs, char **arg
                      "(key=value ones are settings: give an image or a folder)");
         goto done;
     }
-    if (model_open(&m, weights, po->cfg, nover, overrides, false, err)) goto done;
+    if (model_open(&m, weights, po->cfg, nover, overrides, DATA_FILES_NONE, err)) goto done;
     Shape input = m.info.input;
     int classes = m.info.classes;
     char *const *names = m.info.class_names;

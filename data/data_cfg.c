@@ -97,16 +97,21 @@ static int check_labels(const Cfg *cfg, const CfgSection *s, const char *key, co
     return 0;
 }
 
-// The checks of [data] that look at the file system: whether train and test are image
-// folders or IDX files, their labels keys, and what that means for the size keys. *channels
-// gets its default (3 for a folder, 1 for IDX).
-static int check_files(DataConfig *dc, const Cfg *cfg, const CfgSection *s, int64_t width,
-                       int64_t height, int64_t *channels, Error *err) {
+// The checks of [data] that look at the file system (`files`: all, or the test set's
+// alone): whether train and test are image folders or IDX files, their labels keys, and
+// what that means for the size keys. *channels gets its default (3 for a folder, 1 for
+// IDX).
+static int check_files(DataConfig *dc, const Cfg *cfg, const CfgSection *s, DataFiles files,
+                       int64_t width, int64_t height, int64_t *channels, Error *err) {
     char w[1100];
-    if ((dc->train_folder = is_dir(cfg, s, "train", dc->train, err)) < 0) return -1;
+    if (files == DATA_FILES_TEST && !dc->test[0])
+        return err_set(err, "no test set to evaluate on: give test=PATH (and test_labels=PATH "
+                            "for IDX files)");
     if (dc->test[0] && (dc->test_folder = is_dir(cfg, s, "test", dc->test, err)) < 0) return -1;
-    if (check_labels(cfg, s, "train", dc->train, dc->train_folder, "train_labels",
-                     dc->train_labels, err))
+    if (files == DATA_FILES_TEST) dc->train_folder = dc->test_folder;
+    else if ((dc->train_folder = is_dir(cfg, s, "train", dc->train, err)) < 0 ||
+             check_labels(cfg, s, "train", dc->train, dc->train_folder, "train_labels",
+                          dc->train_labels, err))
         return -1;
     if (dc->test[0]) {
         if (check_labels(cfg, s, "test", dc->test, dc->test_folder, "test_labels",
@@ -143,7 +148,7 @@ static int check_files(DataConfig *dc, const Cfg *cfg, const CfgSection *s, int6
     return 0;
 }
 
-int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, bool files, Error *err) {
+int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, DataFiles files, Error *err) {
     int64_t shuffle, drop_last, width, height, channels, workers, prefetch, skip_bad, crop_pad, flip;
     double val_split, crop_scale;
     memset(dc, 0, sizeof *dc);
@@ -187,7 +192,8 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, bool file
         return err_set(err, "%s: [data] val_split = %g and test = %s: validate on a held-out "
                        "part of train or on a test set, not both",
                        where(w, sizeof w, cfg, s, "val_split"), val_split, dc->test);
-    if (files && check_files(dc, cfg, s, width, height, &channels, err)) return -1;
+    if (files != DATA_FILES_NONE && check_files(dc, cfg, s, files, width, height, &channels, err))
+        return -1;
     dc->val_split = val_split;
     dc->width = (int)width, dc->height = (int)height, dc->channels = (int)channels;
     dc->shuffle = (int)shuffle, dc->drop_last = (int)drop_last;

@@ -30,13 +30,20 @@ typedef struct DataConfig {
                                        // of both loaders (LoaderConfig), nshards <= 1: all
 } DataConfig;
 
-// Reads and checks [data] (s may not be NULL). Errors name the file, line and key.
-// With `files` it looks at the file system once: train (and test) is an image folder if it
-// is a directory, else IDX (which then needs train_labels / test_labels). Without, the
-// values alone are read and checked (the normalisation for --predict of a checkpoint,
-// whose training data may be on another machine): train_folder and test_folder stay 0, and
-// channels 0 where the cfg does not set it.
-int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, bool files, Error *err);
+// Which of [data]'s files data_cfg_read looks at.
+typedef enum DataFiles {
+    DATA_FILES_NONE,  // none: the values alone (the normalisation for --predict of a
+                      // checkpoint, whose training data may be on another machine):
+                      // train_folder and test_folder stay 0, channels 0 where not set
+    DATA_FILES_ALL,   // train and test
+    DATA_FILES_TEST,  // test alone (--eval on a set named on the command line): train is
+                      // not opened, and train_folder follows test_folder
+} DataFiles;
+
+// Reads and checks [data] (s may not be NULL). Errors name the file, line and key. Where
+// `files` says, it looks at the file system once: a set is an image folder if it is a
+// directory, else IDX (which then needs its labels key).
+int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, DataFiles files, Error *err);
 
 // The opened data: train is always there; test and test_loader may be NULL.
 typedef struct Data {

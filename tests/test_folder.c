@@ -706,7 +706,7 @@ static int read_data_cfg(Cfg *cfg, DataConfig *dc, const char *body, Error *err)
     snprintf(b2, sizeof b2, body, g_dir, g_dir, g_dir);
     snprintf(text, sizeof text, "[data]\n%s", b2);
     if (cfg_parse(cfg, text, "test.cfg", err)) fail_msg("%s", err->msg);
-    return data_cfg_read(dc, cfg, cfg_section(cfg, "data"), true, err);
+    return data_cfg_read(dc, cfg, cfg_section(cfg, "data"), DATA_FILES_ALL, err);
 }
 
 static void cfg_fails(const char *body, ...) {

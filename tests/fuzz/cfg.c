@@ -65,7 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             net_free(&net);
         const CfgSection *d = cfg_section(&cfg, "data");
         DataConfig dc;
-        if (d) data_cfg_read(&dc, &cfg, d, true, &err);
+        if (d) data_cfg_read(&dc, &cfg, d, DATA_FILES_ALL, &err);
         cfg_free(&cfg);
     }
     free(text);
