@@ -863,6 +863,21 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
     }
     nbad = kept;
 
+    // Weights alone whose model keys differ only in shape: the layers init_skip would leave
+    // fresh (a pretrained classifier for another number of classes).
+    char skip_hint[200] = "";
+    for (int i = 0; i < nbad && !optimizer && !model_missing && !model_unexp; i++) {
+        if (bad[i] >= nmodel) continue;
+        size_t start, len, n = strlen(skip_hint);
+        layer_part(want[bad[i]].name, &start, &len);
+        char layer[TENSOR_NAME_MAX];
+        snprintf(layer, sizeof layer, "%.*s", (int)len, want[bad[i]].name + start);
+        bool seen = false;  // listed already (its weight before its bias)
+        for (const char *p = skip_hint; *p && !seen; p = strchr(p, ',') ? strchr(p, ',') + 1 : p + strlen(p))
+            seen = !strncmp(p, layer, strlen(layer)) && (p[strlen(layer)] == ',' || !p[strlen(layer)]);
+        if (!seen && n + strlen(layer) + 2 < sizeof skip_hint)
+            snprintf(skip_hint + n, sizeof skip_hint - n, "%s%s", n ? "," : "", layer);
+    }
     char from[TENSOR_NAME_MAX], to[TENSOR_NAME_MAX], out[4096];
     const char *first_unexp = NULL;  // a model key the network does not have
     for (int i = 0; i < nunexp && !first_unexp; i++)
@@ -902,6 +917,9 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
         if (nbad > (lim + 1) / 2)
             msg_add(&m, "%sand %d more keys of another shape", sep, nbad - (lim + 1) / 2);
         if (shadowed) msg_add(&m, "; their optimizer state likewise (%d keys)", shadowed);
+        if (skip_hint[0])
+            msg_add(&m, "; with init=, init_skip=%s loads the rest and starts those layers fresh "
+                        "(a new classifier for your classes, say)", skip_hint);
         if (rename) {
             msg_add(&m, "; if the layers were renamed: ./ckpt rename ");
             msg_shell(&m, f->path);
@@ -1163,8 +1181,11 @@ int checkpoint_rename(const char *in, const char *out, const RenameRule *rules, 
     Renamed *r = NULL;
     char *cfg_text = NULL;
     const char **keys = NULL, **values = NULL;
-    const char *cfg;
-    if (check_format(&f, err) || meta_required(&f, "cfg", &cfg, err)) goto done;
+    const char *cfg = NULL;
+    // A cnn.c checkpoint (its stored cfg renamed too), or a plain state_dict (PyTorch's,
+    // DataParallel's "module." keys: its metadata copied as it is).
+    const bool checkpoint = st_meta(&f, "format") != NULL;
+    if (checkpoint && (check_format(&f, err) || meta_required(&f, "cfg", &cfg, err))) goto done;
     t = xcalloc((size_t)f.count, sizeof *t, err);
     r = xcalloc((size_t)f.count, sizeof *r, err);
     keys = xcalloc((size_t)f.nmeta, sizeof *keys, err);
@@ -1217,7 +1238,7 @@ int checkpoint_rename(const char *in, const char *out, const RenameRule *rules, 
                         in, z, x, y);
             goto done;
         }
-    if (rename_cfg(cfg, in, rules, nrules, mode, &cfg_text, err)) goto done;
+    if (checkpoint && rename_cfg(cfg, in, rules, nrules, mode, &cfg_text, err)) goto done;
     for (int i = 0; i < f.nmeta; i++) {
         keys[i] = f.meta[i].key;
         values[i] = cfg_text && !strcmp(keys[i], "cfg") ? cfg_text : f.meta[i].value;

@@ -117,7 +117,9 @@ typedef struct RenameRule {
 // Copies checkpoint `in` to `out` with its keys renamed: the rules apply in order to the
 // layer part of each key (the name before ".weight"/".bias"; for optimizer keys the
 // part after the prefix), and the same renaming applies to the layer names in the
-// stored cfg, so the result loads into the renamed model. Refuses a renaming that makes
+// stored cfg, so the result loads into the renamed model. A plain state_dict (no cnn.c
+// metadata: PyTorch's, DataParallel's "module." keys) is renamed the same way, its
+// metadata copied. Refuses a renaming that makes
 // two keys equal or leaves a layer name invalid, and out == in; never modifies in.
 // *renamed = the number of keys changed (0 is not an error, but the CLI says so; then
 // out is not written).

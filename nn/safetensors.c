@@ -592,11 +592,30 @@ static int check_size(const char *path, size_t size, Error *err) {
     return 0;
 }
 
+// Whether buf is what torch.save writes, a zip archive (PyTorch 1.6 and later) or a pickle
+// (older ones: protocol 2, then its magic number as a long); if so, err says so and how to
+// convert it. Asked only of a file that is not valid safetensors (the bytes of a valid
+// header length may look alike).
+static bool torch_file(const StFile *f, const unsigned char *buf, size_t size, Error *err) {
+    const bool zip = size >= 4 && !memcmp(buf, "PK\x03\x04", 4);
+    const bool pickle = size >= 3 && buf[0] == 0x80 && buf[1] >= 2 && buf[1] <= 5 && buf[2] == 0x8a;
+    if (!zip && !pickle) return false;
+    err_set(err,
+            "%s is a PyTorch file (torch.save's %s), not safetensors; convert it once in "
+            "Python: from safetensors.torch import save_file; save_file(torch.load('%s', "
+            "map_location='cpu'), 'weights.safetensors') (a checkpoint dict: its state_dict "
+            "entry; without the safetensors package, bench/st_torch.py writes the file with "
+            "torch alone)",
+            f->path, zip ? "zip archive" : "pickle", f->path);
+    return true;
+}
+
 // Validates buf[0..size) and fills f (whose path is set). On error the caller closes f.
 static int parse_file(StFile *f, const unsigned char *buf, size_t size, Error *err) {
     if (check_size(f->path, size, err)) return -1;
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | buf[i];
+    if ((n > ST_MAX_HEADER || n > size - 8) && torch_file(f, buf, size, err)) return -1;
     if (n > ST_MAX_HEADER)
         return err_set(err,
                        "%s: the header length is %" PRIu64 " bytes, more than the 100 MB limit; "
@@ -619,6 +638,7 @@ static int parse_file(StFile *f, const unsigned char *buf, size_t size, Error *e
                 .f = f,
                 .err = err};
     snprintf(P.ctx, sizeof P.ctx, "the header object");
+    if ((n == 0 || buf[8] != '{') && torch_file(f, buf, size, err)) return -1;
     if (n == 0 || buf[8] != '{')
         return err_set(
             err,

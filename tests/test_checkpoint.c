@@ -434,7 +434,9 @@ static void test_shape_mismatch(void **state) {
     snprintf(want, sizeof want,
              "%s does not fit this network: conv1.weight is [4, 1, 3, 3] in the file but "
              "[8, 1, 3, 3] in the network; conv1.bias is [4] in the file but [8] in the network; "
-             "conv2.weight is [4, 4, 3, 3] in the file but [4, 8, 3, 3] in the network",
+             "conv2.weight is [4, 4, 3, 3] in the file but [4, 8, 3, 3] in the network; "
+             "with init=, init_skip=conv1,conv2 loads the rest and starts those layers fresh "
+             "(a new classifier for your classes, say)",
              path("std3.safetensors"));
     assert_string_equal(msg, want);
     expect_load_error(path("std3.safetensors"), &net, true, msg, sizeof msg);
@@ -774,12 +776,17 @@ static void test_rename_refusals(void **state) {
                                  &renamed, &err),
                      -1);
     assert_contains(err.msg, "nothere.safetensors");
+    // A plain state_dict (no cnn.c metadata) is renamed too (issue 33, point 9), its keys
+    // alone; a file of another format is still refused.
     rewrite(path("orig3.safetensors"), path("plain3.safetensors"), NULL, "format", NULL, NULL);
     assert_int_equal(
-        rename_file("plain3.safetensors", "x.safetensors", RENAME_SUBSTRING, 1, &r, &renamed, &err),
-        -1);
-    assert_contains(err.msg, "is not a cnn.c checkpoint");
-    assert_false(exists(path("x.safetensors")));
+        rename_file("plain3.safetensors", "x.safetensors", RENAME_SUBSTRING, 1, &r, &renamed, &err), 0);
+    assert_true(renamed > 0 && exists(path("x.safetensors")));
+    StFile px;
+    if (st_open(&px, path("x.safetensors"), &err)) fail_msg("%s", err.msg);
+    assert_null(st_meta(&px, "format"));
+    st_close(&px);
+    assert_int_equal(remove(path("x.safetensors")), 0);
 
     char *after = test_read_file(path("orig3.safetensors"), &n1);
     assert_int_equal(n0, n1);
@@ -1213,6 +1220,12 @@ static void test_init_skip(void **state) {
     assert_int_equal(checkpoint_load_weights(path("big_plain.safetensors"), &b, NULL, 0, &err), -1);
     assert_contains(err.msg, "fc.weight is [7, 4] in the file but [5, 4] in the network");
     assert_contains(err.msg, "unexpected keys (1): fc.extra");
+    assert_null(strstr(err.msg, "init_skip"));  // an unexpected key: not a pure classifier swap
+    // A 7-class head against a 5-class network, nothing else different: init_skip=fc named
+    // (issue 33, point 9).
+    write_plain(path("big.safetensors"), path("big_head.safetensors"), NULL, NULL, NULL);
+    assert_int_equal(checkpoint_load_weights(path("big_head.safetensors"), &b, NULL, 0, &err), -1);
+    assert_contains(err.msg, "with init=, init_skip=fc loads the rest and starts those layers fresh");
     const char *skip[] = {"fc"};
     if (checkpoint_load_weights(path("big_plain.safetensors"), &b, skip, 1, &err)) fail_msg("%s", err.msg);
     float *after = snapshot(&b), *src = snapshot(&big);

@@ -536,6 +536,22 @@ static void test_header_length(void **state) {
     buffer_fails(buf, size, "more than the 100 MB limit", NULL);
     memset(buf, 0, 8);  // N = 0: the header is empty
     buffer_fails(buf, size, "does not start with '{'", NULL);
+    // What torch.save writes (a zip archive; a protocol-2 pickle, its magic number next):
+    // said so, with the conversion (issue 33, point 9).
+    memcpy(buf, "PK\x03\x04\x14\x00\x00\x00", 8);
+    buffer_fails(buf, size, "is a PyTorch file (torch.save's zip archive), not safetensors",
+                 "save_file(torch.load(");
+    memcpy(buf, "\x80\x02\x8a\x0a\x6c\xfc\x9c\x46", 8);
+    buffer_fails(buf, size, "is a PyTorch file (torch.save's pickle)", "bench/st_torch.py");
+    free(buf);
+    // A valid header whose length's bytes look like a pickle's start is read as it is.
+    char big[0x0280 + 1];
+    memset(big, ' ', sizeof big - 1);
+    big[0] = '{', big[1] = '}', big[sizeof big - 1] = '\0';
+    buf = make_file(big, 0x280, 0, &size);
+    assert_true(buf[0] == 0x80 && buf[1] == 0x02);
+    buffer_ok(&f, buf, size);
+    st_close(&f);
     free(buf);
     // Exactly 100 MB claimed but absent: the limit itself is allowed, the size is not.
     buf = make_file("{}", 2, 0, &size);
