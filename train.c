@@ -218,6 +218,20 @@ static const char *stop_reason(bool step_limit) {
                                     : "by a signal to another process";
 }
 
+// The learning rate of the steps taken so far, for curves.svg: every step, or LR_POINTS
+// of them evenly spread (always the first and the last); x, y: LR_POINTS each.
+enum { LR_POINTS = 1024 };
+static LrSteps lr_curve(const Run *r, int64_t steps_per_epoch, double *x, double *y) {
+    const int64_t steps = (int64_t)r->st.step;
+    const int n = steps < LR_POINTS ? (int)steps : LR_POINTS;
+    for (int i = 0; i < n; i++) {
+        const int64_t t = n > 1 ? (int64_t)((double)i * (double)(steps - 1) / (n - 1) + 0.5) : 0;
+        x[i] = (double)(t + 1) / (double)steps_per_epoch;
+        y[i] = schedule_lr(&r->schedule, r->o->optim.lr, t, (int)(t / steps_per_epoch));
+    }
+    return (LrSteps){x, y, n};
+}
+
 // Writes the run's state to path (the epoch totals so far come from the device, summed
 // over the processes); every process calls it, rank 0 writes.
 static int save_checkpoint(Run *r, const char *path, Error *err) {
@@ -849,9 +863,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
                     r.scaler.scale, (long long)r.scaler.skipped, gpu_json, gpu_plan_json,
                     gpu_total_json);
             const bool ok = !fclose(f) && line;
+            // The title names the cfg file, not a resumed checkpoint's stored cfg.
             char title[1200];
-            snprintf(title, sizeof title, "%s: %s", cfg->path, o->save);
-            const int logged = ok ? metrics_log_epoch(o->save, line, title, err)
+            snprintf(title, sizeof title, "%s%s%s", o->cfg_stored ? "" : cfg->path,
+                     o->cfg_stored ? "" : ": ", o->save);
+            double lr_x[LR_POINTS], lr_y[LR_POINTS];
+            const LrSteps lr_steps = lr_curve(&r, loader_batches(r.loader), lr_x, lr_y);
+            const int logged = ok ? metrics_log_epoch(o->save, line, title, &lr_steps, err)
                                   : err_set(err, "out of memory writing the epoch's line of %s/metrics.jsonl", o->save);
             free(line);
             if (logged) {
@@ -991,6 +1009,7 @@ static int train_main(int argc, char **argv) {
     if (options_read(&o, &cfg, cfg_path, DATA_FILES_ALL, &err)) goto fail;
     if (o.resume[0] && resume_check(&cfg, o.resume, o.resume_force, &err)) goto fail;
     o.plan = plan, o.json = json;
+    o.cfg_stored = cfg_path == stored_name;
     const int ran = run(&o, &cfg, &err);
     if (ran < 0) goto fail;
     // Stopped by a signal: the checkpoint is written, resume is possible (stop_after, a

@@ -71,16 +71,20 @@ static double curve_value(const EpochPoint *p, const Curve *c) {
 }
 
 // One panel of the picture: the curves against the epoch, at x0, with the value axis
-// from zero (losses, the learning rate) or around the values (accuracies).
+// from zero (losses, the learning rate) or around the values (accuracies). With `steps`
+// (n > 0) the panel draws that curve instead, a value per step, from epoch 0.
 static void svg_panel(FILE *f, double x0, const char *title, const EpochPoint *pts, int n,
-                      const Curve *curves, int ncurves, bool from_zero) {
+                      const Curve *curves, int ncurves, bool from_zero, const LrSteps *steps) {
     const double left = x0 + 56, top = 56, w = 250, h = 220;
+    const bool by_step = steps && steps->n > 0;
     double lo = INFINITY, hi = -INFINITY;
-    for (int c = 0; c < ncurves; c++)
+    for (int c = 0; c < ncurves && !by_step; c++)
         for (int i = 0; i < n; i++) {
             const double v = curve_value(&pts[i], &curves[c]);
             if (isfinite(v)) lo = fmin(lo, v), hi = fmax(hi, v);
         }
+    for (int i = 0; by_step && i < steps->n; i++)
+        if (isfinite(steps->lr[i])) lo = fmin(lo, steps->lr[i]), hi = fmax(hi, steps->lr[i]);
     if (!isfinite(lo)) lo = 0, hi = 1;
     if (from_zero && lo > 0) lo = 0;
     if (hi - lo < 1e-9 * fmax(1.0, fabs(hi))) lo -= 0.5, hi += 0.5;
@@ -89,7 +93,7 @@ static void svg_panel(FILE *f, double x0, const char *title, const EpochPoint *p
     if ((hi - lo) / tick > 20) tick *= 5;
     else if ((hi - lo) / tick > 8) tick *= 2;
     lo = floor(lo / tick + 1e-9) * tick, hi = ceil(hi / tick - 1e-9) * tick;
-    const int first = pts[0].epoch, last = pts[n - 1].epoch;
+    const int first = by_step ? 0 : pts[0].epoch, last = pts[n - 1].epoch;
 #define X(e) (left + (last == first ? w / 2 : ((e) - first) * w / (last - first)))
 #define Y(v) (top + h - ((v) - lo) * h / (hi - lo))
     fprintf(f, "<g font-family=\"sans-serif\" font-size=\"11\">\n");
@@ -106,6 +110,15 @@ static void svg_panel(FILE *f, double x0, const char *title, const EpochPoint *p
     for (int e = first; e <= last; e += step)
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", X(e), top + h + 14, e);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">epoch</text>\n", left + w / 2, top + h + 30);
+    if (by_step) {
+        fprintf(f, "<polyline id=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
+                curves[0].id, curves[0].color);
+        for (int i = 0; i < steps->n; i++)
+            fprintf(f, "%s%.1f,%.1f", i ? " " : "", X(steps->epoch[i]), Y(steps->lr[i]));
+        fprintf(f, "\"/>\n<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">&#9679; each step</text>\n", left,
+                top + h + 48, curves[0].color);
+        ncurves = 0;
+    }
     for (int c = 0, legend = 0; c < ncurves; c++) {
         const Curve *cv = &curves[c];
         int finite = 0;
@@ -131,11 +144,12 @@ static void svg_panel(FILE *f, double x0, const char *title, const EpochPoint *p
 #undef Y
 }
 
-// What curves.svg draws: the epochs and the title.
+// What curves.svg draws: the epochs, the title, the learning rate of each step.
 typedef struct Picture {
     const EpochPoint *pts;
     int n;
     const char *title;
+    const LrSteps *lr;
 } Picture;
 
 static int draw_svg(FILE *f, void *arg) {
@@ -156,24 +170,24 @@ static int draw_svg(FILE *f, void *arg) {
     const Curve acc[] = {{"train_acc", "train", "#1f77b4", offsetof(EpochPoint, train_acc)},
                          {"val_acc", "validation", "#d62728", offsetof(EpochPoint, val_acc)}};
     const Curve lr[] = {{"lr", "at the epoch's end", "#2ca02c", offsetof(EpochPoint, lr)}};
-    svg_panel(f, 0, "loss", p->pts, p->n, loss, 2, true);
-    svg_panel(f, 320, "accuracy (%)", p->pts, p->n, acc, 2, false);
-    svg_panel(f, 640, "learning rate", p->pts, p->n, lr, 1, true);
+    svg_panel(f, 0, "loss", p->pts, p->n, loss, 2, true, NULL);
+    svg_panel(f, 320, "accuracy (%)", p->pts, p->n, acc, 2, false, NULL);
+    svg_panel(f, 640, "learning rate", p->pts, p->n, lr, 1, true, p->lr);
     fprintf(f, "</svg>\n");
     return 0;
 }
 
-// Draws SAVE/curves.svg from SAVE/metrics.jsonl: loss, accuracy and learning rate per
-// epoch, one point per epoch, a plain SVG file any browser shows; replaced atomically, so
-// that a browser never reads half of it.
-static int write_curves(const char *save, const char *title, Error *err) {
+// Draws SAVE/curves.svg from SAVE/metrics.jsonl: loss and accuracy per epoch, one point per
+// epoch, and the learning rate of each step (lr; NULL: at each epoch's end), a plain SVG
+// file any browser shows; replaced atomically, so that a browser never reads half of it.
+static int write_curves(const char *save, const char *title, const LrSteps *lr, Error *err) {
     char log[PATH_MAX], svg[PATH_MAX];
     snprintf(log, sizeof log, "%s/metrics.jsonl", save);
     snprintf(svg, sizeof svg, "%s/curves.svg", save);
     EpochPoint *pts;
     int n;
     if (read_epoch_points(log, &pts, &n, err)) return -1;
-    Picture p = {pts, n, title};
+    Picture p = {pts, n, title, lr};
     const int rc = n ? file_write_atomic(svg, draw_svg, &p, err) : 0;
     free(pts);
     return rc;
@@ -250,6 +264,7 @@ int metrics_log_line(const char *save, const char *line, Error *err) {
     return rc;
 }
 
-int metrics_log_epoch(const char *save, const char *line, const char *title, Error *err) {
-    return metrics_log_line(save, line, err) || write_curves(save, title, err) ? -1 : 0;
+int metrics_log_epoch(const char *save, const char *line, const char *title, const LrSteps *lr,
+                      Error *err) {
+    return metrics_log_line(save, line, err) || write_curves(save, title, lr, err) ? -1 : 0;
 }

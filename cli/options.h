@@ -32,6 +32,7 @@ typedef struct Options {
     int tf32;
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]
+    bool cfg_stored;     // the cfg is the one stored in the resumed checkpoint (no cfg file)
     const char *resume, *init;
     int resume_force;
     NameList init_skip, freeze;
