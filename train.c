@@ -733,6 +733,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         }
     }
     net.k->upload(net.scaler, &r.scaler, sizeof r.scaler);
+    net.label_smoothing = (float)o->label_smoothing;
     if (!(r.info.cfg_text = cfg_to_text(cfg, err))) goto done;
     r.info.class_names = train->class_names;
     r.info.classes = train->classes;
@@ -749,6 +750,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net.fused_update) printf(", fused update");
     if (net.opt_format != STATE_F32)
         printf(", %s optimizer state (changes the result)", state_format_names[net.opt_format]);
+    if (o->label_smoothing > 0) printf(", label smoothing %g", o->label_smoothing);
     printf("\n");
     // With val_split both parts carry the split's one line: said once, as validation.
     const bool split = dc.val_split > 0.0;

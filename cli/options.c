@@ -46,6 +46,10 @@ const CfgKey train_keys[] = {
     {"optimizer_state", "fp32", "how the optimizer's state is stored: fp32, bf16 (half the "
                                 "memory) or int8 (a quarter: block-wise 8-bit quantization); "
                                 "bf16 and int8 change the result"},
+    {"label_smoothing", "0", "the training loss's label smoothing, as PyTorch's "
+                             "CrossEntropyLoss(label_smoothing): the target puts e / classes on "
+                             "every class and 1 - e more on the label (0 to 1; the test loss "
+                             "stays plain)"},
     {"schedule", "step", "step (StepLR: lr_gamma each epoch) or cosine (annealed each step to "
                          "lr_min over the run)"},
     {"lr_gamma", "0.7", "step: the learning rate is multiplied by this after each epoch"},
@@ -256,6 +260,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
         cfg_int(cfg, t, "auto_compress", "0", 0, 1, &auto_compress, err) ||
+        cfg_float(cfg, t, "label_smoothing", "0", 0.0, 1.0, &o->label_smoothing, err) ||
         cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||

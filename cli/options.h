@@ -30,6 +30,7 @@ typedef struct Options {
     int auto_microbatch; // memory may choose micro-batches on a batch-coupled network
     int auto_compress;   // memory may choose compressed optimizer state (bf16, int8)
     int tf32;
+    double label_smoothing;  // the training loss's (Net.label_smoothing)
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]
     bool cfg_stored;     // the cfg is the one stored in the resumed checkpoint (no cfg file)

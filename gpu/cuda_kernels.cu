@@ -684,7 +684,7 @@ __host__ __device__ static inline void log_softmax_backward_row(int64_t n, float
 // maximum is the label. A label outside [0, C) makes the loss NaN (the CPU would read
 // out of bounds; the loaders check labels).
 __host__ __device__ static inline void nll_row(int n, const float *logp, const int32_t *labels,
-                                               int C, double *loss, int *correct) {
+                                               int C, float smoothing, double *loss, int *correct) {
     const float *y = logp + (int64_t)n * C;
     int best = 0;
     for (int c = 1; c < C; c++)
@@ -695,12 +695,20 @@ __host__ __device__ static inline void nll_row(int n, const float *logp, const i
         return;
     }
     *correct += best == label;
-    *loss -= y[label];
+    if (smoothing == 0.0f) {
+        *loss -= y[label];
+        return;
+    }
+    const double e = smoothing;
+    double sum = 0.0;
+    for (int c = 0; c < C; c++) sum = dadd_rn(sum, (double)y[c]);
+    *loss -= dadd_rn(dmul_rn(1.0 - e, (double)y[label]), dmul_rn(e / C, sum));
 }
 
+// Element i of the gradient: the target (on at the label, off elsewhere) times -scale.
 __host__ __device__ static inline void nll_grad_at(int64_t i, float *dlogp, const int32_t *labels,
-                                                   int C, float scale) {
-    dlogp[i] = (int)(i % C) == labels[i / C] ? -scale : 0.0f;
+                                                   int C, float scale, float on, float off) {
+    dlogp[i] = (int)(i % C) == labels[i / C] ? -mul_rn(scale, on) : off != 0.0f ? -mul_rn(scale, off) : 0.0f;
 }
 
 // nn/half.h's conversions. The hardware conversions round to nearest even and overflow to
@@ -1588,19 +1596,20 @@ static void cuda_log_softmax_backward(float *din, const float *dout, const float
 // adds the threads' sums (the loss in double, as on the CPU). Deterministic, no atomics.
 #define NLL_THREADS 256
 __host__ __device__ static inline void nll_lane(const float *logp, const int32_t *labels, int N,
-                                                int C, int t, double *loss, int *correct) {
+                                                int C, float smoothing, int t, double *loss,
+                                                int *correct) {
     *loss = 0.0, *correct = 0;
-    for (int n = t; n < N; n += NLL_THREADS) nll_row(n, logp, labels, C, loss, correct);
+    for (int n = t; n < N; n += NLL_THREADS) nll_row(n, logp, labels, C, smoothing, loss, correct);
 }
 
 __global__ void nll_metrics_kernel(float *metrics, const float *logp, const int32_t *labels,
-                                   int N, int C) {
+                                   int N, int C, float smoothing) {
     __shared__ double loss_part[NLL_THREADS];
     __shared__ int correct_part[NLL_THREADS];
     const int t = threadIdx.x;
     double loss;
     int correct;
-    nll_lane(logp, labels, N, C, t, &loss, &correct);
+    nll_lane(logp, labels, N, C, smoothing, t, &loss, &correct);
     loss_part[t] = loss;
     correct_part[t] = correct;
     __syncthreads();
@@ -1622,21 +1631,29 @@ __host__ __device__ static inline float nll_grad_scale(float scale, const Scaler
     return scaler ? mul_rn(scale, (float)scaler->scale) : scale;
 }
 
+// The targets of label smoothing e over C classes: on the label, elsewhere.
+__host__ __device__ static inline void nll_targets(float smoothing, int C, float *on, float *off) {
+    const double off_d = (double)smoothing / C;
+    *on = (float)(1.0 - (double)smoothing + off_d), *off = (float)off_d;
+}
+
 __global__ void nll_grad_kernel(float *dlogp, const int32_t *labels, int C, float scale,
-                                const ScalerState *scaler, int64_t total) {
+                                float smoothing, const ScalerState *scaler, int64_t total) {
     const float s = nll_grad_scale(scale, scaler);
-    GRID_LOOP(i, total) nll_grad_at(i, dlogp, labels, C, s);
+    float on, off;
+    nll_targets(smoothing, C, &on, &off);
+    GRID_LOOP(i, total) nll_grad_at(i, dlogp, labels, C, s, on, off);
 }
 
 static void cuda_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                          int N, int C, float scale, const ScalerState *scaler) {
+                          int N, int C, float scale, float smoothing, const ScalerState *scaler) {
     if (N <= 0 || C <= 0) return;
-    nll_metrics_kernel<<<1, NLL_THREADS, 0, g.stream>>>(metrics, logp, labels, N, C);
+    nll_metrics_kernel<<<1, NLL_THREADS, 0, g.stream>>>(metrics, logp, labels, N, C, smoothing);
     LAUNCH_CHECK();
     if (dlogp) {
         const int64_t total = (int64_t)N * C;
         nll_grad_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(dlogp, labels, C, scale,
-                                                                     scaler, total);
+                                                                     smoothing, scaler, total);
         LAUNCH_CHECK();
     }
 }

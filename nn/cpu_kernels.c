@@ -1231,8 +1231,10 @@ static void cpu_log_softmax_backward(float *din, const float *dout, const float 
 }
 
 static void cpu_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                         int N, int C, float scale, const ScalerState *scaler) {
+                         int N, int C, float scale, float smoothing, const ScalerState *scaler) {
     if (scaler) scale *= (float)scaler->scale;
+    const double e = smoothing, off = e / C;
+    const float on_f = (float)(1.0 - e + off), off_f = (float)off;
     double loss = 0.0;
     int correct = 0;
     for (int n = 0; n < N; n++) {
@@ -1241,11 +1243,17 @@ static void cpu_nll_loss(float *dlogp, float *metrics, const float *logp, const 
         for (int c = 1; c < C; c++)
             if (y[c] > y[best]) best = c;
         correct += best == labels[n];
-        loss -= y[labels[n]];
+        if (smoothing == 0.0f) {
+            loss -= y[labels[n]];
+        } else {
+            double sum = 0.0;
+            for (int c = 0; c < C; c++) sum += y[c];
+            loss -= (1.0 - e) * y[labels[n]] + off * sum;
+        }
         if (dlogp) {
             float *d = dlogp + (int64_t)n * C;
-            memset(d, 0, sizeof(float) * (size_t)C);
-            d[labels[n]] = -scale;
+            for (int c = 0; c < C; c++) d[c] = off_f != 0.0f ? -(scale * off_f) : 0.0f;
+            d[labels[n]] = -(scale * on_f);
         }
     }
     metrics[0] += (float)loss;

@@ -319,13 +319,17 @@ typedef struct Kernels {
     // din = dout - exp(out) * sum(dout) per row, where out is log_softmax's output.
     void (*log_softmax_backward)(float *din, const float *dout, const float *out, int N,
                                  int C);
-    // NLL on log-probabilities logp (N, C) with labels (N) on the device:
-    // metrics[0] += sum of -logp[i, label_i]; metrics[1] += count of argmax == label.
-    // If dlogp is non-NULL, dlogp (N, C) = -(scale * loss scale) at each label and 0
-    // elsewhere (scale = 1/N for the mean over the batch), the loss scale being
-    // (float)scaler->scale, or 1 where scaler is NULL.
+    // NLL on log-probabilities logp (N, C) with labels (N) on the device, with label
+    // smoothing e (PyTorch's CrossEntropyLoss(label_smoothing = e); 0: plain NLL): the
+    // target puts 1 - e + e / C on the label and e / C on every other class.
+    // metrics[0] += sum over rows of -((1 - e) * logp[i, label_i] + e / C * sum_c logp[i, c])
+    // (in double; with e = 0 the first term alone); metrics[1] += count of argmax == label.
+    // If dlogp is non-NULL, dlogp (N, C) = -(scale * loss scale * target) where the target
+    // is not 0, and 0 where it is (scale = 1/N for the mean over the batch), the loss scale
+    // being (float)scaler->scale, or 1 where scaler is NULL; scale * loss scale is rounded to
+    // float first, the targets are (float)(1 - e + e / C) and (float)(e / C) from doubles.
     void (*nll_loss)(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                     int N, int C, float scale, const ScalerState *scaler);
+                     int N, int C, float scale, float smoothing, const ScalerState *scaler);
 
     // ---- precision -------------------------------------------------------------------------
     // IEEE binary16 storage (nn/half.h): round to nearest even, overflow to inf.

@@ -1447,7 +1447,8 @@ void net_loss(Net *net, int N, int denominator, bool grad) {
     const NetNode *out = &net->nodes[net->nnodes - 1];
     const double t0 = net_start(net);
     net->k->nll_loss(grad ? net->dlogp : NULL, net->metrics, net_output(net), net->labels, N,
-                     out->out.c, 1.0f / (float)denominator, net->scaler);
+                     out->out.c, 1.0f / (float)denominator, grad ? net->label_smoothing : 0.0f,
+                     net->scaler);
     if (net->exec.costs) {
         CallCost *c = &net->exec.costs->loss;
         c->seconds += net_clock(net) - t0, c->samples += N, c->calls += 1;

@@ -209,6 +209,8 @@ typedef struct Net {
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to them)
     ScalerState *scaler; // the loss scaler's state (nn/scaler.h): its scale multiplies the loss
                          // gradient; {scale 1} from net_create, the trainer's with fp16
+    float label_smoothing;  // of the training loss (Kernels.nll_loss; net_loss with grad): 0
+                            // from net_create, the trainer's; evaluation is plain NLL
     // Called as each event of a step begins, with the top-level layer of its node and
     // whether it belongs to backward (nn/profile.h); NULL: nothing.
     void (*on_layer)(int layer, bool backward);
@@ -265,7 +267,8 @@ static inline float *net_output(const Net *net) { return (float *)net->acts[net-
 
 // NLL loss of the output against net->labels, mean over `denominator` samples:
 // adds to net->metrics and, if grad, writes the output gradient, times the loss scale of
-// net->scaler, into dlogp.
+// net->scaler, into dlogp; with grad, smoothed by net->label_smoothing (a training step's
+// loss; without, plain NLL: evaluation).
 void net_loss(Net *net, int N, int denominator, bool grad);
 
 // Backward of N samples from the output gradient in dlogp (net_loss); parameter

@@ -223,8 +223,8 @@ static void w_log_softmax_backward(float *din, const float *dout, const float *o
     TIMED(K_LOSS, P.inner->log_softmax_backward(din, dout, out, N, C));
 }
 static void w_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels, int N,
-                       int C, float scale, const ScalerState *scaler) {
-    TIMED(K_LOSS, P.inner->nll_loss(dlogp, metrics, logp, labels, N, C, scale, scaler));
+                       int C, float scale, float smoothing, const ScalerState *scaler) {
+    TIMED(K_LOSS, P.inner->nll_loss(dlogp, metrics, logp, labels, N, C, scale, smoothing, scaler));
 }
 static void w_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     TIMED(K_FP16, P.inner->f32_to_f16(out, in, n));

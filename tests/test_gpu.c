@@ -1015,9 +1015,10 @@ static void test_log_softmax(void **state) {
 static void test_nll_loss(void **state) {
     NEED_GPU();
     rng_seed(11);
-    static const int shapes[][2] = {{64, 10}, {1000, 7}, {1, 1}, {300, 100}};
+    static const int shapes[][2] = {{64, 10}, {1000, 7}, {1, 1}, {300, 100}, {64, 10}, {300, 100}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int N = shapes[s][0], Cc = shapes[s][1];
+        const float smoothing = s >= 4 ? 0.1f : 0.0f;  // label smoothing: the last two
         const int64_t n = (int64_t)N * Cc;
         float *logp = rand_floats(n, -6, 0);
         int32_t *lab = xmalloc(N * sizeof *lab);
@@ -1034,15 +1035,17 @@ static void test_nll_loss(void **state) {
         Buf lp = buf_from(logp, n * 4), labels = buf_from(lab, N * 4), met = buf_from(m0, 8),
             dl = buf_poison(n * 4), met2 = buf_from(m0, 8), scaler = buf_from(&st, sizeof st);
         const float scale = 1.0f / N;
-        BOTH(k->nll_loss(P(dl), P(met), P(lp), P(labels), N, Cc, scale, P(scaler)));
-        BOTH(k->nll_loss(NULL, P(met2), P(lp), P(labels), N, Cc, scale, NULL));
+        BOTH(k->nll_loss(P(dl), P(met), P(lp), P(labels), N, Cc, scale, smoothing, P(scaler)));
+        BOTH(k->nll_loss(NULL, P(met2), P(lp), P(labels), N, Cc, scale, smoothing, NULL));
         float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
         char what[64];
         snprintf(what, sizeof what, "nll_loss dlogp %dx%d", N, Cc);
         buf_fetch(dl, hc, hg);
         expect_same_f32(hc, hg, n, what);
         double terms = fabs(m0[0]);
-        for (int r = 0; r < N; r++) terms += fabs(logp[(int64_t)r * Cc + lab[r]]);
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < Cc; c++)
+                terms += c == lab[r] || smoothing ? fabs(logp[(int64_t)r * Cc + c]) : 0.0;
         const double bound[2] = {1e-6 * terms, 0};
         float mc[2], mg[2];
         buf_fetch(met, mc, mg);
@@ -1051,10 +1054,12 @@ static void test_nll_loss(void **state) {
         buf_fetch(met2, mc, mg);
         snprintf(what, sizeof what, "nll_loss metrics, no gradient, %dx%d", N, Cc);
         expect_within(mc, mg, bound, 2, what);
-        for (int r = 0; r < N; r++)  // the label's entry is -scale times the loss scale
-            if (hc[(int64_t)r * Cc + lab[r]] != -(scale * (float)st.scale))
+        // The label's entry is -scale times the loss scale times its target.
+        const float on = (float)(1.0 - smoothing + (double)smoothing / Cc);
+        for (int r = 0; r < N; r++)
+            if (hc[(int64_t)r * Cc + lab[r]] != -(scale * (float)st.scale * on))
                 fail_msg("nll_loss dlogp row %d: %g, want %g", r, hc[(int64_t)r * Cc + lab[r]],
-                         -(scale * (float)st.scale));
+                         -(scale * (float)st.scale * on));
         buf_free(lp), buf_free(labels), buf_free(met), buf_free(dl), buf_free(met2), buf_free(scaler);
         free(logp), free(lab), free(hc), free(hg);
     }

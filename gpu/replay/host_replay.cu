@@ -310,17 +310,19 @@ static void replay_log_softmax_backward(float *din, const float *dout, const flo
 }
 // The kernel's algorithm: the same per-thread sums, then the kernel's tree over them.
 static void replay_nll_loss(float *dlogp, float *metrics, const float *logp, const int32_t *labels,
-                         int N, int C, float scale, const ScalerState *scaler) {
+                         int N, int C, float scale, float smoothing, const ScalerState *scaler) {
     double loss[NLL_THREADS];
     int correct[NLL_THREADS];
-    for (int t = 0; t < NLL_THREADS; t++) nll_lane(logp, labels, N, C, t, &loss[t], &correct[t]);
+    for (int t = 0; t < NLL_THREADS; t++) nll_lane(logp, labels, N, C, smoothing, t, &loss[t], &correct[t]);
     for (int half = NLL_THREADS / 2; half > 0; half /= 2)
         for (int t = 0; t < half; t++) loss[t] += loss[t + half], correct[t] += correct[t + half];
     metrics[0] += (float)loss[0];
     metrics[1] += (float)correct[0];
+    float on, off;
+    nll_targets(smoothing, C, &on, &off);
     if (dlogp)
         for (int64_t i = 0; i < (int64_t)N * C; i++)
-            nll_grad_at(i, dlogp, labels, C, nll_grad_scale(scale, scaler));
+            nll_grad_at(i, dlogp, labels, C, nll_grad_scale(scale, scaler), on, off);
 }
 static void replay_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = f32_to_f16_bits(in[i]);
