@@ -472,7 +472,8 @@ static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, cons
     r->chosen = -1;
     const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
                            .batch = o->batch, .base = *opt, .base_accumulate = *accumulate,
-                           .overhead = overhead, .budget = o->memory, .leave = leave_of(o)};
+                           .overhead = overhead, .budget = o->memory, .leave = leave_of(o),
+                           .all_grads = o->optim.clip_grad_norm > 0};
     const char *with = k->host_memory ? "with the loader and this process's baseline"
                                       : "on the GPU with its baseline (context, cuBLAS)";
     FILE *to = o->json ? stderr : stdout;  // --plan --json: stdout is the JSON alone
@@ -559,7 +560,7 @@ static void refuse_too_big(const Options *o, const Kernels *k, const Cfg *cfg, c
     const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
                            .batch = o->batch, .base = opt, .base_accumulate = accumulate,
                            .overhead = k->host_memory ? plan->loader : 0, .budget = budget,
-                           .leave = {true, true, true}};
+                           .leave = {true, true, true}, .all_grads = o->optim.clip_grad_norm > 0};
     FitChoice *plans = NULL;
     int n = 0;
     const bool searched = !budget_plans(&q, &plans, &n, &ignored);

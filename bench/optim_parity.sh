@@ -1,9 +1,10 @@
 #!/bin/sh
-# Optimizer and schedule parity with PyTorch (issue 16): a smooth network trains 20 steps
+# Optimizer and schedule parity with PyTorch (issues 16 and 33): a smooth network trains 20 steps
 # from the same initial weights on the same batches in cnn.c and in PyTorch
 # (bench/pytorch_cfg.py, in float32 and in float64), with sgd (momentum 0.9, nesterov,
-# weight_decay 5e-4) and adamw (its defaults, weight_decay 0.01), each under a cosine
-# schedule after 5 warmup steps. After 10 and 20 steps it prints, per optimizer, the
+# weight_decay 5e-4), adamw (its defaults, weight_decay 0.01) and sgd again with label
+# smoothing 0.1 and gradient clipping to norm 0.5 (sgdlc), each under a cosine schedule
+# after 5 warmup steps. After 10 and 20 steps it prints, per optimizer, the
 # largest relative difference of any parameter tensor, element-wise (max |a - b| / max |b|,
 # b the PyTorch tensor) and in norm (|a - b| / |b|): cnn.c against PyTorch float32, cnn.c
 # against float64, and PyTorch float32 against float64, the floor that rounding alone
@@ -86,3 +87,6 @@ EOF
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), threads $THREADS"
 run sgd optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=cosine warmup=5
 run adamw optimizer=adamw schedule=cosine warmup=5
+# Label smoothing and gradient clipping (issue 33), under the same sgd and schedule.
+run sgdlc optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=cosine \
+    warmup=5 label_smoothing=0.1 clip_grad_norm=0.5

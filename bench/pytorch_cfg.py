@@ -201,6 +201,10 @@ def main():
     batches = n // batch if drop_last else -(-n // batch)
     opt = make_optimizer(net, tr)
     sched, per_batch = make_schedule(opt, tr, epochs * batches)
+    # The loss and the step as [train] asks: label smoothing as CrossEntropyLoss's (on the
+    # network's log-probabilities), clip_grad_norm as torch.nn.utils.clip_grad_norm_.
+    smoothing = float(tr.get("label_smoothing", 0))
+    clip = float(tr.get("clip_grad_norm", 0))
     shuffled = data.get("shuffle", "1") != "0"
     for epoch in range(epochs):
         order = torch.tensor(shuffle(n, seed, epoch) if shuffled else list(range(n)))
@@ -210,8 +214,12 @@ def main():
             idx = order[b0:b0 + batch]
             out = net(x[idx])
             loss = F.nll_loss(out, y[idx])
+            if smoothing:
+                loss = (1 - smoothing) * loss + smoothing * (-out.mean(1)).mean()
             opt.zero_grad()
             loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
             opt.step()
             if per_batch:
                 sched.step()

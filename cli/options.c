@@ -46,6 +46,9 @@ const CfgKey train_keys[] = {
     {"optimizer_state", "fp32", "how the optimizer's state is stored: fp32, bf16 (half the "
                                 "memory) or int8 (a quarter: block-wise 8-bit quantization); "
                                 "bf16 and int8 change the result"},
+    {"clip_grad_norm", "0", "scale the gradients down to this 2-norm when theirs is larger, as "
+                            "torch.nn.utils.clip_grad_norm_ before the step; 0 = never (not with "
+                            "fused_update, which updates before every gradient exists)"},
     {"label_smoothing", "0", "the training loss's label smoothing, as PyTorch's "
                              "CrossEntropyLoss(label_smoothing): the target puts e / classes on "
                              "every class and 1 - e more on the label (0 to 1; the test loss "
@@ -211,7 +214,8 @@ static int read_optimizer(Optimizer *o, const Cfg *cfg, const CfgSection *t, Err
         cfg_int(cfg, t, "nesterov", "0", 0, 1, &nesterov, err) ||
         cfg_floats(cfg, t, "betas", "0.9, 0.999", betas, 2, &nbetas, err) ||
         cfg_float(cfg, t, "weight_decay", wd0[kind], 0.0, 1e6, &o->weight_decay, err) ||
-        cfg_int(cfg, t, "decay_skip_norm_bias", "0", 0, 1, &skip, err))
+        cfg_int(cfg, t, "decay_skip_norm_bias", "0", 0, 1, &skip, err) ||
+        cfg_float(cfg, t, "clip_grad_norm", "0", 0.0, 1e12, &o->clip_grad_norm, err))
         return -1;
     if (nbetas != 2 || !(betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1))
         return err_set(err, "%s: [train] betas: expected two numbers in [0, 1), such as 0.9, 0.999",
@@ -292,6 +296,10 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         return err_set(err, "%s: [train] fused_update = 1 needs precision = fp32: with fp16 the "
                             "loss scaler must see every gradient before it decides whether to "
                             "skip the step; set fused_update = 0", cfg_path);
+    if (o->fused_update && o->optim.clip_grad_norm > 0)
+        return err_set(err, "%s: [train] fused_update = 1 and clip_grad_norm = %g: clipping needs "
+                            "the norm of every gradient before the first update; set one of "
+                            "them to 0", cfg_path, o->optim.clip_grad_norm);
     if (o->fused_update && o->accumulate > 1)
         return err_set(err, "%s: [train] fused_update = 1 needs accumulate = 1: with %d "
                             "micro-batches every gradient sums them all before the update; set "

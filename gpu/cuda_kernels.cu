@@ -1772,6 +1772,61 @@ static void cuda_adamw_step(float *p, float *m, float *v, const float *grad, int
     LAUNCH_CHECK();
 }
 
+// ---- gradient clipping ---------------------------------------------------------------------
+
+// Block b's sum of squares in double: each thread its values in order, then a fixed tree.
+#define SUMSQ_THREADS 256
+__host__ __device__ static inline double sumsq_lane(const float *x, int64_t n, int64_t b, int t) {
+    double s = 0.0;
+    const int64_t e = (b + 1) * SUMSQ_BLOCK < n ? (b + 1) * SUMSQ_BLOCK : n;
+    for (int64_t i = b * SUMSQ_BLOCK + t; i < e; i += SUMSQ_THREADS) s = dadd_rn(s, dmul_rn((double)x[i], (double)x[i]));
+    return s;
+}
+
+__global__ void sumsq_blocks_kernel(double *partial, const float *x, int64_t n) {
+    __shared__ double part[SUMSQ_THREADS];
+    const int t = threadIdx.x;
+    part[t] = sumsq_lane(x, n, blockIdx.x, t);
+    __syncthreads();
+    for (int half = SUMSQ_THREADS / 2; half > 0; half /= 2) {
+        if (t < half) part[t] = dadd_rn(part[t], part[t + half]);
+        __syncthreads();
+    }
+    if (t == 0) partial[blockIdx.x] = part[0];
+}
+
+// The blocks' sums added to *out (0 first when `fresh`) in order, by one thread.
+__global__ void sumsq_total_kernel(double *out, const double *partial, int64_t nb, bool fresh) {
+    double s = fresh ? 0.0 : *out;
+    for (int64_t b = 0; b < nb; b++) s = dadd_rn(s, partial[b]);
+    *out = s;
+}
+
+static void cuda_sum_squares(double *out, const float *x, int64_t n) {
+    const int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK, cap = SLAB_SCRATCH_BYTES / sizeof(double);
+    // The blocks' sums in the slab scratch, a run of at most `cap` blocks at a time.
+    double *partial = (double *)g.slab_scratch;
+    for (int64_t b0 = 0; b0 < nb || b0 == 0; b0 += cap) {
+        const int64_t m = nb - b0 < cap ? nb - b0 : cap;
+        if (m > 0) {
+            sumsq_blocks_kernel<<<(unsigned)m, SUMSQ_THREADS, 0, g.stream>>>(partial, x + b0 * SUMSQ_BLOCK,
+                                                                             n - b0 * SUMSQ_BLOCK);
+            LAUNCH_CHECK();
+        }
+        sumsq_total_kernel<<<1, 1, 0, g.stream>>>(out, partial, m, b0 == 0);
+        LAUNCH_CHECK();
+        if (nb == 0) break;
+    }
+}
+
+__global__ void scale_values_kernel(float *x, int64_t n, float s) { GRID_LOOP(i, n) x[i] = mul_rn(x[i], s); }
+
+static void cuda_scale_values(float *x, int64_t n, float s) {
+    if (n <= 0) return;
+    scale_values_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, n, s);
+    LAUNCH_CHECK();
+}
+
 // The quantization maps (nn/quant.h), uploaded at set-up.
 __constant__ float quant_map_dev[QUANT_MAP_FLOATS];
 
@@ -1981,6 +2036,8 @@ static void cuda_init(void) {
     k->sgd_step = cuda_sgd_step;
     k->adamw_step = cuda_adamw_step;
     k->optim_step_packed = cuda_optim_step_packed;
+    k->sum_squares = cuda_sum_squares;
+    k->scale_values = cuda_scale_values;
 }
 
 // The CUDA table, or NULL with a message when no usable GPU is here (set up once; every

@@ -54,7 +54,7 @@ static int add_segmentings(const BudgetQuery *q, List *l, NetOptions opt, int ac
                            bool exact, Error *err) {
     const int r = (int)lround(sqrt((double)nodes));
     const int counts[] = {q->base.segments, 0, 2, 3, 4, 6, r, 2 * r};
-    const bool fusable = accumulate == 1 && opt.precision == DT_F32;
+    const bool fusable = accumulate == 1 && opt.precision == DT_F32 && !q->all_grads;
     int fit = 0;
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         for (int fused = q->base.fused_update && fusable; fused <= fusable; fused++) {

@@ -38,6 +38,8 @@ typedef struct BudgetQuery {
                             // the GPU's baseline
     size_t budget;
     BudgetLeave leave;
+    bool all_grads;         // the step needs every gradient before its update (gradient
+                            // clipping): no fused update
 } BudgetQuery;
 
 typedef struct FitChoice {

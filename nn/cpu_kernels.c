@@ -1320,6 +1320,25 @@ static void cpu_unscale_check(float *g, int64_t n, ScalerState *s) {
 
 static void cpu_scaler_update(ScalerState *s, ScalerRules r) { scaler_advance(s, r); }
 
+static void cpu_sum_squares(double *out, const float *x, int64_t n) {
+    const int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double total = 0.0;
+#pragma omp parallel for schedule(static) ordered if (n > PAR_MIN)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t e = (b + 1) * SUMSQ_BLOCK < n ? (b + 1) * SUMSQ_BLOCK : n;
+        double s = 0.0;
+        for (int64_t i = b * SUMSQ_BLOCK; i < e; i++) s += (double)x[i] * x[i];
+#pragma omp ordered
+        total += s;
+    }
+    *out = total;
+}
+
+static void cpu_scale_values(float *x, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
 // ---- optimizer ------------------------------------------------------------------------------
 
 // One element of each rule, kernels.h's expressions: the fp32 kernels and the packed one
@@ -1605,4 +1624,6 @@ const Kernels cpu_kernels = {
     .sgd_step = cpu_sgd_step,
     .adamw_step = cpu_adamw_step,
     .optim_step_packed = cpu_optim_step_packed,
+    .sum_squares = cpu_sum_squares,
+    .scale_values = cpu_scale_values,
 };

@@ -48,6 +48,8 @@ static inline int64_t winograd_stride(int64_t rows, int cols) {
     return (rows * cols + 1023) / 1024 * 1024 + 16;
 }
 
+#define SUMSQ_BLOCK 4096  // Kernels.sum_squares's blocks
+
 // AdamW's hyperparameters, as PyTorch holds them (Python floats: double).
 typedef struct AdamWHyper {
     double lr, weight_decay, beta1, beta2, eps;
@@ -343,6 +345,13 @@ typedef struct Kernels {
     // g (n) *= (float)(1 / s->scale); s->found = 1 if any result is inf or NaN (left as it
     // was otherwise, so one flag can cover several calls).
     void (*unscale_check)(float *g, int64_t n, ScalerState *s);
+    // ---- gradient clipping --------------------------------------------------------------
+    // *out (device) = the sum of x[i]^2 over n values, in double: each block of
+    // SUMSQ_BLOCK values summed, then the blocks' sums in order (within a block the order
+    // is the backend's: rounding differs between devices, not between runs).
+    void (*sum_squares)(double *out, const float *x, int64_t n);
+    // x (n) *= s.
+    void (*scale_values)(float *x, int64_t n, float s);
     // The step's outcome: scaler_advance(s, r), on the device.
     void (*scaler_update)(ScalerState *s, ScalerRules r);
 

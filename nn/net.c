@@ -655,6 +655,9 @@ static void buffer_bytes(Net *net) {
         buf[BUF_INPUT_F32].bytes = 0;
     }
     buf[BUF_LABELS].bytes = align64(B * sizeof(int32_t));
+    static_assert(NET_METRICS_SUMSQ_OFFSET >= NET_METRICS * sizeof(float) &&
+                      NET_METRICS_SUMSQ_OFFSET + sizeof(double) <= 64,
+                  "the gradients' sum of squares fits beside the metrics");
     buf[BUF_METRICS].bytes = align64(NET_METRICS * sizeof(float)) + align64(sizeof(ScalerState));
     buf[BUF_DLOGP].bytes = align64(B * (size_t)shape_numel(net->nodes[last].out) * sizeof(float));
     for (int j = 0; j <= last; j++) {
@@ -854,6 +857,7 @@ static void net_carve_activations(Net *net, char *base) {
     net->labels = (int32_t *)at[BUF_LABELS];
     net->metrics = (float *)at[BUF_METRICS];
     net->scaler = (ScalerState *)(at[BUF_METRICS] + align64(NET_METRICS * sizeof(float)));
+    net->grad_sumsq = (double *)(at[BUF_METRICS] + NET_METRICS_SUMSQ_OFFSET);
     net->dlogp = (float *)at[BUF_DLOGP];
     for (int j = 0; j < net->nnodes; j++) {
         const NodeBufs *b = &net->nbuf[j];

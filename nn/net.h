@@ -90,6 +90,7 @@ typedef struct NetOptions {
 #define NET_SEGMENTS_SQRT (-1)
 
 enum { NET_LOSS, NET_CORRECT, NET_METRICS };
+#define NET_METRICS_SUMSQ_OFFSET 8  // bytes into the metrics' 64: Net.grad_sumsq
 
 // The step's schedule: every node's forward (events 0 .. nnodes - 1), the loss (event
 // nnodes), then backward: per segment from the last, the recomputation of its nodes
@@ -207,6 +208,7 @@ typedef struct Net {
     float *dlogp;        // (batch, classes) F32: the loss gradient
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to them)
+    double *grad_sumsq;  // the step's squared gradient norm (gradient clipping), beside them
     ScalerState *scaler; // the loss scaler's state (nn/scaler.h): its scale multiplies the loss
                          // gradient; {scale 1} from net_create, the trainer's with fp16
     float label_smoothing;  // of the training loss (Kernels.nll_loss; net_loss with grad): 0

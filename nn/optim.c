@@ -113,13 +113,26 @@ static void add_module(const Net *net, const Optimizer *o, double lr, uint64_t s
     }
 }
 
-void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
-                uint64_t step) {
+// Scales the gradients to norm max_norm where theirs is larger; returns theirs.
+static double clip_gradients(const Net *net, double max_norm) {
+    const Kernels *k = net->k;
+    double sumsq;
+    k->sum_squares(net->grad_sumsq, net->grads, net->ntrain);
+    k->download(&sumsq, net->grad_sumsq, sizeof sumsq);
+    const float norm = (float)sqrt(sumsq), coef = (float)max_norm / (norm + 1e-6f);
+    if (coef < 1.0f) k->scale_values(net->grads, net->ntrain, coef);
+    return norm;
+}
+
+double optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
+                  uint64_t step) {
     if (scaling) net->k->unscale_check(net->grads, net->ntrain, net->scaler);
+    const double norm = o->clip_grad_norm > 0 ? clip_gradients(net, o->clip_grad_norm) : 0.0;
     Span s = {0};
     for (int m = 0; m < net->nmodules; m++) add_module(net, o, lr, step, &s, net->modules[m]);
     if (s.n) step_span(net, o, lr, step, &s);
     if (scaling) net->k->scaler_update(net->scaler, *scaling);
+    return norm;
 }
 
 void optim_step_module(const Net *net, const Optimizer *o, const Layer *m, double lr,

@@ -28,6 +28,8 @@ typedef struct Optimizer {
     bool nesterov;              // sgd
     double beta1, beta2;        // adamw: 0.9, 0.999
     StateFormat state_format;   // how the state is stored (nn/quant.h): fp32, bf16, int8
+    double clip_grad_norm;      // > 0: the gradients are scaled down to this norm first
+                                // (torch.nn.utils.clip_grad_norm_); 0: none
 } Optimizer;
 
 // The state tensors of each trained parameter, and their names: adadelta square_avg and
@@ -49,9 +51,13 @@ void optim_plan(const Optimizer *o, NetOptions *opt);
 // the host. Adamw's bias correction and sgd's first momentum buffer count the steps the
 // optimizer took (step less the skipped ones, from net->scaler). Not for a network with
 // fused_update: its modules were updated during backward (optim_step_module), and its
-// gradient block holds one module's gradients.
-void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
-                uint64_t step);
+// gradient block holds one module's gradients. With o->clip_grad_norm, the gradients
+// (unscaled) are first multiplied by max_norm / (norm + 1e-6) when that is below 1, norm
+// being the 2-norm of all of them, as torch.nn.utils.clip_grad_norm_ does (norm and
+// factor in float; the sum of squares in double): the host reads the norm, so the step
+// waits for the device there. Returns the norm (0 without clipping).
+double optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
+                  uint64_t step);
 // The same update for module m's trained tensors alone (none when it is frozen), from the
 // gradients in m->grads: the fused update (NetOptions.fused_update) calls it per module
 // during backward. fp32 only (no loss scaling). The result is optim_step's, bit for bit:

@@ -243,7 +243,8 @@ static void test_backend(void **state) {
         (void *)k->global_avgpool_backward, (void *)k->bn_sums, (void *)k->bn_batch_stats,
         (void *)k->bn_eval_stats, (void *)k->bn_forward, (void *)k->bn_backward_sums,
         (void *)k->bn_backward, (void *)k->bn_param_grads, (void *)k->sgd_step,
-        (void *)k->adamw_step, (void *)k->optim_step_packed,
+        (void *)k->adamw_step, (void *)k->optim_step_packed, (void *)k->sum_squares,
+        (void *)k->scale_values,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (!fns[i]) fail_msg("the CUDA table's entry %zu is NULL", i);
@@ -1568,6 +1569,33 @@ static void test_net_step_bytes(void **state) {
     free(px);
 }
 
+// Gradient clipping's kernels: the sum of squares within double rounding of the CPU's (the
+// order within a block differs), several blocks and a partial one; the scaling bit for bit.
+static void test_clip_kernels(void **state) {
+    NEED_GPU();
+    rng_seed(44);
+    const int64_t ns[] = {0, 1, 4095, 4096, 3 * SUMSQ_BLOCK + 17};
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        const int64_t n = ns[t];
+        float *x = rand_floats(n ? n : 1, -2, 2);
+        const double poison = NAN;
+        Buf bx = buf_from(x, (size_t)(n ? n : 1) * 4), out = buf_from(&poison, sizeof poison);
+        BOTH(k->sum_squares(P(out), P(bx), n));
+        double c, g, ref = 0;
+        C->download(&c, out.cpu, sizeof c), G->download(&g, out.gpu, sizeof g);
+        for (int64_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
+        if (!(fabs(c - ref) <= 1e-12 * ref && fabs(g - ref) <= 1e-12 * ref))
+            fail_msg("sum_squares of %lld values: cpu %.17g, gpu %.17g, reference %.17g", (long long)n, c, g, ref);
+        BOTH(k->scale_values(P(bx), n, 0.3f));
+        float *hc = xmalloc((size_t)(n ? n : 1) * 4), *hg = xmalloc((size_t)(n ? n : 1) * 4);
+        buf_fetch(bx, hc, hg);
+        expect_same_f32(hc, hg, n, "scale_values");
+        for (int64_t i = 0; i < n; i++) assert_true(hc[i] == x[i] * 0.3f);
+        buf_free(bx), buf_free(out);
+        free(x), free(hc), free(hg);
+    }
+}
+
 // Compressed optimizer state (nn/quant.h): each rule in bf16 and int8 over three blocks
 // and a partial one, 4 steps (the last gated shut, one block of zero gradients), the
 // parameters, codes and absmax bit for bit on both devices.
@@ -1885,6 +1913,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_adadelta),
         cmocka_unit_test(test_sgd_adamw),
         cmocka_unit_test(test_optim_packed),
+        cmocka_unit_test(test_clip_kernels),
         cmocka_unit_test(test_net_step_fp32),
         cmocka_unit_test(test_net_step_fp16),
         cmocka_unit_test(test_net_step_bytes),

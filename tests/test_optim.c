@@ -309,6 +309,43 @@ static void test_adamw(void **state) {
 
 // decay_skip_norm_bias: the bias (1-D) steps as without weight decay, the weight with it;
 // and a frozen layer's parameters stay as they are.
+// Gradient clipping (issue 33): the gradients scaled by max_norm / (norm + 1e-6) when that
+// is below 1, as torch.nn.utils.clip_grad_norm_ does, before the update; above the limit
+// nothing changes; the norm returned. A parallel-sized vector too (its sum in blocks).
+static void test_clip_grad_norm(void **state) {
+    for (int big = 0; big < 2; big++) {
+        const int64_t n = big ? 300001 : 5;
+        Optimizer o = {.kind = OPTIM_SGD, .lr = 1.0, .clip_grad_norm = 1.0};
+        Params p;
+        params_init(&p, n, o);
+        double sumsq = 0;
+        for (int64_t i = 0; i < n; i++) {
+            p.net.params[i] = 1.0f;
+            p.net.grads[i] = big ? (float)((i % 7) - 3) * 0.01f : (float)(i == 0 ? 3 : i == 1 ? 4 : 0);
+            sumsq += (double)p.net.grads[i] * p.net.grads[i];
+        }
+        float *g0 = malloc((size_t)n * 4);
+        memcpy(g0, p.net.grads, (size_t)n * 4);
+        const float norm = (float)sqrt(sumsq), coef = 1.0f / (norm + 1e-6f);
+        const double got = optim_step(&p.net, &o, NULL, 1.0, 0);
+        assert_true(got == norm && norm > 1.0f);
+        if (!big) assert_true(fabs(got - 5.0) < 1e-6);
+        for (int64_t i = 0; i < n; i++) {
+            const float g = g0[i] * coef;
+            if (p.net.grads[i] != g || p.net.params[i] != 1.0f + -1.0f * g)
+                fail_msg("n %lld: element %lld: gradient %g, parameter %g; want %g, %g", (long long)n,
+                         (long long)i, p.net.grads[i], p.net.params[i], g, 1.0f - g);
+        }
+        // A limit above the norm: the gradients as they are.
+        o.clip_grad_norm = 2.0 * norm;
+        memcpy(p.net.grads, g0, (size_t)n * 4);
+        optim_step(&p.net, &o, NULL, 1.0, 1);
+        assert_memory_equal(p.net.grads, g0, (size_t)n * 4);
+        free(g0);
+        params_free(&p);
+    }
+}
+
 static void test_decay_skip_and_frozen(void **state) {
     const Optimizer with = {.kind = OPTIM_SGD, .lr = 0.1, .weight_decay = 0.5};
     Optimizer skip = with;
@@ -639,6 +676,7 @@ int main(void) {
         cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_decay_skip_and_frozen),
+        cmocka_unit_test(test_clip_grad_norm),
         cmocka_unit_test(test_fused_seed),
         cmocka_unit_test(test_fused_resnet),
         cmocka_unit_test(test_fused_resnet_checkpointed),

@@ -394,6 +394,24 @@ static void replay_optim_step_packed(float *p, PackedState s0, PackedState s1, c
     }
 }
 
+// sumsq_blocks_kernel and sumsq_total_kernel: each block's threads, then its tree, then the
+// blocks in order.
+static void replay_sum_squares(double *out, const float *x, int64_t n) {
+    const int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        double part[SUMSQ_THREADS];
+        for (int t = 0; t < SUMSQ_THREADS; t++) part[t] = sumsq_lane(x, n, b, t);
+        for (int half = SUMSQ_THREADS / 2; half > 0; half /= 2)
+            for (int t = 0; t < half; t++) part[t] = dadd_rn(part[t], part[t + half]);
+        total = dadd_rn(total, part[0]);
+    }
+    *out = total;
+}
+static void replay_scale_values(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] = mul_rn(x[i], s);
+}
+
 // Stands in for the CUDA table, under its name.
 static Kernels replay_table;
 
@@ -439,5 +457,6 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->sgd_step = replay_sgd_step, k->adamw_step = replay_adamw_step;
     quant_map_fill(replay_quant_map);
     k->optim_step_packed = replay_optim_step_packed;
+    k->sum_squares = replay_sum_squares, k->scale_values = replay_scale_values;
     return k;
 }
