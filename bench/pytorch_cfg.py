@@ -3,7 +3,8 @@
 
 The network is bench/cfg_torch.py's build of the cfg (the same layers, names and initial
 weights, drawn after torch.manual_seed(seed)); the recipe is the cfg's [train]: the NLL
-loss averaged over each batch; the optimizer with cnn.c's defaults (adadelta: lr, rho,
+loss averaged over each batch (label_smoothing as CrossEntropyLoss's, clip_grad_norm as
+clip_grad_norm_ before the step); the optimizer with cnn.c's defaults (adadelta: lr, rho,
 eps; sgd: momentum, dampening, nesterov; adamw: betas, eps; weight_decay, without decay
 for biases and batchnorm parameters with decay_skip_norm_bias = 1); the schedule: StepLR
 (lr_gamma) stepped each epoch, or CosineAnnealingLR to lr_min over the run stepped each
