@@ -9,6 +9,10 @@
 #
 #   sh bench/optimizer_state.sh
 #   SEEDS="1 2 3 4 5" EPOCHS=3 OPTIMIZERS="sgd adamw" sh bench/optimizer_state.sh
+#   sh bench/optimizer_state.sh speed      the cost instead: ROUNDS (3) alternating rounds of
+#       ./train profile=1 with each format, fashion.cfg (Adadelta, 100 steps) and resnet18
+#       at 224 px, batch 32, SGD momentum (5 steps) on a folder of 600x600 JPEGs: the
+#       profile's step and its optimizer row, ms a step, per format
 #
 # Each run writes bench/out/optimizer_state/<optimizer>_<format>_s<seed>/ (train.log,
 # metrics.jsonl). THREADS (default 2) goes to ./train; TRAIN_ARGS adds keys to every run.
@@ -26,6 +30,36 @@ mkdir -p "$OUT"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores;" \
      "threads $THREADS; $CFG, epochs $EPOCHS, seeds $SEEDS;" \
      "$(date -u '+%Y-%m-%d %H:%M UTC'); $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+
+if [ "${1:-}" = speed ]; then
+    make -s build/bench/make_folders
+    FOLDER=$OUT/jpg600_200
+    [ -d "$FOLDER" ] || build/bench/make_folders "$FOLDER" jpg600 200 > /dev/null
+    table=$OUT/speed.txt
+    : > "$table"
+    # The profile's ms a step of a row ("total", "optimizer") in a log.
+    row() { grep "^| $2 " "$1" | awk -F'|' '{gsub(/ /, "", $3); print $3}'; }
+    for r in $(seq "${ROUNDS:-3}"); do
+        for fmt in fp32 bf16 int8; do
+            log=$OUT/speed-fashion-$fmt-$r.log
+            ./train models/fashion.cfg stop_after=100 threads="$THREADS" profile=1 \
+                optimizer_state="$fmt" save="$OUT/speed-fashion-$fmt-$r" > "$log" 2>&1
+            echo "fashion $fmt $(row "$log" total) $(row "$log" optimizer)" | tee -a "$table"
+            log=$OUT/speed-resnet18-$fmt-$r.log
+            ./train models/resnet18.cfg train="$FOLDER" val_split=0 cache="$OUT/cache" batch=32 \
+                optimizer=sgd lr=0.01 momentum=0.9 stop_after=5 threads="$THREADS" profile=1 \
+                optimizer_state="$fmt" save="$OUT/speed-resnet18-$fmt-$r" > "$log" 2>&1
+            echo "resnet18 $fmt $(row "$log" total) $(row "$log" optimizer)" | tee -a "$table"
+        done
+    done
+    echo
+    echo "model     format  ms/step  optimizer ms/step   (means over the rounds)"
+    awk '{ k = $1 " " $2; n[k]++; t[k] += $3; o[k] += $4 }
+         END { split("fashion resnet18", ms, " "); split("fp32 bf16 int8", fs, " ")
+               for (i = 1; i <= 2; i++) for (j = 1; j <= 3; j++) { k = ms[i] " " fs[j]
+                   printf "%-9s %-6s %8.1f %10.2f\n", ms[i], fs[j], t[k] / n[k], o[k] / n[k] } }' "$table"
+    exit 0
+fi
 
 # A number field of the last line of a metrics.jsonl.
 field() { tail -n 1 "$1" | sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p"; }
