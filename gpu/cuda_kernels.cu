@@ -1841,12 +1841,11 @@ __global__ void __launch_bounds__(THREADS)
     packed_step_kernel(float *p, PackedState s0, PackedState s1, const float *grad, int64_t n,
                        StateFormat f, StepScalars r, const ScalerState *gate, uint64_t step) {
     __shared__ float amax[2][THREADS];
-    int64_t taken;
-    if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return;
-    const AdamWScalars a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
-    const bool two = r.rule != RULE_SGD, first = taken == 0;
-    const float *map0 = quant_map_dev + (r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED);
-    const float *map1 = quant_map_dev + QUANT_UNSIGNED;
+    PackedPlan pp;
+    if (!packed_plan(r, gate, step, &pp)) return;
+    const AdamWScalars a = pp.a;
+    const bool two = pp.two, first = pp.first;
+    const float *map0 = quant_map_dev + pp.map0, *map1 = quant_map_dev + pp.map1;
     for (int64_t b = blockIdx.x; b < quant_blocks(n); b += gridDim.x) {
         float x0[PACK_PER_THREAD], x1[PACK_PER_THREAD], m0 = 0.0f, m1 = 0.0f;
         for (int k = 0; k < PACK_PER_THREAD; k++) {

@@ -1501,11 +1501,8 @@ static void step_block(float *restrict pb, float *restrict x0, float *restrict x
 static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, const float *g,
                                   int64_t n, StateFormat f, StepScalars r,
                                   const ScalerState *gate, uint64_t step) {
-    int64_t taken;
-    if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return;
-    const AdamWScalars a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
-    const bool first = taken == 0, two = r.rule != RULE_SGD;
-    const int map0 = r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED;
+    PackedPlan pp;
+    if (!packed_plan(r, gate, step, &pp)) return;
     const int64_t nb = quant_blocks(n);
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t b = 0; b < nb; b++) {
@@ -1514,11 +1511,11 @@ static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, cons
         const int m = n - i0 < QUANT_BLOCK ? (int)(n - i0) : QUANT_BLOCK;
         float *pb = p + i0;
         const float *gb = g + i0;
-        unpack_block(x0, s0, f, map0, b, i0, m);
-        if (two) unpack_block(x1, s1, f, QUANT_UNSIGNED, b, i0, m);
-        step_block(pb, x0, x1, gb, m, r, a, first);
-        pack_block(s0, x0, f, map0, b, i0, m);
-        if (two) pack_block(s1, x1, f, QUANT_UNSIGNED, b, i0, m);
+        unpack_block(x0, s0, f, pp.map0, b, i0, m);
+        if (pp.two) unpack_block(x1, s1, f, pp.map1, b, i0, m);
+        step_block(pb, x0, x1, gb, m, r, pp.a, pp.first);
+        pack_block(s0, x0, f, pp.map0, b, i0, m);
+        if (pp.two) pack_block(s1, x1, f, pp.map1, b, i0, m);
     }
 }
 

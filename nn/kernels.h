@@ -92,6 +92,26 @@ typedef struct StepScalars {
     AdamWHyper adamw;                        // adamw
 } StepScalars;
 
+// What a packed step works out once, the same on every backend: AdamW's scalars, whether
+// this is the first step taken (SGD's momentum starts as the gradient), whether the rule
+// has a second state, and each state's map (QUANT_SIGNED or QUANT_UNSIGNED). False when the
+// gate skips the step.
+typedef struct PackedPlan {
+    AdamWScalars a;
+    bool first, two;
+    int map0, map1;
+} PackedPlan;
+
+HOST_DEVICE static inline bool packed_plan(StepScalars r, const ScalerState *gate, uint64_t step,
+                                           PackedPlan *p) {
+    int64_t taken;
+    if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return false;
+    p->a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
+    p->first = taken == 0, p->two = r.rule != RULE_SGD;
+    p->map0 = r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED, p->map1 = QUANT_UNSIGNED;
+    return true;
+}
+
 // A state tensor in a compressed format (nn/quant.h): its codes, and (int8) the absmax of
 // each of its blocks.
 typedef struct PackedState {

@@ -367,12 +367,11 @@ static float replay_quant_map[QUANT_MAP_FLOATS];
 static void replay_optim_step_packed(float *p, PackedState s0, PackedState s1, const float *grad,
                                      int64_t n, StateFormat f, StepScalars r,
                                      const ScalerState *gate, uint64_t step) {
-    int64_t taken;
-    if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return;
-    const AdamWScalars a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
-    const bool two = r.rule != RULE_SGD, first = taken == 0;
-    const float *map0 = replay_quant_map + (r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED);
-    const float *map1 = replay_quant_map + QUANT_UNSIGNED;
+    PackedPlan pp;
+    if (!packed_plan(r, gate, step, &pp)) return;
+    const AdamWScalars a = pp.a;
+    const bool two = pp.two, first = pp.first;
+    const float *map0 = replay_quant_map + pp.map0, *map1 = replay_quant_map + pp.map1;
     static float x0[QUANT_BLOCK], x1[QUANT_BLOCK];
     for (int64_t b = 0; b < quant_blocks(n); b++) {
         const int64_t i0 = b * QUANT_BLOCK, m = n - i0 < QUANT_BLOCK ? n - i0 : QUANT_BLOCK;
