@@ -795,14 +795,17 @@ __host__ __device__ static inline void packed_rule_at(const StepScalars &r, cons
     }
 }
 
-// Value i (of block b) of packed state s read back; map: the state's map (int8).
+// Value i (of block b) of packed state s read back; map: the state's map (int8); root: it
+// holds square roots (PackedPlan).
 __host__ __device__ static inline float unpack_at(PackedState s, StateFormat f, const float *map,
-                                                  int64_t i, int64_t b) {
+                                                  bool root, int64_t i, int64_t b) {
     if (f == STATE_BF16) return bf16_to_float(((const uint16_t *)s.codes)[i]);
-    return mul_rn(map[((const uint8_t *)s.codes)[i]], s.absmax[b]);
+    const float x = mul_rn(map[((const uint8_t *)s.codes)[i]], s.absmax[b]);
+    return root ? mul_rn(x, x) : x;
 }
 
-// x stored as value i of s, its block's absmax amax (int8).
+// x stored as value i of s, its block's absmax amax (int8; a square root already where the
+// state holds them).
 __host__ __device__ static inline void pack_at(PackedState s, StateFormat f, const float *map,
                                                bool is_signed, float amax, float x, int64_t i) {
     if (f == STATE_BF16) {
@@ -817,7 +820,7 @@ __host__ __device__ static inline void pack_at(PackedState s, StateFormat f, con
     const float v = div_rn(x, amax);
     int code;
     QUANT_NEAREST(map, v, sub_rn, code);
-    c[i] = (uint8_t)(is_signed ? quant_keep_sign(code, v) : code);
+    c[i] = (uint8_t)code;
 }
 
 // ---- Winograd F(2x2, 3x3): the CPU's formulas (nn/cpu_kernels.c), operation for operation -----
@@ -1842,7 +1845,7 @@ __global__ void __launch_bounds__(THREADS)
                        StateFormat f, StepScalars r, const ScalerState *gate, uint64_t step) {
     __shared__ float amax[2][THREADS];
     PackedPlan pp;
-    if (!packed_plan(r, gate, step, &pp)) return;
+    if (!packed_plan(r, f, gate, step, &pp)) return;
     const AdamWScalars a = pp.a;
     const bool two = pp.two, first = pp.first;
     const float *map0 = quant_map_dev + pp.map0, *map1 = quant_map_dev + pp.map1;
@@ -1851,9 +1854,10 @@ __global__ void __launch_bounds__(THREADS)
         for (int k = 0; k < PACK_PER_THREAD; k++) {
             const int64_t i = b * QUANT_BLOCK + threadIdx.x + (int64_t)k * THREADS;
             if (i >= n) continue;
-            x0[k] = unpack_at(s0, f, map0, i, b);
-            x1[k] = two ? unpack_at(s1, f, map1, i, b) : 0.0f;
+            x0[k] = unpack_at(s0, f, map0, false, i, b);
+            x1[k] = two ? unpack_at(s1, f, map1, pp.root1, i, b) : 0.0f;
             packed_rule_at(r, a, first, &p[i], &x0[k], &x1[k], grad[i]);
+            if (pp.root1) x1[k] = sqrt_rn(x1[k]);
             m0 = fmaxf(m0, fabsf(x0[k])), m1 = fmaxf(m1, fabsf(x1[k]));
         }
         amax[0][threadIdx.x] = m0, amax[1][threadIdx.x] = m1;

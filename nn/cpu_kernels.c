@@ -1422,9 +1422,10 @@ __attribute__((constructor)) static void quant_map_init(void) { quant_map_fill(q
 
 #define SUB(a, b) ((a) - (b))
 
-// Block b's m values of packed state s (its first at i0) read back into x.
-static void unpack_block(float *x, PackedState s, StateFormat f, int map, int64_t b, int64_t i0,
-                         int m) {
+// Block b's m values of packed state s (its first at i0) read back into x (root: stored as
+// their square roots).
+static void unpack_block(float *x, PackedState s, StateFormat f, int map, bool root, int64_t b,
+                         int64_t i0, int m) {
     if (f == STATE_BF16) {
         const uint16_t *c = (const uint16_t *)s.codes + i0;
 #pragma omp simd
@@ -1435,10 +1436,14 @@ static void unpack_block(float *x, PackedState s, StateFormat f, int map, int64_
     const float *q = quant_map + map, amax = s.absmax[b];
 #pragma omp simd
     for (int i = 0; i < m; i++) x[i] = q[c[i]] * amax;
+    if (root)
+#pragma omp simd
+        for (int i = 0; i < m; i++) x[i] = x[i] * x[i];
 }
 
-// x's m values stored back as block b of s: its absmax, then each value's code.
-static void pack_block(PackedState s, const float *x, StateFormat f, int map, int64_t b,
+// x's m values stored back as block b of s (root: their square roots, x overwritten): its
+// absmax, then each value's code.
+static void pack_block(PackedState s, float *x, StateFormat f, int map, bool root, int64_t b,
                        int64_t i0, int m) {
     if (f == STATE_BF16) {
         uint16_t *c = (uint16_t *)s.codes + i0;
@@ -1447,24 +1452,16 @@ static void pack_block(PackedState s, const float *x, StateFormat f, int map, in
         return;
     }
     uint8_t *c = (uint8_t *)s.codes + i0;
+    if (root)
+#pragma omp simd
+        for (int i = 0; i < m; i++) x[i] = sqrtf(x[i]);
     float amax = 0.0f;
 #pragma omp simd reduction(max : amax)
     for (int i = 0; i < m; i++) amax = fmaxf(amax, fabsf(x[i]));
     s.absmax[b] = amax;
     const float *q = quant_map + map;
-    const bool is_signed = map == QUANT_SIGNED;
     if (amax == 0.0f) {
-        memset(c, is_signed ? QUANT_SIGNED_ZERO : 0, (size_t)m);
-        return;
-    }
-    if (is_signed) {
-#pragma omp simd
-        for (int i = 0; i < m; i++) {
-            const float v = x[i] / amax;
-            int code;
-            QUANT_NEAREST(q, v, SUB, code);
-            c[i] = (uint8_t)quant_keep_sign(code, v);
-        }
+        memset(c, map == QUANT_SIGNED ? QUANT_SIGNED_ZERO : 0, (size_t)m);
         return;
     }
 #pragma omp simd
@@ -1502,7 +1499,7 @@ static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, cons
                                   int64_t n, StateFormat f, StepScalars r,
                                   const ScalerState *gate, uint64_t step) {
     PackedPlan pp;
-    if (!packed_plan(r, gate, step, &pp)) return;
+    if (!packed_plan(r, f, gate, step, &pp)) return;
     const int64_t nb = quant_blocks(n);
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (int64_t b = 0; b < nb; b++) {
@@ -1511,11 +1508,11 @@ static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, cons
         const int m = n - i0 < QUANT_BLOCK ? (int)(n - i0) : QUANT_BLOCK;
         float *pb = p + i0;
         const float *gb = g + i0;
-        unpack_block(x0, s0, f, pp.map0, b, i0, m);
-        if (pp.two) unpack_block(x1, s1, f, pp.map1, b, i0, m);
+        unpack_block(x0, s0, f, pp.map0, false, b, i0, m);
+        if (pp.two) unpack_block(x1, s1, f, pp.map1, pp.root1, b, i0, m);
         step_block(pb, x0, x1, gb, m, r, pp.a, pp.first);
-        pack_block(s0, x0, f, pp.map0, b, i0, m);
-        if (pp.two) pack_block(s1, x1, f, pp.map1, b, i0, m);
+        pack_block(s0, x0, f, pp.map0, false, b, i0, m);
+        if (pp.two) pack_block(s1, x1, f, pp.map1, pp.root1, b, i0, m);
     }
 }
 

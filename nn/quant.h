@@ -11,9 +11,13 @@
 // signed map, both signs, plus 0 and 1), or 2, 4, ... 128 (the unsigned map, for state that
 // averages squares, which is never negative: its sign bit buys a bit of fraction). A value
 // reads back as map[code] * absmax. Rounding is to the nearest map value (ties to the
-// lower), deterministic, so a resumed run sees the same state; a signed value that is not 0
-// never rounds to 0 (the smallest code of its sign), as the paper's kernels keep momentum's
-// sign.
+// lower), deterministic, so a resumed run sees the same state; a value below half the
+// smallest code rounds to 0 (the paper's kernels keep a momentum's sign instead, which
+// keeps a momentum whose gradients stopped from ever decaying to 0; without it the
+// accuracies are the same). AdamW's second moment is stored as its square root (PackedPlan
+// in kernels.h): stored as it is, a value 1e-7 below its block's largest became 0 under a
+// momentum that was not, the step momentum / eps threw runs of fashion.cfg off (81.7% and
+// 10% against 88.0%; bench/RESULTS.md).
 //
 // bf16: each value rounded to bfloat16 (fp32's top 16 bits, round to nearest even).
 //
@@ -96,14 +100,6 @@ static inline void quant_map_fill(float *map) {
         const int hi_ = lo_ < 255 ? lo_ + 1 : 255;                             \
         (out) = sub((x), (m)[lo_]) <= sub((m)[hi_], (x)) ? lo_ : hi_;          \
     } while (0)
-
-// The signed map keeps a value's sign: a positive x that rounded to 0 or below takes the
-// smallest positive code, a negative one the largest negative code.
-HOST_DEVICE static inline int quant_keep_sign(int code, float x) {
-    return x > 0.0f && code <= QUANT_SIGNED_ZERO   ? QUANT_SIGNED_ZERO + 1
-           : x < 0.0f && code >= QUANT_SIGNED_ZERO ? QUANT_SIGNED_ZERO - 1
-                                                   : code;
-}
 
 // bfloat16: round to nearest even; NaN stays a quiet NaN.
 HOST_DEVICE static inline uint16_t bf16_from_float(float f) {

@@ -55,20 +55,20 @@ static void test_maps(void **state) {
         assert_true(map[QUANT_SIGNED + c] == quant_map_value(1, c) && um[c] == quant_map_value(0, c));
 }
 
-// The nearest code by a scan of all 256 (ties to the lower), the signed map keeping signs.
-static int scan_nearest(const float *m, float x, bool is_signed) {
+// The nearest code by a scan of all 256 (ties to the lower).
+static int scan_nearest(const float *m, float x) {
     int best = 0;
     for (int c = 1; c < 256; c++)
         if (fabsf(x - m[c]) < fabsf(x - m[best])) best = c;
-    return is_signed ? quant_keep_sign(best, x) : best;
+    return best;
 }
 
 #define SUB(a, b) ((a) - (b))
 
-static int search(const float *m, float x, bool is_signed) {
+static int search(const float *m, float x) {
     int c;
     QUANT_NEAREST(m, x, SUB, c);
-    return is_signed ? quant_keep_sign(c, x) : c;
+    return c;
 }
 
 static void test_nearest(void **state) {
@@ -76,27 +76,28 @@ static void test_nearest(void **state) {
         const float *m = map + (s ? QUANT_SIGNED : QUANT_UNSIGNED);
         const float lo = s ? -1.0f : 0.0f;
         // Every code, the midpoints between neighbours (ties: the lower), beyond the ends.
-        for (int c = 0; c < 256; c++) assert_int_equal(search(m, m[c], s), c);
+        for (int c = 0; c < 256; c++) assert_int_equal(search(m, m[c]), c);
         for (int c = 0; c < 255; c++) {
             const float mid = (m[c] + m[c + 1]) / 2;
-            assert_int_equal(search(m, mid, s), scan_nearest(m, mid, s));
+            assert_int_equal(search(m, mid), scan_nearest(m, mid));
         }
-        assert_int_equal(search(m, lo - 0.5f, s), scan_nearest(m, lo - 0.5f, s));
-        assert_int_equal(search(m, 1.5f, 0), 255);
+        assert_int_equal(search(m, lo - 0.5f), scan_nearest(m, lo - 0.5f));
+        assert_int_equal(search(m, 1.5f), 255);
         // Random values over the range, and small ones (each decade).
         test_rng_seed(3 + s);
         for (int i = 0; i < 200000; i++) {
             float x = (float)(lo + (1.0 - lo) * test_urand());
             if (i & 1) x *= powf(10.0f, -(float)(test_urand64() % 8));
-            if (search(m, x, s) != scan_nearest(m, x, s))
+            if (search(m, x) != scan_nearest(m, x))
                 fail_msg("%s map: %.9g -> code %d, the scan says %d", s ? "signed" : "unsigned", x,
-                         search(m, x, s), scan_nearest(m, x, s));
+                         search(m, x), scan_nearest(m, x));
         }
     }
-    // A tiny value of either sign keeps it in the signed map.
+    // A tiny value of either sign rounds to 0 (a decaying momentum reaches it).
     const float *sm = map + QUANT_SIGNED;
-    assert_true(sm[search(sm, 1e-9f, true)] > 0.0f && sm[search(sm, -1e-9f, true)] < 0.0f);
-    assert_int_equal(search(sm, 0.0f, true), QUANT_SIGNED_ZERO);
+    assert_int_equal(search(sm, 1e-9f), QUANT_SIGNED_ZERO);
+    assert_int_equal(search(sm, -1e-9f), QUANT_SIGNED_ZERO);
+    assert_int_equal(search(sm, 0.0f), QUANT_SIGNED_ZERO);
 }
 
 // bf16 by its definition: the top 16 bits, rounded to nearest even on the 16 below.
@@ -148,16 +149,23 @@ static const Rule rules[] = {
                                              .beta2 = 0.999, .eps = 1e-8}}, 2},
 };
 
-// The packed state's values read back (the definition: map[code] * absmax, or bf16).
-static void unpack_ref(float *x, const void *codes, const float *absmax, StateFormat f, const float *m) {
-    for (int i = 0; i < N; i++)
+// The packed state's values read back (the definition: map[code] * absmax, squared where the
+// state holds square roots, or bf16).
+static void unpack_ref(float *x, const void *codes, const float *absmax, StateFormat f, const float *m,
+                       bool root) {
+    for (int i = 0; i < N; i++) {
         x[i] = f == STATE_BF16 ? bf16_to_float(((const uint16_t *)codes)[i])
                                : m[((const uint8_t *)codes)[i]] * absmax[i / QUANT_BLOCK];
+        if (root && f == STATE_INT8) x[i] = x[i] * x[i];
+    }
 }
 
-// x stored by the definition: each block's largest magnitude, the scan's code of x / it.
-static void pack_ref(void *codes, float *absmax, const float *x, StateFormat f, const float *m,
-                     bool is_signed) {
+// x stored by the definition (its square roots where root): each block's largest magnitude,
+// the scan's code of x / it.
+static void pack_ref(void *codes, float *absmax, float *x, StateFormat f, const float *m,
+                     bool is_signed, bool root) {
+    if (root && f == STATE_INT8)
+        for (int i = 0; i < N; i++) x[i] = sqrtf(x[i]);
     for (int b = 0; b * QUANT_BLOCK < N; b++) {
         const int i0 = b * QUANT_BLOCK, e = i0 + QUANT_BLOCK < N ? i0 + QUANT_BLOCK : N;
         float amax = 0;
@@ -166,7 +174,7 @@ static void pack_ref(void *codes, float *absmax, const float *x, StateFormat f, 
         for (int i = i0; i < e; i++) {
             if (f == STATE_BF16) ((uint16_t *)codes)[i] = bf16_from_float(x[i]);
             else ((uint8_t *)codes)[i] = (uint8_t)(amax == 0 ? (is_signed ? QUANT_SIGNED_ZERO : 0)
-                                                             : scan_nearest(m, x[i] / amax, is_signed));
+                                                             : scan_nearest(m, x[i] / amax));
         }
     }
 }
@@ -207,11 +215,13 @@ static void test_packed_step(void **state) {
                                                          : (float)((test_urand() * 2 - 1) * (1 + step));
                 const PackedState s0 = {c0, a0}, s1 = {c1, a1};
                 cpu_kernels.optim_step_packed(p, s0, s1, g, N, (StateFormat)f, r->r, NULL, step);
-                unpack_ref(x0, r0, ra0, (StateFormat)f, m0);
-                if (r->nstates > 1) unpack_ref(x1, r1, ra1, (StateFormat)f, m1);
+                // AdamW's int8 exp_avg_sq holds square roots (PackedPlan).
+                const bool root = r->r.rule == RULE_ADAMW;
+                unpack_ref(x0, r0, ra0, (StateFormat)f, m0, false);
+                if (r->nstates > 1) unpack_ref(x1, r1, ra1, (StateFormat)f, m1, root);
                 fp32_step(r, pr, x0, x1, g, step);
-                pack_ref(r0, ra0, x0, (StateFormat)f, m0, r->r.rule != RULE_ADADELTA);
-                if (r->nstates > 1) pack_ref(r1, ra1, x1, (StateFormat)f, m1, false);
+                pack_ref(r0, ra0, x0, (StateFormat)f, m0, r->r.rule != RULE_ADADELTA, false);
+                if (r->nstates > 1) pack_ref(r1, ra1, x1, (StateFormat)f, m1, false, root);
                 char what[96];
                 snprintf(what, sizeof what, "%s, %s, step %d", r->name, state_format_names[f], (int)step);
                 if (memcmp(p, pr, N * 4)) fail_msg("%s: the parameters differ from the fp32 kernel's", what);
