@@ -4,8 +4,8 @@
 // the chosen device and trains it, evaluating on the test set after each epoch. Prints a
 // line per epoch and logs it to SAVE/metrics.jsonl. Its other jobs have files of their
 // own in cli/: the options (options.c), --eval (evaluate.c), --predict (predict.c), the
-// metrics log and curves (metrics.c), resuming (resume.c) and the save folder
-// (run_folder.c).
+// metrics log and curves (metrics.c), resuming (resume.c), the save folder (run_folder.c)
+// and the memory plan with what `memory =` chooses (plan.c).
 #include <errno.h>
 #include <stddef.h>
 #include <limits.h>
@@ -20,6 +20,7 @@
 #include "cli/evaluate.h"
 #include "cli/metrics.h"
 #include "cli/options.h"
+#include "cli/plan.h"
 #include "cli/predict.h"
 #include "cli/resume.h"
 #include "cli/run_folder.h"
@@ -332,256 +333,6 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     return 0;
 }
 
-// What `memory =` considered and chose, for --plan --json.
-typedef struct BudgetReport {
-    FitChoice *plans;
-    int n, chosen;       // chosen: -1 when the run fits as configured (nothing probed)
-    double plain;        // the run as configured, seconds a step (estimated)
-    double probe;        // the probe's wall time
-    int probe_steps;
-} BudgetReport;
-
-static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k) {
-    fprintf(f, ", \"budget\": {\"chosen\": %d, \"plain_seconds\": ", r->chosen);
-    if (r->chosen >= 0) fprintf(f, "%.4f", r->plain);
-    else fprintf(f, "null");
-    fprintf(f, ", \"probe_seconds\": %.2f, \"probe_steps\": %d, \"plans\": [", r->probe, r->probe_steps);
-    for (int i = 0; i < r->n; i++) {
-        const FitChoice *c = &r->plans[i];
-        fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"fused_update\": %s, \"accumulate\": %d, "
-                   "\"precision\": \"%s\", \"optimizer_state\": \"%s\", \"bytes\": %zu, "
-                   "\"fits\": %s, \"exact\": %s, \"seconds\": ",
-                i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false",
-                c->net.fused_update ? "true" : "false", c->accumulate,
-                c->net.precision == DT_F16 ? "fp16" : "fp32", state_format_names[c->net.opt_format],
-                mem_plan_on(&c->plan, k),
-                c->fits ? "true" : "false", c->exact ? "true" : "false");
-        if (c->seconds >= 0) fprintf(f, "%.4f}", c->seconds);
-        else fprintf(f, "null}");
-    }
-    fprintf(f, "]}");
-}
-
-// The plan for device k, and with `available` (SIZE_MAX: unknown) what the device can
-// still give (`source` says whence). `baseline` is the process's own memory before the
-// plan (the CPU), or the GPU's use once set up (its context, cuBLAS's workspace).
-// With the fused update (`fused`) the gradients line says what they would take without it.
-static void print_plan(const MemPlan *p, const Kernels *k, bool fused, StateFormat format,
-                       size_t baseline, size_t available,
-                       const char *source, bool json, const BudgetReport *budget) {
-    const size_t need = mem_plan_on(p, k);
-    if (json) {
-        printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"grads_unfused\": %zu, "
-               "\"fused_update\": %s, \"optimizer\": %zu, \"optimizer_state\": \"%s\", "
-               "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
-               "\"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, "
-               "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
-               k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false", p->optimizer,
-               state_format_names[format],
-               p->buffers, p->activations, p->act_kept, p->workspace, p->threads, p->loader,
-               mem_plan_total(p), need, baseline);
-        if (available == SIZE_MAX) printf("null");
-        else printf("%zu", available);
-        if (budget && budget->n) budget_report_json(stdout, budget, k);
-        printf("}\n");
-        return;
-    }
-    printf("memory plan (MB):\n");
-    printf("  %-34s %10.1f\n", "parameters", p->params / 1e6);
-    if (fused)
-        printf("  %-34s %10.1f  (fused update: a layer's at a time; %.1f unfused)\n",
-               "gradients", p->grads / 1e6, p->grads_unfused / 1e6);
-    else
-        printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
-    if (format != STATE_F32)
-        printf("  %-34s %10.1f  (%s)\n", "optimizer state", p->optimizer / 1e6, state_format_names[format]);
-    else
-        printf("  %-34s %10.1f\n", "optimizer state", p->optimizer / 1e6);
-    printf("  %-34s %10.1f\n", "buffers (batchnorm statistics)", p->buffers / 1e6);
-    printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
-    printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
-    printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
-    if (k->host_memory) {
-        printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);
-        printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);
-        printf("  %-34s %10.1f\n", "total", need / 1e6);
-        printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);
-    } else {
-        printf("  %-34s %10.1f\n", "total on the GPU", need / 1e6);
-        printf("  %-34s %10.1f\n", "GPU baseline (context, cuBLAS)", baseline / 1e6);
-        printf("  %-34s %10.1f\n", "in host memory: loader", p->loader / 1e6);
-    }
-    if (available != SIZE_MAX)
-        printf("  %-34s %10.1f%s\n", "available", available / 1e6,
-               need > available ? "  (the plan does not fit)" : "");
-    if (available != SIZE_MAX && need > available) printf("  available is %s\n", source);
-}
-
-// The user's leave for the savers that change the result (DESIGN decision 17).
-static BudgetLeave leave_of(const Options *o) {
-    return (BudgetLeave){.fp16 = o->auto_fp16 != 0, .microbatch = o->auto_microbatch != 0,
-                         .compress = o->auto_compress != 0};
-}
-
-// The keys that allow what choice c changes against the configured `base` and
-// `accumulate`: all of them (`given`), or those beyond the leave o gives. sep goes before
-// each key after the first (" and ", " "); *count: how many.
-static const char *keys_for(const FitChoice *c, const Options *o, const NetOptions *base,
-                            int accumulate, bool given, const char *sep, char *buf, size_t cap,
-                            int *count) {
-    const bool need[] = {c->net.precision == DT_F16 && base->precision != DT_F16,
-                         c->accumulate > accumulate && c->coupled,
-                         c->net.opt_format != base->opt_format};
-    const bool have[] = {o->auto_fp16, o->auto_microbatch, o->auto_compress};
-    static const char *const key[] = {"auto_fp16=1", "auto_microbatch=1", "auto_compress=1"};
-    size_t n = 0;
-    buf[0] = '\0';
-    *count = 0;
-    for (int i = 0; i < 3; i++)
-        if (need[i] && (given || !have[i]) && n < cap)
-            n += (size_t)snprintf(buf + n, cap - n, "%s%s", (*count)++ ? sep : "", key[i]);
-    return buf;
-}
-
-// A plan's savers in words: "checkpoint = 7 segments with sweeps, fused update, accumulate
-// = 2 (micro-batch 16), fp16".
-static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
-    int n = c->net.segments ? snprintf(buf, cap, "checkpoint = %d segments with sweeps", c->net.segments)
-                            : snprintf(buf, cap, "no checkpointing");
-    if (c->net.fused_update) n += snprintf(buf + n, cap - (size_t)n, ", fused update");
-    if (c->accumulate > 1)
-        n += snprintf(buf + n, cap - (size_t)n, ", accumulate = %d (micro-batch %d)", c->accumulate, c->net.batch);
-    if (c->net.precision == DT_F16) n += snprintf(buf + n, cap - (size_t)n, ", fp16");
-    if (c->net.opt_format != STATE_F32)
-        snprintf(buf + n, cap - (size_t)n, ", %s optimizer state", state_format_names[c->net.opt_format]);
-    return buf;
-}
-
-// With `memory = SIZE`: when the run as configured does not fit device k with `overhead`
-// beside the plan, lists the plans of the budget (nn/budget.h), times the smallest that
-// fits with a probe of a few steps, and changes *opt and *accumulate to the fastest that
-// fits: says what it chose, its estimated step against the run as configured's, and what it
-// changes in the training when it changes more than float rounding (only with the user's
-// leave); an error when nothing fits, naming what would with which leave, and whether
-// prefetch = 1 would (`prefetch1_saves`: the bytes it takes off the overhead). *r: what it
-// considered (the caller frees r->plans).
-static int apply_budget(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
-                        int classes, size_t overhead, size_t prefetch1_saves, NetOptions *opt,
-                        int *accumulate, BudgetReport *r, Error *err) {
-    memset(r, 0, sizeof *r);
-    r->chosen = -1;
-    const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
-                           .batch = o->batch, .base = *opt, .base_accumulate = *accumulate,
-                           .overhead = overhead, .budget = o->memory, .leave = leave_of(o),
-                           .all_grads = o->optim.clip_grad_norm > 0};
-    const char *with = k->host_memory ? "with the loader and this process's baseline"
-                                      : "on the GPU with its baseline (context, cuBLAS)";
-    FILE *to = o->json ? stderr : stdout;  // --plan --json: stdout is the JSON alone
-    if (budget_plans(&q, &r->plans, &r->n, err)) return -1;
-    const FitChoice *base = r->n ? &r->plans[0] : NULL;  // the run as configured: listed first
-    if (base && base->fits) {
-        fprintf(to, "memory = %.0f MB: the run fits as configured (%.0f MB %s)\n", o->memory / 1048576.0,
-                (mem_plan_on(&base->plan, k) + overhead) / 1048576.0, with);
-        return 0;
-    }
-    const int smallest = budget_smallest(r->plans, r->n);
-    const FitChoice *s = smallest >= 0 ? &r->plans[smallest] : NULL;
-    char buf[200], keys[96], why[400];
-    if (!s || !s->fits) {
-        // Would a saver the user has not allowed fit? Say which, and what it would change.
-        BudgetQuery any = q;
-        any.leave = (BudgetLeave){true, true, true};
-        FitChoice *all = NULL;
-        int nall = 0;
-        char extra[500] = "";
-        if (!budget_plans(&any, &all, &nall, err)) {
-            const int a = budget_smallest(all, nall);
-            int nk;
-            if (a >= 0 && all[a].fits)
-                snprintf(extra, sizeof extra, "; %s would fit with %s, but %s", savers_of(&all[a], buf, sizeof buf),
-                         keys_for(&all[a], o, opt, *accumulate, false, " ", keys, sizeof keys, &nk),
-                         fit_changes(&all[a], opt, *accumulate, o->batch, why, sizeof why));
-        }
-        free(all);
-        const double need = s ? (mem_plan_on(&s->plan, k) + overhead) / 1048576.0 : 0;
-        char ring[300] = "";
-        if (s && prefetch1_saves && mem_plan_on(&s->plan, k) + overhead - prefetch1_saves <= o->memory)
-            snprintf(ring, sizeof ring, "; or set prefetch = 1: the loader then keeps one batch "
-                     "ahead (%.0f MB less), and that plan fits, at the cost of decoding the next "
-                     "batch only after each step", prefetch1_saves / 1048576.0);
-        return err_set(err, "memory = %.0f MB: nothing fits that trains as asked; the smallest plan "
-                            "(%s) needs %.0f MB %s: raise memory to at least %.0fM or lower the batch%s%s",
-                       o->memory / 1048576.0, s ? savers_of(s, buf, sizeof buf) : "none", need, with,
-                       need + 1, ring, extra);
-    }
-    // Time the plans that fit: a probe of the smallest (it fits) on this device.
-    CostTable t;
-    r->probe_steps = 6;  // a warm-up and two timed steps at the batch and at half of it
-    int nfit = 0;
-    for (int i = 0; i < r->n; i++) nfit += r->plans[i].fits;
-    fprintf(to, "memory = %.0f MB: the run as configured does not fit; timing the %d plan%s that do%s "
-                "(a probe of %d steps)...\n", o->memory / 1048576.0, nfit, nfit == 1 ? "" : "s",
-            nfit == 1 ? "es" : "", r->probe_steps);
-    fflush(to);
-    if (budget_probe(&q, s, r->probe_steps, &t, &r->probe, err)) return -1;
-    r->chosen = budget_estimate(&q, r->plans, r->n, &t, &r->plain, err);
-    cost_free(&t);
-    if (r->chosen < 0) return -1;
-    const FitChoice *c = &r->plans[r->chosen];
-    fprintf(to, "memory = %.0f MB: chose %s: the plan needs %.0f MB %s; about %.2f s a step, %.2fx "
-                "the run as configured (%.2f s; estimated from a probe of %d steps, %.1f s)\n",
-            o->memory / 1048576.0, savers_of(c, buf, sizeof buf),
-            (mem_plan_on(&c->plan, k) + overhead) / 1048576.0, with, c->seconds,
-            r->plain > 0 ? c->seconds / r->plain : 0.0, r->plain, r->probe_steps, r->probe);
-    if (fit_changes(c, opt, *accumulate, o->batch, why, sizeof why)[0]) {
-        int nk;
-        keys_for(c, o, opt, *accumulate, true, " and ", keys, sizeof keys, &nk);
-        fprintf(to, "memory = %.0f MB: this changes the training, as %s allow%s: %s\n",
-                o->memory / 1048576.0, keys, nk == 1 ? "s" : "", why);
-    }
-    if (opt->fused_update && !c->net.fused_update)
-        fprintf(to, "memory = %.0f MB: without the fused update: %s needs every gradient before "
-                    "the update\n", o->memory / 1048576.0, c->accumulate > 1 ? "accumulation" : "fp16");
-    *opt = c->net;
-    opt->plan_only = false;
-    *accumulate = c->accumulate;
-    return 0;
-}
-
-// The error for a plan larger than the machine can give: what would fit instead (the
-// budget's smallest plan, with the leave it needs and what it changes), or that nothing
-// does.
-static void refuse_too_big(const Options *o, const Kernels *k, const Cfg *cfg, const Dataset *train,
-                           int classes, NetOptions opt, int accumulate, const MemPlan *plan,
-                           size_t available, const char *source, Error *err) {
-    Error ignored = {{0}};
-    opt.plan_only = false;
-    const size_t budget = available / 10 * 9;  // room for the process's own memory
-    const BudgetQuery q = {.cfg = cfg, .k = k, .input = train->shape, .classes = classes,
-                           .batch = o->batch, .base = opt, .base_accumulate = accumulate,
-                           .overhead = k->host_memory ? plan->loader : 0, .budget = budget,
-                           .leave = {true, true, true}, .all_grads = o->optim.clip_grad_norm > 0};
-    FitChoice *plans = NULL;
-    int n = 0;
-    const bool searched = !budget_plans(&q, &plans, &n, &ignored);
-    const int s = searched ? budget_smallest(plans, n) : -1;
-    const bool fits = s >= 0 && plans[s].fits;
-    char what[800] = "lower the batch", keys[96], why[400], buf[200];
-    if (fits) {
-        int nk;
-        keys_for(&plans[s], o, &opt, accumulate, false, " ", keys, sizeof keys, &nk);
-        const int w = snprintf(what, sizeof what, "memory=%.0fM%s%s chooses what fits (%s)",
-                               budget / 1048576.0, nk ? " " : "", keys, savers_of(&plans[s], buf, sizeof buf));
-        if (fit_changes(&plans[s], &opt, accumulate, o->batch, why, sizeof why)[0])
-            snprintf(what + w, sizeof what - (size_t)w, " (%s)", why);
-    }
-    free(plans);
-    err_set(err, "the memory plan needs %.1f MB but %.1f MB is %s: the run cannot fit (it would "
-                 "be killed when memory runs out); %s%s", mem_plan_on(plan, k) / 1e6, available / 1e6,
-            source, what, searched && !fits ? " (even checkpointing, accumulation to a micro-batch "
-                                              "of 1, fp16 and int8 optimizer state do not fit)" : "");
-}
-
 // Whether the network has a layer called name, or layers below a module of that name.
 static bool has_module(const Net *net, const char *name) {
     const size_t n = strlen(name);
@@ -590,6 +341,116 @@ static bool has_module(const Net *net, const char *name) {
         if (!strncmp(m, name, n) && (!m[n] || m[n] == '.')) return true;
     }
     return false;
+}
+
+// The epoch's report: its line on stdout (and the profile), and on rank 0 its line of
+// SAVE/metrics.jsonl and curves.svg. tr, te: the epoch's training and test totals (te
+// unused without a test set), seconds and comm0 (dist's communication time before it) its
+// timing; *val_acc_out: its test accuracy (-1 without a test set). -1 with err.
+static int report_epoch(Run *r, const Cfg *cfg, Loader *train_loader, int classes, bool test,
+                        const Totals *tr, const Totals *te, int epoch, double seconds,
+                        double comm0, double *val_acc_out, Error *err) {
+    const Options *o = r->o;
+    Net *net = r->net;
+    const Kernels *k = net->k;
+    // An epoch resumed after its last batch trained nothing now: no speed to report.
+    const double img_s = tr->trained_now ? tr->trained_now / seconds : NAN;
+    const double rss = proc_status_bytes("VmHWM:") / 1048576.0;
+    const double lr = r->lr;
+    const double val_acc = test ? 100.0 * te->correct / te->seen : -1;
+    *val_acc_out = val_acc;
+    char val[128] = "";
+    if (test) snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te->loss / te->seen, val_acc);
+    if (test && classes > 5)
+        snprintf(val + strlen(val), sizeof val - strlen(val), "  val_top5 %.2f%%",
+                 100.0 * (double)r->eval.top5 / (double)te->seen);
+    LoaderStats ls;
+    loader_stats(train_loader, &ls);
+    net->k->download(&r->scaler, net->scaler, sizeof r->scaler);
+    char wait[96];
+    snprintf(wait, sizeof wait, "  data wait %.1f s (%.0f%%)", ls.wait_seconds,
+             seconds > 0 ? 100.0 * ls.wait_seconds / seconds : 0.0);
+    if (ls.skipped) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "  skipped %lld bad", (long long)ls.skipped);
+    char scale[160] = "";
+    if (net->precision == DT_F16)
+        snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r->scaler.scale,
+                 (long long)r->scaler.skipped);
+    if (dist.size > 1)
+        snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  comm %.1f s (%.0f%%)",
+                 dist.comm_seconds - comm0,
+                 seconds > 0 ? 100.0 * (dist.comm_seconds - comm0) / seconds : 0.0);
+    // On a GPU: the device memory the run's allocations take (measured), the plan's,
+    // and with the GPU's baseline (context, cuBLAS) what the process holds there.
+    double gpu_mb = -1, gpu_total_mb = -1;
+    if (!k->host_memory) {
+        size_t avail, taken, base;
+        k->device_memory(&avail, &taken, &base);
+        gpu_mb = taken / 1e6, gpu_total_mb = (taken + base) / 1e6;
+        snprintf(scale + strlen(scale), sizeof scale - strlen(scale),
+                 "  gpu %.0f MB (plan %.0f MB), %.0f MB with the context", gpu_mb,
+                 mem_plan_blocks(&net->plan) / 1e6, gpu_total_mb);
+    }
+    char speed[32] = "- img/s", speed_json[32] = "null";
+    if (isfinite(img_s)) {
+        snprintf(speed, sizeof speed, "%.0f img/s", img_s);
+        snprintf(speed_json, sizeof speed_json, "%.1f", img_s);
+    }
+    printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %s  %.1f s  "
+           "peak %.0f MB%s%s\n",
+           epoch + 1, o->epochs, tr->loss / tr->seen, 100.0 * tr->correct / tr->seen, val, lr,
+           speed, seconds, rss, wait, scale);
+    if (o->profile) profile_print(stdout, r->steps_now, r->images_now);
+    fflush(stdout);
+    char gpu_json[32] = "null", gpu_plan_json[32] = "null", gpu_total_json[32] = "null";
+    if (gpu_mb >= 0) {
+        snprintf(gpu_json, sizeof gpu_json, "%.1f", gpu_mb);
+        snprintf(gpu_plan_json, sizeof gpu_plan_json, "%.1f", mem_plan_blocks(&net->plan) / 1e6);
+        snprintf(gpu_total_json, sizeof gpu_total_json, "%.1f", gpu_total_mb);
+    }
+    char val_loss[32] = "null", val_acc_s[32] = "null", val_top5[32] = "null";
+    if (dist.rank == 0 && test) {
+        snprintf(val_loss, sizeof val_loss, "%.6f", te->loss / te->seen);
+        snprintf(val_acc_s, sizeof val_acc_s, "%.4f", val_acc);
+        if (classes > 5)  // with 5 classes or fewer it is always 100: null
+            snprintf(val_top5, sizeof val_top5, "%.4f", 100.0 * (double)r->eval.top5 / (double)te->seen);
+    }
+    if (dist.rank == 0) {
+        char *line = NULL;
+        size_t nline = 0;
+        FILE *f = open_memstream(&line, &nline);
+        if (!f) {
+            err_set(err, "out of memory writing the epoch's line of %s/metrics.jsonl", o->save);
+            return -1;
+        }
+        fprintf(f, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
+                   "\"val_acc\": %s, \"val_top5\": %s, \"val_per_class\": ",
+                epoch + 1, tr->loss / tr->seen, 100.0 * tr->correct / tr->seen, val_loss, val_acc_s,
+                val_top5);
+        write_per_class(f, test ? &r->eval : NULL);
+        fprintf(f, ", \"lr\": %.6g, \"img_per_s\": %s, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
+                   "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
+                   "\"skipped_steps\": %lld, \"gpu_mb\": %s, \"gpu_plan_mb\": %s, "
+                   "\"gpu_total_mb\": %s}\n",
+                lr, speed_json, seconds, rss, ls.wait_seconds, (long long)ls.skipped,
+                r->scaler.scale, (long long)r->scaler.skipped, gpu_json, gpu_plan_json,
+                gpu_total_json);
+        const bool ok = !fclose(f) && line;
+        // The title names the cfg file, not a resumed checkpoint's stored cfg.
+        char title[1200];
+        snprintf(title, sizeof title, "%s%s%s", o->cfg_stored ? "" : cfg->path,
+                 o->cfg_stored ? "" : ": ", o->save);
+        double lr_x[LR_POINTS], lr_y[LR_POINTS];
+        const LrSteps lr_steps = lr_curve(r, loader_batches(r->loader), lr_x, lr_y);
+        const int logged = ok ? metrics_log_epoch(o->save, line, title, &lr_steps, err)
+                              : err_set(err, "out of memory writing the epoch's line of %s/metrics.jsonl", o->save);
+        free(line);
+        if (logged) {
+            const size_t len = strlen(err->msg);
+            snprintf(err->msg + len, sizeof err->msg - len, "; the checkpoints are as before");
+            return -1;
+        }
+    }
+    return 0;
 }
 
 // How a run ends (train_main turns it into the exit status).
@@ -659,7 +520,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     int accumulate = o->accumulate;
     const size_t loader = k->host_memory ? data_loader_bytes(&data) : 0,
                  loader1 = k->host_memory ? data_loader_bytes_at(&data, 1) : 0;
-    if (o->memory && apply_budget(&mine, k, cfg, train, data.classes, loader + baseline, loader - loader1,
+    if (o->memory && plan_apply_budget(&mine, k, cfg, train, data.classes, loader + baseline, loader - loader1,
                                   &net_opt, &accumulate, &budget, err))
         goto done;
     // The plan before anything of it is allocated, against what the machine can still give:
@@ -668,12 +529,12 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     if (o->plan) {
-        print_plan(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, o->json, &budget);
+        plan_print(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, o->json, &budget);
         rc = 0;
         goto done;
     }
     if (mem_plan_on(&net.plan, k) > available) {
-        refuse_too_big(&mine, k, cfg, train, data.classes, net_opt, accumulate, &net.plan, available,
+        plan_refuse_too_big(&mine, k, cfg, train, data.classes, net_opt, accumulate, &net.plan, available,
                        source, err);
         goto done;
     }
@@ -759,7 +620,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (train->info) printf("       %s: %s\n", split ? "split" : "train", train->info);
     if (test && test->info && !split) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
-    print_plan(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, false, NULL);
+    plan_print(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, false, NULL);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);
@@ -785,102 +646,10 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
             goto done;
         }
         if (test && evaluate(&net, data.test_loader, &dist, &te, &r.eval, err)) goto done;
-        // An epoch resumed after its last batch trained nothing now: no speed to report.
-        const double img_s = tr.trained_now ? tr.trained_now / seconds : NAN;
-        const double rss = proc_status_bytes("VmHWM:") / 1048576.0;
-        const double lr = r.lr;
-        const double val_acc = test ? 100.0 * te.correct / te.seen : -1;
-        char val[128] = "";
-        if (test) snprintf(val, sizeof val, "  val_loss %.4f  val_acc %.2f%%", te.loss / te.seen, val_acc);
-        if (test && data.classes > 5)
-            snprintf(val + strlen(val), sizeof val - strlen(val), "  val_top5 %.2f%%",
-                     100.0 * (double)r.eval.top5 / (double)te.seen);
-        LoaderStats ls;
-        loader_stats(data.train_loader, &ls);
-        net.k->download(&r.scaler, net.scaler, sizeof r.scaler);
-        char wait[96];
-        snprintf(wait, sizeof wait, "  data wait %.1f s (%.0f%%)", ls.wait_seconds,
-                 seconds > 0 ? 100.0 * ls.wait_seconds / seconds : 0.0);
-        if (ls.skipped) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "  skipped %lld bad", (long long)ls.skipped);
-        char scale[160] = "";
-        if (net.precision == DT_F16)
-            snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r.scaler.scale,
-                     (long long)r.scaler.skipped);
-        if (dist.size > 1)
-            snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  comm %.1f s (%.0f%%)",
-                     dist.comm_seconds - comm0,
-                     seconds > 0 ? 100.0 * (dist.comm_seconds - comm0) / seconds : 0.0);
-        // On a GPU: the device memory the run's allocations take (measured), the plan's,
-        // and with the GPU's baseline (context, cuBLAS) what the process holds there.
-        double gpu_mb = -1, gpu_total_mb = -1;
-        if (!k->host_memory) {
-            size_t avail, taken, base;
-            k->device_memory(&avail, &taken, &base);
-            gpu_mb = taken / 1e6, gpu_total_mb = (taken + base) / 1e6;
-            snprintf(scale + strlen(scale), sizeof scale - strlen(scale),
-                     "  gpu %.0f MB (plan %.0f MB), %.0f MB with the context", gpu_mb,
-                     mem_plan_blocks(&net.plan) / 1e6, gpu_total_mb);
-        }
-        char speed[32] = "- img/s", speed_json[32] = "null";
-        if (isfinite(img_s)) {
-            snprintf(speed, sizeof speed, "%.0f img/s", img_s);
-            snprintf(speed_json, sizeof speed_json, "%.1f", img_s);
-        }
-        printf("epoch %d/%d  train_loss %.4f  train_acc %.2f%%%s  lr %.4g  %s  %.1f s  "
-               "peak %.0f MB%s%s\n",
-               epoch + 1, o->epochs, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val, lr,
-               speed, seconds, rss, wait, scale);
-        if (o->profile) profile_print(stdout, r.steps_now, r.images_now);
-        fflush(stdout);
-        char gpu_json[32] = "null", gpu_plan_json[32] = "null", gpu_total_json[32] = "null";
-        if (gpu_mb >= 0) {
-            snprintf(gpu_json, sizeof gpu_json, "%.1f", gpu_mb);
-            snprintf(gpu_plan_json, sizeof gpu_plan_json, "%.1f", mem_plan_blocks(&net.plan) / 1e6);
-            snprintf(gpu_total_json, sizeof gpu_total_json, "%.1f", gpu_total_mb);
-        }
-        char val_loss[32] = "null", val_acc_s[32] = "null", val_top5[32] = "null";
-        if (dist.rank == 0 && test) {
-            snprintf(val_loss, sizeof val_loss, "%.6f", te.loss / te.seen);
-            snprintf(val_acc_s, sizeof val_acc_s, "%.4f", val_acc);
-            if (data.classes > 5)  // with 5 classes or fewer it is always 100: null
-                snprintf(val_top5, sizeof val_top5, "%.4f", 100.0 * (double)r.eval.top5 / (double)te.seen);
-        }
-        if (dist.rank == 0) {
-            char *line = NULL;
-            size_t nline = 0;
-            FILE *f = open_memstream(&line, &nline);
-            if (!f) {
-                err_set(err, "out of memory writing the epoch's line of %s/metrics.jsonl", o->save);
-                goto done;
-            }
-            fprintf(f, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.4f, \"val_loss\": %s, "
-                       "\"val_acc\": %s, \"val_top5\": %s, \"val_per_class\": ",
-                    epoch + 1, tr.loss / tr.seen, 100.0 * tr.correct / tr.seen, val_loss, val_acc_s,
-                    val_top5);
-            write_per_class(f, test ? &r.eval : NULL);
-            fprintf(f, ", \"lr\": %.6g, \"img_per_s\": %s, \"seconds\": %.3f, \"peak_rss_mb\": %.1f, "
-                       "\"data_wait_s\": %.3f, \"skipped_bad\": %lld, \"loss_scale\": %g, "
-                       "\"skipped_steps\": %lld, \"gpu_mb\": %s, \"gpu_plan_mb\": %s, "
-                       "\"gpu_total_mb\": %s}\n",
-                    lr, speed_json, seconds, rss, ls.wait_seconds, (long long)ls.skipped,
-                    r.scaler.scale, (long long)r.scaler.skipped, gpu_json, gpu_plan_json,
-                    gpu_total_json);
-            const bool ok = !fclose(f) && line;
-            // The title names the cfg file, not a resumed checkpoint's stored cfg.
-            char title[1200];
-            snprintf(title, sizeof title, "%s%s%s", o->cfg_stored ? "" : cfg->path,
-                     o->cfg_stored ? "" : ": ", o->save);
-            double lr_x[LR_POINTS], lr_y[LR_POINTS];
-            const LrSteps lr_steps = lr_curve(&r, loader_batches(r.loader), lr_x, lr_y);
-            const int logged = ok ? metrics_log_epoch(o->save, line, title, &lr_steps, err)
-                                  : err_set(err, "out of memory writing the epoch's line of %s/metrics.jsonl", o->save);
-            free(line);
-            if (logged) {
-                const size_t len = strlen(err->msg);
-                snprintf(err->msg + len, sizeof err->msg - len, "; the checkpoints are as before");
-                goto done;
-            }
-        }
+        double val_acc;
+        if (report_epoch(&r, cfg, data.train_loader, data.classes, test != NULL, &tr, &te, epoch,
+                         seconds, comm0, &val_acc, err))
+            goto done;
 
         // The epoch is done: the checkpoint starts the next one from scratch.
         r.st.epoch = epoch + 1;
