@@ -453,6 +453,78 @@ static int report_epoch(Run *r, const Cfg *cfg, Loader *train_loader, int classe
     return 0;
 }
 
+// With several processes: the batch and its micro-batches divide among them, on the CPU.
+static int check_processes(const Options *o, const Kernels *k, Error *err) {
+    if (dist.size == 1) return 0;
+    const int each = o->batch / dist.size;
+    if (o->batch % dist.size) {
+        const int lo = each * dist.size, hi = lo + dist.size;
+        return err_set(err, "batch = %d does not divide among %d processes: use %d or %d", o->batch,
+                       dist.size, lo ? lo : hi, hi);
+    }
+    if (each % o->accumulate)
+        return err_set(err, "accumulate = %d does not divide the %d samples each of the %d "
+                            "processes takes of batch = %d", o->accumulate, each, dist.size, o->batch);
+    if (!k->host_memory)
+        return err_set(err, "device = %s with %d processes: data parallelism runs on the CPU only "
+                            "so far (NCCL for GPUs is not built yet)", o->device, dist.size);
+    return 0;
+}
+
+// Where training starts: fresh weights (net_init_params has drawn them), or init's (less
+// the layers init_skip names), or everything a resumed checkpoint holds, with its
+// TrainState and loss scale into r. 0; 1 when the checkpoint has trained every epoch asked
+// for (said on stdout); -1 with err.
+static int start_weights(Run *r, Net *net, const Cfg *cfg, const Dataset *train, Error *err) {
+    const Options *o = r->o;
+    r->st = (TrainState){.seed = o->seed, .best_val_acc = -1};
+    r->scaler = (ScalerState){.scale = net->precision == DT_F16 ? o->init_scale : 1.0};
+    // A resumed run takes every weight from its checkpoint: init (its first start's) is not
+    // read, and may be gone.
+    if (o->init[0] && !o->resume[0]) {
+        for (int i = 0; i < o->init_skip.n; i++)
+            if (!has_module(net, o->init_skip.names[i])) {
+                err_set(err, "%s: init_skip names '%s', but the network has no layer of that "
+                             "name (see the table of layers: ./train CFG --plan)", cfg->path,
+                        o->init_skip.names[i]);
+                return -1;
+            }
+        if (checkpoint_load_weights(o->init, net, o->init_skip.names, o->init_skip.n, err)) return -1;
+        printf("initial weights from %s%s%s\n", o->init, o->init_skip.n ? "; fresh: " : "",
+               o->init_skip.n ? o->init_skip.text : "");
+    } else if (o->init_skip.n && !o->init[0]) {
+        err_set(err, "%s: init_skip is set but init is not: init_skip says which layers of the "
+                     "init weights to leave out", cfg->path);
+        return -1;
+    }
+    if (o->resume[0]) {
+        CheckpointInfo ci;
+        if (checkpoint_read_info(o->resume, &ci, NULL, err)) return -1;
+        const bool same_data = ci.classes == train->classes && ci.input.c == train->shape.c &&
+                               ci.input.h == train->shape.h && ci.input.w == train->shape.w;
+        if (!same_data)
+            err_set(err, "%s was trained on %d classes of %dx%dx%d images, but %s has %d classes of "
+                         "%dx%dx%d: resume continues the same run on the same data", o->resume,
+                    ci.classes, ci.input.c, ci.input.h, ci.input.w, train->source, train->classes,
+                    train->shape.c, train->shape.h, train->shape.w);
+        checkpoint_info_free(&ci);
+        if (!same_data || checkpoint_load_all(o->resume, net, &r->st, err)) return -1;
+        r->st.seed = o->seed;  // resume_check made them equal, or resume_force changed it
+        if (net->precision == DT_F16) r->scaler.scale = r->st.loss_scale;
+        r->scaler.good_steps = r->st.scaler_good_steps;
+        r->scaler.skipped = r->st.scaler_skipped;
+        printf("resuming from %s: epoch %lld, batch %lld, step %llu\n", o->resume,
+               (long long)r->st.epoch + 1, (long long)r->st.batch, (unsigned long long)r->st.step);
+        if (r->st.epoch >= o->epochs) {
+            printf("nothing left to train: %s has finished %lld epoch%s and epochs = %d; give "
+                   "epochs=%lld (or more) to train on\n", o->resume, (long long)r->st.epoch,
+                   r->st.epoch == 1 ? "" : "s", o->epochs, (long long)r->st.epoch + 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 // How a run ends (train_main turns it into the exit status).
 // What run() did: trained to the end, stopped by a signal or at stop_after (a checkpoint
 // written either way), or found nothing left to train.
@@ -474,24 +546,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     // Several processes (mpirun): each reads, computes and holds its part of every batch.
     Options mine = *o;  // this process's share of the run
     mine.batch = o->batch / dist.size;
-    if (dist.size > 1) {
-        if (o->batch % dist.size) {
-            const int lo = o->batch / dist.size * dist.size, hi = lo + dist.size;
-            err_set(err, "batch = %d does not divide among %d processes: use %d or %d", o->batch,
-                    dist.size, lo ? lo : hi, hi);
-            goto done;
-        }
-        if (mine.batch % o->accumulate) {
-            err_set(err, "accumulate = %d does not divide the %d samples each of the %d processes "
-                         "takes of batch = %d", o->accumulate, mine.batch, dist.size, o->batch);
-            goto done;
-        }
-        if (!k->host_memory) {
-            err_set(err, "device = %s with %d processes: data parallelism runs on the CPU only so "
-                         "far (NCCL for GPUs is not built yet)", o->device, dist.size);
-            goto done;
-        }
-    }
+    if (check_processes(o, k, err)) goto done;
     DataConfig dc = o->data;
     dc.shard = dist.rank, dc.nshards = dist.size;
 
@@ -548,51 +603,10 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net_init_params(&net, o->seed, err)) goto done;
     if (o->profile && profile_start(&net, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
-    r.st = (TrainState){.seed = o->seed, .best_val_acc = -1};
-    r.scaler = (ScalerState){.scale = net.precision == DT_F16 ? o->init_scale : 1.0};
-    // A resumed run takes every weight from its checkpoint: init (its first start's) is not
-    // read, and may be gone.
-    if (o->init[0] && !o->resume[0]) {
-        for (int i = 0; i < o->init_skip.n; i++)
-            if (!has_module(&net, o->init_skip.names[i])) {
-                err_set(err, "%s: init_skip names '%s', but the network has no layer of that "
-                             "name (see the table of layers: ./train CFG --plan)", cfg->path,
-                        o->init_skip.names[i]);
-                goto done;
-            }
-        if (checkpoint_load_weights(o->init, &net, o->init_skip.names, o->init_skip.n, err)) goto done;
-        printf("initial weights from %s%s%s\n", o->init, o->init_skip.n ? "; fresh: " : "",
-               o->init_skip.n ? o->init_skip.text : "");
-    } else if (o->init_skip.n && !o->init[0]) {
-        err_set(err, "%s: init_skip is set but init is not: init_skip says which layers of the "
-                     "init weights to leave out", cfg->path);
+    const int started = start_weights(&r, &net, cfg, train, err);
+    if (started) {
+        if (started > 0) rc = RUN_NOTHING_LEFT;
         goto done;
-    }
-    if (o->resume[0]) {
-        CheckpointInfo ci;
-        if (checkpoint_read_info(o->resume, &ci, NULL, err)) goto done;
-        const bool same_data = ci.classes == train->classes && ci.input.c == train->shape.c &&
-                               ci.input.h == train->shape.h && ci.input.w == train->shape.w;
-        if (!same_data)
-            err_set(err, "%s was trained on %d classes of %dx%dx%d images, but %s has %d classes of "
-                         "%dx%dx%d: resume continues the same run on the same data", o->resume,
-                    ci.classes, ci.input.c, ci.input.h, ci.input.w, train->source, train->classes,
-                    train->shape.c, train->shape.h, train->shape.w);
-        checkpoint_info_free(&ci);
-        if (!same_data || checkpoint_load_all(o->resume, &net, &r.st, err)) goto done;
-        r.st.seed = o->seed;  // resume_check made them equal, or resume_force changed it
-        if (net.precision == DT_F16) r.scaler.scale = r.st.loss_scale;
-        r.scaler.good_steps = r.st.scaler_good_steps;
-        r.scaler.skipped = r.st.scaler_skipped;
-        printf("resuming from %s: epoch %lld, batch %lld, step %llu\n", o->resume,
-               (long long)r.st.epoch + 1, (long long)r.st.batch, (unsigned long long)r.st.step);
-        if (r.st.epoch >= o->epochs) {
-            printf("nothing left to train: %s has finished %lld epoch%s and epochs = %d; give "
-                   "epochs=%lld (or more) to train on\n", o->resume, (long long)r.st.epoch,
-                   r.st.epoch == 1 ? "" : "s", o->epochs, (long long)r.st.epoch + 1);
-            rc = RUN_NOTHING_LEFT;
-            goto done;
-        }
     }
     net.k->upload(net.scaler, &r.scaler, sizeof r.scaler);
     net.label_smoothing = (float)o->label_smoothing;
