@@ -179,14 +179,11 @@ int eval_weights(const char *weights, const char *cfg_path, bool json, int nover
     // A test set named on the command line is what to evaluate: the cfg's val_split and
     // training data are left alone (the class names come from the checkpoint or the set).
     bool named = false;
-    for (int i = 0; i < noverrides; i++)
-        named |= !strncmp(overrides[i], "test=", 5) && overrides[i][5] != '\0';
-    char **all = xcalloc((size_t)noverrides + 1, sizeof *all, err);
-    if (!all) return -1;
-    memcpy(all, overrides, (size_t)noverrides * sizeof *all);
-    static char no_split[] = "val_split=";
-    if (named) all[noverrides] = no_split;
-    if (model_open(&m, weights, cfg_path, noverrides + named, all, named ? DATA_FILES_TEST : DATA_FILES_ALL, err))
+    for (int i = 0; i < noverrides; i++) {
+        const char *o = overrides[i] + (strncmp(overrides[i], "data.", 5) ? 0 : 5);
+        named |= !strncmp(o, "test=", 5) && o[5] != '\0';
+    }
+    if (model_open(&m, weights, cfg_path, noverrides, overrides, named ? DATA_FILES_TEST : DATA_FILES_ALL, err))
         goto done;
     const bool split = m.o.data.val_split > 0;
     if (split || (!m.is_checkpoint && !named) ? data_open(&m.data, &m.o.data, m.o.batch, m.o.seed, err)
@@ -226,6 +223,5 @@ int eval_weights(const char *weights, const char *cfg_path, bool json, int nover
 done:
     eval_stats_free(&e);
     model_close(&m);
-    free(all);
     return rc;
 }

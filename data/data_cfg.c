@@ -104,9 +104,6 @@ static int check_labels(const Cfg *cfg, const CfgSection *s, const char *key, co
 static int check_files(DataConfig *dc, const Cfg *cfg, const CfgSection *s, DataFiles files,
                        int64_t width, int64_t height, int64_t *channels, Error *err) {
     char w[1100];
-    if (files == DATA_FILES_TEST && !dc->test[0])
-        return err_set(err, "no test set to evaluate on: give test=PATH (and test_labels=PATH "
-                            "for IDX files)");
     if (dc->test[0] && (dc->test_folder = is_dir(cfg, s, "test", dc->test, err)) < 0) return -1;
     if (files == DATA_FILES_TEST) dc->train_folder = dc->test_folder;
     else if ((dc->train_folder = is_dir(cfg, s, "train", dc->train, err)) < 0 ||
@@ -188,6 +185,7 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, DataFiles
             return err_set(err, "%s: [data] mean = %g: the mean of the pixels in units of [0, 1] "
                                 "(0.1307 for MNIST), between -1000 and 1000",
                            where(w, sizeof w, cfg, s, "mean"), dc->mean[i]);
+    if (files == DATA_FILES_TEST) val_split = 0.0;  // train is not opened: nothing to split
     if (val_split > 0.0 && dc->test[0])
         return err_set(err, "%s: [data] val_split = %g and test = %s: validate on a held-out "
                        "part of train or on a test set, not both",

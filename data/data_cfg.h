@@ -37,7 +37,7 @@ typedef enum DataFiles {
                       // train_folder and test_folder stay 0, channels 0 where not set
     DATA_FILES_ALL,   // train and test
     DATA_FILES_TEST,  // test alone (--eval on a set named on the command line): train is
-                      // not opened, and train_folder follows test_folder
+                      // not opened, train_folder follows test_folder, val_split is 0
 } DataFiles;
 
 // Reads and checks [data] (s may not be NULL). Errors name the file, line and key. Where

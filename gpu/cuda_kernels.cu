@@ -1634,12 +1634,6 @@ __host__ __device__ static inline float nll_grad_scale(float scale, const Scaler
     return scaler ? mul_rn(scale, (float)scaler->scale) : scale;
 }
 
-// The targets of label smoothing e over C classes: on the label, elsewhere.
-__host__ __device__ static inline void nll_targets(float smoothing, int C, float *on, float *off) {
-    const double off_d = (double)smoothing / C;
-    *on = (float)(1.0 - (double)smoothing + off_d), *off = (float)off_d;
-}
-
 __global__ void nll_grad_kernel(float *dlogp, const int32_t *labels, int C, float scale,
                                 float smoothing, const ScalerState *scaler, int64_t total) {
     const float s = nll_grad_scale(scale, scaler);
@@ -1809,24 +1803,30 @@ static void cuda_sum_squares(double *out, const float *x, int64_t n) {
     const int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK, cap = SLAB_SCRATCH_BYTES / sizeof(double);
     // The blocks' sums in the slab scratch, a run of at most `cap` blocks at a time.
     double *partial = (double *)g.slab_scratch;
-    for (int64_t b0 = 0; b0 < nb || b0 == 0; b0 += cap) {
+    if (nb == 0) sumsq_total_kernel<<<1, 1, 0, g.stream>>>(out, partial, 0, true);
+    for (int64_t b0 = 0; b0 < nb; b0 += cap) {
         const int64_t m = nb - b0 < cap ? nb - b0 : cap;
-        if (m > 0) {
-            sumsq_blocks_kernel<<<(unsigned)m, SUMSQ_THREADS, 0, g.stream>>>(partial, x + b0 * SUMSQ_BLOCK,
-                                                                             n - b0 * SUMSQ_BLOCK);
-            LAUNCH_CHECK();
-        }
-        sumsq_total_kernel<<<1, 1, 0, g.stream>>>(out, partial, m, b0 == 0);
+        sumsq_blocks_kernel<<<(unsigned)m, SUMSQ_THREADS, 0, g.stream>>>(partial, x + b0 * SUMSQ_BLOCK,
+                                                                         n - b0 * SUMSQ_BLOCK);
         LAUNCH_CHECK();
-        if (nb == 0) break;
+        sumsq_total_kernel<<<1, 1, 0, g.stream>>>(out, partial, m, b0 == 0);
     }
+    LAUNCH_CHECK();
 }
 
-__global__ void scale_values_kernel(float *x, int64_t n, float s) { GRID_LOOP(i, n) x[i] = mul_rn(x[i], s); }
+// Every thread works the factor out from the sum on the device: no launch waits for it.
+__host__ __device__ static inline void clip_scale_at(int64_t i, float *x, float s) {
+    if (s < 1.0f) x[i] = mul_rn(x[i], s);
+}
 
-static void cuda_scale_values(float *x, int64_t n, float s) {
+__global__ void clip_scale_kernel(float *x, int64_t n, const double *sumsq, float max_norm) {
+    const float s = clip_coef(*sumsq, max_norm);
+    GRID_LOOP(i, n) clip_scale_at(i, x, s);
+}
+
+static void cuda_clip_scale(float *x, int64_t n, const double *sumsq, float max_norm) {
     if (n <= 0) return;
-    scale_values_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, n, s);
+    clip_scale_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, n, sumsq, max_norm);
     LAUNCH_CHECK();
 }
 
@@ -2040,7 +2040,7 @@ static void cuda_init(void) {
     k->adamw_step = cuda_adamw_step;
     k->optim_step_packed = cuda_optim_step_packed;
     k->sum_squares = cuda_sum_squares;
-    k->scale_values = cuda_scale_values;
+    k->clip_scale = cuda_clip_scale;
 }
 
 // The CUDA table, or NULL with a message when no usable GPU is here (set up once; every

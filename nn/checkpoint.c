@@ -104,6 +104,9 @@ static int opt_key(const Net *net, char *out, size_t cap, const char *param, int
 
 static bool is_opt_key(const char *key) { return strncmp(key, OPT_PREFIX, OPT_PREFIX_LEN) == 0; }
 
+// The dtype of each StateFormat's values in a file.
+static const DType state_dtypes[STATE_FORMAT_COUNT] = {DT_F32, DT_BF16, DT_U8};
+
 // Tensors that hold one optimizer state of a trained parameter: 1, or 2 with int8 state.
 static int state_tensor_count(const Net *net) { return net->opt_format == STATE_INT8 ? 2 : 1; }
 
@@ -112,10 +115,9 @@ static int state_tensor_count(const Net *net) { return net->opt_format == STATE_
 // its blocks' absmax (F32, one per block) under opt_key + "_absmax"; data: where they are
 // on the device. -1 if a key does not fit.
 static int state_tensors(const Net *net, const ModelTensor *m, int h, Tensor *out) {
-    static const DType stored[STATE_FORMAT_COUNT] = {DT_F32, DT_BF16, DT_U8};
     const PackedState ps = net_opt_state(net, m->l, m->j, h);
     out[0] = *m->t;
-    out[0].dtype = stored[net->opt_format];
+    out[0].dtype = state_dtypes[net->opt_format];
     out[0].data = ps.codes;
     if (opt_key(net, out[0].name, sizeof out[0].name, m->t->name, h)) return -1;
     if (net->opt_format != STATE_INT8) return 0;
@@ -541,9 +543,8 @@ int checkpoint_rename_key(const char *key, const RenameRule *rules, int nrules, 
 
 // One tensor the network needs from the file.
 typedef struct Want {
-    char name[TENSOR_NAME_MAX];
     const Tensor *param;  // its model tensor (optimizer state: its parameter's)
-    Tensor expect;        // the name, shape and dtype the file must hold, and `dev`
+    Tensor expect;        // the key, shape and dtype the file must hold; data: where it goes
     bool host;            // expect.data is host memory (on_host), else the device's
     bool optional;        // num_batches_tracked: PyTorch fills it in when it is missing
     bool nonnegative;     // a variance or a counter: no value below 0 can be right
@@ -572,7 +573,7 @@ static int check_values(const char *path, const Want *want, int nwant, const flo
         const Tensor *t = &want[i].expect;
         const size_t bytes = tensor_bytes(t);
         const float *x = data + off;
-        off += (bytes + sizeof(float) - 1) / sizeof(float);
+        off += staged_floats(bytes);
         int64_t nonfinite = 0, negative = 0, n = tensor_numel(t);
         if (t->dtype == DT_F32) {
             for (int64_t j = 0; j < n; j++) {
@@ -598,7 +599,7 @@ static int check_values(const char *path, const Want *want, int nwant, const flo
         if (nbad++ < 4) {
             const size_t len = strlen(names);
             snprintf(names + len, sizeof names - len, "%s%s (%lld of %lld values %s)",
-                     nbad > 1 ? ", " : "", want[i].name, (long long)(nonfinite ? nonfinite : negative),
+                     nbad > 1 ? ", " : "", want[i].expect.name, (long long)(nonfinite ? nonfinite : negative),
                      (long long)n, nonfinite ? "NaN or infinite" : "negative");
         }
     }
@@ -730,7 +731,7 @@ static bool find_rename(const StFile *f, const Want *want, int nwant, const Skip
     for (int i = 0, k = 0; i < f->count; i++)
         if (!is_opt_key(f->entries[i].name) && !skipped(f->entries[i].name, skip))
             file_keys[k++] = f->entries[i].name;
-    for (int i = 0; i < nwant; i++) net_names[i] = want[i].name;
+    for (int i = 0; i < nwant; i++) net_names[i] = want[i].expect.name;
     qsort(net_names, (size_t)nwant, sizeof *net_names, cmp_str_ptr);
 
     size_t us, ul, ms, ml;
@@ -738,8 +739,8 @@ static bool find_rename(const StFile *f, const Want *want, int nwant, const Skip
     const char *u = unexpected0 + us;
     for (int i = 0; i < nwant && !found; i++) {
         if (want[i].e) continue;  // not missing
-        layer_part(want[i].name, &ms, &ml);
-        const char *m = want[i].name + ms;
+        layer_part(want[i].expect.name, &ms, &ml);
+        const char *m = want[i].expect.name + ms;
         size_t pre = 0, suf = 0;
         while (pre < ul && pre < ml && u[pre] == m[pre]) pre++;
         while (suf < ul && suf < ml && u[ul - 1 - suf] == m[ml - 1 - suf]) suf++;
@@ -813,13 +814,13 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
         goto done;
     }
     for (int i = 0; i < nwant; i++) {
-        want[i].e = st_find(f, want[i].name);
+        want[i].e = st_find(f, want[i].expect.name);
         if (!want[i].e && !want[i].optional)
-            missing[nmissing++] = want[i].name;
+            missing[nmissing++] = want[i].expect.name;
         else if (want[i].e && (!same_shape(want[i].e, &want[i].expect) ||
                                !dtype_fits(want[i].e->dtype, &want[i].expect)))
             bad[nbad++] = i;
-        sorted[i] = want[i].name;
+        sorted[i] = want[i].expect.name;
     }
     qsort(sorted, (size_t)nwant, sizeof *sorted, cmp_str_ptr);
     for (int i = 0; i < f->count; i++) {
@@ -865,17 +866,17 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
 
     // Weights alone whose model keys differ only in shape: the layers init_skip would leave
     // fresh (a pretrained classifier for another number of classes).
-    char skip_hint[200] = "";
+    // (bad keys are in state_dict order: a layer's are neighbours, listed once)
+    char skip_hint[200] = "", last[TENSOR_NAME_MAX] = "";
     for (int i = 0; i < nbad && !optimizer && !model_missing && !model_unexp; i++) {
         if (bad[i] >= nmodel) continue;
         size_t start, len, n = strlen(skip_hint);
-        layer_part(want[bad[i]].name, &start, &len);
+        layer_part(want[bad[i]].expect.name, &start, &len);
         char layer[TENSOR_NAME_MAX];
-        snprintf(layer, sizeof layer, "%.*s", (int)len, want[bad[i]].name + start);
-        bool seen = false;  // listed already (its weight before its bias)
-        for (const char *p = skip_hint; *p && !seen; p = strchr(p, ',') ? strchr(p, ',') + 1 : p + strlen(p))
-            seen = !strncmp(p, layer, strlen(layer)) && (p[strlen(layer)] == ',' || !p[strlen(layer)]);
-        if (!seen && n + strlen(layer) + 2 < sizeof skip_hint)
+        snprintf(layer, sizeof layer, "%.*s", (int)len, want[bad[i]].expect.name + start);
+        if (!strcmp(layer, last)) continue;
+        memcpy(last, layer, sizeof last);
+        if (n + strlen(layer) + 2 < sizeof skip_hint)
             snprintf(skip_hint + n, sizeof skip_hint - n, "%s%s", n ? "," : "", layer);
     }
     char from[TENSOR_NAME_MAX], to[TENSOR_NAME_MAX], out[4096];
@@ -905,11 +906,11 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
             const Want *w = &want[bad[i]];
             char a[160], b[160];
             if (!dtype_fits(w->e->dtype, &w->expect))
-                msg_add(&m, "%s%s is %s in the file, not %s", sep, w->name,
+                msg_add(&m, "%s%s is %s in the file, not %s", sep, w->expect.name,
                         st_dtype_names[w->e->dtype],
                         w->expect.dtype == DT_F32 ? "a float type" : dtype_names[w->expect.dtype]);
             else
-                msg_add(&m, "%s%s is %s in the file but %s in the network", sep, w->name,
+                msg_add(&m, "%s%s is %s in the file but %s in the network", sep, w->expect.name,
                         shape_str(a, sizeof a, w->e->shape, w->e->ndim),
                         shape_str(b, sizeof b, w->expect.shape, w->expect.ndim));
             sep = "; ";
@@ -964,7 +965,6 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         const Tensor *p = model[i].t;
         if (skipped(p->name, skip)) continue;
         Want *w = &want[nmodel++];
-        snprintf(w->name, sizeof w->name, "%s", p->name);
         w->param = p;
         w->expect = *p;
         w->host = on_host(net, p);
@@ -982,7 +982,6 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
             }
             for (int u = 0; u < T; u++) {
                 Want *w = &want[nwant++];
-                memcpy(w->name, t[u].name, sizeof w->name);
                 w->param = model[i].t;
                 w->expect = t[u];
                 w->host = net->k->host_memory;
@@ -992,10 +991,9 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
     }
     // State stored in another format than this run's: say which key sets it.
     if (nwant > nmodel) {
-        const StEntry *e = st_find(&f, want[nmodel].name);
-        static const StDType stored[STATE_FORMAT_COUNT] = {ST_F32, ST_BF16, ST_U8};
+        const StEntry *e = st_find(&f, want[nmodel].expect.name);
         for (int fmt = 0; e && fmt < STATE_FORMAT_COUNT; fmt++)
-            if (e->dtype == stored[fmt] && fmt != (int)net->opt_format) {
+            if (e->dtype == st_dtype_from(state_dtypes[fmt]) && fmt != (int)net->opt_format) {
                 err_set(err, "%s: its optimizer state is stored as %s (optimizer_state = %s), "
                              "this run's as %s: resume with optimizer_state = %s",
                         path, state_format_names[fmt], state_format_names[fmt],
@@ -1017,7 +1015,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         Tensor t = want[i].expect;
         t.data = host + off;
         if (st_read_tensor(&f, &t, err)) goto done;
-        off += (tensor_bytes(&t) + sizeof(float) - 1) / sizeof(float);
+        off += staged_floats(tensor_bytes(&t));
     }
     if (check_values(path, want, nwant, host, err)) goto done;
     off = 0;
@@ -1026,7 +1024,7 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
         const size_t bytes = tensor_bytes(&want[i].expect);
         const void *src = host + off;
         if (!want[i].e) src = &zero;
-        else off += (bytes + sizeof(float) - 1) / sizeof(float);
+        else off += staged_floats(bytes);
         if (want[i].host) memcpy(want[i].expect.data, src, bytes);
         else if (bytes) net->k->upload(want[i].expect.data, src, bytes);
     }

@@ -1234,7 +1234,8 @@ static void cpu_nll_loss(float *dlogp, float *metrics, const float *logp, const 
                          int N, int C, float scale, float smoothing, const ScalerState *scaler) {
     if (scaler) scale *= (float)scaler->scale;
     const double e = smoothing, off = e / C;
-    const float on_f = (float)(1.0 - e + off), off_f = (float)off;
+    float on_f, off_f;
+    nll_targets(smoothing, C, &on_f, &off_f);
     double loss = 0.0;
     int correct = 0;
     for (int n = 0; n < N; n++) {
@@ -1334,7 +1335,9 @@ static void cpu_sum_squares(double *out, const float *x, int64_t n) {
     *out = total;
 }
 
-static void cpu_scale_values(float *x, int64_t n, float s) {
+static void cpu_clip_scale(float *x, int64_t n, const double *sumsq, float max_norm) {
+    const float s = clip_coef(*sumsq, max_norm);
+    if (!(s < 1.0f)) return;
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
@@ -1619,5 +1622,5 @@ const Kernels cpu_kernels = {
     .adamw_step = cpu_adamw_step,
     .optim_step_packed = cpu_optim_step_packed,
     .sum_squares = cpu_sum_squares,
-    .scale_values = cpu_scale_values,
+    .clip_scale = cpu_clip_scale,
 };

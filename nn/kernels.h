@@ -92,6 +92,19 @@ typedef struct StepScalars {
     AdamWHyper adamw;                        // adamw
 } StepScalars;
 
+// torch.nn.utils.clip_grad_norm_'s factor for a sum of squares: max_norm / (norm + 1e-6),
+// norm = sqrt(sumsq) rounded to float (torch's norm is a float tensor), every backend's.
+HOST_DEVICE static inline float clip_coef(double sumsq, float max_norm) {
+    return max_norm / ((float)sqrt(sumsq) + 1e-6f);
+}
+
+// The targets of label smoothing e over C classes (Kernels.nll_loss): on the label,
+// elsewhere, from doubles.
+HOST_DEVICE static inline void nll_targets(float smoothing, int C, float *on, float *off) {
+    const double off_d = (double)smoothing / C;
+    *on = (float)(1.0 - (double)smoothing + off_d), *off = (float)off_d;
+}
+
 // What a packed step works out once, the same on every backend: AdamW's scalars, whether
 // this is the first step taken (SGD's momentum starts as the gradient), whether the rule
 // has a second state, each state's map (QUANT_SIGNED or QUANT_UNSIGNED), and whether the
@@ -374,8 +387,8 @@ typedef struct Kernels {
     // SUMSQ_BLOCK values summed, then the blocks' sums in order (within a block the order
     // is the backend's: rounding differs between devices, not between runs).
     void (*sum_squares)(double *out, const float *x, int64_t n);
-    // x (n) *= s.
-    void (*scale_values)(float *x, int64_t n, float s);
+    // x (n) *= clip_coef(*sumsq, max_norm) where that is below 1 (sumsq: device memory).
+    void (*clip_scale)(float *x, int64_t n, const double *sumsq, float max_norm);
     // The step's outcome: scaler_advance(s, r), on the device.
     void (*scaler_update)(ScalerState *s, ScalerRules r);
 

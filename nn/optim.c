@@ -46,7 +46,7 @@ typedef struct Span {
     float *p, *g;
     const Layer *l;
     int j;
-    int64_t off, n;
+    int64_t n;
     double wd;
 } Span;
 
@@ -68,7 +68,7 @@ static void step_span(const Net *net, const Optimizer *o, double lr, uint64_t st
                              net->opt_format, r, net->scaler, step);
         return;
     }
-    float *st0 = (float *)net->optimizer + (size_t)s->off, *st1 = st0 + (size_t)net->ntrain;
+    float *st0 = net_opt_state(net, s->l, s->j, 0).codes, *st1 = st0 + (size_t)net->ntrain;
     switch (o->kind) {
     case OPTIM_ADADELTA:
         k->adadelta_step(s->p, st0, st1, s->g, s->n, (float)lr, (float)o->rho, (float)o->eps,
@@ -101,38 +101,31 @@ static void add_module(const Net *net, const Optimizer *o, double lr, uint64_t s
         float *g = l->grads[j];
         if (!g) continue;  // frozen
         float *p = l->params[j].data;
-        const int64_t n = tensor_numel(&l->params[j]), off = l->train_off[j];
+        const int64_t n = tensor_numel(&l->params[j]);
         const double wd = o->decay_skip_norm_bias && l->params[j].ndim <= 1 ? 0.0 : o->weight_decay;
-        if (s->n && p == s->p + s->n && g == s->g + s->n && off == s->off + s->n && wd == s->wd &&
+        if (s->n && p == s->p + s->n && g == s->g + s->n &&
+            l->train_off[j] == s->l->train_off[s->j] + s->n && wd == s->wd &&
             net->opt_format != STATE_INT8) {
             s->n += n;
             continue;
         }
         if (s->n) step_span(net, o, lr, step, s);
-        *s = (Span){p, g, l, j, off, n, wd};
+        *s = (Span){p, g, l, j, n, wd};
     }
 }
 
-// Scales the gradients to norm max_norm where theirs is larger; returns theirs.
-static double clip_gradients(const Net *net, double max_norm) {
+void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
+                uint64_t step) {
     const Kernels *k = net->k;
-    double sumsq;
-    k->sum_squares(net->grad_sumsq, net->grads, net->ntrain);
-    k->download(&sumsq, net->grad_sumsq, sizeof sumsq);
-    const float norm = (float)sqrt(sumsq), coef = (float)max_norm / (norm + 1e-6f);
-    if (coef < 1.0f) k->scale_values(net->grads, net->ntrain, coef);
-    return norm;
-}
-
-double optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
-                  uint64_t step) {
-    if (scaling) net->k->unscale_check(net->grads, net->ntrain, net->scaler);
-    const double norm = o->clip_grad_norm > 0 ? clip_gradients(net, o->clip_grad_norm) : 0.0;
+    if (scaling) k->unscale_check(net->grads, net->ntrain, net->scaler);
+    if (o->clip_grad_norm > 0) {  // on the device: nothing waits for the norm
+        k->sum_squares(net->grad_sumsq, net->grads, net->ntrain);
+        k->clip_scale(net->grads, net->ntrain, net->grad_sumsq, (float)o->clip_grad_norm);
+    }
     Span s = {0};
     for (int m = 0; m < net->nmodules; m++) add_module(net, o, lr, step, &s, net->modules[m]);
     if (s.n) step_span(net, o, lr, step, &s);
-    if (scaling) net->k->scaler_update(net->scaler, *scaling);
-    return norm;
+    if (scaling) k->scaler_update(net->scaler, *scaling);
 }
 
 void optim_step_module(const Net *net, const Optimizer *o, const Layer *m, double lr,

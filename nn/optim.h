@@ -53,11 +53,10 @@ void optim_plan(const Optimizer *o, NetOptions *opt);
 // fused_update: its modules were updated during backward (optim_step_module), and its
 // gradient block holds one module's gradients. With o->clip_grad_norm, the gradients
 // (unscaled) are first multiplied by max_norm / (norm + 1e-6) when that is below 1, norm
-// being the 2-norm of all of them, as torch.nn.utils.clip_grad_norm_ does (norm and
-// factor in float; the sum of squares in double): the host reads the norm, so the step
-// waits for the device there. Returns the norm (0 without clipping).
-double optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
-                  uint64_t step);
+// being the 2-norm of all of them, as torch.nn.utils.clip_grad_norm_ does (Kernels.
+// sum_squares and clip_scale, on the device; its square stays in net->grad_sumsq).
+void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, double lr,
+                uint64_t step);
 // The same update for module m's trained tensors alone (none when it is frozen), from the
 // gradients in m->grads: the fused update (NetOptions.fused_update) calls it per module
 // during backward. fp32 only (no loss scaling). The result is optim_step's, bit for bit:

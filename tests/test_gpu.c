@@ -244,7 +244,7 @@ static void test_backend(void **state) {
         (void *)k->bn_eval_stats, (void *)k->bn_forward, (void *)k->bn_backward_sums,
         (void *)k->bn_backward, (void *)k->bn_param_grads, (void *)k->sgd_step,
         (void *)k->adamw_step, (void *)k->optim_step_packed, (void *)k->sum_squares,
-        (void *)k->scale_values,
+        (void *)k->clip_scale,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (!fns[i]) fail_msg("the CUDA table's entry %zu is NULL", i);
@@ -1570,7 +1570,8 @@ static void test_net_step_bytes(void **state) {
 }
 
 // Gradient clipping's kernels: the sum of squares within double rounding of the CPU's (the
-// order within a block differs), several blocks and a partial one; the scaling bit for bit.
+// order within a block differs), several blocks and a partial one; the scaling from a sum on
+// the device bit for bit, and none where the norm is within the limit.
 static void test_clip_kernels(void **state) {
     NEED_GPU();
     rng_seed(44);
@@ -1586,12 +1587,16 @@ static void test_clip_kernels(void **state) {
         for (int64_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
         if (!(fabs(c - ref) <= 1e-12 * ref && fabs(g - ref) <= 1e-12 * ref))
             fail_msg("sum_squares of %lld values: cpu %.17g, gpu %.17g, reference %.17g", (long long)n, c, g, ref);
-        BOTH(k->scale_values(P(bx), n, 0.3f));
+        const double hundred = 100.0;  // a norm of 10
+        Buf sq = buf_from(&hundred, sizeof hundred);
+        BOTH(k->clip_scale(P(bx), n, P(sq), 20.0f));  // within the limit: as it was
+        BOTH(k->clip_scale(P(bx), n, P(sq), 3.0f));
+        const float coef = 3.0f / (10.0f + 1e-6f);
         float *hc = xmalloc((size_t)(n ? n : 1) * 4), *hg = xmalloc((size_t)(n ? n : 1) * 4);
         buf_fetch(bx, hc, hg);
-        expect_same_f32(hc, hg, n, "scale_values");
-        for (int64_t i = 0; i < n; i++) assert_true(hc[i] == x[i] * 0.3f);
-        buf_free(bx), buf_free(out);
+        expect_same_f32(hc, hg, n, "clip_scale");
+        for (int64_t i = 0; i < n; i++) assert_true(hc[i] == x[i] * coef);
+        buf_free(bx), buf_free(out), buf_free(sq);
         free(x), free(hc), free(hg);
     }
 }

@@ -408,8 +408,9 @@ static void replay_sum_squares(double *out, const float *x, int64_t n) {
     }
     *out = total;
 }
-static void replay_scale_values(float *x, int64_t n, float s) {
-    for (int64_t i = 0; i < n; i++) x[i] = mul_rn(x[i], s);
+static void replay_clip_scale(float *x, int64_t n, const double *sumsq, float max_norm) {
+    const float s = clip_coef(*sumsq, max_norm);
+    for (int64_t i = 0; i < n; i++) clip_scale_at(i, x, s);
 }
 
 // Stands in for the CUDA table, under its name.
@@ -457,6 +458,6 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->sgd_step = replay_sgd_step, k->adamw_step = replay_adamw_step;
     quant_map_fill(replay_quant_map);
     k->optim_step_packed = replay_optim_step_packed;
-    k->sum_squares = replay_sum_squares, k->scale_values = replay_scale_values;
+    k->sum_squares = replay_sum_squares, k->clip_scale = replay_clip_scale;
     return k;
 }
