@@ -568,9 +568,11 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     r.schedule = o->schedule;
     r.schedule.total = (int64_t)o->epochs * loader_batches(r.loader);
     NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
-                          .segments = o->segments, .sweep = o->segments != 0, .freeze = o->freeze.names,
-                          .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
-                          .tf32 = o->tf32 != 0, .input_bytes = true, .fused_update = o->fused_update};
+                          .segments = o->segments, .sweep = o->segments != 0 || o->compress,
+                          .freeze = o->freeze.names, .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
+                          .tf32 = o->tf32 != 0, .input_bytes = true, .fused_update = o->fused_update,
+                          .compress = o->compress, .compress_skip = o->compress_skip.names,
+                          .ncompress_skip = o->compress_skip.n};
     optim_plan(&o->optim, &net_opt);
     int accumulate = o->accumulate;
     const size_t loader = k->host_memory ? data_loader_bytes(&data) : 0,
@@ -584,7 +586,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net_create(&net, cfg, train->shape, data.classes, &net_opt, k, err)) goto done;
     net.plan.loader = data_loader_bytes(&data);
     if (o->plan) {
-        plan_print(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, o->json, &budget);
+        plan_print(&net, baseline, available, source, o->json, &budget);
         rc = 0;
         goto done;
     }
@@ -626,6 +628,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (net.fused_update) printf(", fused update");
     if (net.opt_format != STATE_F32)
         printf(", %s optimizer state (changes the result)", state_format_names[net.opt_format]);
+    if (net.exec.pack_bits) printf(", %d-bit activations for backward (changes the result)", net.exec.pack_bits);
     if (o->label_smoothing > 0) printf(", label smoothing %g", o->label_smoothing);
     printf("\n");
     // With val_split both parts carry the split's one line: said once, as validation.
@@ -634,7 +637,7 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (train->info) printf("       %s: %s\n", split ? "split" : "train", train->info);
     if (test && test->info && !split) printf("       test: %s\n", test->info);
     net_print(&net, stdout);
-    plan_print(&net.plan, k, net.fused_update, net.opt_format, baseline, available, source, false, NULL);
+    plan_print(&net, baseline, available, source, false, NULL);
 
     if (test && eval_stats_init(&r.eval, data.classes, net.batch, err)) goto done;
     snprintf(r.last, sizeof r.last, "%s/last.safetensors", o->save);

@@ -43,6 +43,11 @@ const CfgKey train_keys[] = {
     {"weight_decay", "by optimizer", "adadelta and sgd (0): L2 penalty added to the gradient; "
                                      "adamw (0.01): decoupled decay"},
     {"decay_skip_norm_bias", "0", "1: no weight decay for biases and batchnorm parameters"},
+    {"compress", "0", "2, 4 or 8: what backward reads of the activations is kept as codes of "
+                      "that many bits in groups of 256 values, stochastically rounded "
+                      "(ActNN); forward stays exact; 0 = off. Changes the result"},
+    {"compress_skip", "", "compress: layers whose outputs stay exact, names or prefixes, "
+                          "comma-separated (conv1, layer4)"},
     {"optimizer_state", "fp32", "how the optimizer's state is stored: fp32, bf16 (half the "
                                 "memory) or int8 (a quarter: block-wise 8-bit quantization); "
                                 "bf16 and int8 change the result"},
@@ -252,7 +257,7 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
     int precision;
     static const char *const precisions[] = {"fp32", "fp16"};
     const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, auto_microbatch, auto_compress, tf32, freeze_bn, resume_force, fused_update;
+    int64_t auto_fp16, auto_microbatch, auto_compress, tf32, freeze_bn, resume_force, fused_update, compress;
     if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
@@ -260,6 +265,8 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
         cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
         cfg_int(cfg, t, "fused_update", "0", 0, 1, &fused_update, err) ||
+        cfg_int(cfg, t, "compress", "0", 0, 8, &compress, err) ||
+        read_names(cfg, t, "compress_skip", &o->compress_skip, err) ||
         cfg_str(cfg, t, "memory", "", &memory, err) ||
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
@@ -291,6 +298,10 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
                             "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
     o->precision = precision ? DT_F16 : DT_F32;
+    if (compress && !act_bits_valid((int)compress))
+        return err_set(err, "%s: [train] compress = %lld: expected 0 (off), 2, 4 or 8 bits",
+                       cfg_path, (long long)compress);
+    o->compress = (int)compress;
     o->fused_update = fused_update != 0;
     if (o->fused_update && o->precision == DT_F16)
         return err_set(err, "%s: [train] fused_update = 1 needs precision = fp32: with fp16 the "

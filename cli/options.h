@@ -25,6 +25,8 @@ typedef struct Options {
     int64_t save_every, stop_after;
     int segments;        // NetOptions.segments
     bool fused_update;   // NetOptions.fused_update (fp32 and accumulate = 1 only)
+    int compress;        // NetOptions.compress: 0, or 2, 4, 8 bits
+    NameList compress_skip;
     size_t memory;       // budget in bytes; 0 = none
     int auto_fp16;       // memory may choose fp16
     int auto_microbatch; // memory may choose micro-batches on a batch-coupled network

@@ -27,19 +27,23 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
     fprintf(f, "]}");
 }
 
-void plan_print(const MemPlan *p, const Kernels *k, bool fused, StateFormat format,
-                size_t baseline, size_t available, const char *source, bool json,
+void plan_print(const Net *net, size_t baseline, size_t available, const char *source, bool json,
                 const BudgetReport *budget) {
+    const MemPlan *p = &net->plan;
+    const Kernels *k = net->k;
+    const bool fused = net->fused_update;
+    const StateFormat format = net->opt_format;
+    const int bits = net->exec.pack_bits;
     const size_t need = mem_plan_on(p, k);
     if (json) {
         printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"grads_unfused\": %zu, "
                "\"fused_update\": %s, \"optimizer\": %zu, \"optimizer_state\": \"%s\", "
                "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
-               "\"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, "
+               "\"compress\": %d, \"activations_compressed\": %zu, \"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, "
                "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
                k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false", p->optimizer,
                state_format_names[format],
-               p->buffers, p->activations, p->act_kept, p->workspace, p->threads, p->loader,
+               p->buffers, p->activations, p->act_kept, bits, p->act_packed, p->workspace, p->threads, p->loader,
                mem_plan_total(p), need, baseline);
         if (available == SIZE_MAX) printf("null");
         else printf("%zu", available);
@@ -61,6 +65,7 @@ void plan_print(const MemPlan *p, const Kernels *k, bool fused, StateFormat form
     printf("  %-34s %10.1f\n", "buffers (batchnorm statistics)", p->buffers / 1e6);
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
     printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
+    if (bits) printf("  %-34s %10.1f  (%d-bit codes)\n", "    of which compressed", p->act_packed / 1e6, bits);
     printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
     if (k->host_memory) {
         printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);

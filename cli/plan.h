@@ -21,12 +21,12 @@ typedef struct BudgetReport {
     int probe_steps;
 } BudgetReport;
 
-// The plan for device k, and with `available` (SIZE_MAX: unknown) what the device can
-// still give (`source` says whence). `baseline` is the process's own memory before the
-// plan (the CPU), or the GPU's use once set up (its context, cuBLAS's workspace).
-// With the fused update (`fused`) the gradients line says what they would take without it.
-void plan_print(const MemPlan *p, const Kernels *k, bool fused, StateFormat format,
-                size_t baseline, size_t available, const char *source, bool json,
+// The plan of net (net->plan, on its device), and with `available` (SIZE_MAX: unknown)
+// what the device can still give (`source` says whence). `baseline` is the process's own
+// memory before the plan (the CPU), or the GPU's use once set up (its context, cuBLAS's
+// workspace). With the fused update the gradients line says what they would take without
+// it; with compressed activations, the activations' line what their codes take.
+void plan_print(const Net *net, size_t baseline, size_t available, const char *source, bool json,
                 const BudgetReport *budget);
 
 // With `memory = SIZE`: when the run as configured does not fit device k with `overhead`

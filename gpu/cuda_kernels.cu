@@ -1688,6 +1688,44 @@ static void cuda_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, cons
     LAUNCH_CHECK();
 }
 
+// Compressed activations: a thread a group, running quant.h's functions as the CPU does.
+__global__ void act_pack_kernel(unsigned char *dst, const float *x, int64_t values, int64_t total,
+                                int bits, uint64_t key, int64_t sample0) {
+    const int64_t groups = (values + ACT_GROUP - 1) / ACT_GROUP;
+    GRID_LOOP(q, total) {
+        const int64_t s = q / groups, i = q % groups * ACT_GROUP;
+        const int count = values - i < ACT_GROUP ? (int)(values - i) : ACT_GROUP;
+        act_pack_group(dst + q * act_group_bytes(bits), x + s * values + i, count, bits, key,
+                       ((uint64_t)(sample0 + s) << 32) + (uint64_t)(i / 4));
+    }
+}
+__global__ void act_unpack_kernel(float *x, const unsigned char *src, int64_t values, int64_t total,
+                                  int bits) {
+    const int64_t groups = (values + ACT_GROUP - 1) / ACT_GROUP;
+    GRID_LOOP(q, total) {
+        const int64_t s = q / groups, i = q % groups * ACT_GROUP;
+        const int count = values - i < ACT_GROUP ? (int)(values - i) : ACT_GROUP;
+        act_unpack_group(x + s * values + i, src + q * act_group_bytes(bits), count, bits);
+    }
+}
+
+static void cuda_act_pack(void *dst, const float *x, int64_t values, int n, int bits, uint64_t key,
+                          int64_t sample0) {
+    const int64_t total = n * ((values + ACT_GROUP - 1) / ACT_GROUP);
+    if (total <= 0) return;
+    act_pack_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>((unsigned char *)dst, x, values, total,
+                                                                  bits, key, sample0);
+    LAUNCH_CHECK();
+}
+
+static void cuda_act_unpack(float *x, const void *src, int64_t values, int n, int bits) {
+    const int64_t total = n * ((values + ACT_GROUP - 1) / ACT_GROUP);
+    if (total <= 0) return;
+    act_unpack_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(x, (const unsigned char *)src, values,
+                                                                    total, bits);
+    LAUNCH_CHECK();
+}
+
 // 1 / scale as the CPU rounds it.
 __host__ __device__ static inline float unscale_factor(const ScalerState *s) {
     return (float)(1.0 / s->scale);
@@ -2033,6 +2071,8 @@ static void cuda_init(void) {
     k->f32_to_f16 = cuda_f32_to_f16;
     k->f16_to_f32 = cuda_f16_to_f32;
     k->u8_to_f32 = cuda_u8_to_f32;
+    k->act_pack = cuda_act_pack;
+    k->act_unpack = cuda_act_unpack;
     k->unscale_check = cuda_unscale_check;
     k->scaler_update = cuda_scaler_update;
     k->adadelta_step = cuda_adadelta_step;

@@ -1294,6 +1294,106 @@ static void cpu_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     }
 }
 
+// A group a call: groups are independent, their records aligned to 4 bytes. Each width
+// has its own inlined copy of the group's loops (a constant `bits` unrolls the shifts).
+#define ACT_GROUPS_(call)                                                                      \
+    do {                                                                                       \
+        const int64_t groups = (values + ACT_GROUP - 1) / ACT_GROUP, rec = act_group_bytes(bits); \
+        _Pragma("omp parallel for schedule(static) if (n * values > PAR_MIN)")                 \
+        for (int64_t q = 0; q < n * groups; q++) {                                             \
+            const int64_t s = q / groups, i = q % groups * ACT_GROUP;                          \
+            const int count = values - i < ACT_GROUP ? (int)(values - i) : ACT_GROUP;          \
+            switch (bits) {                                                                    \
+            case 2: call(2); break;                                                            \
+            case 4: call(4); break;                                                            \
+            default: call(8); break;                                                           \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+#ifdef __AVX2__
+// act_pack_group on a whole group, 8 values a vector: the same IEEE operations on each value
+// in the same order (min and max as minps and maxps: v < lo ? v : lo; the base's sign of
+// zero does not depend on the order: -0 + 0 = +0 on both paths), so the same record.
+static void act_pack_group_avx2(unsigned char *rec, const float *x, int bits, uint64_t key, uint64_t c0) {
+    __m256 lo = _mm256_set1_ps(x[0]), hi = lo, pos = _mm256_set1_ps(INFINITY);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int i = 0; i < ACT_GROUP; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        lo = _mm256_min_ps(v, lo), hi = _mm256_max_ps(v, hi);
+        pos = _mm256_min_ps(_mm256_blendv_ps(pos, v, _mm256_cmp_ps(v, zero, _CMP_GT_OQ)), pos);
+    }
+    float l[8], h[8], p[8];
+    _mm256_storeu_ps(l, lo), _mm256_storeu_ps(h, hi), _mm256_storeu_ps(p, pos);
+    float lo1 = l[0], hi1 = h[0], pos1 = p[0];
+    for (int k = 1; k < 8; k++) {
+        lo1 = l[k] < lo1 ? l[k] : lo1, hi1 = h[k] > hi1 ? h[k] : hi1;
+        pos1 = p[k] < pos1 ? p[k] : pos1;
+    }
+    const int top = (1 << bits) - 1;
+    const int zeros = lo1 == 0.0f && hi1 > 0.0f;
+    const float base = (zeros ? pos1 : lo1) + 0.0f, cap = (float)(top - zeros);
+    const float step = (hi1 - base) * (1.0f / cap);
+    const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+    const float head[2] = {base, zeros ? -step : step};
+    memcpy(rec, head, sizeof head);
+    uint16_t r16[ACT_GROUP];
+    for (int k = 0; k < ACT_GROUP / 4; k++) {
+        const uint64_t r = rng_u64(key, c0 + (uint64_t)k);
+        memcpy(r16 + 4 * k, &r, sizeof r);  // little-endian: the j-th 16 bits at r16[4k + j]
+    }
+    uint8_t c[ACT_GROUP];
+    const __m256 vb = _mm256_set1_ps(base), vinv = _mm256_set1_ps(inv), vcap = _mm256_set1_ps(cap);
+    const __m256 half = _mm256_set1_ps(0.5f), scale = _mm256_set1_ps(1.0f / 65536.0f), one = _mm256_set1_ps(1.0f);
+    for (int i = 0; i < ACT_GROUP; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256i r = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r16 + i)));
+        const __m256 u = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(r), half), scale);
+        const __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v, vb), vinv), u);
+        __m256 q = _mm256_blendv_ps(zero, _mm256_floor_ps(t), _mm256_cmp_ps(t, zero, _CMP_GT_OQ));
+        q = _mm256_blendv_ps(q, vcap, _mm256_cmp_ps(t, vcap, _CMP_GE_OQ));
+        if (zeros) q = _mm256_blendv_ps(zero, _mm256_add_ps(q, one), _mm256_cmp_ps(v, zero, _CMP_GT_OQ));
+        int32_t qi[8];
+        _mm256_storeu_si256((__m256i *)qi, _mm256_cvttps_epi32(q));
+        for (int k = 0; k < 8; k++) c[i + k] = (uint8_t)qi[k];
+    }
+    unsigned char *codes = rec + 8;
+    const int per = 8 / bits;
+    for (int b = 0; b < ACT_GROUP / per; b++) {
+        unsigned w = 0;
+        for (int k = 0; k < per; k++) w |= (unsigned)c[b * per + k] << (k * bits);
+        codes[b] = (unsigned char)w;
+    }
+}
+#endif
+
+// A whole group through the vector path where there is one, a short one through quant.h's.
+static void act_pack_one(unsigned char *rec, const float *x, int count, int bits, uint64_t key, uint64_t c0) {
+#ifdef __AVX2__
+    if (count == ACT_GROUP) {
+        act_pack_group_avx2(rec, x, bits, key, c0);
+        return;
+    }
+#endif
+    act_pack_group(rec, x, count, bits, key, c0);
+}
+
+static void cpu_act_pack(void *dst, const float *x, int64_t values, int n, int bits, uint64_t key,
+                         int64_t sample0) {
+#define PACK_(b)                                                                                 \
+    act_pack_one((unsigned char *)dst + q * rec, x + s * values + i, count, b, key,                \
+                 ((uint64_t)(sample0 + s) << 32) + (uint64_t)(i / 4))
+    ACT_GROUPS_(PACK_);
+#undef PACK_
+}
+
+static void cpu_act_unpack(float *x, const void *src, int64_t values, int n, int bits) {
+#define UNPACK_(b) act_unpack_group(x + s * values + i, (const unsigned char *)src + q * rec, count, b)
+    ACT_GROUPS_(UNPACK_);
+#undef UNPACK_
+}
+#undef ACT_GROUPS_
+
 static void cpu_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
     if (C == 1) {
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
@@ -1615,6 +1715,8 @@ const Kernels cpu_kernels = {
     .f32_to_f16 = cpu_f32_to_f16,
     .f16_to_f32 = cpu_f16_to_f32,
     .u8_to_f32 = cpu_u8_to_f32,
+    .act_pack = cpu_act_pack,
+    .act_unpack = cpu_act_unpack,
     .unscale_check = cpu_unscale_check,
     .scaler_update = cpu_scaler_update,
     .adadelta_step = cpu_adadelta_step,

@@ -41,6 +41,10 @@ static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, 
         ctx->k->u8_to_f32(dst, (const uint8_t *)s.p + n0 * numel, n * numel, e->input_c, e->lut);
         return dst;
     }
+    case STORED_PACKED:
+        ctx->k->act_unpack(e->scratch[slot], (const char *)s.p + n0 * act_sample_bytes(numel, e->pack_bits),
+                           numel, n, e->pack_bits);
+        return e->scratch[slot];
     }
     return NULL;
 }
@@ -90,12 +94,17 @@ static void exec_charge(const LayerCtx *ctx, const Layer *l, CallKind kind, int 
 
 static double exec_start(const LayerCtx *ctx) { return ctx->exec->costs ? exec_clock(ctx) : 0; }
 
-// Samples per call of l's pass over N with input `in`: exec_chunk's in F16; in F32 the
-// byte input's chunk (Exec.input_chunk), else N.
-static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, int N) {
-    if (exec_f16(ctx)) return exec_chunk(ctx->exec, l, N);
-    if (in.kind == STORED_U8 && ctx->exec->input_chunk < N) return ctx->exec->input_chunk;
-    return N;
+// Samples per call of l's pass over N with input `in` and output `out`: as many as a
+// scratch slot holds of the larger of them in F16 or where one is compressed
+// (exec_chunk's), else N; in F32 at most the byte input's chunk (Exec.input_chunk).
+static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, Stored out, int N) {
+    int chunk = N;
+    if (exec_f16(ctx) || in.kind == STORED_PACKED || out.kind == STORED_PACKED) {
+        const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
+        chunk = slot_chunk(ctx->exec, nin > nout ? nin : nout, N);
+    }
+    if (!exec_f16(ctx) && in.kind == STORED_U8 && ctx->exec->input_chunk < chunk) chunk = ctx->exec->input_chunk;
+    return chunk;
 }
 
 // The batch pass of forward (reduce) and the forward itself. In F32 a pass that one call
@@ -105,7 +114,7 @@ static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, int N) {
 static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N, bool reduce) {
     const LayerOps *ops = l->ops;
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = pass_chunk(ctx, l, in, N);
+    const int chunk = pass_chunk(ctx, l, in, out, N);
     double t0 = exec_start(ctx);
     if (!exec_f16(ctx) && chunk >= N) {
         const float *x = view(ctx, in, nin, 0, N, 0);
@@ -141,7 +150,7 @@ void exec_forward_stats(const LayerCtx *ctx, Layer *l, Stored in, int N) {
     const LayerOps *ops = l->ops;
     if (!ops->forward_reduce || (ops->forward_reduces && !ops->forward_reduces(l, ctx))) return;
     const int64_t nin = shape_numel(l->in);
-    const int chunk = pass_chunk(ctx, l, in, N);
+    const int chunk = pass_chunk(ctx, l, in, in, N);
     const double t0 = exec_start(ctx);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
@@ -160,16 +169,16 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
                    int N) {
     const LayerOps *ops = l->ops;
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = pass_chunk(ctx, l, in, N);
+    const int chunk = pass_chunk(ctx, l, in, out, N);
     double t0 = exec_start(ctx);
-    if (!exec_f16(ctx) && chunk >= N) {
-        const float *x = view(ctx, in, nin, 0, N, 0);
+    if (!exec_f16(ctx) && chunk >= N) {  // F32 in one call (a compressed one read whole)
+        const float *x = view(ctx, in, nin, 0, N, 0), *y = view(ctx, out, nout, 0, N, 1);
         if (ops->backward_reduce) {
-            ops->backward_reduce(l, ctx, dout.p, x, out.p, 0, N, N);
+            ops->backward_reduce(l, ctx, dout.p, x, y, 0, N, N);
             exec_charge(ctx, l, CALL_BACKWARD_REDUCE, N, t0);
             t0 = exec_start(ctx);
         }
-        ops->backward(l, ctx, din.p, dout.p, x, out.p, N);
+        ops->backward(l, ctx, din.p, dout.p, x, y, N);
         exec_charge(ctx, l, CALL_BACKWARD, N, t0);
         return;
     }
@@ -219,7 +228,7 @@ void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t v
 void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
                        Activation act) {
     if (act == ACT_NONE) return;
-    if (!exec_f16(ctx)) {
+    if (!exec_f16(ctx) && out.kind != STORED_PACKED) {
         ctx->k->relu_backward(dout.p, dout.p, out.p, N * values);
         return;
     }
@@ -229,7 +238,17 @@ void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t val
         const float *y = view(ctx, out, values, n0, n, 1);
         float *dy = view(ctx, dout, values, n0, n, 2);
         ctx->k->relu_backward(dy, dy, y, n * values);
-        store(ctx, dout.p, dy, values, n0, n);
+        if (dout.kind != STORED_F32) store(ctx, dout.p, dy, values, n0, n);
+    }
+}
+
+void exec_pack(const LayerCtx *ctx, void *dst, Stored src, int64_t values, int N, uint64_t key) {
+    const int bits = ctx->exec->pack_bits;
+    const int chunk = src.kind == STORED_F32 ? N : slot_chunk(ctx->exec, values, N);
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        const int n = chunk_len(chunk, n0, N);
+        ctx->k->act_pack((char *)dst + n0 * act_sample_bytes(values, bits), view(ctx, src, values, n0, n, 0),
+                         values, n, bits, key, ctx->sample0 + n0);
     }
 }
 
@@ -310,6 +329,7 @@ static const float *sweep_input(const LayerCtx *ctx, const Sweep *s, const Sweep
         ctx->k->u8_to_f32(sp->in, (const uint8_t *)in.p + n0 * numel, n * numel, ctx->exec->input_c,
                           ctx->exec->lut);
         break;
+    case STORED_PACKED: assert(!"a sweep's input is never compressed (net.c, packed_node)"); break;
     }
     return sp->in;
 }

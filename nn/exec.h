@@ -8,7 +8,9 @@
 // its nodes (leaves and sums, nn/net.h) through these functions. The network's input may
 // be bytes (the loader's, NetOptions.input_bytes): the first layer then reads them
 // normalised, expanded into fp32 a chunk at a time where its results do not depend on the
-// chunks (LayerOps.sample_quantum), or whole into a transient buffer.
+// chunks (LayerOps.sample_quantum), or whole into a transient buffer. What a backward
+// reads of an output may be kept compressed (NetOptions.compress, nn/quant.h): the
+// executor then reads it back a chunk at a time through the scratch, in F32 too.
 #ifndef NN_EXEC_H
 #define NN_EXEC_H
 
@@ -18,8 +20,9 @@ struct CostTable;  // nn/cost.h
 
 struct Exec {
     DType precision;      // of stored activations: DT_F32 or DT_F16
-    int64_t slot_values;  // F16: fp32 values in each scratch slot
-    float *scratch[4];    // F16: slot_values F32 each
+    int pack_bits;        // compressed activations' width (STORED_PACKED), 0: none
+    int64_t slot_values;  // F16 or pack_bits: fp32 values in each scratch slot
+    float *scratch[4];    // F16 or pack_bits: slot_values F32 each
     struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
     // A byte input (STORED_U8: the network's input with NetOptions.input_bytes) is read as
     // lut[c][byte] (C, 256, on the device), expanded into fp32 chunk by chunk: in F16
@@ -39,8 +42,9 @@ struct Exec {
 int exec_chunk(const Exec *e, const Layer *l, int N);
 
 // How a stored activation holds its values: fp32; IEEE halves (the executor's F16
-// precision); bytes read through Exec.lut (the network's input with input_bytes).
-typedef enum StoredKind { STORED_F32, STORED_F16, STORED_U8 } StoredKind;
+// precision); bytes read through Exec.lut (the network's input with input_bytes); the
+// records of compressed activations, Exec.pack_bits wide (what a backward reads).
+typedef enum StoredKind { STORED_F32, STORED_F16, STORED_U8, STORED_PACKED } StoredKind;
 
 // A stored activation: in the executor's precision, in F32 (the network's input and its
 // output, the log-probabilities), or the network's byte input. With `via` (F16 only) it is
@@ -72,6 +76,10 @@ void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t v
 // dout *= act'(out), in place (ReLU: where out > 0).
 void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
                        Activation act);
+
+// The N samples of `src` (`values` each) compressed into the records at dst
+// (Kernels.act_pack, Exec.pack_bits wide) with the random bits of `key`.
+void exec_pack(const LayerCtx *ctx, void *dst, Stored src, int64_t values, int N, uint64_t key);
 
 // A sweep (a NODE_SWEEP of nn/net.h): leaves m[0 .. nm), each reading the one before,
 // run over chunks of `chunk` samples, each chunk through all of them before the next, so

@@ -378,6 +378,13 @@ typedef struct Kernels {
     // i < n, in (n / C pixels, C channels) channel-last bytes, lut (C, 256) on the device
     // (the loader's normalisation of each byte value, so the floats are its bits).
     void (*u8_to_f32)(float *out, const uint8_t *in, int64_t n, int C, const float *lut);
+    // Compressed activations (nn/quant.h): n samples of `values` each from x into their
+    // records at dst (act_sample_bytes(values, bits) a sample), rounded with the random
+    // bits of (key, (sample0 + s) * 2^32 + i / 4) for value i of sample s (values < 2^34);
+    // and the n samples' values back from the records at src.
+    void (*act_pack)(void *dst, const float *x, int64_t values, int n, int bits, uint64_t key,
+                     int64_t sample0);
+    void (*act_unpack)(float *x, const void *src, int64_t values, int n, int bits);
     // ---- loss scaling (nn/scaler.h), its state s in device memory ------------------------
     // g (n) *= (float)(1 / s->scale); s->found = 1 if any result is inf or NaN (left as it
     // was otherwise, so one flag can cover several calls).

@@ -76,6 +76,9 @@ typedef struct NetNode {
     bool virt;        // F16, set by the schedule: a jit leaf whose output is never stored;
                       // its one reader, a leaf, computes it a chunk at a time from its
                       // input (Stored.via), and its forward is its batch pass alone
+    bool compress;    // what backward reads of its output may be kept compressed
+                      // (NetOptions.compress, not in compress_skip)
+    bool packed;      // set by the schedule: it is (net.c), and backward reads it so
 } NetNode;
 typedef struct NodeList {
     NetNode *node;

@@ -242,7 +242,10 @@ static size_t sweep_sample_bytes(const NetNode *nd) {
 // each read only by the next, the first one possibly a layer with parameters
 // (LayerOps.sample_quantum) when it reads the network's input (nobody needs its input
 // gradient: the stem convolution of an image network). Chunks are a multiple of that
-// quantum, as many samples as fit in `budget` bytes of scratch.
+// quantum, as many samples as fit in `budget` bytes of scratch. With compressed
+// activations a chain whose input may be compressed is not swept: a sweep's backward
+// runs its members again from its input, which must then stay exact (and a sweep keeps
+// nothing of its members, so nothing of them is compressed).
 static int net_fuse_sweeps(Net *net, size_t budget, Error *err) {
     NetNode *nodes = net->nodes;
     const int n = net->nnodes;
@@ -252,7 +255,9 @@ static int net_fuse_sweeps(Net *net, size_t budget, Error *err) {
     for (int j = 0; j < n;) {
         int q = 0;
         const NetNode *a = &nodes[j];
-        if (a->kind == NODE_LEAF && !a->jit) {
+        // A sweep's input must stay exact (its backward runs the members again from it).
+        const bool exact_in = a->in[0] == NODE_INPUT || !nodes[to[a->in[0]]].compress;
+        if (a->kind == NODE_LEAF && !a->jit && exact_in) {
             if (sweep_cheap(a->l)) q = 1;
             else if (a->in[0] == NODE_INPUT && a->l->ops->sample_quantum)
                 q = a->l->ops->sample_quantum(a->l, net->k);
@@ -270,7 +275,7 @@ static int net_fuse_sweeps(Net *net, size_t budget, Error *err) {
             continue;
         }
         NetNode sw = {.kind = NODE_SWEEP, .nchain = e - j, .in = {a->in[0] == NODE_INPUT ? NODE_INPUT : to[a->in[0]], NODE_INPUT},
-                      .out = nodes[e - 1].out, .top = a->top};
+                      .out = nodes[e - 1].out, .top = a->top, .compress = nodes[e - 1].compress};
         for (int i = j; i < e; i++) sw.chain[i - j] = nodes[i].l;
         const size_t per = sweep_sample_bytes(&sw);
         int fit = (int)(budget / per / (size_t)q) * q;
@@ -324,21 +329,27 @@ static bool crosses(const Net *net, int p) {
 // placement of TFLite's memory planner). The block is as large as the highest end.
 
 // Buffer ids: five fixed ones, then per node its output, its inner activations, its output
-// gradient, that gradient's second term and a sweep's scratch. BUF_INPUT holds the batch:
+// gradient, that gradient's second term, a sweep's scratch and its output compressed. BUF_INPUT holds the batch:
 // fp32 values, or with input_bytes the table of byte values and the bytes (off the host:
 // on the host the network reads the caller's, net_put_input); BUF_INPUT_F32
 // (input_bytes in F32) is where a leaf that reads the network's input expands the bytes, a
 // chunk at a time (Exec.input_chunk), live during its events only (a sweep expands them in
 // its scratch).
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_NODES, BUFS_A_NODE = 5 };
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_NODES, BUFS_A_NODE = 6 };
 static int buf_out(int j) { return BUF_NODES + BUFS_A_NODE * j; }
 static int buf_inner(int j) { return buf_out(j) + 1; }
 static int buf_grad(int j) { return buf_out(j) + 2; }
 static int buf_term(int j) { return buf_out(j) + 3; }
 static int buf_scratch(int j) { return buf_out(j) + 4; }  // a sweep's, during its own events
+static int buf_pack(int j) { return buf_out(j) + 5; }
 
 // The buffer of node p's output as a reader sees it (NODE_INPUT: the network's input).
 static int out_buffer(const Net *net, int p) { return p == NODE_INPUT ? BUF_INPUT : net->nbuf[p].out; }
+
+// The buffer where a backward reads node p's output: its records where it is compressed.
+static int read_buffer(const Net *net, int p) {
+    return p != NODE_INPUT && net->nodes[p].packed ? buf_pack(p) : out_buffer(net, p);
+}
 
 // Whether node p's output gradient is needed: backward reaches p (every input of a node
 // at or after first_trained gets one, but the network's input).
@@ -392,7 +403,7 @@ static bool data_used_after(const Net *net, int b, int t) {
         switch (net->events[e].kind) {
         case EV_FORWARD:
         case EV_RECOMPUTE:
-            if (net->nbuf[j].out == b) return true;
+            if (net->nbuf[j].out == b || (nd->packed && buf_pack(j) == b)) return true;
             for (int k = 0; k < node_nin(nd); k++)
                 if (out_buffer(net, nd->in[k]) == b) return true;
             break;
@@ -401,8 +412,8 @@ static bool data_used_after(const Net *net, int b, int t) {
             break;
         case EV_BACKWARD: {
             const unsigned reads = node_reads(nd);
-            if (((reads & BACKWARD_READS_IN) && out_buffer(net, nd->in[0]) == b) ||
-                ((reads & BACKWARD_READS_OUT) && net->nbuf[j].out == b))
+            if (((reads & BACKWARD_READS_IN) && read_buffer(net, nd->in[0]) == b) ||
+                ((reads & BACKWARD_READS_OUT) && read_buffer(net, j) == b))
                 return true;
             break;
         }
@@ -486,6 +497,23 @@ static bool virtual_node(const Net *net, int a) {
     return false;
 }
 
+// Whether node p's output is kept compressed for backward (NetNode.packed): it may be
+// (NetNode.compress), it is not the network's output nor a virtual node's, a backward
+// reads it (a leaf's input, a node's own output), and no sweep reads it (a sweep's
+// backward runs its members' forward again on its input, which must be exact).
+static bool packed_node(const Net *net, int p) {
+    const NetNode *pn = &net->nodes[p];
+    if (!pn->compress || p == net->nnodes - 1 || pn->virt) return false;
+    bool read = (node_reads(pn) & BACKWARD_READS_OUT) != 0;
+    for (int j = p + 1; j < net->nnodes; j++) {
+        const NetNode *nd = &net->nodes[j];
+        if (nd->in[0] != p && !(node_nin(nd) > 1 && nd->in[1] == p)) continue;
+        if (nd->kind == NODE_SWEEP) return false;
+        read |= nd->in[0] == p && (node_reads(nd) & BACKWARD_READS_IN);
+    }
+    return read;
+}
+
 // Builds net->events and the nodes' buffer ids (net->nbuf) from the segments and the
 // first trained node: the events first (a node's inputs that already have a gradient term
 // get an EV_GRAD_ADD after its backward), then, going through them, the gradients' buffers.
@@ -506,6 +534,7 @@ static int net_schedule(Net *net, Error *err) {
     }
     for (int j = 0; j < n; j++) net->nodes[j].virt = false;
     for (int j = 0; j < n; j++) net->nodes[j].virt = virtual_node(net, j);
+    for (int j = 0; j < n; j++) net->nodes[j].packed = packed_node(net, j);
     for (int j = 0; j < n; j++) {
         const NetNode *nd = &net->nodes[j];
         if (nd->virt) {  // its reader's input is its own input's buffer (Stored.via)
@@ -620,6 +649,7 @@ static void spans_forward(const Net *net, SpanBuilder *sb, int j, int t) {
     if (nd->virt) return;  // its batch pass alone: it writes nothing
     if (expands_input(net, j)) span_write(sb, BUF_INPUT_F32, t);  // anew at every event that reads it
     span_write(sb, net->nbuf[j].out, t);
+    if (nd->packed) span_write(sb, buf_pack(j), t);
     if (inner_bytes(net, j)) span_write(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
 }
@@ -631,9 +661,9 @@ static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
     const NodeBufs *b = net->nbuf;
     const unsigned reads = node_reads(nd);
     span_read(sb, b[j].grad, t);
-    if (reads & BACKWARD_READS_IN) span_read(sb, out_buffer(net, nd->in[0]), t);
+    if (reads & BACKWARD_READS_IN) span_read(sb, read_buffer(net, nd->in[0]), t);
     if ((reads & BACKWARD_READS_IN) && expands_input(net, j)) span_write(sb, BUF_INPUT_F32, t);
-    if (reads & BACKWARD_READS_OUT) span_read(sb, b[j].out, t);
+    if (reads & BACKWARD_READS_OUT) span_read(sb, read_buffer(net, j), t);
     if (inner_bytes(net, j)) span_read(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
     if (b[j].din >= 0 && b[j].din != b[j].grad) span_write(sb, b[j].din, t);  // else in place
@@ -668,6 +698,9 @@ static void buffer_bytes(Net *net) {
         buf[buf_term(j)].bytes = align64(values * es);
         const Sweep sw = node_sweep(net, &net->nodes[j], NULL);
         buf[buf_scratch(j)].bytes = net->nodes[j].kind == NODE_SWEEP ? align64(exec_sweep_bytes(&net->exec, &sw)) : 0;
+        buf[buf_pack(j)].bytes = net->nodes[j].packed
+                                     ? align64(B * (size_t)act_sample_bytes(shape_numel(net->nodes[j].out), net->exec.pack_bits))
+                                     : 0;
     }
 }
 
@@ -817,9 +850,12 @@ static int place_buffers(Net *net, Error *err) {
     }
     for (int b = 0; b < nb; b++) net->bufs[b].offset = best[b];
     net->plan.activations = top == SIZE_MAX ? 0 : top;
-    net->plan.act_kept = 0;
+    net->plan.act_kept = net->plan.act_packed = 0;
     for (int b = 0; b < nb; b++)
-        if (net->bufs[b].bytes && net_buffer_live(net, b, net->nnodes)) net->plan.act_kept += net->bufs[b].bytes;
+        if (net->bufs[b].bytes && net_buffer_live(net, b, net->nnodes)) {
+            net->plan.act_kept += net->bufs[b].bytes;
+            if (b >= BUF_NODES && b == buf_pack((b - BUF_NODES) / BUFS_A_NODE)) net->plan.act_packed += net->bufs[b].bytes;
+        }
     rc = 0;
 done:
     free(order), free(placed), free(key), free(best);
@@ -865,6 +901,7 @@ static void net_carve_activations(Net *net, char *base) {
         net->grad[j] = b->grad >= 0 ? at[b->grad] : NULL;
         net->term[j] = b->term >= 0 ? at[b->term] : NULL;
         net->scratch[j] = at[buf_scratch(j)];
+        net->packs[j] = at[buf_pack(j)];
         if (inner_bytes(net, j)) net->nodes[j].l->inner = at[buf_inner(j)];
     }
 }
@@ -903,13 +940,14 @@ static int64_t fused_grad_floats(const Net *net) {
 // the fp16 scratch of the executor.
 static void net_layout(Net *net) {
     const int B = net->batch;
-    // Layers run on the whole batch in fp32, on chunks through the scratch in fp16. The
-    // workspace block holds the scratch (fp16 only) and then the layers' workspace.
+    // Layers run on the whole batch in fp32, on chunks through the scratch in fp16 (and
+    // where they read compressed activations). The workspace block holds the scratch
+    // (then only) and then the layers' workspace.
     const size_t largest_any = largest_unswept(net);
     net->exec.precision = net->precision;
     net->exec.slot_values = 0;
     size_t ws = 0;
-    if (net->precision == DT_F16) {  // a slot holds `fit` samples of the largest activation
+    if (net->precision == DT_F16 || net->exec.pack_bits) {  // a slot holds `fit` samples of the largest activation
         const size_t per_sample = 4 * largest_any * sizeof(float);
         size_t fit = net->k->fp16_scratch_bytes / per_sample;
         fit = fit < 1 ? 1 : fit > (size_t)B ? (size_t)B : fit;
@@ -1123,6 +1161,36 @@ static bool within(const char *name, const char *what) {
     return n && !strncmp(name, what, n) && (!name[n] || name[n] == '.');
 }
 
+// The layer whose output node j's is: a leaf's, a sweep's last member, a sum's block.
+static const Layer *node_layer(const Net *net, int j) {
+    const NetNode *nd = &net->nodes[j];
+    return nd->kind == NODE_LEAF ? nd->l : nd->kind == NODE_SWEEP ? nd->chain[nd->nchain - 1] : net->layers[nd->top];
+}
+
+// Whether opt->compress_skip names node j's layer (or a module above it).
+static bool compress_skipped(const Net *net, const NetOptions *opt, int j) {
+    for (int f = 0; f < opt->ncompress_skip; f++)
+        if (within(node_layer(net, j)->name, opt->compress_skip[f])) return true;
+    return false;
+}
+
+// With compressed activations, checks that compress_skip names layers and marks the nodes
+// whose outputs may be compressed (NetNode.compress), which are kept compressed where
+// they are jit instead of being recomputed in backward (from an input that would have to
+// stay exact for it).
+static int net_compress_nodes(Net *net, const Cfg *cfg, const NetOptions *opt, Error *err) {
+    for (int f = 0; f < opt->ncompress_skip; f++) {
+        bool found = false;
+        for (int i = 0; i < net->nmodules; i++) found |= within(net->modules[i]->name, opt->compress_skip[f]);
+        if (!found)
+            return err_set(err, "%s: compress_skip names '%s', but the network has no layer of that "
+                                "name (see the table of layers ./train prints)", cfg->path, opt->compress_skip[f]);
+    }
+    for (int j = 0; opt->compress && j < net->nnodes; j++)
+        if (!compress_skipped(net, opt, j)) net->nodes[j].compress = true, net->nodes[j].jit = false;
+    return 0;
+}
+
 // Marks the modules that opt->freeze names (and the batchnorms among them, with
 // freeze_stats), and finds the first node with a trained parameter.
 static int net_freeze(Net *net, const Cfg *cfg, const NetOptions *opt, Error *err) {
@@ -1165,6 +1233,11 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
                 (int)opt->opt_format);
         goto fail;
     }
+    if (opt->compress && !act_bits_valid(opt->compress)) {
+        err_set(err, "net_create: compressed activations of %d bits: expected 2, 4 or 8", opt->compress);
+        goto fail;
+    }
+    net->exec.pack_bits = opt->compress;
     if (opt->fused_update && opt->precision != DT_F32) {
         err_set(err, "net_create: the fused update needs fp32: with fp16 the loss scaler must "
                      "see every gradient before it decides whether the step is taken");
@@ -1172,6 +1245,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     }
     net->fused_update = opt->fused_update;
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
+        net_compress_nodes(net, cfg, opt, err) ||
         (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||
         net_freeze(net, cfg, opt, err))
         goto fail;
@@ -1201,7 +1275,8 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->grad = xcalloc((size_t)net->nnodes, sizeof *net->grad, err);
     net->term = xcalloc((size_t)net->nnodes, sizeof *net->term, err);
     net->scratch = xcalloc((size_t)net->nnodes, sizeof *net->scratch, err);
-    if (!net->acts || !net->grad || !net->term || !net->scratch) goto fail;
+    net->packs = xcalloc((size_t)net->nnodes, sizeof *net->packs, err);
+    if (!net->acts || !net->grad || !net->term || !net->scratch || !net->packs) goto fail;
     if (!(net->params = device_block(k, net->plan.params, "parameter", err)) ||
         !(net->grads = device_block(k, net->plan.grads, "gradient", err)) ||
         !(net->optimizer = device_block(k, net->plan.optimizer, "optimizer state", err)) ||
@@ -1266,6 +1341,7 @@ void net_free(Net *net) {
     free(net->grad);
     free(net->term);
     free(net->scratch);
+    free(net->packs);
     free(net->seg_first);
     free(net->events);
     free(net->bufs);
@@ -1390,6 +1466,21 @@ static void net_charge(const Net *net, int j, CallKind kind, int N, double t0) {
     else cost_record(net->exec.costs, NULL, kind, (double)N * (double)shape_numel(nd->out), s);
 }
 
+// Where a backward reads node p's output: its records where it is compressed.
+static Stored node_read(const Net *net, int p) {
+    if (p == NODE_INPUT || !net->nodes[p].packed) return node_out(net, p);
+    return (Stored){.p = net->packs[p], .kind = STORED_PACKED};
+}
+
+// Node j's output compressed into its records, with the random bits of (seed, step, its
+// layer): the same wherever the node runs (a recomputation, a sweep's chain or not).
+static void pack_node(Net *net, int j, const LayerCtx *ctx, int N) {
+    const double t0 = net_start(net);
+    const uint64_t key = rng_key(ctx->seed, RNG_STREAM_ACTIVATIONS, ctx->step, (uint64_t)node_layer(net, j)->index);
+    exec_pack(ctx, net->packs[j], node_out(net, j), shape_numel(net->nodes[j].out), N, key);
+    net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
+}
+
 static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     const NetNode *nd = &net->nodes[j];
     const double t0 = net_start(net);
@@ -1398,8 +1489,7 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
         return;
     }
     if (nd->kind == NODE_LEAF) {
-        exec_forward(ctx, nd->l, node_out(net, j), node_out(net, nd->in[0]), N);
-        return;  // timed by the executor
+        exec_forward(ctx, nd->l, node_out(net, j), node_out(net, nd->in[0]), N);  // timed by the executor
     } else if (nd->kind == NODE_SWEEP) {
         const Sweep sw = node_sweep(net, nd, net->scratch[j]);
         exec_sweep_forward(ctx, &sw, node_out(net, j), node_out(net, nd->in[0]), N);
@@ -1407,7 +1497,8 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
         exec_add_act(ctx, node_out(net, j), node_out(net, nd->in[0]), node_out(net, nd->in[1]),
                      shape_numel(nd->out), N, nd->act);
     }
-    net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
+    if (nd->kind != NODE_LEAF) net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
+    if (nd->packed) pack_node(net, j, ctx, N);
 }
 
 // Node j's backward: a leaf's (its input gradient to where the plan routed it: its input's
@@ -1419,7 +1510,7 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
                                                                    : stored(net, net->grad[j]);
     const double t0 = net_start(net);
     if (nd->kind == NODE_SUM) {
-        exec_act_backward(ctx, dout, node_out(net, j), shape_numel(nd->out), N, nd->act);
+        exec_act_backward(ctx, dout, node_read(net, j), shape_numel(nd->out), N, nd->act);
         net_charge(net, j, CALL_SWEEP_BACKWARD, N, t0);
         return;
     }
@@ -1434,8 +1525,8 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
         return;
     }
     exec_backward(ctx, nd->l, stored(net, dst), dout,
-                  reads & BACKWARD_READS_IN ? node_out(net, p) : none,
-                  reads & BACKWARD_READS_OUT ? node_out(net, j) : none, N);
+                  reads & BACKWARD_READS_IN ? node_read(net, p) : none,
+                  reads & BACKWARD_READS_OUT ? node_read(net, j) : none, N);
 }
 
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {

@@ -38,6 +38,8 @@ typedef struct MemPlan {
     // input and labels, every output that a backward reads (with checkpointing, each
     // segment's last and the last segment's), the inner activations, the output, dlogp.
     size_t act_kept;
+    // Of act_kept: the compressed activations' records (NetOptions.compress).
+    size_t act_packed;
 } MemPlan;
 
 size_t mem_plan_total(const MemPlan *p);
@@ -85,6 +87,17 @@ typedef struct NetOptions {
     // sweep's members' together), which the hook zeroes after the update for the next
     // node's backward.
     bool fused_update;
+    // Compressed activations (nn/quant.h): 0, or 2, 4 or 8: what a backward reads of a
+    // node's output (a convolution's input, a ReLU's output) is kept as codes of that
+    // many bits, stochastically rounded, while forward reads the exact values: the output
+    // lives whole only until its readers' forward (or recomputation) and the codes until
+    // the backward. A jit node is then kept compressed instead of being recomputed, and a
+    // sweep's input stays exact (its backward runs its members' forward again from it).
+    // It changes the result. compress_skip: layers (names, or module paths above them)
+    // whose outputs stay exact.
+    int compress;
+    const char *const *compress_skip;
+    int ncompress_skip;
 } NetOptions;
 
 #define NET_SEGMENTS_SQRT (-1)
@@ -205,6 +218,8 @@ typedef struct Net {
     void **term;       // term[j]: where a second term of grad[j] is written before
                        // EV_GRAD_ADD adds it (NULL: none)
     void **scratch;    // scratch[j]: a sweep's (exec_sweep_bytes), during its own events
+    void **packs;      // packs[j]: (batch) records of node j's output compressed (NetNode.packed),
+                       // written by its forward (and recomputation), read by backward
     float *dlogp;        // (batch, classes) F32: the loss gradient
     int32_t *labels;     // (batch)
     float *metrics;      // [NET_METRICS]: summed loss and correct count (nll_loss adds to them)

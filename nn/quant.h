@@ -21,15 +21,32 @@
 //
 // bf16: each value rounded to bfloat16 (fp32's top 16 bits, round to nearest even).
 //
+// Compressed activations (NetOptions.compress; ActNN, Chen et al., ICML 2021): what backward
+// reads of a node's output is kept as `bits`-wide codes (2, 4 or 8) in groups of ACT_GROUP
+// values of one sample (a group never spans two samples; a sample's last may be shorter).
+// A group's record is its two floats, base and step, then its codes, ACT_GROUP * bits / 8
+// bytes (bits packed from a byte's low end). A value x reads back as base + code * step, its
+// code rounded stochastically from (x - base) / step, so that the value read back is x in
+// expectation (up to 2^-17 of a step: the uniform has 16 bits). The group's range is its
+// smallest and largest value; a group of values >= 0 that holds an exact 0 (a ReLU's output)
+// keeps its zeros and its positive values apart: code 0 is exactly 0, and codes 1 .. 2^bits
+// - 1 span the positive values from the smallest (step stored negated: the sign says which
+// form), so a ReLU's mask read from the values is exact. The random bits are 16 of
+// rng_u64(key, sample * 2^32 + i / 4) for value i of a sample (its index in the step's
+// batch), the key the seed's, the step's and the layer's (net.c), so a recomputed segment,
+// a resumed run and a GPU run round every value the same way.
+//
 // The functions are HOST_DEVICE: the CPU, the CUDA kernels and their host replay run the
 // same code (nn/hostdevice.h).
 #ifndef NN_QUANT_H
 #define NN_QUANT_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "hostdevice.h"
+#include "rng.h"
 
 typedef enum StateFormat { STATE_F32, STATE_BF16, STATE_INT8, STATE_FORMAT_COUNT } StateFormat;
 extern const char *const state_format_names[STATE_FORMAT_COUNT];  // "fp32", "bf16", "int8"
@@ -115,6 +132,92 @@ HOST_DEVICE static inline float bf16_to_float(uint16_t h) {
     float f;
     memcpy(&f, &x, sizeof f);
     return f;
+}
+
+// ---- compressed activations -------------------------------------------------------------
+
+enum { ACT_GROUP = 256 };
+
+// Whether `bits` is a width the activations may be compressed to.
+static inline int act_bits_valid(int bits) { return bits == 2 || bits == 4 || bits == 8; }
+
+// Bytes of a group's record, and of a sample of `values`.
+HOST_DEVICE static inline int64_t act_group_bytes(int bits) { return 8 + ACT_GROUP * bits / 8; }
+HOST_DEVICE static inline int64_t act_sample_bytes(int64_t values, int bits) {
+    return (values + ACT_GROUP - 1) / ACT_GROUP * act_group_bytes(bits);
+}
+
+// The group functions are inlined where they are called with a constant width, so that
+// their loops over the codes unroll and vectorise.
+#ifdef __CUDACC__
+#define ACT_INLINE __forceinline__
+#else
+#define ACT_INLINE __attribute__((always_inline)) inline
+#endif
+
+// Float operations that nvcc must not contract into an FMA (the CPU does not: C11 mode).
+#ifdef __CUDA_ARCH__
+#define ACT_SUB_(a, b) __fsub_rn(a, b)
+#define ACT_MUL_(a, b) __fmul_rn(a, b)
+#define ACT_ADD_(a, b) __fadd_rn(a, b)
+#else
+#define ACT_SUB_(a, b) ((a) - (b))
+#define ACT_MUL_(a, b) ((a) * (b))
+#define ACT_ADD_(a, b) ((a) + (b))
+#endif
+
+// Packs the `count` values x (count <= ACT_GROUP) of a group into the record `rec`
+// (act_group_bytes(bits), 4-byte aligned); value i's random bits are the (i % 4)-th 16 of
+// rng_u64(key, c0 + i / 4). Compare-selects, not fminf: NaNs never take the range (they
+// read back as the group's base), and the loops, over a whole group (a short one padded
+// with its first value), stay free of library calls and vectorise.
+HOST_DEVICE static ACT_INLINE void act_pack_group(unsigned char *rec, const float *x, int count, int bits,
+                                                  uint64_t key, uint64_t c0) {
+    float v[ACT_GROUP], u[ACT_GROUP];
+    for (int i = 0; i < ACT_GROUP; i++) v[i] = x[i < count ? i : 0];
+    float lo = v[0], hi = v[0], pos = INFINITY;
+    for (int i = 0; i < ACT_GROUP; i++) {
+        lo = v[i] < lo ? v[i] : lo, hi = v[i] > hi ? v[i] : hi;
+        pos = v[i] > 0.0f && v[i] < pos ? v[i] : pos;
+    }
+    const int top = (1 << bits) - 1;
+    const int zeros = lo == 0.0f && hi > 0.0f;  // a ReLU's output: 0 kept apart
+    const float base = ACT_ADD_(zeros ? pos : lo, 0.0f), cap = (float)(top - zeros);  // -0 -> +0
+    const float step = ACT_MUL_(ACT_SUB_(hi, base), 1.0f / cap);
+    const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+    float head[2] = {base, zeros ? -step : step};
+    memcpy(rec, head, sizeof head);
+    for (int k = 0; k < ACT_GROUP / 4; k++) {
+        const uint64_t r = rng_u64(key, c0 + (uint64_t)k);
+        for (int j = 0; j < 4; j++)
+            u[4 * k + j] = ((float)((r >> (16 * j)) & 0xffff) + 0.5f) * (1.0f / 65536.0f);
+    }
+    unsigned char c[ACT_GROUP];
+    for (int i = 0; i < ACT_GROUP; i++) {
+        const float t = ACT_ADD_(ACT_MUL_(ACT_SUB_(v[i], base), inv), u[i]);
+        const float q = t >= cap ? cap : t > 0.0f ? floorf(t) : 0.0f;  // a NaN: 0
+        c[i] = (unsigned char)(int)(zeros ? (v[i] > 0.0f ? q + 1.0f : 0.0f) : q);
+    }
+    unsigned char *codes = rec + 8;
+    const int per = 8 / bits;
+    for (int b = 0; b < ACT_GROUP / per; b++) {
+        unsigned w = 0;
+        for (int k = 0; k < per; k++) w |= (unsigned)c[b * per + k] << (k * bits);
+        codes[b] = (unsigned char)w;
+    }
+}
+
+// The `count` values of record `rec` into x: each code's value from a table of the group's
+// levels.
+HOST_DEVICE static ACT_INLINE void act_unpack_group(float *x, const unsigned char *rec, int count, int bits) {
+    float head[2], level[256];
+    memcpy(head, rec, sizeof head);
+    const int zeros = signbit(head[1]) != 0, levels = 1 << bits;
+    const float step = fabsf(head[1]);
+    for (int q = 0; q < levels; q++) level[q] = zeros && q == 0 ? 0.0f : fmaf((float)(q - zeros), step, head[0]);
+    const unsigned char *codes = rec + 8;
+    const int per = 8 / bits, mask = levels - 1;
+    for (int i = 0; i < count; i++) x[i] = level[(codes[i / per] >> (i % per * bits)) & mask];
 }
 
 #endif

@@ -46,6 +46,7 @@ enum {
     RNG_STREAM_SHUFFLE = 3,
     RNG_STREAM_AUGMENT = 4,
     RNG_STREAM_SPLIT = 5,  // val_split's choice of held-out samples
+    RNG_STREAM_ACTIVATIONS = 6,  // compressed activations' stochastic rounding (nn/quant.h)
 };
 
 #endif

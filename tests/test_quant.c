@@ -1,4 +1,5 @@
-// test_quant.c: compressed optimizer state (nn/quant.h, Kernels.optim_step_packed).
+// test_quant.c: compressed optimizer state (nn/quant.h, Kernels.optim_step_packed) and
+// compressed activations (Kernels.act_pack and act_unpack).
 //
 // The maps against the paper's definition (bitsandbytes' create_dynamic_map: its first,
 // middle and last values, 127 of each sign, ascending); the nearest-code search against a
@@ -9,6 +10,14 @@
 // ending near the fp32 one, and bf16 nearer; a checkpoint of one format refused by a run of
 // another, naming the key. The fused update and checkpoints with compressed state are
 // test_optim's (fused against unfused, resumed against uninterrupted, bit for bit).
+//
+// Activations: the CPU kernel's records (vectorised on whole groups) are quant.h's group
+// function's, byte for byte, on ReLU outputs, signed values, constant groups, signed zeros,
+// a NaN and short groups; zeros and signs survive; the quantizer is unbiased (the mean of
+// many roundings converges to each value at the rate its predicted variance gives); and a
+// network's gradient with 2-bit activations is the exact one in expectation over seeds,
+// within the variance measured. That checkpointed and plain runs round the same way is
+// test_segments's.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -376,6 +385,160 @@ static void test_checkpoint_format(void **state) {
     assert_int_equal(test_remove_tree(dir), 0);
 }
 
+// ---- compressed activations -------------------------------------------------------------
+
+enum { ACT_VALUES = 2 * ACT_GROUP + 37, ACT_SAMPLES = 3 };
+
+// Fills x (ACT_SAMPLES x ACT_VALUES) with pattern p: ReLU outputs, signed values, constant
+// groups with signed zeros, negatives with a NaN, all zeros.
+static void act_pattern(float *x, int p) {
+    for (int i = 0; i < ACT_SAMPLES * ACT_VALUES; i++) {
+        const float g = (float)(test_urand() * 2.0 - 1.0);
+        x[i] = p == 0 ? (g > 0 ? g : 0.0f) : p == 1 ? g * 3.0f : p == 2 ? (i % 2 ? 0.0f : -0.0f) + 0.0f * g
+               : p == 3 ? -fabsf(g) - 1.0f : 0.0f;
+    }
+    if (p == 2) for (int i = ACT_GROUP; i < 2 * ACT_GROUP; i++) x[i] = 0.75f;
+    if (p == 3) x[5] = NAN;
+}
+
+// The records as quant.h's group function writes them.
+static void act_pack_ref(unsigned char *dst, const float *x, int bits, uint64_t key, int64_t sample0) {
+    const int64_t groups = (ACT_VALUES + ACT_GROUP - 1) / ACT_GROUP;
+    for (int s = 0; s < ACT_SAMPLES; s++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t i = g * ACT_GROUP;
+            const int count = ACT_VALUES - i < ACT_GROUP ? (int)(ACT_VALUES - i) : ACT_GROUP;
+            act_pack_group(dst + (s * groups + g) * act_group_bytes(bits), x + s * ACT_VALUES + i, count,
+                           bits, key, ((uint64_t)(sample0 + s) << 32) + (uint64_t)(i / 4));
+        }
+}
+
+static void test_act_records(void **state) {
+    static float x[ACT_SAMPLES * ACT_VALUES], y[ACT_SAMPLES * ACT_VALUES];
+    static unsigned char got[ACT_SAMPLES * 3 * 264], want[ACT_SAMPLES * 3 * 264];
+    test_rng_seed(5);
+    const int widths[] = {2, 4, 8};
+    for (int w = 0; w < 3; w++)
+        for (int p = 0; p < 5; p++) {
+            const int bits = widths[w];
+            const size_t bytes = (size_t)(ACT_SAMPLES * act_sample_bytes(ACT_VALUES, bits));
+            assert_true(bytes <= sizeof got);
+            act_pattern(x, p);
+            memset(got, 0xa5, sizeof got), memset(want, 0x5a, sizeof want);
+            cpu_kernels.act_pack(got, x, ACT_VALUES, ACT_SAMPLES, bits, 77, 5);
+            act_pack_ref(want, x, bits, 77, 5);
+            if (memcmp(got, want, bytes)) fail_msg("%d bits, pattern %d: the CPU's records differ", bits, p);
+            cpu_kernels.act_unpack(y, got, ACT_VALUES, ACT_SAMPLES, bits);
+            for (int i = 0; i < ACT_SAMPLES * ACT_VALUES; i++) {
+                if (isnan(x[i])) continue;
+                if (x[i] == 0.0f && p != 1) assert_true(y[i] == 0.0f);  // zeros kept (a ReLU's mask)
+                if (x[i] > 0.0f && p == 0) assert_true(y[i] > 0.0f);  // and positive values
+                if (p == 2) assert_true(y[i] == x[i]);  // constant groups are exact
+                if (p == 3) assert_true(y[i] < 0.0f);
+            }
+        }
+}
+
+// Over K keys the mean of the values read back converges to x: each value within 4.5
+// standard deviations of its predicted spread, step^2 f (1 - f) / K (f: its fraction of a
+// step above the code below), and the squared deviations over all values average to the
+// prediction (their sum over the predicted variances, a chi-squared of ACT_VALUES degrees,
+// within 20%).
+static void test_act_unbiased(void **state) {
+    enum { K = 4000 };
+    static float x[ACT_VALUES], y[ACT_VALUES];
+    static double mean[ACT_VALUES];
+    static unsigned char rec[3 * 264];
+    test_rng_seed(6);
+    const int widths[] = {2, 4, 8};
+    for (int w = 0; w < 3; w++) {
+        const int bits = widths[w];
+        for (int i = 0; i < ACT_VALUES; i++) {
+            const float g = (float)(test_urand() * 2.0 - 1.0);
+            x[i] = i < ACT_GROUP ? (g > 0 ? g : 0.0f) : g;  // a ReLU group, then signed ones
+            mean[i] = 0;
+        }
+        for (int k = 0; k < K; k++) {
+            cpu_kernels.act_pack(rec, x, ACT_VALUES, 1, bits, rng_key(1, RNG_STREAM_ACTIVATIONS, (uint64_t)k, 0), 0);
+            cpu_kernels.act_unpack(y, rec, ACT_VALUES, 1, bits);
+            for (int i = 0; i < ACT_VALUES; i++) mean[i] += y[i] / (double)K;
+        }
+        double chi2 = 0;
+        int terms = 0;
+        for (int i = 0; i < ACT_VALUES; i++) {
+            float head[2];
+            memcpy(head, rec + i / ACT_GROUP * act_group_bytes(bits), sizeof head);
+            const bool zeros = signbit(head[1]);
+            const double step = fabs(head[1]);
+            if (zeros && x[i] == 0.0f) {
+                assert_true(mean[i] == 0.0);
+                continue;
+            }
+            const double t = ((double)x[i] - head[0]) / step, f = t - floor(t);
+            const double var = step * step * f * (1 - f) / K;
+            const double dev = mean[i] - x[i];
+            if (fabs(dev) > 4.5 * sqrt(var) + step * 0x1p-16 + 1e-6)
+                fail_msg("%d bits: value %d (%g) read back as %g on average over %d roundings, "
+                         "predicted spread %g", bits, i, x[i], mean[i], K, sqrt(var));
+            if (var > 0) chi2 += dev * dev / var, terms++;
+        }
+        print_message("%d bits: mean squared deviation / predicted variance %.3f over %d values\n",
+                      bits, chi2 / terms, terms);
+        assert_true(chi2 / terms > 0.8 && chi2 / terms < 1.2);
+    }
+}
+
+// A network whose gradients are linear in what backward reads (convolutions and linear
+// layers with ReLU, max pooling: no batchnorm, whose ReLU mask is recomputed from its
+// compressed input): with 2-bit activations its gradient over K seeds averages to the
+// exact one, the mean's squared error about the measured variance of one over K.
+static void test_act_gradient_expectation(void **state) {
+    enum { K = 200, B = 8 };
+    static const char text[] = "[conv]\nname = conv1\nfilters = 6\nsize = 3\nactivation = relu\n"
+                               "[conv]\nname = conv2\nfilters = 8\nsize = 3\nactivation = relu\n"
+                               "[maxpool]\nsize = 2\n[flatten]\n"
+                               "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n"
+                               "[linear]\nname = fc2\noutputs = 4\n[log_softmax]\n";
+    Net nets[2];
+    for (int c = 0; c < 2; c++) {
+        Cfg cfg;
+        Error err = {{0}};
+        if (cfg_parse(&cfg, text, "act.cfg", &err)) fail_msg("%s", err.msg);
+        const NetOptions opt = {.batch = B, .precision = DT_F32, .compress = c ? 2 : 0};
+        if (net_create(&nets[c], &cfg, net_in, 4, &opt, &cpu_kernels, &err) ||
+            net_init_params(&nets[c], 3, &err))
+            fail_msg("%s", err.msg);
+        cfg_free(&cfg);
+        test_rng_seed(8);
+        draw_batch(&nets[c], B);
+    }
+    const size_t n = (size_t)nets[0].ntrain;
+    double *exact = calloc(n, sizeof *exact), *mean = calloc(n, sizeof *mean);
+    assert_non_null(exact), assert_non_null(mean);
+    double var = 0;  // the mean over seeds of one gradient's squared distance from the exact
+    for (int k = 0; k <= K; k++) {
+        Net *net = &nets[k > 0];
+        net_zero_grads(net);
+        net_forward(net, B, true, (uint64_t)k, 0, 0);
+        net_loss(net, B, B, true);
+        net_backward(net, B, (uint64_t)k, 0, 0);
+        double d2 = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (k == 0) exact[i] = net->grads[i];
+            else mean[i] += net->grads[i] / K, d2 += (net->grads[i] - exact[i]) * (net->grads[i] - exact[i]);
+        }
+        var += d2 / K;
+    }
+    double err2 = 0, norm2 = 0;
+    for (size_t i = 0; i < n; i++) err2 += (mean[i] - exact[i]) * (mean[i] - exact[i]), norm2 += exact[i] * exact[i];
+    print_message("2-bit activations: one seed's gradient off by %.3g of the exact norm, the mean of "
+                  "%d by %.3g (predicted %.3g)\n", sqrt(var / norm2), K, sqrt(err2 / norm2), sqrt(var / K / norm2));
+    assert_true(var > 0);
+    assert_true(err2 < 2.0 * var / K && err2 > 0.25 * var / K);
+    free(exact), free(mean);
+    net_free(&nets[0]), net_free(&nets[1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_maps),
@@ -386,6 +549,9 @@ int main(void) {
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_training),
         cmocka_unit_test(test_checkpoint_format),
+        cmocka_unit_test(test_act_records),
+        cmocka_unit_test(test_act_unbiased),
+        cmocka_unit_test(test_act_gradient_expectation),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

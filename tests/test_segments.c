@@ -1,5 +1,6 @@
 // test_segments.c: activation checkpointing and the memory plan (DESIGN.md decisions 2
-// and 6): checkpointed backward equals plain backward bit for bit, dropout included; the
+// and 6): checkpointed backward equals plain backward bit for bit, dropout included, and
+// with compressed activations (which a recomputation rounds as the first forward did); the
 // plan is what is allocated; the budget chooser's choices.
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,13 +64,18 @@ static size_t g_sweep_bytes;
 // fill_batch fills them with bytes.
 static bool g_bytes;
 
+// The width build's networks compress activations to (NetOptions.compress; 0: none). A
+// compressing network is built with sweeps, as the trainer builds it, with or without
+// segments, so that the plain and checkpointed runs have the same nodes.
+static int g_compress;
+
 static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int segments,
                   DType precision) {
     Error err = {{0}};
     if (cfg_parse(cfg, text, "test.cfg", &err)) fail_msg("%s", err.msg);
     const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
-                            .sweep = segments != 0, .sweep_bytes = g_sweep_bytes,
-                            .input_bytes = g_bytes};
+                            .sweep = segments != 0 || g_compress, .sweep_bytes = g_sweep_bytes,
+                            .input_bytes = g_bytes, .compress = g_compress};
     if (net_create(net, cfg, in, 10, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
 }
@@ -253,6 +259,43 @@ static void test_resnet_fp16_bitwise(void **state) {
     net_free(&probe);
     cfg_free(&cfg);
     expect_equal_gradients(resnet, in, 9, DT_F16);
+}
+
+// Compressed activations: the records live from the forward (or recomputation) that
+// writes them to the last backward that reads them (the poisoned steps), a recomputed
+// segment rounds each value as the first forward did (the same random bits: checkpointed
+// and plain gradients are bit-identical), in F32 and F16, with batchnorm (whose jit outputs
+// are then kept compressed instead of recomputed), dropout, standalone ReLUs and a byte
+// input whose stem runs as a sweep. And it compresses: the plan keeps codes, and the
+// gradients differ from the exact ones.
+static void test_compressed_bitwise(void **state) {
+    const int widths[] = {2, 8};
+    for (int w = 0; w < 2; w++) {
+        g_compress = widths[w];
+        expect_equal_gradients(seed_net, (Shape){.c = 1, .h = 12, .w = 12}, 6, DT_F32);
+        expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_F32);
+        expect_equal_gradients(deep_net, (Shape){.c = 2, .h = 8, .w = 8}, 5, DT_F16);
+        g_bytes = true;
+        expect_equal_gradients(resnet, (Shape){.c = 3, .h = 16, .w = 16}, 4, DT_F32);
+        g_bytes = false;
+    }
+    StepResult packed = train_step(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, 0, DT_F32);
+    g_compress = 0;
+    StepResult exact = train_step(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, 0, DT_F32);
+    assert_int_not_equal(memcmp(packed.grads, exact.grads, exact.grad_bytes), 0);
+    step_result_free(&packed);
+    step_result_free(&exact);
+    Net net;
+    Cfg cfg;
+    g_compress = 2;
+    build(&net, &cfg, resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, 0, DT_F32);
+    g_compress = 0;
+    assert_true(net.plan.act_packed > 0);
+    int packed_nodes = 0;
+    for (int j = 0; j < net.nnodes; j++) packed_nodes += net.nodes[j].packed;
+    assert_true(packed_nodes >= 8);
+    net_free(&net);
+    cfg_free(&cfg);
 }
 
 // The byte input (the trainer's): the fp32 expansion of the first layer's input lives at
@@ -709,6 +752,7 @@ int main(void) {
         cmocka_unit_test(test_resnet_bitwise),
         cmocka_unit_test(test_resnet_fp16_bitwise),
         cmocka_unit_test(test_byte_input_bitwise),
+        cmocka_unit_test(test_compressed_bitwise),
         cmocka_unit_test(test_deep_cfg_saving),
         cmocka_unit_test(test_resnet18_cfg_saving),
         cmocka_unit_test(test_freeze),
