@@ -1689,24 +1689,28 @@ static void cuda_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, cons
 }
 
 // Compressed activations: a thread a group, running quant.h's functions as the CPU does.
+__host__ __device__ static inline void act_pack_at(int64_t q, unsigned char *dst, const float *x,
+                                                   int64_t values, int bits, uint64_t key, int64_t sample0) {
+    const int64_t groups = (values + ACT_GROUP - 1) / ACT_GROUP;
+    const int64_t s = q / groups, i = q % groups * ACT_GROUP;
+    const int count = values - i < ACT_GROUP ? (int)(values - i) : ACT_GROUP;
+    act_pack_group(dst + q * act_group_bytes(bits), x + s * values + i, count, bits, key,
+                   ((uint64_t)(sample0 + s) << 32) + (uint64_t)(i / 4));
+}
+__host__ __device__ static inline void act_unpack_at(int64_t q, float *x, const unsigned char *src,
+                                                     int64_t values, int bits) {
+    const int64_t groups = (values + ACT_GROUP - 1) / ACT_GROUP;
+    const int64_t s = q / groups, i = q % groups * ACT_GROUP;
+    const int count = values - i < ACT_GROUP ? (int)(values - i) : ACT_GROUP;
+    act_unpack_group(x + s * values + i, src + q * act_group_bytes(bits), count, bits);
+}
 __global__ void act_pack_kernel(unsigned char *dst, const float *x, int64_t values, int64_t total,
                                 int bits, uint64_t key, int64_t sample0) {
-    const int64_t groups = (values + ACT_GROUP - 1) / ACT_GROUP;
-    GRID_LOOP(q, total) {
-        const int64_t s = q / groups, i = q % groups * ACT_GROUP;
-        const int count = values - i < ACT_GROUP ? (int)(values - i) : ACT_GROUP;
-        act_pack_group(dst + q * act_group_bytes(bits), x + s * values + i, count, bits, key,
-                       ((uint64_t)(sample0 + s) << 32) + (uint64_t)(i / 4));
-    }
+    GRID_LOOP(q, total) act_pack_at(q, dst, x, values, bits, key, sample0);
 }
 __global__ void act_unpack_kernel(float *x, const unsigned char *src, int64_t values, int64_t total,
                                   int bits) {
-    const int64_t groups = (values + ACT_GROUP - 1) / ACT_GROUP;
-    GRID_LOOP(q, total) {
-        const int64_t s = q / groups, i = q % groups * ACT_GROUP;
-        const int count = values - i < ACT_GROUP ? (int)(values - i) : ACT_GROUP;
-        act_unpack_group(x + s * values + i, src + q * act_group_bytes(bits), count, bits);
-    }
+    GRID_LOOP(q, total) act_unpack_at(q, x, src, values, bits);
 }
 
 static void cuda_act_pack(void *dst, const float *x, int64_t values, int n, int bits, uint64_t key,

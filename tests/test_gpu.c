@@ -244,7 +244,7 @@ static void test_backend(void **state) {
         (void *)k->bn_eval_stats, (void *)k->bn_forward, (void *)k->bn_backward_sums,
         (void *)k->bn_backward, (void *)k->bn_param_grads, (void *)k->sgd_step,
         (void *)k->adamw_step, (void *)k->optim_step_packed, (void *)k->sum_squares,
-        (void *)k->clip_scale,
+        (void *)k->clip_scale, (void *)k->act_pack, (void *)k->act_unpack,
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (!fns[i]) fail_msg("the CUDA table's entry %zu is NULL", i);
@@ -1142,6 +1142,41 @@ static void test_u8_to_f32(void **state) {
     }
 }
 
+// Compressed activations (act_pack, act_unpack): the same records and values read back on
+// both devices, for each width, on ReLU outputs (zeros kept apart), signed values with
+// signed zeros, constant groups and short groups (values not a multiple of the group).
+static void test_act_pack(void **state) {
+    NEED_GPU();
+    rng_seed(14);
+    const int widths[] = {2, 4, 8};
+    const int64_t values = 3 * ACT_GROUP + 45;
+    const int n = 5;
+    for (int w = 0; w < 3; w++)
+        for (int pattern = 0; pattern < 3; pattern++) {
+            const int bits = widths[w];
+            float *x = rand_floats(values * n, -2, 2);
+            for (int64_t i = 0; i < values * n; i++)
+                x[i] = pattern == 0 ? (x[i] > 0 ? x[i] : 0.0f) : pattern == 2 && i / ACT_GROUP % 2 ? 1.5f : x[i];
+            const size_t bytes = (size_t)(n * act_sample_bytes(values, bits));
+            Buf in = buf_from(x, (size_t)(values * n) * 4), rec = buf_poison(bytes), out = buf_poison((size_t)(values * n) * 4);
+            BOTH(k->act_pack(P(rec), P(in), values, n, bits, rng_key(3, RNG_STREAM_ACTIVATIONS, 7, 2), 11));
+            BOTH(k->act_unpack(P(out), P(rec), values, n, bits));
+            unsigned char *rc = xmalloc(bytes), *rg = xmalloc(bytes);
+            float *fc = xmalloc((size_t)(values * n) * 4), *fg = xmalloc((size_t)(values * n) * 4);
+            buf_fetch(rec, rc, rg);
+            buf_fetch(out, fc, fg);
+            for (size_t i = 0; i < bytes; i++)
+                if (rc[i] != rg[i])
+                    fail_msg("act_pack, %d bits, pattern %d: record byte %zu differs: cpu 0x%02x, gpu 0x%02x",
+                             bits, pattern, i, rc[i], rg[i]);
+            char what[64];
+            snprintf(what, sizeof what, "act_unpack, %d bits, pattern %d", bits, pattern);
+            expect_same_f32(fc, fg, values * n, what);
+            buf_free(in), buf_free(rec), buf_free(out);
+            free(x), free(rc), free(rg), free(fc), free(fg);
+        }
+}
+
 static void expect_same_state(Buf st, const char *what) {
     ScalerState c, g;
     buf_fetch(st, &c, &g);
@@ -1913,6 +1948,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_nll_loss),
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_u8_to_f32),
+        cmocka_unit_test(test_act_pack),
         cmocka_unit_test(test_unscale_check),
         cmocka_unit_test(test_scaler_update),
         cmocka_unit_test(test_adadelta),

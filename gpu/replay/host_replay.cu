@@ -333,6 +333,15 @@ static void replay_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
 static void replay_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
     for (int64_t i = 0; i < n; i++) out[i] = u8_value_at(i, in, C, lut);
 }
+static void replay_act_pack(void *dst, const float *x, int64_t values, int n, int bits, uint64_t key,
+                            int64_t sample0) {
+    const int64_t total = n * ((values + ACT_GROUP - 1) / ACT_GROUP);
+    for (int64_t q = 0; q < total; q++) act_pack_at(q, (unsigned char *)dst, x, values, bits, key, sample0);
+}
+static void replay_act_unpack(float *x, const void *src, int64_t values, int n, int bits) {
+    const int64_t total = n * ((values + ACT_GROUP - 1) / ACT_GROUP);
+    for (int64_t q = 0; q < total; q++) act_unpack_at(q, x, (const unsigned char *)src, values, bits);
+}
 static void replay_unscale_check(float *grad, int64_t n, ScalerState *s) {
     bool bad = false;
     for (int64_t i = 0; i < n; i++) bad |= scale_check_at(i, grad, unscale_factor(s));
@@ -453,6 +462,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->log_softmax_backward = replay_log_softmax_backward;
     k->nll_loss = replay_nll_loss, k->f32_to_f16 = replay_f32_to_f16, k->f16_to_f32 = replay_f16_to_f32;
     k->u8_to_f32 = replay_u8_to_f32;
+    k->act_pack = replay_act_pack, k->act_unpack = replay_act_unpack;
     k->unscale_check = replay_unscale_check, k->scaler_update = replay_scaler_update;
     k->adadelta_step = replay_adadelta_step;
     k->sgd_step = replay_sgd_step, k->adamw_step = replay_adamw_step;
