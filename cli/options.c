@@ -20,10 +20,11 @@ const CfgKey train_keys[] = {
     {"memory", "", "a budget (512M, 2G, ...): when the run does not fit, the fastest plan of "
                    "the fused update, checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
                    "of a few steps; fp16, micro-batches under batchnorm and compressed optimizer "
-                   "state only with auto_fp16, auto_microbatch and auto_compress"},
+                   "state or activations only with auto_fp16, auto_microbatch and auto_compress"},
     {"auto_fp16", "0", "1: memory may also switch precision to fp16 (a different result)"},
     {"auto_compress", "0", "1: memory may also store the optimizer state as bf16 or int8 "
-                           "(optimizer_state; a different result)"},
+                           "(optimizer_state) and, when that is not enough, compress the "
+                           "activations to 8, 4 or 2 bits (compress; a different result)"},
     {"auto_microbatch", "0", "1: memory may also split the batch into micro-batches on a network "
                              "with batchnorm, which then normalises each micro-batch by its own "
                              "statistics (a different training)"},

@@ -14,12 +14,12 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
     for (int i = 0; i < r->n; i++) {
         const FitChoice *c = &r->plans[i];
         fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"fused_update\": %s, \"accumulate\": %d, "
-                   "\"precision\": \"%s\", \"optimizer_state\": \"%s\", \"bytes\": %zu, "
+                   "\"precision\": \"%s\", \"optimizer_state\": \"%s\", \"compress\": %d, \"bytes\": %zu, "
                    "\"fits\": %s, \"exact\": %s, \"seconds\": ",
                 i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false",
                 c->net.fused_update ? "true" : "false", c->accumulate,
                 c->net.precision == DT_F16 ? "fp16" : "fp32", state_format_names[c->net.opt_format],
-                mem_plan_on(&c->plan, k),
+                c->net.compress, mem_plan_on(&c->plan, k),
                 c->fits ? "true" : "false", c->exact ? "true" : "false");
         if (c->seconds >= 0) fprintf(f, "%.4f}", c->seconds);
         else fprintf(f, "null}");
@@ -119,7 +119,8 @@ static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
         n += snprintf(buf + n, cap - (size_t)n, ", accumulate = %d (micro-batch %d)", c->accumulate, c->net.batch);
     if (c->net.precision == DT_F16) n += snprintf(buf + n, cap - (size_t)n, ", fp16");
     if (c->net.opt_format != STATE_F32)
-        snprintf(buf + n, cap - (size_t)n, ", %s optimizer state", state_format_names[c->net.opt_format]);
+        n += snprintf(buf + n, cap - (size_t)n, ", %s optimizer state", state_format_names[c->net.opt_format]);
+    if (c->net.compress) snprintf(buf + n, cap - (size_t)n, ", %d-bit activations", c->net.compress);
     return buf;
 }
 

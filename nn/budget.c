@@ -33,7 +33,7 @@ static int list_add(List *l, const FitChoice *c, Error *err) {
     for (int i = 0; i < l->n; i++)  // the same plan twice (the configured segments)
         if (l->p[i].accumulate == c->accumulate && l->p[i].net.segments == c->net.segments &&
             l->p[i].net.precision == c->net.precision && l->p[i].net.fused_update == c->net.fused_update &&
-            l->p[i].net.opt_format == c->net.opt_format)
+            l->p[i].net.opt_format == c->net.opt_format && l->p[i].net.compress == c->net.compress)
             return 0;
     if (l->n == l->cap) {
         const int cap = l->cap ? 2 * l->cap : 32;
@@ -63,7 +63,7 @@ static int add_segmentings(const BudgetQuery *q, List *l, NetOptions opt, int ac
             if (S > nodes) continue;
             FitChoice c = {.net = opt, .accumulate = accumulate, .exact = exact};
             c.net.segments = S;
-            c.net.sweep = S != 0;
+            c.net.sweep = S != 0 || opt.compress;  // compression's stem runs as a sweep
             c.net.fused_update = fused;
             if (plan_of(q, &c, err) || list_add(l, &c, err)) return -1;
             fit += c.fits;
@@ -94,21 +94,31 @@ int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err) {
     }
     // The lossy ones the leave allows, when no exact plan fits: each precision and state
     // format allowed (the configured pair only with micro-batches that change the result),
-    // with every micro-batch count allowed.
+    // with every micro-batch count allowed; then, while none of those fits, the same with
+    // activations compressed to 8 bits, then 4, then 2 (auto_compress; the least loss that
+    // fits).
     const int nstate = q->leave.compress && q->base.opt_states ? STATE_FORMAT_COUNT : 1;
-    for (int half = 0; half < 2 && !fit; half++) {
-        if (half && (!q->leave.fp16 || q->base.precision == DT_F16)) break;
-        for (int f = 0; f < nstate; f++) {
-            NetOptions opt = q->base;
-            if (half) opt.precision = DT_F16;
-            if (f) opt.opt_format = (StateFormat)f;
-            if (f && opt.opt_format == q->base.opt_format) continue;
-            const bool same = !half && !f;  // as configured but for the micro-batches
-            for (int acc = q->base_accumulate; acc <= q->batch; acc++) {
-                if (q->batch % acc || (same && (acc == q->base_accumulate || !coupled || !q->leave.microbatch)) ||
-                    (!same && acc > q->base_accumulate && coupled && !q->leave.microbatch))
-                    continue;
-                if (add_segmentings(q, &l, opt, acc, nodes, false, err) < 0) goto fail;
+    const int widths[] = {q->base.compress, 8, 4, 2};
+    int lossy_fit = 0;
+    for (int a = 0; a < 4 && !fit && !lossy_fit; a++) {
+        if (a && (!q->leave.compress || (q->base.compress && q->base.compress <= widths[a]))) continue;
+        for (int half = 0; half < 2; half++) {
+            if (half && (!q->leave.fp16 || q->base.precision == DT_F16)) break;
+            for (int f = 0; f < nstate; f++) {
+                NetOptions opt = q->base;
+                opt.compress = widths[a];
+                if (half) opt.precision = DT_F16;
+                if (f) opt.opt_format = (StateFormat)f;
+                if (f && opt.opt_format == q->base.opt_format) continue;
+                const bool same = !a && !half && !f;  // as configured but for the micro-batches
+                for (int acc = q->base_accumulate; acc <= q->batch; acc++) {
+                    if (q->batch % acc || (same && (acc == q->base_accumulate || !coupled || !q->leave.microbatch)) ||
+                        (!same && acc > q->base_accumulate && coupled && !q->leave.microbatch))
+                        continue;
+                    const int f2 = add_segmentings(q, &l, opt, acc, nodes, false, err);
+                    if (f2 < 0) goto fail;
+                    lossy_fit += f2;
+                }
             }
         }
     }
@@ -195,6 +205,10 @@ const char *fit_changes(const FitChoice *c, const NetOptions *base, int base_acc
                               c->net.opt_format == STATE_INT8
                                   ? "block-wise 8-bit codes, rounded each step"
                                   : "rounded to 8 significant bits each step");
+    if (c->net.compress != base->compress && n < cap)
+        n += (size_t)snprintf(why + n, cap - n, "%swhat backward reads of the activations is kept as "
+                              "%d-bit codes, stochastically rounded (the gradients are exact in "
+                              "expectation only)", n ? "; " : "", c->net.compress);
     if (c->accumulate > base_accumulate && c->coupled && n < cap)
         snprintf(why + n, cap - n, "%sbatchnorm normalises each micro-batch of %d by its own "
                  "statistics and moves its running statistics %d times a step: a different "

@@ -22,7 +22,7 @@ struct Exec {
     DType precision;      // of stored activations: DT_F32 or DT_F16
     int pack_bits;        // compressed activations' width (STORED_PACKED), 0: none
     int64_t slot_values;  // F16 or pack_bits: fp32 values in each scratch slot
-    float *scratch[4];    // F16 or pack_bits: slot_values F32 each
+    float *scratch[4];    // F16: slot_values F32 each; F32 with pack_bits: slots 0 and 1
     struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
     // A byte input (STORED_U8: the network's input with NetOptions.input_bytes) is read as
     // lut[c][byte] (C, 256, on the device), expanded into fp32 chunk by chunk: in F16

@@ -942,17 +942,20 @@ static void net_layout(Net *net) {
     const int B = net->batch;
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16 (and
     // where they read compressed activations). The workspace block holds the scratch
-    // (then only) and then the layers' workspace.
+    // (then only) and then the layers' workspace. F16 uses the four slots of exec.h; F32
+    // reads only an input and an output back through them (slots 0 and 1), the gradients
+    // being fp32 where they are.
     const size_t largest_any = largest_unswept(net);
     net->exec.precision = net->precision;
     net->exec.slot_values = 0;
     size_t ws = 0;
     if (net->precision == DT_F16 || net->exec.pack_bits) {  // a slot holds `fit` samples of the largest activation
-        const size_t per_sample = 4 * largest_any * sizeof(float);
+        const size_t slots = net->precision == DT_F16 ? 4 : 2;
+        const size_t per_sample = slots * largest_any * sizeof(float);
         size_t fit = net->k->fp16_scratch_bytes / per_sample;
         fit = fit < 1 ? 1 : fit > (size_t)B ? (size_t)B : fit;
         net->exec.slot_values = (int64_t)(fit * largest_any);
-        ws = 4 * align64(fit * largest_any * sizeof(float));
+        ws = slots * align64(fit * largest_any * sizeof(float));
     }
     net->scratch_bytes = ws;
     size_t layer_ws = 0;
@@ -1293,8 +1296,9 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     const ScalerState unscaled = {.scale = 1.0};
     k->upload(net->scaler, &unscaled, sizeof unscaled);
     net_layout_buffers(net, net->buffers);
-    for (int i = 0; i < 4 && net->scratch_bytes; i++)
-        net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / 4));
+    const int slots = net->precision == DT_F16 ? 4 : 2;
+    for (int i = 0; i < slots && net->scratch_bytes; i++)
+        net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / slots));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
     // Gradients in state_dict order, or (fused) each node's modules' from the block's start.
     int64_t off = 0;

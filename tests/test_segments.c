@@ -703,6 +703,37 @@ static void test_budget_leave(void **state) {
                            "the optimizer state is stored as int8"));
     free(plans);
     cfg_free(&cfg);
+    // Compressed activations, with the same leave, on a deep network (where the codes of
+    // many activations outweigh the scratch they are read back through): below every plan
+    // without them, the plans that fit compress the activations, all to one width, the
+    // widest that fits (8 bits before 4 before 2), and the message says so.
+    if (cfg_parse(&cfg, deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
+    q.input = (Shape){.c = 2, .h = 8, .w = 8};
+    q.budget = 1;
+    assert_int_equal(budget_plans(&q, &plans, &n, &err), 0);
+    size_t least[9];  // by width (0: none)
+    for (int w = 0; w <= 8; w++) least[w] = SIZE_MAX;
+    for (int i = 0; i < n; i++) {
+        size_t *m = &least[plans[i].net.compress];
+        if (mem_plan_total(&plans[i].plan) < *m) *m = mem_plan_total(&plans[i].plan);
+    }
+    free(plans);
+    assert_true(least[8] > least[4] && least[4] > least[2] && least[2] < least[0]);
+    q.budget = least[0] - 1;
+    const int widest = least[8] <= q.budget ? 8 : least[4] <= q.budget ? 4 : 2;
+    assert_int_equal(budget_plans(&q, &plans, &n, &err), 0);
+    int width = 0;
+    for (int i = 0; i < n; i++) {
+        if (!plans[i].fits) continue;
+        assert_true(plans[i].net.compress > 0 && !plans[i].exact);
+        if (!width) width = plans[i].net.compress;
+        assert_int_equal(plans[i].net.compress, width);
+        snprintf(want, sizeof want, "kept as %d-bit codes", width);
+        assert_non_null(strstr(fit_changes(&plans[i], &q.base, 1, 64, why, sizeof why), want));
+    }
+    assert_int_equal(width, widest);
+    free(plans);
+    cfg_free(&cfg);
 }
 
 // The probe times every call of a real step: a leaf that ran has a cost, and a plan's
