@@ -8,6 +8,8 @@
 //   - with the fused update (each module's gradients summed across the processes, then
 //     updated, during backward) 2 processes give the unfused 2-process run's bits, on the
 //     network with dropout and on the ResNet;
+//   - with compressed activations, 2 processes round every value as one process with
+//     accumulate = 2 does;
 //   - a 2-process run stopped after 5 steps resumes with 2 processes to the same bits as
 //     the uninterrupted run, and with 1 process to within float rounding;
 //   - with batchnorm, the evaluation the run logs is the checkpoint's own (rank 0's running
@@ -120,6 +122,22 @@ static void test_two_processes_as_accumulation(void **state) {
     assert_true(max_rel_diff("dp", "dp_again") == 0);
 }
 
+// With compressed activations each value is rounded by its sample's place in the whole
+// batch, so 2 processes round as one process with accumulate = 2 does: the same bits for
+// the same values (only the gradient sums' order differs, as without compression), and
+// two 2-process runs give identical tensors.
+static void test_compressed_ranks(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 compress=2 save=%s/dp_c2", cfg, dir), 0);
+    assert_int_equal(run("./train %s stop_after=10 accumulate=2 compress=2 save=%s/acc_c2", cfg, dir), 0);
+    const double d = max_rel_diff("dp_c2", "acc_c2");
+    print_message("2-bit activations, 2 processes against accumulate = 2 after 10 steps: largest "
+                  "relative difference %.3g\n", d);
+    assert_true(d < 1e-5);
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 compress=2 save=%s/dp_c2_again", cfg, dir), 0);
+    assert_true(max_rel_diff("dp_c2", "dp_c2_again") == 0);
+}
+
 static void test_fused_update(void **state) {
     need_mpi();
     assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 fused_update=1 save=%s/dp_fused", cfg, dir), 0);
@@ -194,6 +212,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
         cmocka_unit_test(test_fused_update),
+        cmocka_unit_test(test_compressed_ranks),
         cmocka_unit_test(test_resume_any_count),
         cmocka_unit_test(test_batchnorm_statistics),
         cmocka_unit_test(test_killed_process),

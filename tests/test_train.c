@@ -221,11 +221,13 @@ static void test_resume_alone(void **state) {
 }
 
 // The ResNet resumes exactly too (batchnorm's running statistics and counters are part of
-// the checkpoint), also checkpointed and in fp16; and it learns.
+// the checkpoint), also checkpointed and in fp16, and with compressed activations (their
+// rounding keyed by the step); and it learns.
 static void test_resnet_resume(void **state) {
     g_cfg = "resnet.cfg";
     check_resume("", "res32");
     check_resume("checkpoint=sqrt precision=fp16", "res16");
+    check_resume("compress=2 checkpoint=2", "res2");  // the same rounding after the resume
     const char *acc = strstr(strstr(read_output(), "epoch 2/2"), "val_acc ");
     assert_non_null(acc);
     print_message("resnet.cfg, epoch 2: %.14s\n", acc);
