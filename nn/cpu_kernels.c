@@ -1315,7 +1315,7 @@ static void cpu_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
 // act_pack_group on a whole group, 8 values a vector: the same IEEE operations on each value
 // in the same order (min and max as minps and maxps: v < lo ? v : lo; the base's sign of
 // zero does not depend on the order: -0 + 0 = +0 on both paths), so the same record.
-static void act_pack_group_avx2(unsigned char *rec, const float *x, int bits, uint64_t key, uint64_t c0) {
+static inline __attribute__((always_inline)) void act_pack_group_avx2(unsigned char *rec, const float *x, int bits, uint64_t key, uint64_t c0) {
     __m256 lo = _mm256_set1_ps(x[0]), hi = lo, pos = _mm256_set1_ps(INFINITY);
     const __m256 zero = _mm256_setzero_ps();
     for (int i = 0; i < ACT_GROUP; i += 8) {
@@ -1368,7 +1368,7 @@ static void act_pack_group_avx2(unsigned char *rec, const float *x, int bits, ui
 #endif
 
 // A whole group through the vector path where there is one, a short one through quant.h's.
-static void act_pack_one(unsigned char *rec, const float *x, int count, int bits, uint64_t key, uint64_t c0) {
+static inline __attribute__((always_inline)) void act_pack_one(unsigned char *rec, const float *x, int count, int bits, uint64_t key, uint64_t c0) {
 #ifdef __AVX2__
     if (count == ACT_GROUP) {
         act_pack_group_avx2(rec, x, bits, key, c0);
@@ -1387,8 +1387,46 @@ static void cpu_act_pack(void *dst, const float *x, int64_t values, int n, int b
 #undef PACK_
 }
 
+#ifdef __AVX2__
+// act_unpack_group on a whole group, 8 values a vector: each code shifted out of the 16, 32
+// or 64 bits that hold 8 of them, read back with the same fused multiply-add.
+static inline __attribute__((always_inline)) void act_unpack_group_avx2(float *x, const unsigned char *rec, int bits) {
+    float head[2];
+    memcpy(head, rec, sizeof head);
+    const int zeros = signbit(head[1]) != 0;
+    const __m256 base = _mm256_set1_ps(head[0]), step = _mm256_set1_ps(fabsf(head[1]));
+    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1), shift = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
+    const __m256i off = _mm256_set1_epi32(zeros);
+    const unsigned char *codes = rec + 8;
+    for (int i = 0; i < ACT_GROUP; i += 8) {
+        __m256i q;
+        if (bits == 8) {
+            q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + i)));
+        } else {
+            uint32_t w = 0;
+            memcpy(&w, codes + i * bits / 8, (size_t)bits);  // 8 codes: 2 or 4 bytes
+            q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shift), mask);
+        }
+        __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)), step, base);
+        if (zeros) v = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(q, _mm256_setzero_si256())), v);
+        _mm256_storeu_ps(x + i, v);
+    }
+}
+#endif
+
+static inline __attribute__((always_inline)) void act_unpack_one(float *x, const unsigned char *rec, int count, int bits) {
+#ifdef __AVX2__
+    if (count == ACT_GROUP) {
+        act_unpack_group_avx2(x, rec, bits);
+        return;
+    }
+#endif
+    act_unpack_group(x, rec, count, bits);
+}
+
 static void cpu_act_unpack(float *x, const void *src, int64_t values, int n, int bits) {
-#define UNPACK_(b) act_unpack_group(x + s * values + i, (const unsigned char *)src + q * rec, count, b)
+#define UNPACK_(b) act_unpack_one(x + s * values + i, (const unsigned char *)src + q * rec, count, b)
     ACT_GROUPS_(UNPACK_);
 #undef UNPACK_
 }

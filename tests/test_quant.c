@@ -429,6 +429,15 @@ static void test_act_records(void **state) {
             act_pack_ref(want, x, bits, 77, 5);
             if (memcmp(got, want, bytes)) fail_msg("%d bits, pattern %d: the CPU's records differ", bits, p);
             cpu_kernels.act_unpack(y, got, ACT_VALUES, ACT_SAMPLES, bits);
+            static float yref[ACT_SAMPLES * ACT_VALUES];
+            const int64_t groups = (ACT_VALUES + ACT_GROUP - 1) / ACT_GROUP;
+            for (int s = 0; s < ACT_SAMPLES; s++)
+                for (int64_t g = 0; g < groups; g++) {
+                    const int64_t i = g * ACT_GROUP;
+                    act_unpack_group(yref + s * ACT_VALUES + i, want + (s * groups + g) * act_group_bytes(bits),
+                                     ACT_VALUES - i < ACT_GROUP ? (int)(ACT_VALUES - i) : ACT_GROUP, bits);
+                }
+            if (memcmp(y, yref, sizeof y)) fail_msg("%d bits, pattern %d: the CPU reads back other values", bits, p);
             for (int i = 0; i < ACT_SAMPLES * ACT_VALUES; i++) {
                 if (isnan(x[i])) continue;
                 if (x[i] == 0.0f && p != 1) assert_true(y[i] == 0.0f);  // zeros kept (a ReLU's mask)
