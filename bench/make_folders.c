@@ -4,8 +4,9 @@
 //   make_folders OUT png28 COUNT [FIRST]    COUNT 28x28 gray PNGs: images FIRST .. FIRST +
 //                                           COUNT - 1 (FIRST = 60000: the 10,000 test images,
 //                                           the same as Fashion-MNIST's t10k IDX files)
-//   make_folders OUT jpg600 COUNT [UNIQUE [FROM]]
-//                                           COUNT 600x600 RGB JPEGs (quality 90), made by
+//   make_folders OUT jpgSIZE COUNT [UNIQUE [FROM]]
+//                                           COUNT RGB JPEGs (quality 90) of SIZE, W or WxH
+//                                           pixels (jpg600: 600x600; jpg500x375), made by
 //                                           upscaling and colouring; with UNIQUE < COUNT
 //                                           only UNIQUE files are encoded and the others
 //                                           are hard links to them (disk and time); with
@@ -35,7 +36,6 @@
 #include "../nn/rng.h"
 
 #define FM "/usr/share/datasets/fashion-mnist"
-#define BIG 600
 #define NTHREADS 2
 
 static const char *const class_dirs[10] = {"0_tshirt", "1_trouser", "2_pullover", "3_dress",
@@ -51,6 +51,7 @@ typedef struct Job {
     Dataset *train, *test;
     const char *out, *kind;
     const char *from;  // NULL, or a folder whose files the unique ones link to
+    int width, height; // the JPEGs' size
     int64_t start, count, unique;  // this job writes images [start, count)
     int64_t first;                 // png28: image j of the job is source image first + j
     int thread;
@@ -84,7 +85,8 @@ static int source(const Job *jb, int64_t j, uint8_t *px, int32_t *label) {
 static void *work(void *arg) {
     Job *jb = arg;
     uint8_t src[28 * 28];
-    uint8_t *gray = malloc(BIG * BIG), *rgb = malloc(BIG * BIG * 3);
+    const int W = jb->width, H = jb->height;
+    uint8_t *gray = malloc((size_t)W * H), *rgb = malloc((size_t)W * H * 3);
     if (!gray || !rgb) {
         jb->failed = 1;
         return NULL;
@@ -123,18 +125,18 @@ static void *work(void *arg) {
         if (png) {
             ok = stbi_write_png(p, 28, 28, 1, src, 28);
         } else {
-            if (image_resize(src, 28, 28, 28, 1, gray, BIG, BIG)) goto fail;
+            if (image_resize(src, 28, 28, 28, 1, gray, W, H)) goto fail;
             // Colour by class, with a little deterministic grain so the JPEG is not
             // unrealistically smooth (photos have texture).
             const uint64_t key = rng_key(7, 9, (uint64_t)j, 0);
-            for (int i = 0; i < BIG * BIG; i++) {
+            for (int i = 0; i < W * H; i++) {
                 int noise = (int)(rng_u64(key, (uint64_t)i) & 15) - 8;
                 for (int c = 0; c < 3; c++) {
                     int v = (int)(gray[i] * tints[j % 10][c]) + 20 + noise;
                     rgb[i * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
                 }
             }
-            ok = stbi_write_jpg(p, BIG, BIG, 3, rgb, 90);
+            ok = stbi_write_jpg(p, W, H, 3, rgb, 90);
         }
         if (!ok) {
             fprintf(stderr, "make_folders: cannot write %s\n", p);
@@ -150,12 +152,20 @@ fail:
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4 || (strcmp(argv[2], "png28") && strcmp(argv[2], "jpg600"))) {
-        fprintf(stderr, "usage: make_folders OUT png28|jpg600 COUNT [UNIQUE]\n");
+    Job base = {.out = argc > 2 ? argv[1] : NULL, .kind = argc > 2 ? argv[2] : ""};
+    const int png = strcmp(base.kind, "png28") == 0;
+    // jpgW or jpgWxH, exactly as it is written back.
+    const int sides = png ? 0 : sscanf(base.kind, "jpg%dx%d", &base.width, &base.height);
+    if (sides == 1) base.height = base.width;
+    char canon[64];
+    snprintf(canon, sizeof canon, sides == 1 ? "jpg%d" : "jpg%dx%d", base.width, base.height);
+    if (argc < 4 || (!png && (sides < 1 || strcmp(canon, base.kind) || base.width < 1 ||
+                              base.height < 1 || base.width > 8192 || base.height > 8192))) {
+        fprintf(stderr, "usage: make_folders OUT png28|jpgSIZE COUNT [UNIQUE [FROM]] (SIZE: W or "
+                        "WxH pixels, up to 8192: jpg600, jpg500x375)\n");
         return 2;
     }
-    Job base = {.out = argv[1], .kind = argv[2], .count = atoll(argv[3])};
-    const int png = strcmp(base.kind, "png28") == 0;
+    base.count = atoll(argv[3]);
     base.unique = argc > 4 && !png ? atoll(argv[4]) : base.count;
     base.first = argc > 4 && png ? atoll(argv[4]) : 0;
     base.from = argc > 5 ? argv[5] : NULL;

@@ -118,7 +118,8 @@ def load(data, split):
 
 DATA_KEYS = {"train", "train_labels", "test", "test_labels", "val_split", "width", "height",
              "channels", "mean", "std", "shuffle", "drop_last", "workers", "prefetch",
-             "skip_bad", "cache", "crop_pad", "crop_scale", "flip"}
+             "resize", "short_side", "center_crop", "skip_bad", "cache", "crop_pad",
+             "crop_scale", "crop_ratio", "flip", "jitter"}
 
 
 def make_optimizer(net, tr):

@@ -143,8 +143,17 @@ int predict(const char *weights, const PredictOptions *po, int nargs, char **arg
     if (model_load(&m, weights, input, classes, batch, po->memory, err)) goto done;
     const int64_t numel = shape_numel(input);
     const DataConfig *dc = &m.o.data;
-    if ((dc->nmean != 1 && dc->nmean != input.c) || (dc->nstd != 1 && dc->nstd != input.c)) {
-        err_set(err, "%s: mean and std do not match the %d input channels", m.name, input.c);
+    // The test set's preprocessing, for the network's input (image_load checks the fit).
+    const ImageFit fit = data_image_fit(dc, input);
+    const Shape made = image_fit_shape(&fit);
+    if (made.h != input.h || made.w != input.w) {
+        err_set(err, "%s: [data] makes %d x %d samples (center_crop = %d), but the network takes "
+                     "%d x %d inputs", m.name, made.w, made.h, fit.center_crop, input.w, input.h);
+        goto done;
+    }
+    float mean[DATASET_MAX_CHANNELS], std[DATASET_MAX_CHANNELS];
+    if (data_normalisation(dc, input.c, mean, std, err)) {
+        err_wrap(err, "%s", m.name);
         goto done;
     }
     if (!(pixels = xcalloc((size_t)batch * (size_t)numel, 1, err)) ||
@@ -152,14 +161,13 @@ int predict(const char *weights, const PredictOptions *po, int nargs, char **arg
         !(logp = xcalloc((size_t)batch * classes, sizeof *logp, err)) ||
         !(slot_file = xcalloc((size_t)batch, sizeof *slot_file, err)))
         goto done;
-    for (int c = 0; c < input.c; c++)  // the loader's normalisation, bit for bit (any C: image_load refuses C > 3)
-        normalise_table(lut + (size_t)c * 256, 1, &dc->mean[dc->nmean == 1 ? 0 : c], &dc->std[dc->nstd == 1 ? 0 : c]);
+    normalise_table(lut, input.c, mean, std);  // the loader's, bit for bit
     failed = 0;
     for (int next = 0; next < files.n;) {
         int n = 0;  // images of this batch that decoded
         for (; n < batch && next < files.n; next++) {
             Error why = {0};
-            const int r = image_load(files.paths[next], input, pixels + (size_t)n * numel, &why);
+            const int r = image_load(files.paths[next], &fit, pixels + (size_t)n * numel, &why);
             if (r < 0) {
                 *err = why;
                 failed = -1;

@@ -18,14 +18,19 @@ typedef struct DataConfig {
     const char *test, *test_labels;    // "" when there is no test set
     int train_folder, test_folder;     // 1: an image folder (a directory), 0: IDX files
     double val_split;                  // > 0: the test set is this part of train
-    int width, height, channels;       // folders: the size of every sample
+    int width, height, channels;       // folders: the size resize = stretch gives every image
+                                       // (0 with resize = shorter), and its channels
+    ImageResize resize;                // folders: stretch, or the shorter side to short_side
+    int short_side, center_crop;       // folders: resize = shorter's size; the centre crop of
+                                       // either (0: none), the samples' size then
     float mean[DATASET_MAX_CHANNELS], std[DATASET_MAX_CHANNELS];
     int nmean, nstd;  // 1 (applies to every channel) or one per channel
     int shuffle, drop_last;
     int workers, prefetch, skip_bad;   // the loaders' (LoaderConfig)
     const char *cache;                 // folders: cache folder, "" = none
     int crop_pad, flip;                // training augmentation
-    double crop_scale;
+    ResizedCrop crop;                  // crop_scale (scale[0] = 0: off) and crop_ratio
+    float jitter[3];                   // brightness, contrast, saturation (0: off)
     int shard, nshards;                // set by the trainer: this process's part of each batch
                                        // of both loaders (LoaderConfig), nshards <= 1: all
 } DataConfig;
@@ -60,6 +65,14 @@ int data_open(Data *d, const DataConfig *dc, int batch, uint64_t seed, Error *er
 // Opens the test set only (for evaluating a checkpoint): d->train stays NULL.
 int data_open_test(Data *d, const DataConfig *dc, int batch, Error *err);
 void data_close(Data *d);
+// How [data] makes a sample of an image for a network whose input is `input`: its
+// channels, and with resize = stretch and no center_crop its size (a cfg of IDX data names
+// none). image_fit_shape of it is `input` when the cfg and the network agree.
+ImageFit data_image_fit(const DataConfig *dc, Shape input);
+// The normalisation of [data] for C-channel samples, mean[c] and std[c] (one value applies
+// to every channel): what the loaders and --predict make their byte tables of
+// (normalise_table). An error when the cfg gives neither one value nor C.
+int data_normalisation(const DataConfig *dc, int C, float *mean, float *std, Error *err);
 // Bytes of the loaders' buffers and of their readers' decoding, for the memory plan.
 size_t data_loader_bytes(const Data *d);
 // The same had the loaders been made with `prefetch` batches ahead (0: as they were).

@@ -13,6 +13,7 @@
 
 #include "../nn/error.h"
 #include "../nn/tensor.h"
+#include "transform.h"
 
 #define DATASET_MAX_CHANNELS 3
 
@@ -29,6 +30,11 @@ typedef struct DatasetOps {
     // DATASET_BAD (the sample's file is bad; *label is still set), or -1.
     // Thread-safe: workers call it concurrently on one Dataset.
     int (*read)(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *label, Error *err);
+    // Sample i as a random resized crop (crop's ranges, the box drawn from key) of the image
+    // it was made from, at the set's shape: NULL for sets whose samples are their images
+    // (IDX), which the loader crops itself. Returns as read does; thread-safe.
+    int (*read_crop)(const Dataset *ds, int64_t i, const ResizedCrop *crop, uint64_t key,
+                     uint8_t *pixels, int32_t *label, Error *err);
     // The class of sample i without reading its pixels (for a stratified split).
     int (*label)(const Dataset *ds, int64_t i, int32_t *label, Error *err);
     void (*close)(Dataset *ds);
@@ -56,16 +62,39 @@ int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_
                      Error *err);
 void dataset_close(Dataset *ds);  // NULL is fine
 
+// How an image file becomes a sample (image.c): torchvision's Resize, then CenterCrop.
+typedef enum ImageResize {
+    RESIZE_STRETCH,  // to width x height, the aspect ratio not kept: Resize((height, width))
+    RESIZE_SHORTER,  // the shorter side to short_side, the aspect kept: Resize(short_side)
+} ImageResize;
+
+typedef struct ImageFit {
+    int channels;        // 1 (gray) or 3 (RGB)
+    ImageResize resize;
+    int width, height;   // RESIZE_STRETCH
+    int short_side;      // RESIZE_SHORTER
+    int center_crop;     // > 0: the sample is the centre center_crop x center_crop of the
+                         // resized image (CenterCrop(center_crop)); 0: all of it (stretch only)
+} ImageFit;
+
+// The shape of fit's samples: center_crop x center_crop, else width x height.
+Shape image_fit_shape(const ImageFit *fit);
+// 0 if fit makes samples (channels 1 or 3; sizes 1 to INPUT_MAX_SIDE; a centre crop no larger
+// than the resized image: short_side, or width and height); else -1 with err saying which.
+int image_fit_check(const ImageFit *fit, Error *err);
+
 // An image folder: one subfolder per class (class index = subfolder names in strcmp
 // order), images anywhere below it (.png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd
 // .hdr .pic, any case), in strcmp order of their paths. Hidden entries (".name") are not
-// read. Open lists the files only; read decodes one with image_load. Errors: no class
-// subfolder, an empty class, an image directly in the root, a file without an image
-// extension (with skip_bad: left out and counted in info). With cache_dir, the decoded
-// samples go to cache_dir/cache_name (see folder.c) and are read from there once complete.
+// read. Open lists the files only; read decodes one with image_load, read_crop with
+// image_load_crop. Errors: no class subfolder, an empty class, an image directly in the
+// root, a file without an image extension (with skip_bad: left out and counted in info).
+// With cache_dir, the decoded samples go to cache_dir/cache_name (see folder.c) and are
+// read from there once complete; not with crop, whose reads differ every time.
 typedef struct FolderOptions {
-    int width, height;   // every sample is resized to this
-    int channels;        // 1 or 3
+    ImageFit fit;        // every sample's (image_fit_shape: the set's shape)
+    const ResizedCrop *crop;  // non-NULL: samples are read as random crops of these ranges
+                              // too (read_crop), which the memory plan allows for
     int skip_bad;        // 1: leave files without an image extension out (counted)
     const char *cache_dir;   // NULL or "" = no cache
     const char *cache_name;  // file name in cache_dir ("train.cache")
@@ -77,25 +106,31 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
 // when shrinking by 4 or more), clamped edges. Returns 0, or -1 when out of memory.
 int image_resize(const uint8_t *src, int w, int h, size_t stride, int C, uint8_t *dst, int W, int H);
 
-// The heap image_load holds at its peak for this file, from its header alone (the file, the
-// decoded pixels, the decoders' and the resize's buffers; an estimate from above); 0 when
-// the header cannot be read (the read will report the file).
-size_t image_load_bytes(const char *path, Shape target);
+// The heap image_load (crop NULL) or image_load_crop (any box of crop's ranges) holds at its
+// peak for this file, from its header alone (the file, the decoded pixels, the decoders' and
+// the resize's buffers; an estimate from above); 0 when the header cannot be read (the read
+// will report the file).
+size_t image_load_bytes(const char *path, const ImageFit *fit, const ResizedCrop *crop);
 
 // Whether a file name ends in one of the image extensions a folder dataset reads (IMAGE_EXTS).
 #define IMAGE_EXTS ".png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd .hdr .pic"
 bool image_name_has_ext(const char *name);
 
-// Decodes one image file as a folder dataset does (image.c): JPEG with libjpeg-turbo at the
-// smallest DCT scale that covers the target, the rest with stb_image; converted to shape.c
-// channels (1: luma, 3: gray replicated; alpha dropped) and resized to shape.w x shape.h
-// (stretched; box reduction, then a triangle filter, clamped edges), into out (H, W, C)
-// bytes. A header that declares more pixels than the file holds, a JPEG warning (premature
-// end, corrupt data) or an image of no pixels makes the file bad. shape.c must be 1 or 3
-// (anything else is refused with -1: every decoder writes one of those). Returns 0, or
-// DATASET_BAD (the file cannot be read or decoded) or -1 (out of memory, a shape no image
-// becomes) with err naming the file.
-int image_load(const char *path, Shape shape, uint8_t *out, Error *err);
+// Decodes one image file as a folder dataset does (image.c) into out, image_fit_shape(fit)
+// bytes (H, W, C): JPEG with libjpeg-turbo at the smallest DCT scale that covers the
+// resized image, the rest with stb_image; converted to fit->channels (1: luma, 3: gray
+// replicated; alpha dropped), resized as fit says (box reduction, then a triangle filter,
+// clamped edges), only the centre crop's pixels computed. A header that declares more
+// pixels than the file holds, a JPEG warning (premature end, corrupt data), an image of no
+// pixels or one too elongated for resize = shorter makes the file bad. Returns 0, or
+// DATASET_BAD (the file cannot be read or decoded) or -1 (out of memory, a fit that makes
+// no sample: image_fit_check) with err naming the file.
+int image_load(const char *path, const ImageFit *fit, uint8_t *out, Error *err);
+// The same for torchvision's RandomResizedCrop(image_fit_shape(fit), crop's ranges) of the
+// file's own pixels: the box (resized_crop_box of key, on the image's width x height)
+// resized to the sample's shape; fit's resize and centre crop play no part.
+int image_load_crop(const char *path, const ImageFit *fit, const ResizedCrop *crop,
+                    uint64_t key, uint8_t *out, Error *err);
 
 // Splits ds into *train and *val: in each class, round(fraction * its samples) go to val
 // (at least 1 if the class has 2 or more and fraction > 0), chosen by a permutation
@@ -122,9 +157,10 @@ typedef struct LoaderConfig {
     int fill_bad;      // with skip_bad: 1 = a skipped sample's place goes to the next good
                        // sample of the order (full batches); 0 = the batch is shorter
     int crop_pad;      // > 0: pad by this many zero bytes, then a random H x W crop
-    float crop_scale;  // > 0: random resized crop of area fraction in [crop_scale, 1],
-                       // aspect ratio in [3/4, 4/3], resized back to H x W
+    ResizedCrop crop;  // scale[0] > 0: torchvision's RandomResizedCrop(H x W, scale, ratio)
+                       // of the image the sample came from (read_crop), else of the sample
     int flip;          // 1: horizontal flip with probability 1/2
+    float jitter[3];   // ColorJitter(brightness, contrast, saturation) after the flip; 0: off
     int shard, nshards;  // nshards > 1: this process reads only part `shard` of each batch:
                          // positions [shard * batch / nshards, (shard + 1) * batch / nshards)
                          // of it, the epochs and their order being the same for all; an

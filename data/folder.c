@@ -37,11 +37,13 @@
 enum { ST_MISSING = 0, ST_GOOD = 1, ST_BAD = 2 };  // a sample's status byte
 
 #define CACHE_MAGIC "CNNCACHE"
-// Version 3: the decoding of image.c (libjpeg-turbo for JPEG at a DCT scale, stb_image for
-// the rest; box reduction, then the triangle filter over the region the boxes cover). A
-// change of how a sample is made must change the version. (Version 1 stretched a last
-// partial box to a whole pixel; version 2 decoded JPEGs with stb_image at full size.)
-#define CACHE_VERSION 3
+// Version 4: the decoding of image.c (libjpeg-turbo for JPEG at a DCT scale, stb_image for
+// the rest; box reduction, then the triangle filter over the region the boxes cover, a
+// scaled JPEG's picture being its exact fraction of the image), resized as the header's
+// fit says. A change of how a sample is made must change the version. (Version 1
+// stretched a last partial box to a whole pixel; version 2 decoded JPEGs with stb_image at
+// full size; version 3 stretched every image and took a scaled JPEG's whole last pixel.)
+#define CACHE_VERSION 4
 #define CACHE_ALIGN 4096
 
 // The header, at offset 0, in the writer's byte order (checked by `endian`).
@@ -50,7 +52,8 @@ typedef struct CacheHeader {
     uint32_t version;
     uint32_t endian;     // 0x01020304
     uint32_t complete;   // 1 once every sample is in (written last, before the rename)
-    int32_t width, height, channels, classes;
+    int32_t width, height, channels, classes;  // the samples' shape
+    int32_t resize, short_side, center_crop;     // the rest of the ImageFit that made them
     int32_t pad;
     int64_t count;
     uint64_t fingerprint[2];  // hash of the file list below
@@ -71,6 +74,7 @@ typedef struct Cache {
 } Cache;
 
 typedef struct FolderImpl {
+    ImageFit fit;     // how each image becomes a sample
     char *root;
     int64_t *first;   // (classes + 1) first entry of each class; first[classes] = count
     int64_t *name;    // (count) offset of the image's path (relative to its class) in pool
@@ -309,12 +313,15 @@ static int list_line(const Dataset *ds, int64_t i, char *line, size_t size, int 
 }
 
 static CacheHeader cache_want(const Dataset *ds) {
+    const FolderImpl *fi = ds->impl;
     CacheHeader h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CACHE_MAGIC, 8);
     h.version = CACHE_VERSION;
     h.endian = 0x01020304;
     h.width = ds->shape.w, h.height = ds->shape.h, h.channels = ds->shape.c;
+    h.resize = (int32_t)fi->fit.resize, h.short_side = fi->fit.short_side;
+    h.center_crop = fi->fit.center_crop;
     h.classes = ds->classes;
     h.count = ds->count;
     return h;
@@ -339,6 +346,14 @@ static int cache_check(const Dataset *ds, int fd, CacheHeader *h, char *why, siz
         snprintf(why, wsize, "written for %dx%dx%d samples (width x height x channels), now "
                  "%dx%dx%d", h->width, h->height, h->channels, want.width, want.height,
                  want.channels);
+        return 0;
+    }
+    if (h->resize != want.resize || h->short_side != want.short_side ||
+        h->center_crop != want.center_crop) {
+        snprintf(why, wsize, "written for resize = %s, short_side = %d, center_crop = %d; now "
+                 "%s, %d, %d", h->resize == RESIZE_SHORTER ? "shorter" : "stretch", h->short_side,
+                 h->center_crop, want.resize == RESIZE_SHORTER ? "shorter" : "stretch",
+                 want.short_side, want.center_crop);
         return 0;
     }
     if (h->count != want.count || h->classes != want.classes) {
@@ -568,7 +583,7 @@ static int folder_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *l
     }
     char path[PATH_MAX];
     if (entry_path(ds, i, path, err)) return DATASET_BAD;
-    int rc = image_load(path, ds->shape, pixels, err);
+    int rc = image_load(path, &fi->fit, pixels, err);
     if (rc < 0 || !c || !__atomic_load_n(&c->building, __ATOMIC_ACQUIRE)) return rc;
     // Into the cache. Two threads may decode the same sample (a sample borrowed by two
     // batches); both write the same bytes, and one of them sets its status.
@@ -588,6 +603,16 @@ static int folder_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *l
     return rc;
 }
 
+// A random crop of the file: decoded anew every time, never cached.
+static int folder_read_crop(const Dataset *ds, int64_t i, const ResizedCrop *crop, uint64_t key,
+                            uint8_t *pixels, int32_t *label, Error *err) {
+    if (folder_label(ds, i, label, err)) return -1;
+    const FolderImpl *fi = ds->impl;
+    char path[PATH_MAX];
+    if (entry_path(ds, i, path, err)) return DATASET_BAD;
+    return image_load_crop(path, &fi->fit, crop, key, pixels, err);
+}
+
 static void folder_close(Dataset *ds) {
     FolderImpl *fi = ds->impl;
     if (fi) {
@@ -604,18 +629,12 @@ static void folder_close(Dataset *ds) {
     free(ds);
 }
 
-static const DatasetOps folder_ops = {.read = folder_read, .label = folder_label,
-                                      .close = folder_close};
+static const DatasetOps folder_ops = {.read = folder_read, .read_crop = folder_read_crop,
+                                      .label = folder_label, .close = folder_close};
 
 int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt, Error *err) {
     *out = NULL;
-    if (opt->width < 1 || opt->height < 1 || opt->width > 16384 || opt->height > 16384)
-        return err_set(err, "%s: width = %d, height = %d: an image folder needs the size its "
-                       "images are resized to, 1 to 16384 each (width and height in [data])",
-                       dir, opt->width, opt->height);
-    if (opt->channels != 1 && opt->channels != 3)
-        return err_set(err, "%s: channels = %d: images are converted to 1 (gray) or 3 (RGB) "
-                       "channels", dir, opt->channels);
+    if (image_fit_check(&opt->fit, err)) return err_wrap(err, "%s", dir);
     struct stat st;
     if (stat(dir, &st) != 0)
         return err_set(err, "%s: cannot open: %s; check the path (the [data] section of the cfg)",
@@ -632,7 +651,8 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
     }
     ds->ops = &folder_ops;
     ds->impl = fi;
-    ds->shape = (Shape){.c = opt->channels, .h = opt->height, .w = opt->width};
+    fi->fit = opt->fit;
+    ds->shape = image_fit_shape(&opt->fit);
     // The root without trailing slashes, so messages read ROOT/class/file.
     size_t rl = strlen(dir);
     while (rl > 1 && dir[rl - 1] == '/') rl--;
@@ -675,7 +695,10 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
         len += snprintf(info + len, sizeof info - (size_t)len, "; %" PRId64 " files that are "
                         "not images left out (skip_bad), the first %s", sc->left_out,
                         sc->first_left_out);
-    if (opt->cache_dir && opt->cache_dir[0]) {
+    if (opt->cache_dir && opt->cache_dir[0] && opt->crop) {
+        snprintf(info + len, sizeof info - (size_t)len, "; not cached: crop_scale decodes a new "
+                 "crop of each image every epoch");
+    } else if (opt->cache_dir && opt->cache_dir[0]) {
         if (cache_open(ds, opt->cache_dir, opt->cache_name ? opt->cache_name : "data.cache", note,
                        sizeof note, err))
             goto fail;
@@ -687,7 +710,7 @@ int folder_dataset_open(Dataset **out, const char *dir, const FolderOptions *opt
         for (int64_t i = 0; i < ds->count; i++) {
             char path[PATH_MAX];
             if (entry_path(ds, i, path, err)) goto fail;
-            const size_t b = image_load_bytes(path, ds->shape);
+            const size_t b = image_load_bytes(path, &fi->fit, opt->crop);
             if (b > ds->read_bytes) ds->read_bytes = b;
         }
     }

@@ -64,11 +64,19 @@ static void box_reduce(const uint8_t *src, int w, int h, size_t stride, int C, i
     }
 }
 
-// One axis of the triangle filter: output pixel o is centred at (o + 0.5) / scale in input
-// coordinates, scale = n_out / extent (the input's region [0, extent) is the picture); its
-// weights are 1 - |d| / r over the input pixel centres at distance d, r = 1 when enlarging
-// (bilinear) and 1 / scale when shrinking (every input pixel counts), on pixels clamped to
-// the edges, normalised to sum 1: stb_image_resize's and PIL's bilinear filter.
+// One axis of a resize: the picture [x0, x0 + extent) of the input's pixels (a box of an
+// image, at the scale it was decoded at) is resized to `full` pixels, of which the outputs
+// [first, first + n) are made: a centre crop's, or all of them.
+typedef struct Span {
+    double x0, extent;
+    int full, first;
+} Span;
+
+// One axis of the triangle filter: output pixel o is centred at x0 + (first + o + 0.5) /
+// scale in input coordinates, scale = full / extent; its weights are 1 - |d| / r over the
+// input pixel centres at distance d, r = 1 when enlarging (bilinear) and 1 / scale when
+// shrinking (every input pixel counts), on pixels clamped to the input's edges, normalised
+// to sum 1: stb_image_resize's and PIL's bilinear filter.
 typedef struct Taps {
     int n;          // taps per output pixel
     int *index;     // (n_out * n) input pixels
@@ -82,8 +90,8 @@ static void taps_free(Taps *t) {
 
 // The taps of each output pixel start at its first nonzero weight; t->n covers the widest
 // span, shorter ones end in zero weights (adding 0 leaves a float sum as it is).
-static int taps_make(Taps *t, int n_in, double extent, int n_out) {
-    const double scale = n_out / extent, r = scale < 1 ? 1 / scale : 1;
+static int taps_make(Taps *t, int n_in, const Span *s, int n_out) {
+    const double scale = s->full / s->extent, r = scale < 1 ? 1 / scale : 1;
     const int span = (int)ceil(2 * r) + 2;
     t->index = malloc((size_t)n_out * span * sizeof *t->index);
     t->weight = malloc((size_t)n_out * span * sizeof *t->weight);
@@ -93,7 +101,7 @@ static int taps_make(Taps *t, int n_in, double extent, int n_out) {
     }
     t->n = 1;
     for (int o = 0; o < n_out; o++) {
-        const double c = (o + 0.5) / scale;
+        const double c = s->x0 + (s->first + o + 0.5) / scale;
         int first = (int)floor(c - r - 0.5), lo = span, hi = -1;
         double sum = 0, w[span];
         for (int k = 0; k < span; k++) {
@@ -130,22 +138,22 @@ static inline __attribute__((always_inline)) void filter_row(const Taps *t, cons
     }
 }
 
-// src (h, w, C; rows `stride` bytes apart) resized to dst (H, W, C) with the triangle
-// filter, the picture being the region [0, ew) x [0, eh) of src: rows first into floats,
-// then columns, rounded to bytes. Each output value sums its taps in order. An output row's
-// taps are consecutive input rows, moving down with the output row: the filtered rows are
-// kept in a ring of ty.n (row y in slot y % ty.n), each filtered once, when first needed.
-static int triangle_resize(const uint8_t *src, int w, int h, size_t stride, double ew, double eh,
-                           int C, uint8_t *dst, int W, int H) {
+// src (h, w, C; rows `stride` bytes apart) resized along the spans sx and sy to dst (H, W,
+// C) with the triangle filter: rows first into floats, then columns, rounded to bytes. Each
+// output value sums its taps in order. An output row's taps are consecutive input rows,
+// moving down with the output row: the filtered rows are kept in a ring of ty.n (row y in
+// slot y % ty.n), each filtered once, when first needed.
+static int triangle_resize(const uint8_t *src, int w, int h, size_t stride, const Span *sx,
+                           const Span *sy, int C, uint8_t *dst, int W, int H) {
     Taps tx = {0}, ty = {0};
     const size_t row = (size_t)W * C;
     float *rows = NULL;
     int rc = -1;
-    if (taps_make(&tx, w, ew, W) || taps_make(&ty, h, eh, H) ||
+    if (taps_make(&tx, w, sx, W) || taps_make(&ty, h, sy, H) ||
         !(rows = malloc(((size_t)ty.n * row + row + (size_t)w * C) * sizeof *rows)))
         goto done;
     float *acc = rows + (size_t)ty.n * row, *in = acc + row;  // (W, C) and (w, C)
-    int next = 0;  // the next input row to filter: rows next - ty.n .. next - 1 are in the ring
+    int next = ty.index[0];  // the next input row to filter: rows next - ty.n .. next - 1 are in the ring
     for (int o = 0; o < H; o++) {
         for (; next <= ty.index[o * ty.n + ty.n - 1]; next++) {
             float *r = rows + (size_t)(next % ty.n) * row;
@@ -171,33 +179,60 @@ done:
     return rc;
 }
 
-// The triangle filter (bilinear when enlarging, widened to cover every input pixel when
-// shrinking), clamped edges. A large reduction is done in two steps, like PIL's
+// Boxes of k pixels first when a span shrinks by 4 or more: k = floor(factor / 2).
+static int reduce_factor(const Span *s) {
+    const int k = (int)(s->extent / s->full / 2);
+    return k > 1 ? k : 1;
+}
+
+// Whether the spans take whole pixels at scale 1 (an image at the size asked for, or its
+// centre crop): a copy.
+static bool spans_copy(const Span *sx, const Span *sy) {
+    return sx->x0 == floor(sx->x0) && sy->x0 == floor(sy->x0) && sx->extent == sx->full &&
+           sy->extent == sy->full;
+}
+
+// src (h, w, C; rows `stride` bytes apart) resized along the spans to dst (H, W, C) with the
+// triangle filter (bilinear when enlarging, widened to cover every input pixel when
+// shrinking). Only the pixels the picture touches are read, its edge pixels clamped (PIL
+// crops a box before it resizes it). A large reduction is done in two steps, like PIL's
 // reducing_gap: first averaging boxes of k x k pixels, k = floor(factor / 2) in each
-// direction, then the triangle filter over the remaining factor of 2 to 4, on the region the
-// boxes cover (a last, partial box is the part of a pixel it holds, as PIL's box argument).
-// The result differs from one triangle pass by a byte here and there, and costs a fraction.
-// (stb_image_resize's version of this filter aborts on some sizes, 13 x 9 to 11 x 11 among
-// them: stb issue 1449.)
-int image_resize(const uint8_t *src, int w, int h, size_t stride, int C, uint8_t *dst, int W, int H) {
-    if (w == W && h == H) {
-        for (int y = 0; y < H; y++) memcpy(dst + (size_t)y * W * C, src + (size_t)y * stride, (size_t)W * C);
+// direction, then the triangle filter over the remaining factor of 2 to 4, on the region
+// the boxes cover (a last, partial box is the part of a pixel it holds, as PIL's box
+// argument). The result differs from one triangle pass by a byte here and there, and costs a
+// fraction. (stb_image_resize's version of this filter aborts on some sizes, 13 x 9 to 11 x
+// 11 among them: stb issue 1449.)
+static int resize_spans(const uint8_t *src, int w, int h, size_t stride, int C, Span sx, Span sy,
+                        uint8_t *dst, int W, int H) {
+    const int x0 = (int)floor(sx.x0), y0 = (int)floor(sy.x0);
+    const int x1 = (int)ceil(sx.x0 + sx.extent), y1 = (int)ceil(sy.x0 + sy.extent);
+    src += (size_t)y0 * stride + (size_t)x0 * C;
+    w = (x1 < w ? x1 : w) - x0, h = (y1 < h ? y1 : h) - y0;
+    sx.x0 -= x0, sy.x0 -= y0;
+    if (spans_copy(&sx, &sy)) {
+        for (int y = 0; y < H; y++)
+            memcpy(dst + (size_t)y * W * C, src + (size_t)(sy.first + y) * stride + (size_t)sx.first * C,
+                   (size_t)W * C);
         return 0;
     }
-    const int kx = w / W / 2 > 1 ? w / W / 2 : 1, ky = h / H / 2 > 1 ? h / H / 2 : 1;
+    const int kx = reduce_factor(&sx), ky = reduce_factor(&sy);
     uint8_t *tmp = NULL;
-    double ew = w, eh = h;  // the picture's extent in the (reduced) pixels
     if (kx > 1 || ky > 1) {
         const int rw = (w + kx - 1) / kx, rh = (h + ky - 1) / ky;
         if (!(tmp = malloc((size_t)rw * (size_t)rh * (size_t)C))) return -1;
         box_reduce(src, w, h, stride, C, kx, ky, tmp);
-        ew = (double)w / kx, eh = (double)h / ky;
+        sx.x0 /= kx, sx.extent /= kx, sy.x0 /= ky, sy.extent /= ky;
         src = tmp, stride = (size_t)rw * C;
         w = rw, h = rh;
     }
-    const int rc = triangle_resize(src, w, h, stride, ew, eh, C, dst, W, H);
+    const int rc = triangle_resize(src, w, h, stride, &sx, &sy, C, dst, W, H);
     free(tmp);
     return rc;
+}
+
+int image_resize(const uint8_t *src, int w, int h, size_t stride, int C, uint8_t *dst, int W, int H) {
+    return resize_spans(src, w, h, stride, C, (Span){.extent = w, .full = W},
+                        (Span){.extent = h, .full = H}, dst, W, H);
 }
 
 // ---- headers checked against the file's size ----------------------------------------------
@@ -335,6 +370,89 @@ static int check_declared_size(const char *path, const uint8_t *buf, size_t size
     return 0;
 }
 
+// ---- where the sample lies in the image ---------------------------------------------------
+
+#define IMAGE_MAX_RESIZED (1 << 24)  // resize = shorter: a longer side beyond is a bad file
+
+Shape image_fit_shape(const ImageFit *fit) {
+    const int crop = fit->center_crop;
+    return (Shape){.c = fit->channels, .h = crop ? crop : fit->height, .w = crop ? crop : fit->width};
+}
+
+int image_fit_check(const ImageFit *fit, Error *err) {
+    const int crop = fit->center_crop;
+    if (fit->channels != 1 && fit->channels != 3)
+        return err_set(err, "channels = %d: images are converted to 1 (gray) or 3 (RGB) channels",
+                       fit->channels);
+    if (fit->resize == RESIZE_SHORTER) {
+        if (fit->short_side < 1 || fit->short_side > INPUT_MAX_SIDE || crop < 1 || crop > fit->short_side)
+            return err_set(err, "short_side = %d, center_crop = %d: resize = shorter takes the "
+                           "shorter side to short_side (1 to %d) and the centre crop, at most "
+                           "short_side, as the sample", fit->short_side, crop, INPUT_MAX_SIDE);
+        return 0;
+    }
+    if (fit->resize != RESIZE_STRETCH)
+        return err_set(err, "resize mode %d: stretch or shorter", (int)fit->resize);
+    if (fit->width < 1 || fit->height < 1 || fit->width > INPUT_MAX_SIDE || fit->height > INPUT_MAX_SIDE)
+        return err_set(err, "width = %d, height = %d: an image folder needs the size its images are "
+                       "resized to, 1 to %d each (width and height in [data])", fit->width,
+                       fit->height, INPUT_MAX_SIDE);
+    if (crop < 0 || crop > fit->width || crop > fit->height)
+        return err_set(err, "center_crop = %d: the centre crop of the %d x %d resized image must "
+                       "fit in it", crop, fit->width, fit->height);
+    return 0;
+}
+
+// Where a sample lies in an image of w0 x h0 pixels: the box [x, x + bw) x [y, y + bh) of
+// its pixels is resized to rw x rh, and the sample is the window of that at (ox, oy).
+typedef struct Placement {
+    int x, y, bw, bh;
+    int64_t rw, rh;
+    int ox, oy;
+} Placement;
+
+// The placement of image_load (crop NULL: Resize, then CenterCrop) or image_load_crop (the
+// crop's box, resized to the sample). 0, or DATASET_BAD for an image that resize = shorter
+// would make longer than IMAGE_MAX_RESIZED.
+static int place(const char *path, const ImageFit *fit, const ResizedCrop *crop, uint64_t key,
+                 int w0, int h0, Placement *p, Error *err) {
+    const Shape s = image_fit_shape(fit);
+    if (crop) {
+        const CropBox b = resized_crop_box(crop, key, w0, h0);
+        *p = (Placement){.x = b.x, .y = b.y, .bw = b.w, .bh = b.h, .rw = s.w, .rh = s.h};
+        return 0;
+    }
+    *p = (Placement){.bw = w0, .bh = h0, .rw = fit->width, .rh = fit->height};
+    if (fit->resize == RESIZE_SHORTER) {
+        resize_shorter(w0, h0, fit->short_side, &p->rw, &p->rh);
+        if (p->rw > IMAGE_MAX_RESIZED || p->rh > IMAGE_MAX_RESIZED) {
+            err_set(err, "%s: %d x %d pixels would be %lld x %lld with its shorter side at %d "
+                    "(resize = shorter): too elongated", path, w0, h0, (long long)p->rw,
+                    (long long)p->rh, fit->short_side);
+            return DATASET_BAD;
+        }
+    }
+    if (fit->center_crop)
+        p->ox = center_crop_offset((int)p->rw, s.w), p->oy = center_crop_offset((int)p->rh, s.h);
+    return 0;
+}
+
+// The smallest JPEG DCT scale M/8 (M = 1..8) at which the box still has rw x rh pixels (full
+// size when the image is smaller): libjpeg-turbo's output size, ceil(side * M / 8).
+static int dct_scale(const Placement *p) {
+    int M = 1;
+    while (M < 8 && (((int64_t)p->bw * M + 7) / 8 < p->rw || ((int64_t)p->bh * M + 7) / 8 < p->rh)) M++;
+    return M;
+}
+
+// The spans of resize_spans for a placement in an image decoded at scale M/8: a pixel of the
+// decode covers 8 / M of the image's (the last one part of it).
+static void place_spans(const Placement *p, int M, Span *sx, Span *sy) {
+    const double f = M / 8.0;
+    *sx = (Span){.x0 = p->x * f, .extent = p->bw * f, .full = (int)p->rw, .first = p->ox};
+    *sy = (Span){.x0 = p->y * f, .extent = p->bh * f, .full = (int)p->rh, .first = p->oy};
+}
+
 // ---- JPEG: libjpeg-turbo at a DCT scale ------------------------------------------------
 
 typedef struct JpegError {
@@ -354,14 +472,16 @@ static void jpeg_message(j_common_ptr cinfo, int level) {
     if (level < 0) jpeg_fail(cinfo);  // a warning; trace messages (level >= 0) are ignored
 }
 
-// Decodes the JPEG in buf to C (1 or 3) channels at the smallest scale M/8 (M = 1..8) whose
-// size is at least W x H (full size when the image is smaller), into *px (malloc'd, *w x *h).
+// Decodes the JPEG in buf to fit->channels (1 or 3) at the smallest scale M/8 at which the
+// sample's placement *p in it still has its pixels (dct_scale), into *px (malloc'd, *w x *h).
 // Grayscale output of a colour JPEG is its luma channel Y; CMYK (Adobe's inverted or
 // plain) is converted to RGB as K times each of C, M, Y. Every buffer is sized from what
 // the decoder says it writes (output_components), never from C alone: the decoder's rows
 // go straight into *px only when it writes C bytes a pixel.
-static int jpeg_load(const char *path, const uint8_t *buf, size_t size, int C, int W, int H,
-                     uint8_t **px, int *w, int *h, Error *err) {
+static int jpeg_load(const char *path, const uint8_t *buf, size_t size, const ImageFit *fit,
+                     const ResizedCrop *crop, uint64_t key, Placement *p, int *M, uint8_t **px,
+                     int *w, int *h, Error *err) {
+    const int C = fit->channels;
     struct jpeg_decompress_struct cinfo;
     JpegError e = {0};
     uint8_t *volatile out = NULL, *volatile row = NULL;
@@ -381,11 +501,13 @@ static int jpeg_load(const char *path, const uint8_t *buf, size_t size, int C, i
     jpeg_read_header(&cinfo, TRUE);
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     cinfo.out_color_space = cmyk ? JCS_CMYK : C == 1 ? JCS_GRAYSCALE : JCS_RGB;
-    cinfo.scale_denom = 8;
-    for (cinfo.scale_num = 1; cinfo.scale_num < 8; cinfo.scale_num++) {
-        jpeg_calc_output_dimensions(&cinfo);
-        if ((int)cinfo.output_width >= W && (int)cinfo.output_height >= H) break;
+    const int placed = place(path, fit, crop, key, (int)cinfo.image_width, (int)cinfo.image_height, p, err);
+    if (placed) {
+        jpeg_destroy_decompress(&cinfo);
+        return placed;
     }
+    *M = dct_scale(p);
+    cinfo.scale_num = (unsigned)*M, cinfo.scale_denom = 8;
     jpeg_calc_output_dimensions(&cinfo);
     if ((int64_t)cinfo.output_width * cinfo.output_height > IMAGE_MAX_PIXELS) {
         jpeg_destroy_decompress(&cinfo);
@@ -528,27 +650,27 @@ static int jpeg_frame(const uint8_t *buf, size_t size, int *w, int *h, int *comp
     return -1;
 }
 
-// Bytes of a taps table of taps_make for n_out pixels from an input extent (its floats and
-// indices at the widest span, as allocated), and that span.
-static int taps_span(double extent, int n_out) {
-    const double scale = n_out / extent, r = scale < 1 ? 1 / scale : 1;
+// The widest span of taps taps_make allocates for a span of `extent` input pixels to `full`.
+static int taps_span(double extent, int full) {
+    const double scale = full / extent, r = scale < 1 ? 1 / scale : 1;
     return (int)ceil(2 * r) + 2;
 }
 
 // The heap image_load takes for an image of w x h with n components (the file, the decoded
 // pixels, stb_image's or libjpeg-turbo's own buffers), then for resizing it (the decoded
-// pixels, the boxes, the filter's taps and float rows): the larger of the two phases.
+// pixels, the boxes, the filter's taps and float rows): the larger of the two phases, for
+// the placement p at the DCT scale M/8 (8: full size, as every other format), and the
+// sample's shape t. With any_box, any box of the image at that scale (a random crop's): the
+// boxes of the whole image and the filter's widest taps, 10 (the factor left for it is
+// below 4).
 // Measured against a counting malloc (bench/RESULTS.md, "The loader's bytes"): within a
 // few KB above what the decode holds for sequential JPEGs, the DC path and progressive
 // files, the fixed 32 KB taking libjpeg-turbo's own tables and malloc's rounding.
 static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progressive, size_t coef,
-                         Shape t) {
+                         int M, const Placement *p, bool any_box, Shape t) {
     const size_t C = (size_t)t.c;
     size_t decode = file;
     if (jpeg) {
-        int M = 1;
-        while (M < 8 && ((int64_t)w * M + 7) / 8 < t.w) M++;
-        while (M < 8 && ((int64_t)h * M + 7) / 8 < t.h) M++;
         const int ow = (int)(((int64_t)w * M + 7) / 8), oh = (int)(((int64_t)h * M + 7) / 8);
         // libjpeg-turbo at scale M/8: about 20 KB of tables and state, then per output row a
         // few rows of each component at the output width (up to 12 bytes a value measured,
@@ -566,16 +688,22 @@ static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progr
         // (a 28 x 28 PNG held 19 KB besides the pixels, measured).
         decode += (size_t)w * h * (size_t)n * 4 + (size_t)w * h * C + 32768;
     }
-    // image_resize: boxes of kx x ky first when shrinking by 4 or more, then the triangle
-    // filter over the reduced rw x rh: its taps, a ring of its widest vertical span of
-    // filtered float rows, a row of sums and one input row in floats.
-    const int kx = w / t.w / 2 > 1 ? w / t.w / 2 : 1, ky = h / t.h / 2 > 1 ? h / t.h / 2 : 1;
-    const size_t rw = (size_t)(w + kx - 1) / kx, rh = (size_t)(h + ky - 1) / ky;
-    const int sx = taps_span((double)w / kx, t.w), sy = taps_span((double)h / ky, t.h);
+    // resize_spans: the decoded pixels the box touches, boxes of kx x ky first when shrinking
+    // by 4 or more, then the triangle filter over the reduced bw x bh to the sample: its
+    // taps, a ring of its widest vertical span of filtered float rows, a row of sums and one
+    // input row in floats.
+    Span sx, sy;
+    place_spans(p, M, &sx, &sy);
+    const int kx = reduce_factor(&sx), ky = reduce_factor(&sy);
+    const size_t px = (size_t)ceil(sx.extent) + 1, py = (size_t)ceil(sy.extent) + 1;
+    const size_t bw = ((px < (size_t)w ? px : (size_t)w) + kx - 1) / kx;
+    const size_t bh = ((py < (size_t)h ? py : (size_t)h) + ky - 1) / ky;
+    const int tx = any_box ? 10 : taps_span(sx.extent / kx, sx.full);
+    const int ty = any_box ? 10 : taps_span(sy.extent / ky, sy.full);
     size_t resize = (size_t)w * h * C;
-    if (rw != (size_t)t.w || rh != (size_t)t.h || kx > 1 || ky > 1)
-        resize += (kx > 1 || ky > 1 ? rw * rh * C : 0) + ((size_t)sy + 1) * t.w * C * sizeof(float) +
-                  rw * C * sizeof(float) + ((size_t)t.w * sx + (size_t)t.h * sy) * 8 + 32768;
+    if (any_box || !spans_copy(&sx, &sy))
+        resize += (kx > 1 || ky > 1 ? bw * bh * C : 0) + ((size_t)ty + 1) * t.w * C * sizeof(float) +
+                  bw * C * sizeof(float) + ((size_t)t.w * tx + (size_t)t.h * ty) * 8 + 32768;
     return decode > resize ? decode : resize;
 }
 
@@ -593,7 +721,29 @@ static bool image_dims(const uint8_t *buf, size_t size, int *w, int *h, int *n) 
     return size <= INT32_MAX && stbi_info_from_memory(buf, (int)size, w, h, n);
 }
 
-size_t image_load_bytes(const char *path, Shape target) {
+// The heap of a load of this w x h image (n components): image_load's placement, or (crop)
+// the most of any box: at each DCT scale from the whole image's to the smallest box's (the
+// DC path of 1/8 holds more than some larger scales), the decode and the resize of any box.
+static size_t placed_bytes(size_t file, int w, int h, int n, bool jpeg, bool progressive, size_t coef,
+                           const ImageFit *fit, const ResizedCrop *crop) {
+    const Shape s = image_fit_shape(fit);
+    Placement p = {.bw = w, .bh = h, .rw = s.w, .rh = s.h};
+    Error ignored;
+    if (crop) {
+        const CropBox least = resized_crop_smallest(crop, w, h);
+        const Placement smallest = {.bw = least.w, .bh = least.h, .rw = s.w, .rh = s.h};
+        size_t most = 0;
+        for (int M = jpeg ? dct_scale(&p) : 8; M <= (jpeg ? dct_scale(&smallest) : 8); M++) {
+            const size_t b = load_bytes(file, w, h, n, jpeg, progressive, coef, M, &p, true, s);
+            most = b > most ? b : most;
+        }
+        return most;
+    }
+    if (place("", fit, NULL, 0, w, h, &p, &ignored)) return 0;  // a bad file: not decoded
+    return load_bytes(file, w, h, n, jpeg, progressive, coef, jpeg ? dct_scale(&p) : 8, &p, false, s);
+}
+
+size_t image_load_bytes(const char *path, const ImageFit *fit, const ResizedCrop *crop) {
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
     struct stat st;
@@ -604,27 +754,29 @@ size_t image_load_bytes(const char *path, Shape target) {
     bool progressive = false;
     size_t coef = 0;
     if (is_jpeg(head, n)) {
-        if (!jpeg_frame(head, n, &w, &h, &comps, &progressive, &coef))
-            bytes = load_bytes((size_t)st.st_size, w, h, comps, true, progressive, coef, target);
+        if (!jpeg_frame(head, n, &w, &h, &comps, &progressive, &coef) && w > 0 && h > 0)
+            bytes = placed_bytes((size_t)st.st_size, w, h, comps, true, progressive, coef, fit, crop);
     } else if (n && image_dims(head, n, &w, &h, &comps) && w > 0 && h > 0) {
-        bytes = load_bytes((size_t)st.st_size, w, h, comps, false, false, 0, target);
+        bytes = placed_bytes((size_t)st.st_size, w, h, comps, false, false, 0, fit, crop);
     }
     fclose(f);
     return bytes;
 }
 
-int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
-    const int W = shape.w, H = shape.h, C = shape.c;
-    if ((C != 1 && C != 3) || W < 1 || H < 1)
-        return err_set(err, "%s: cannot decode to %d x %d pixels of %d channels: images become 1 "
-                            "(gray) or 3 (RGB) channels of at least 1 x 1", path, W, H, C);
+// image_load (crop NULL) and image_load_crop.
+static int load(const char *path, const ImageFit *fit, const ResizedCrop *crop, uint64_t key,
+                uint8_t *out, Error *err) {
+    if (image_fit_check(fit, err)) return err_wrap(err, "%s: cannot decode", path);
+    const Shape s = image_fit_shape(fit);
+    const int C = s.c;
     uint8_t *buf, *px = NULL;
     size_t size = 0;
-    int rc = read_file(path, &buf, &size, err), w = 0, h = 0;
+    int rc = read_file(path, &buf, &size, err), w = 0, h = 0, M = 8;
     if (rc) return rc;
+    Placement p;
     const bool jpeg = is_jpeg(buf, size);
     if (jpeg) {
-        rc = jpeg_load(path, buf, size, C, W, H, &px, &w, &h, err);
+        rc = jpeg_load(path, buf, size, fit, crop, key, &p, &M, &px, &w, &h, err);
     } else if (!(rc = check_declared_size(path, buf, size, err))) {
         int n;
         if (!image_dims(buf, size, &w, &h, &n)) {
@@ -641,8 +793,9 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
             err_set(err, "%s: %d x %d pixels declared in %zu bytes, more than any image format "
                          "compresses to: a damaged or forged file", path, w, h, size);
             rc = DATASET_BAD;
-        } else if (errno = 0, !(px = is_pnm(buf, size) ? pnm_decode(buf, size, C)
-                                                        : stbi_load_from_memory(buf, (int)size, &w, &h, &n, C))) {
+        } else if (!(rc = place(path, fit, crop, key, w, h, &p, err)) &&
+                   (errno = 0, !(px = is_pnm(buf, size) ? pnm_decode(buf, size, C)
+                                                         : stbi_load_from_memory(buf, (int)size, &w, &h, &n, C)))) {
             // stb_image's reason is the last of the formats it tried; an allocation that
             // failed leaves ENOMEM.
             const char *why = stbi_failure_reason();
@@ -657,8 +810,19 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err) {
     }
     free(buf);
     if (rc) return rc;
-    if (image_resize(px, w, h, (size_t)w * C, C, out, W, H))
-        rc = err_set(err, "%s: out of memory resizing %d x %d to %d x %d", path, w, h, W, H);
+    Span sx, sy;
+    place_spans(&p, M, &sx, &sy);
+    if (resize_spans(px, w, h, (size_t)w * C, C, sx, sy, out, s.w, s.h))
+        rc = err_set(err, "%s: out of memory resizing %d x %d to %d x %d", path, w, h, s.w, s.h);
     free(px);
     return rc;
+}
+
+int image_load(const char *path, const ImageFit *fit, uint8_t *out, Error *err) {
+    return load(path, fit, NULL, 0, out, err);
+}
+
+int image_load_crop(const char *path, const ImageFit *fit, const ResizedCrop *crop, uint64_t key,
+                    uint8_t *out, Error *err) {
+    return load(path, fit, crop, key, out, err);
 }

@@ -39,8 +39,6 @@
 
 #include "../nn/rng.h"
 
-__extension__ typedef unsigned __int128 u128;
-
 #define LOADER_MAX_WORKERS 256
 
 enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_FAILED };
@@ -83,7 +81,7 @@ struct Loader {
     LoaderConfig cfg;
     int64_t sample;       // bytes (= values) of one sample: H * W * C
     int64_t batches;      // per epoch
-    int augment;          // any of crop_pad, crop_scale, flip
+    int augment;          // any of crop_pad, crop, flip, jitter
     int nslots;           // ring size: 1 with workers = 0, else prefetch
     int nworkers;
     int64_t *order;       // (count) sample indices of the epoch, in batch order (owned)
@@ -122,7 +120,8 @@ static int loader_nslots(const LoaderConfig *cfg) {
 }
 
 static int loader_augments(const LoaderConfig *cfg) {
-    return cfg->crop_pad > 0 || cfg->crop_scale > 0.0f || cfg->flip;
+    return cfg->crop_pad > 0 || cfg->crop.scale[0] > 0 || cfg->flip || cfg->jitter[0] > 0 ||
+           cfg->jitter[1] > 0 || cfg->jitter[2] > 0;
 }
 
 // The samples of each batch that this process reads: the whole batch, or its shard's part.
@@ -198,30 +197,7 @@ int64_t loader_batches(const Loader *l) { return l->batches; }
 
 void loader_stats(const Loader *l, LoaderStats *out) { *out = l->stats; }
 
-// ---- random numbers --------------------------------------------------------------------------
-
-// A uniform draw in [0, range), range >= 1, without bias: Lemire's multiply-shift with
-// rejection. The first draw uses counter i; the rare redraws use i + k * n, which no
-// other position uses, so the result stays a pure function of (key, i).
-static uint64_t draw_below(uint64_t key, uint64_t i, uint64_t n, uint64_t range) {
-    uint64_t counter = i;
-    u128 m = (u128)rng_u64(key, counter) * range;
-    uint64_t low = (uint64_t)m;
-    if (low < range) {
-        uint64_t threshold = (0 - range) % range;  // 2^64 mod range
-        while (low < threshold) {
-            counter += n;
-            m = (u128)rng_u64(key, counter) * range;
-            low = (uint64_t)m;
-        }
-    }
-    return (uint64_t)(m >> 64);
-}
-
-// Uniform in [0, 1) with 53 bits.
-static double uniform01(uint64_t key, uint64_t counter) {
-    return (double)(rng_u64(key, counter) >> 11) * (1.0 / 9007199254740992.0);
-}
+// ---- the order ------------------------------------------------------------------------------
 
 // order = a permutation of 0..n-1 that depends only on (seed, epoch); file order if
 // shuffle is off. Fisher-Yates from the back: position i swaps with a uniform j <= i.
@@ -239,21 +215,12 @@ static void loader_shuffle(int64_t *order, int64_t n, int shuffle, uint64_t seed
 
 // ---- augmentation ------------------------------------------------------------------------
 
-// Counters of a sample's key (rng_key(seed, RNG_STREAM_AUGMENT, epoch, sample index)):
-enum {
-    AUG_FLIP = 0,          // the flip bit
-    AUG_PAD_X = 1,         // crop_pad: the crop's offsets
-    AUG_PAD_Y = 2,
-    AUG_RRC = 8,           // crop_scale: 4 counters per attempt, 10 attempts
-    AUG_RRC_ATTEMPTS = 10,
-    AUG_COUNTERS = 64,     // redraws of draw_below step by this: beyond every counter above
-};
-
-// dst (H, W, C) = the augmented src (H, W, C), for the sample whose key is key:
-// a crop (crop_pad or crop_scale), then a horizontal flip. Returns -1 only if the resize
-// of a resized crop runs out of memory.
-static int augment(const LoaderConfig *cfg, Shape sh, uint64_t key, const uint8_t *src,
-                   uint8_t *dst) {
+// dst (H, W, C) = src (H, W, C) cropped as cfg says, for the sample whose key is key:
+// crop_pad's shifted window, a random resized crop of the sample itself (a set that cannot
+// crop the images its samples came from: IDX), or src as it is. Returns -1 only if the
+// resize of a resized crop runs out of memory.
+static int crop_sample(const LoaderConfig *cfg, Shape sh, uint64_t key, const uint8_t *src,
+                       uint8_t *dst) {
     const int H = sh.h, W = sh.w, C = sh.c;
     const size_t row = (size_t)W * C;
     if (cfg->crop_pad > 0) {
@@ -271,52 +238,28 @@ static int augment(const LoaderConfig *cfg, Shape sh, uint64_t key, const uint8_
                 memcpy(d + (size_t)x0 * C, src + (size_t)sy * row + (size_t)(x0 + dx) * C,
                        (size_t)(x1 - x0) * C);
         }
-    } else if (cfg->crop_scale > 0.0f) {
-        // torchvision's RandomResizedCrop(scale=(crop_scale, 1), ratio=(3/4, 4/3)): ten tries
-        // at an area and a log-uniform aspect ratio, then the largest centred crop.
-        const double area = (double)H * W, lo = log(3.0 / 4.0), hi = log(4.0 / 3.0);
-        int ch = H, cw = W, cy = 0, cx = 0, found = 0;
-        for (int a = 0; a < AUG_RRC_ATTEMPTS && !found; a++) {
-            const uint64_t c0 = AUG_RRC + 4 * (uint64_t)a;
-            const double target = area * (cfg->crop_scale + (1.0 - cfg->crop_scale) *
-                                                                uniform01(key, c0));
-            const double ratio = exp(lo + (hi - lo) * uniform01(key, c0 + 1));
-            const int w = (int)lround(sqrt(target * ratio)), h = (int)lround(sqrt(target / ratio));
-            if (w > 0 && w <= W && h > 0 && h <= H) {
-                cy = (int)draw_below(key, c0 + 2, AUG_COUNTERS, (uint64_t)(H - h + 1));
-                cx = (int)draw_below(key, c0 + 3, AUG_COUNTERS, (uint64_t)(W - w + 1));
-                ch = h, cw = w, found = 1;
-            }
-        }
-        if (!found) {
-            const double in_ratio = (double)W / H;
-            if (in_ratio < 3.0 / 4.0)
-                cw = W, ch = (int)lround(W / (3.0 / 4.0));
-            else if (in_ratio > 4.0 / 3.0)
-                ch = H, cw = (int)lround(H * (4.0 / 3.0));
-            if (ch > H) ch = H;
-            if (cw > W) cw = W;
-            cy = (H - ch) / 2, cx = (W - cw) / 2;
-        }
-        if (ch == H && cw == W)
-            memcpy(dst, src, (size_t)H * row);
-        else if (image_resize(src + (size_t)cy * row + (size_t)cx * C, cw, ch, row, C, dst, W, H))
-            return -1;
-    } else {
-        memcpy(dst, src, (size_t)H * row);
+        return 0;
     }
-    if (cfg->flip && (rng_u64(key, AUG_FLIP) >> 63)) {
-        for (int y = 0; y < H; y++) {
-            uint8_t *r = dst + (size_t)y * row;
-            for (int a = 0, b = W - 1; a < b; a++, b--)
-                for (int c = 0; c < C; c++) {
-                    uint8_t t = r[(size_t)a * C + c];
-                    r[(size_t)a * C + c] = r[(size_t)b * C + c];
-                    r[(size_t)b * C + c] = t;
-                }
-        }
+    if (cfg->crop.scale[0] > 0) {
+        const CropBox b = resized_crop_box(&cfg->crop, key, W, H);
+        return image_resize(src + (size_t)b.y * row + (size_t)b.x * C, b.w, b.h, row, C, dst, W, H);
     }
+    memcpy(dst, src, (size_t)H * row);
     return 0;
+}
+
+// A horizontal flip of px (H, W, C) in place.
+static void flip(uint8_t *px, Shape sh) {
+    const size_t row = (size_t)sh.w * sh.c;
+    for (int y = 0; y < sh.h; y++) {
+        uint8_t *r = px + (size_t)y * row;
+        for (int a = 0, b = sh.w - 1; a < b; a++, b--)
+            for (int c = 0; c < sh.c; c++) {
+                const uint8_t t = r[(size_t)a * sh.c + c];
+                r[(size_t)a * sh.c + c] = r[(size_t)b * sh.c + c];
+                r[(size_t)b * sh.c + c] = t;
+            }
+    }
 }
 
 // ---- filling a batch ---------------------------------------------------------------------
@@ -327,17 +270,26 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// Reads sample idx, augmented, into dst. Returns 0, DATASET_BAD or -1 like Dataset read.
+// Reads sample idx, augmented, into dst: a crop (crop_pad, or crop's random resized crop
+// of the sample's image where the set has it, else of the sample), a horizontal flip,
+// colour jitter, in torchvision's usual order. Returns 0, DATASET_BAD or -1 like Dataset read.
 static int read_sample(const Loader *l, int epoch, int64_t idx, uint8_t *dst, int32_t *label,
                        uint8_t *scratch, Error *err) {
     const Dataset *ds = l->ds;
+    const LoaderConfig *cfg = &l->cfg;
     if (!l->augment) return ds->ops->read(ds, idx, dst, label, err);
-    int rc = ds->ops->read(ds, idx, scratch, label, err);
+    const uint64_t key = rng_key(cfg->seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)idx);
+    int rc;
+    if (cfg->crop.scale[0] > 0 && ds->ops->read_crop) {
+        rc = ds->ops->read_crop(ds, idx, &cfg->crop, key, dst, label, err);
+    } else if (!(rc = ds->ops->read(ds, idx, scratch, label, err)) &&
+               crop_sample(cfg, ds->shape, key, scratch, dst)) {
+        rc = err_set(err, "%s: sample %" PRId64 ": out of memory in the resized crop", ds->source, idx);
+    }
     if (rc) return rc;
-    uint64_t key = rng_key(l->cfg.seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)idx);
-    if (augment(&l->cfg, ds->shape, key, scratch, dst))
-        return err_set(err, "%s: sample %" PRId64 ": out of memory in the resized crop",
-                       ds->source, idx);
+    if (cfg->flip && (rng_u64(key, AUG_FLIP) >> 63)) flip(dst, ds->shape);
+    if (cfg->jitter[0] > 0 || cfg->jitter[1] > 0 || cfg->jitter[2] > 0)
+        color_jitter(dst, (int64_t)ds->shape.h * ds->shape.w, ds->shape.c, cfg->jitter, key);
     return 0;
 }
 
@@ -501,12 +453,22 @@ static int loader_check(const Dataset *ds, const LoaderConfig *cfg, RingLayout *
     if (cfg->crop_pad < 0 || cfg->crop_pad > 4096)
         return err_set(err, "%s: crop_pad = %d; use 0 (off) to 4096 pixels", ds->source,
                        cfg->crop_pad);
-    if (!(cfg->crop_scale >= 0.0f && cfg->crop_scale <= 1.0f))
-        return err_set(err, "%s: crop_scale = %g; use 0 (off) or a smallest area fraction in "
-                       "(0, 1]", ds->source, cfg->crop_scale);
-    if (cfg->crop_pad > 0 && cfg->crop_scale > 0.0f)
+    const ResizedCrop *rc = &cfg->crop;
+    if (rc->scale[0] != 0 &&
+        !(rc->scale[0] > 0 && rc->scale[0] <= rc->scale[1] && rc->scale[1] <= 1 &&
+          rc->ratio[0] > 0 && rc->ratio[0] <= rc->ratio[1] && rc->ratio[1] < INFINITY))
+        return err_set(err, "%s: crop_scale = %g, %g and crop_ratio = %g, %g; a random resized "
+                       "crop's area fraction lies in 0 < smallest <= largest <= 1, its aspect "
+                       "ratio in 0 < smallest <= largest", ds->source, rc->scale[0], rc->scale[1],
+                       rc->ratio[0], rc->ratio[1]);
+    if (cfg->crop_pad > 0 && rc->scale[0] > 0)
         return err_set(err, "%s: crop_pad = %d and crop_scale = %g: choose one crop", ds->source,
-                       cfg->crop_pad, cfg->crop_scale);
+                       cfg->crop_pad, rc->scale[0]);
+    for (int k = 0; k < 3; k++)
+        if (!(cfg->jitter[k] >= 0 && cfg->jitter[k] <= 100))
+            return err_set(err, "%s: jitter = %g, %g, %g; the amounts of brightness, contrast and "
+                           "saturation lie in [0, 100] (0: none)", ds->source, cfg->jitter[0],
+                           cfg->jitter[1], cfg->jitter[2]);
     if (ds->count <= 0 || (cfg->drop_last && ds->count < cfg->batch))
         return err_set(err, "%s: %" PRId64 " samples%s with batch = %d: an epoch would have no "
                        "batch; use a smaller batch%s",

@@ -69,6 +69,16 @@ static int part_read(const Dataset *ds, int64_t i, uint8_t *pixels, int32_t *lab
     return b->ops->read(b, p->map[i], pixels, label, err);
 }
 
+static int part_read_crop(const Dataset *ds, int64_t i, const ResizedCrop *crop, uint64_t key,
+                          uint8_t *pixels, int32_t *label, Error *err) {
+    const Part *p = ds->impl;
+    if (i < 0 || i >= ds->count)
+        return err_set(err, "%s: sample %" PRId64 " is out of range (the part has %" PRId64 ")",
+                       ds->source, i, ds->count);
+    const Dataset *b = p->base->ds;
+    return b->ops->read_crop(b, p->map[i], crop, key, pixels, label, err);
+}
+
 static int part_label(const Dataset *ds, int64_t i, int32_t *label, Error *err) {
     const Part *p = ds->impl;
     if (i < 0 || i >= ds->count)
@@ -94,7 +104,10 @@ static void part_close(Dataset *ds) {
     free(ds);
 }
 
+// A part crops as its base does: from the images (read_crop), or the loader crops its samples.
 static const DatasetOps part_ops = {.read = part_read, .label = part_label, .close = part_close};
+static const DatasetOps part_ops_crop = {.read = part_read, .read_crop = part_read_crop,
+                                         .label = part_label, .close = part_close};
 
 // A part of base over map[0..n) (taken over), named "SOURCE (what)".
 static Dataset *part_new(SplitBase *base, int64_t *map, int64_t n, const char *what,
@@ -108,7 +121,7 @@ static Dataset *part_new(SplitBase *base, int64_t *map, int64_t n, const char *w
     }
     const Dataset *b = base->ds;
     p->map = map;
-    ds->ops = &part_ops;
+    ds->ops = b->ops->read_crop ? &part_ops_crop : &part_ops;
     ds->impl = p;
     ds->count = n;
     ds->shape = b->shape;

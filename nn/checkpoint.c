@@ -370,8 +370,8 @@ static int read_state(const StFile *f, TrainState *st, Error *err) {
 }
 
 
-// Whether the stored cfg's [data] key (width, height, channels), where it is set to a
-// number other than 0 (its default: taken from the data), says v.
+// Whether the stored cfg's [data] key (width, height, channels, center_crop), where it is
+// set to a number other than 0 (its default: taken from the data, or none), says v.
 static bool data_key_agrees(const Cfg *cfg, const char *key, int v) {
     const CfgSection *d = cfg_section(cfg, "data");
     const CfgEntry *e = d ? cfg_entry(d, key) : NULL;
@@ -416,9 +416,13 @@ static int read_info(const StFile *f, CheckpointInfo *info, Error *err) {
     char label[1100];
     snprintf(label, sizeof label, "%s (its stored cfg)", f->path);
     if (cfg_parse(&parsed, cfg, label, err)) return -1;
+    // A centre crop, where the cfg takes one, is the input's height and width (width and
+    // height are then what the images are stretched to before it).
+    const bool cropped = !data_key_agrees(&parsed, "center_crop", 0);
+    const char *height = cropped ? "center_crop" : "height", *width = cropped ? "center_crop" : "width";
     const char *differs = !data_key_agrees(&parsed, "channels", in.input.c) ? "channels"
-                          : !data_key_agrees(&parsed, "height", in.input.h) ? "height"
-                          : !data_key_agrees(&parsed, "width", in.input.w)  ? "width"
+                          : !data_key_agrees(&parsed, height, in.input.h)   ? height
+                          : !data_key_agrees(&parsed, width, in.input.w)    ? width
                                                                             : NULL;
     cfg_free(&parsed);
     if (differs)

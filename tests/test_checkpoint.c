@@ -1259,8 +1259,10 @@ static void test_bad_info(void **state) {
     make_net_text(&net, text);
     fill_random(&net, 8);
     save("info.safetensors", &net, text);
-    char bad_cfg[1200];
+    char bad_cfg[1200], bad_crop[1200], cropped[1200];
     snprintf(bad_cfg, sizeof bad_cfg, "[data]\nchannels = 3\n%s", text);
+    snprintf(bad_crop, sizeof bad_crop, "[data]\nwidth = 8\nheight = 8\ncenter_crop = 6\n%s", text);
+    snprintf(cropped, sizeof cropped, "[data]\nwidth = 12\nheight = 10\ncenter_crop = 8\n%s", text);
     const struct {
         const char *key, *value, *msg;
     } cases[] = {
@@ -1276,6 +1278,7 @@ static void test_bad_info(void **state) {
         {"classes", "a\r\nb", "holds a broken class name"},
         {"cfg", "[train\nbatch = 4\n", "(its stored cfg)"},
         {"cfg", bad_cfg, "the stored cfg's [data] channels disagrees with the metadata's input 1,8,8"},
+        {"cfg", bad_crop, "the stored cfg's [data] center_crop disagrees with the metadata's input 1,8,8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         rewrite(path("info.safetensors"), path("meta.safetensors"), NULL, cases[i].key,
@@ -1285,10 +1288,15 @@ static void test_bad_info(void **state) {
         assert_contains(err.msg, path("meta.safetensors"));
         assert_contains(err.msg, cases[i].msg);
     }
+    // The centre 8 x 8 of images stretched to 12 x 10: the input.
+    rewrite(path("info.safetensors"), path("meta.safetensors"), NULL, "cfg", cropped, NULL);
+    CheckpointInfo read = {0};
+    Error err = {{0}};
+    if (checkpoint_read_info(path("meta.safetensors"), &read, NULL, &err)) fail_msg("%s", err.msg);
+    checkpoint_info_free(&read);
     // A network whose input is no image's is not written either.
     Net two;
     Cfg cfg;
-    Error err = {{0}};
     if (cfg_parse(&cfg, text, "t.cfg", &err)) fail_msg("%s", err.msg);
     const NetOptions opts = net_options();
     if (net_create(&two, &cfg, (Shape){.c = 2, .h = 8, .w = 8}, CLASSES, &opts, &cpu_kernels, &err))

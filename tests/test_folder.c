@@ -129,7 +129,7 @@ static void put_text(const char *rel, const char *text) {
 }
 
 static FolderOptions opts(int w, int h, int c) {
-    return (FolderOptions){.width = w, .height = h, .channels = c};
+    return (FolderOptions){.fit = {.channels = c, .width = w, .height = h}};
 }
 
 static Dataset *open_ok(const char *rel, FolderOptions o) {
@@ -586,6 +586,27 @@ static void test_folder_cache(void **state) {
     put_text("cache_dir/sub/train.cache", "junk");
     ds = open_ok("cache_src", cache_opts(6, 5, 1));
     assert_non_null(strstr(ds->info, "not a cache file"));
+    free(read_all(ds, rcs2));
+    dataset_close(ds);
+
+    // Samples of the same shape made another way (the centre 5 x 5 of a 6 x 5 stretch, then
+    // of the shorter side at 5): rebuilt, naming the resize.
+    FolderOptions o = cache_opts(6, 5, 1);
+    o.fit.center_crop = 5;
+    ds = open_ok("cache_src", o);
+    assert_non_null(strstr(ds->info, "written for 6x5x1"));
+    free(read_all(ds, rcs2));
+    dataset_close(ds);
+    o.fit = (ImageFit){.channels = 1, .resize = RESIZE_SHORTER, .short_side = 5, .center_crop = 5};
+    ds = open_ok("cache_src", o);
+    assert_non_null(strstr(ds->info, "written for resize = stretch, short_side = 0, center_crop = 5"));
+    dataset_close(ds);
+    // A set read with random crops of its files (crop_scale) keeps no cache: every epoch
+    // decodes new crops.
+    o.crop = &(const ResizedCrop){.scale = {0.5, 1}, .ratio = {0.75, 4.0 / 3.0}};
+    ds = open_ok("cache_src", o);
+    assert_non_null(strstr(ds->info, "not cached: crop_scale"));
+    assert_int_equal(count_tmp("cache_dir/sub"), 0);
     dataset_close(ds);
     free(ref);
 }
@@ -853,6 +874,91 @@ static void test_data_cfg_folders(void **state) {
               "val_split", "not both", NULL);
     cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_pad = 2\ncrop_scale = 0.5\n",
               "choose one crop", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\nresize = sideways\n", "test.cfg:5",
+              "'resize'", "one of stretch, shorter", NULL);
+    cfg_fails("train = %s/dcfg\nresize = shorter\ncenter_crop = 8\n", "test.cfg:3",
+              "needs short_side", NULL);
+    cfg_fails("train = %s/dcfg\nresize = shorter\nshort_side = 10\n", "test.cfg:3",
+              "set center_crop = N", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nresize = shorter\nshort_side = 10\ncenter_crop = 8\n",
+              "test.cfg:3", "width and height are the size resize = stretch gives", "width= height=",
+              NULL);
+    cfg_fails("train = %s/dcfg\nresize = shorter\nshort_side = 10\ncenter_crop = 12\n",
+              "test.cfg:5", "center_crop = 12 is larger than the shorter side", "short_side = 10",
+              NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\nshort_side = 10\n", "test.cfg:5",
+              "short_side = 10 is for resize = shorter", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 6\ncenter_crop = 7\n", "test.cfg:5",
+              "center_crop = 7 is larger than the 8 x 6 images", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncenter_crop = -1\n", "test.cfg:5",
+              "'center_crop'", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 0.5, 0.3\n", "test.cfg:5",
+              "crop_scale = 0.5, 0.3", "smallest <= largest <= 1", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 1.5\n", "test.cfg:5",
+              "crop_scale = 1.5, 1", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = -0.1\n", "test.cfg:5",
+              "crop_scale = -0.1", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 0.1, 0.2, 0.3\n", "test.cfg:5",
+              "'crop_scale'", "1 to 2 finite numbers", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 0.08\ncrop_ratio = 2\n",
+              "test.cfg:6", "crop_ratio takes two aspect ratios", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 0.08\ncrop_ratio = 1.5, 1\n",
+              "test.cfg:6", "crop_ratio = 1.5, 1", "0 < smallest <= largest", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 0.08\ncrop_ratio = 0, 1\n",
+              "test.cfg:6", "crop_ratio = 0, 1", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_ratio = 0.5, 2\n", "test.cfg:5",
+              "set crop_scale too", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\njitter = 0.4\n", "test.cfg:5",
+              "jitter takes three amounts", "jitter = 0.4, 0.4, 0.4", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\njitter = 0.4, -0.1, 0\n", "test.cfg:5",
+              "jitter takes three amounts", NULL);
+    cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\njitter = 0.4, nan, 0\n", "test.cfg:5",
+              "'jitter'", NULL);
+    // IDX images are not resized.
+    char images[PATH_MAX], labels[PATH_MAX], body[3 * PATH_MAX];
+    write_squares(g_dir, "dcfg_idx", 8, 1, images, labels);
+    snprintf(body, sizeof body, "train = %s\ntrain_labels = %s\ncenter_crop = 4\n", images, labels);
+    cfg_fails(body, "test.cfg:4", "center_crop is for image folders", NULL);
+    snprintf(body, sizeof body, "train = %s\ntrain_labels = %s\nresize = shorter\nshort_side = 8\n"
+             "center_crop = 4\n", images, labels);
+    cfg_fails(body, "test.cfg:4", "resize is for image folders", NULL);
+
+    // The keys read: crop_scale alone is its smallest fraction (to 1), crop_ratio defaults to
+    // torchvision's 3/4, 4/3.
+    if (read_data_cfg(&cfg, &dc, "train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 0.08\n"
+                      "jitter = 0.4, 0.3, 0.2\n", &err))
+        fail_msg("%s", err.msg);
+    assert_true(dc.crop.scale[0] == 0.08 && dc.crop.scale[1] == 1);
+    assert_true(dc.crop.ratio[0] == 0.75 && dc.crop.ratio[1] == 4.0 / 3.0);
+    assert_true(dc.jitter[0] == 0.4f && dc.jitter[1] == 0.3f && dc.jitter[2] == 0.2f);
+    cfg_free(&cfg);
+    if (read_data_cfg(&cfg, &dc, "train = %s/dcfg\nwidth = 8\nheight = 8\ncrop_scale = 0.5, 0.9\n"
+                      "crop_ratio = 1, 2\n", &err))
+        fail_msg("%s", err.msg);
+    assert_true(dc.crop.scale[0] == 0.5 && dc.crop.scale[1] == 0.9);
+    assert_true(dc.crop.ratio[0] == 1 && dc.crop.ratio[1] == 2);
+    assert_true(dc.jitter[0] == 0 && dc.jitter[1] == 0 && dc.jitter[2] == 0);
+    cfg_free(&cfg);
+
+    // resize = shorter: the 8 x 8 images' shorter side to 10, their centre 6 x 6, for both
+    // sets; the training set with random crops of the files and colour jitter.
+    if (read_data_cfg(&cfg, &dc, "train = %s/dcfg\ntest = %s/dcfg_test\nresize = shorter\n"
+                      "short_side = 10\ncenter_crop = 6\ncrop_scale = 0.3\njitter = 0.2, 0.2, 0.2\n"
+                      "flip = 1\n", &err))
+        fail_msg("%s", err.msg);
+    if (data_open(&d, &dc, 4, 1, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(d.train->shape.w, 6);
+    assert_int_equal(d.test->shape.h, 6);
+    assert_int_equal(loader_start_epoch(d.train_loader, 0, 0, &err), 0);
+    n = 0;
+    while (!loader_next(d.train_loader, &b, &err) && b) n += b->n;
+    assert_int_equal(n, 20);
+    assert_int_equal(loader_start_epoch(d.test_loader, 0, 0, &err), 0);
+    n = 0;
+    while (!loader_next(d.test_loader, &b, &err) && b) n += b->n;
+    assert_int_equal(n, 6);
+    data_close(&d);
+    cfg_free(&cfg);
     cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\nchannels = 2\n", "channels = 2", NULL);
     cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\nworkers = -1\n", "workers", NULL);
     cfg_fails("train = %s/dcfg\nwidth = 8\nheight = 8\ntest = %s/dcfg/even/00.png\n"

@@ -8,6 +8,11 @@
 // cut short or declaring 20000 x 6000 pixels in 102 bytes, a PNG chunk of 1.5 GB in 40
 // bytes, truncated JPEGs, a JPEG whose frame header says 1 x 65000 over 30 rows of data, a
 // JPEG after fill bytes (libjpeg-turbo's "not a JPEG", never stb_image's JPEG decoder).
+// torchvision's evaluation preprocessing (resize = shorter, center_crop) against PIL +
+// torchvision's transforms (tests/preprocess_reference.py, skipped without torchvision)
+// within the README's bounds; a random resized crop of a file is the box of its own pixels;
+// fits that make no sample are refused, an image too elongated for resize = shorter is bad;
+// what a load holds, against the memory plan's charge, for every kind of read.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,7 +33,7 @@
 #include "../data/dataset.h"
 #include "testutil.h"
 
-static char g_dir[512];
+static char g_dir[512], g_root[PATH_MAX] = ".";
 
 static const char *path(const char *name) { return test_path(g_dir, name); }
 
@@ -112,9 +117,13 @@ static void full_decode_png(const char *jpg, int C, const char *png) {
     free(raw), free(out);
 }
 
+// resize = stretch to the shape s.
+static ImageFit stretch(Shape s) { return (ImageFit){.channels = s.c, .width = s.w, .height = s.h}; }
+
 static void load_ok(const char *file, Shape s, uint8_t *out) {
     Error err = {{0}};
-    if (image_load(file, s, out, &err)) fail_msg("%s", err.msg);
+    const ImageFit fit = stretch(s);
+    if (image_load(file, &fit, out, &err)) fail_msg("%s", err.msg);
 }
 
 // The JPEG at a DCT scale against the full-size decode, both resized by image.c: the
@@ -257,7 +266,8 @@ static void test_pnm_depths(void **state) {
 static void expect_bad(const char *file, const char *why) {
     uint8_t out[8 * 8 * 3];
     Error err = {{0}};
-    const int rc = image_load(file, (Shape){.c = 3, .h = 8, .w = 8}, out, &err);
+    const ImageFit fit = stretch((Shape){.c = 3, .h = 8, .w = 8});
+    const int rc = image_load(file, &fit, out, &err);
     if (rc != DATASET_BAD) fail_msg("%s: image_load gave %d, not DATASET_BAD (%s)", file, rc, err.msg);
     if (!strstr(err.msg, file) || !strstr(err.msg, why))
         fail_msg("message \"%s\" lacks the file or \"%s\"", err.msg, why);
@@ -354,6 +364,147 @@ static void test_bad_jpegs(void **state) {
     free(rgb);
 }
 
+// ---- torchvision's preprocessing -------------------------------------------------------------
+
+// Runs torchvision's Resize(size) + CenterCrop(crop) on the PIL images `files` (quoted paths,
+// tests/preprocess_reference.py; size "256", or "WxH" to stretch): each file's FILE.ref.
+// false when torchvision is missing.
+static bool pil_reference(const char *size, int crop, const char *files) {
+    const int rc = test_sh(g_dir, "/usr/bin/python3 '%s/tests/preprocess_reference.py' resize %s %d %s",
+                           g_root, size, crop, files);
+    if (rc == 3) return false;
+    if (rc) fail_msg("preprocess_reference.py: %s", test_sh_output(g_dir));
+    return true;
+}
+
+// The largest and the mean difference of file's bytes through fit from its FILE.ref.
+static void pil_difference(const char *file, const ImageFit *fit, int *largest, double *mean) {
+    const size_t n = (size_t)shape_numel(image_fit_shape(fit));
+    uint8_t *got = malloc(n);
+    assert_non_null(got);
+    Error err = {{0}};
+    if (image_load(file, fit, got, &err)) fail_msg("%s", err.msg);
+    char ref[600];
+    snprintf(ref, sizeof ref, "%s.ref", file);
+    size_t bytes;
+    uint8_t *want = test_read_file(ref, &bytes);
+    assert_int_equal(bytes, n);
+    double sum = 0;
+    *largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int d = abs(got[i] - want[i]);
+        *largest = d > *largest ? d : *largest;
+        sum += d;
+    }
+    *mean = sum / (double)n;
+    free(got), free(want);
+}
+
+// resize = shorter, short_side = 256, center_crop = 224 (and a stretch with a centre crop)
+// against PIL + torchvision's transforms: images decoded at full size (PNG) within 1 of
+// PIL's bytes and 0.25 on average (PIL rounds its first pass to bytes, and sums in fixed
+// point); JPEGs, which cnn.c decodes at the smallest DCT scale that covers the resized image
+// and PIL at full size, within 10 and 1.2 on average (8 and 0.96 at most here: a margin for
+// another libjpeg-turbo's scaled IDCT). Landscape, portrait, an odd margin
+// (333 x 257: 331 x 256, its crop 54 from the left, Python's round), an enlargement, gray.
+static void test_shorter_center_crop_pil(void **state) {
+    static const struct {
+        int w, h, C;
+        bool jpeg, stretch;  // stretch: to 300 x 260, torchvision's Resize((260, 300))
+    } cases[] = {{500, 375, 3, false, false}, {375, 500, 3, false, false}, {333, 257, 3, false, false},
+                 {640, 480, 1, false, false}, {200, 150, 3, false, false}, {500, 375, 3, false, true},
+                 {500, 375, 3, true, false},  {640, 480, 3, true, false},  {1024, 768, 3, true, false}};
+    enum { CASES = sizeof cases / sizeof *cases };
+    char names[CASES][64], shorter[4096] = "", stretched[1024] = "";
+    for (size_t k = 0; k < CASES; k++) {
+        const int w = cases[k].w, h = cases[k].h, C = cases[k].C;
+        snprintf(names[k], sizeof names[k], "pil%dx%dx%d%s.%s", w, h, C, cases[k].stretch ? "s" : "",
+                 cases[k].jpeg ? "jpg" : "png");
+        uint8_t *px = photo(w, h, C);
+        if (cases[k].jpeg) write_jpeg(path(names[k]), px, w, h, C, JCS_RGB, false);
+        else assert_true(stbi_write_png(path(names[k]), w, h, C, px, w * C));
+        free(px);
+        char *list = cases[k].stretch ? stretched : shorter;
+        const size_t size = cases[k].stretch ? sizeof stretched : sizeof shorter;
+        snprintf(list + strlen(list), size - strlen(list), " '%s'", path(names[k]));
+    }
+    if (!pil_reference("256", 224, shorter) || !pil_reference("300x260", 224, stretched)) skip();
+    for (size_t k = 0; k < CASES; k++) {
+        const int C = cases[k].C;
+        const ImageFit fit = cases[k].stretch
+            ? (ImageFit){.channels = C, .width = 300, .height = 260, .center_crop = 224}
+            : (ImageFit){.channels = C, .resize = RESIZE_SHORTER, .short_side = 256, .center_crop = 224};
+        int largest;
+        double mean;
+        pil_difference(path(names[k]), &fit, &largest, &mean);
+        print_message("%-22s Resize(%s), CenterCrop(224): largest difference %d, mean %.3f\n", names[k],
+                      cases[k].stretch ? "(260, 300)" : "256", largest, mean);
+        if (cases[k].jpeg ? largest > 10 || mean > 1.2 : largest > 1 || mean > 0.25)
+            fail_msg("%s: %d and %.3f from PIL's bytes", names[k], largest, mean);
+    }
+}
+
+// A random resized crop of a file is the box of its own pixels (resized_crop_box on its
+// width x height) resized to the sample: the same bytes as image_resize of that box.
+static void test_crop_of_file(void **state) {
+    const int w = 90, h = 60;
+    uint8_t *px = photo(w, h, 3);
+    assert_true(stbi_write_png(path("crop.png"), w, h, 3, px, w * 3));
+    const ResizedCrop crop = {.scale = {0.08, 1}, .ratio = {3.0 / 4.0, 4.0 / 3.0}};
+    const ImageFit fit = {.channels = 3, .width = 16, .height = 12};
+    for (uint64_t key = 0; key < 40; key++) {
+        uint8_t got[16 * 12 * 3], want[16 * 12 * 3];
+        Error err = {{0}};
+        if (image_load_crop(path("crop.png"), &fit, &crop, key, got, &err)) fail_msg("%s", err.msg);
+        const CropBox b = resized_crop_box(&crop, key, w, h);
+        assert_int_equal(image_resize(px + ((size_t)b.y * w + b.x) * 3, b.w, b.h, (size_t)w * 3, 3, want, 16, 12), 0);
+        assert_memory_equal(got, want, sizeof got);
+    }
+    free(px);
+}
+
+// A fit that makes no sample is refused (-1) naming the file and the key; an image that
+// resize = shorter would stretch beyond 2^24 pixels is a bad file; a random crop of a strip
+// one pixel high still reads.
+static void test_fit_errors(void **state) {
+    uint8_t *px = photo(40, 30, 3);
+    assert_true(stbi_write_png(path("fit.png"), 40, 30, 3, px, 40 * 3));
+    free(px);
+    static const struct {
+        ImageFit fit;
+        const char *why;
+    } bad[] = {
+        {{.channels = 3, .resize = RESIZE_SHORTER, .short_side = 256, .center_crop = 300}, "center_crop = 300"},
+        {{.channels = 3, .resize = RESIZE_SHORTER, .short_side = 256}, "center_crop = 0"},
+        {{.channels = 3, .resize = RESIZE_SHORTER, .short_side = 0, .center_crop = 8}, "short_side = 0"},
+        {{.channels = 3, .resize = RESIZE_SHORTER, .short_side = -5, .center_crop = 8}, "short_side = -5"},
+        {{.channels = 3, .width = 16, .height = 16, .center_crop = 20}, "center_crop = 20"},
+        {{.channels = 3, .width = 16, .height = 16, .center_crop = -1}, "center_crop = -1"},
+        {{.channels = 3, .width = 0, .height = 16}, "width = 0"},
+        {{.channels = 2, .width = 16, .height = 16}, "channels = 2"},
+        {{.channels = 3, .resize = (ImageResize)7, .width = 16, .height = 16}, "resize mode 7"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        uint8_t out[16 * 16 * 3];
+        Error err = {{0}};
+        assert_int_equal(image_load(path("fit.png"), &bad[i].fit, out, &err), -1);
+        if (!strstr(err.msg, path("fit.png")) || !strstr(err.msg, bad[i].why))
+            fail_msg("message \"%s\" lacks the file or \"%s\"", err.msg, bad[i].why);
+    }
+    static uint8_t strip[32 + 70000];
+    const int n = snprintf((char *)strip, 32, "P5\n70000 1\n255\n");
+    write_bytes(path("strip.pgm"), strip, (size_t)n + 70000);
+    const ImageFit shorter = {.channels = 1, .resize = RESIZE_SHORTER, .short_side = 256, .center_crop = 8};
+    uint8_t out[64];
+    Error err = {{0}};
+    assert_int_equal(image_load(path("strip.pgm"), &shorter, out, &err), DATASET_BAD);
+    if (!strstr(err.msg, "strip.pgm") || !strstr(err.msg, "too elongated")) fail_msg("%s", err.msg);
+    const ResizedCrop crop = {.scale = {0.08, 1}, .ratio = {3.0 / 4.0, 4.0 / 3.0}};
+    const ImageFit eight = {.channels = 1, .width = 8, .height = 8};
+    for (uint64_t key = 0; key < 5; key++)
+        if (image_load_crop(path("strip.pgm"), &eight, &crop, key, out, &err)) fail_msg("%s", err.msg);
+}
+
 // ---- what a decode holds, against image_load_bytes ----------------------------------------
 //
 // The heap the process holds, counted by malloc and its family defined here, over glibc's
@@ -411,9 +562,37 @@ void *aligned_alloc(size_t a, size_t n) {
 void *memalign(size_t a, size_t n) { return aligned_alloc(a, n); }
 #endif
 
+#if HEAP_COUNTED
+// The heap image_load (crop NULL) or image_load_crop of file holds at its peak against what
+// image_load_bytes charges for it: never more; for a JPEG read without a crop, not far
+// less (a crop's charge is its largest box's, whatever box a key draws).
+static void expect_charge(const char *file, const ImageFit *fit, const ResizedCrop *crop,
+                          uint64_t key, uint8_t *out) {
+    const size_t charge = image_load_bytes(path(file), fit, crop);
+    heap_peak = heap_now;
+    const size_t before = heap_now;
+    Error err = {{0}};
+    if (crop ? image_load_crop(path(file), fit, crop, key, out, &err) : image_load(path(file), fit, out, &err))
+        fail_msg("%s", err.msg);
+    const size_t held = heap_peak - before;
+    const Shape s = image_fit_shape(fit);
+    char what[160];
+    snprintf(what, sizeof what, "%s to %dx%dx%d%s%s", file, s.w, s.h, s.c,
+             fit->resize == RESIZE_SHORTER ? " (shorter side, centre crop)" : "", crop ? " (random crop)" : "");
+    print_message("%-52s holds %7zu, charged %7zu\n", what, held, charge);
+    if (held > charge) fail_msg("%s: image_load held %zu bytes, image_load_bytes says %zu", what, held, charge);
+    // A JPEG's estimate is from above, not far above: the DC path's decoding tables (made
+    // once a thread, then kept) are charged to every decode at 1/8 scale. (A PNG's allows
+    // for 16-bit samples: an 8-bit one holds half its inflate charge.)
+    if (!crop && strstr(file, ".jpg") && charge > held + held / 4 + 160000)
+        fail_msg("%s: charged %zu bytes for a decode that held %zu", what, charge, held);
+}
+#endif
+
 // image_load_bytes is what the loader plans for each worker's decode: it must cover what
 // image_load holds (the plan stays true) and follow the JPEG's DCT scaling (the decode of
-// a 600x600 photo for 224x224 holds the 225x225 scaled image, not the 600x600 one).
+// a 600x600 photo for 224x224 holds the 225x225 scaled image, not the 600x600 one), for
+// stretched images, shorter sides with centre crops, and random resized crops of any box.
 static void test_decode_charge(void **state) {
 #if !HEAP_COUNTED
     skip();
@@ -429,31 +608,26 @@ static void test_decode_charge(void **state) {
     const Shape targets[] = {{.c = 3, .h = 224, .w = 224}, {.c = 3, .h = 64, .w = 64},
                              {.c = 1, .h = 28, .w = 28}, {.c = 3, .h = 600, .w = 600},
                              {.c = 3, .h = 300, .w = 200}};
+    const ImageFit shorter[] = {
+        {.channels = 3, .resize = RESIZE_SHORTER, .short_side = 256, .center_crop = 224},
+        {.channels = 3, .resize = RESIZE_SHORTER, .short_side = 72, .center_crop = 64},
+        {.channels = 1, .resize = RESIZE_SHORTER, .short_side = 32, .center_crop = 28}};
+    const ResizedCrop crop = {.scale = {0.08, 1}, .ratio = {3.0 / 4.0, 4.0 / 3.0}};
     uint8_t *out = malloc(600 * 600 * 3);
     assert_non_null(out);
-    for (size_t f = 0; f < sizeof files / sizeof *files; f++)
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
         for (size_t t = 0; t < sizeof targets / sizeof *targets; t++) {
-            const size_t charge = image_load_bytes(path(files[f]), targets[t]);
-            heap_peak = heap_now;
-            const size_t before = heap_now;
-            Error err = {{0}};
-            if (image_load(path(files[f]), targets[t], out, &err)) fail_msg("%s", err.msg);
-            const size_t held = heap_peak - before;
-            print_message("%-15s to %3dx%3dx%d: holds %7zu, charged %7zu\n", files[f], targets[t].w,
-                          targets[t].h, targets[t].c, held, charge);
-            if (held > charge)
-                fail_msg("%s to %dx%d: image_load held %zu bytes, image_load_bytes says %zu", files[f],
-                         targets[t].w, targets[t].h, held, charge);
-            // A JPEG's estimate is from above, not far above: the DC path's decoding tables
-            // (made once a thread, then kept) are charged to every decode at 1/8 scale. (A
-            // PNG's allows for 16-bit samples: an 8-bit one holds half its inflate charge.)
-            if (strstr(files[f], ".jpg") && charge > held + held / 4 + 160000)
-                fail_msg("%s to %dx%d: charged %zu bytes for a decode that held %zu", files[f],
-                         targets[t].w, targets[t].h, charge, held);
+            const ImageFit fit = stretch(targets[t]);
+            expect_charge(files[f], &fit, NULL, 0, out);
+            if (t < 3)
+                for (uint64_t key = 0; key < 4; key++) expect_charge(files[f], &fit, &crop, key, out);
         }
+        for (size_t t = 0; t < sizeof shorter / sizeof *shorter; t++) expect_charge(files[f], &shorter[t], NULL, 0, out);
+    }
     // The decode for 224 x 224 is sized by the 3/8-scaled image: 225 x 225 x 3 bytes and the
     // file, a small fraction of the 600 x 600 x 3 that a full-size decode would hold.
-    const size_t c224 = image_load_bytes(path("c600.jpg"), targets[0]);
+    const ImageFit fit224 = stretch(targets[0]);
+    const size_t c224 = image_load_bytes(path("c600.jpg"), &fit224, NULL);
     struct stat st;
     assert_int_equal(stat(path("c600.jpg"), &st), 0);
     assert_true(c224 < (size_t)st.st_size + 225 * 225 * 3 + 120000);
@@ -465,7 +639,8 @@ static void test_decode_charge(void **state) {
 static int suite_setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "test_image"); }
 static int suite_teardown(void **state) { return test_remove_tree(g_dir); }
 
-int main(void) {
+int main(int argc, char **argv) {
+    test_find_root(g_root, sizeof g_root, argv[0], "tests/preprocess_reference.py");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_jpeg_scaled_decode),
         cmocka_unit_test(test_jpeg_smaller_than_target),
@@ -473,6 +648,9 @@ int main(void) {
         cmocka_unit_test(test_pnm_depths),
         cmocka_unit_test(test_declared_sizes),
         cmocka_unit_test(test_bad_jpegs),
+        cmocka_unit_test(test_shorter_center_crop_pil),
+        cmocka_unit_test(test_crop_of_file),
+        cmocka_unit_test(test_fit_errors),
         cmocka_unit_test(test_decode_charge),
     };
     return cmocka_run_group_tests(tests, suite_setup, suite_teardown);

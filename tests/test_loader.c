@@ -24,6 +24,7 @@
 #include <stb/stb_image_write.h>
 
 #include "../data/dataset.h"
+#include "../nn/rng.h"
 #include "testutil.h"
 
 static char g_dir[512];  // the suite's temporary directory
@@ -86,10 +87,15 @@ static void make_tree(const char *root, int n, const int *bad, int nbad, int w, 
     }
 }
 
+// torchvision's RandomResizedCrop ranges with area fractions from `smallest` to 1.
+static ResizedCrop crop_range(double smallest) {
+    return (ResizedCrop){.scale = {smallest, 1}, .ratio = {3.0 / 4.0, 4.0 / 3.0}};
+}
+
 static Dataset *open_tree(const char *root, int w, int h, int c) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/%s", g_dir, root);
-    FolderOptions o = {.width = w, .height = h, .channels = c};
+    FolderOptions o = {.fit = {.channels = c, .width = w, .height = h}};
     Dataset *ds;
     Error err = {{0}};
     if (folder_dataset_open(&ds, p, &o, &err)) fail_msg("%s", err.msg);
@@ -199,7 +205,10 @@ static void test_workers_identical_folder(void **state) {
     for (int variant = 0; variant < 3; variant++) {
         LoaderConfig cfg = base;
         if (variant == 1) cfg.fill_bad = 0;                  // short batches
-        if (variant == 2) cfg.crop_pad = 0, cfg.crop_scale = 0.3f;  // resized crops
+        if (variant == 2) {  // the files' random resized crops, colour jitter
+            cfg.crop_pad = 0, cfg.crop = crop_range(0.3);
+            cfg.jitter[0] = cfg.jitter[1] = cfg.jitter[2] = 0.4f;
+        }
         Run ref = run_config(ds, cfg, 3);
         assert_int_equal(ref.skipped, 3 * 4);
         assert_int_equal(ref.samples, cfg.fill_bad ? 3 * 47 : 3 * 43);
@@ -514,7 +523,7 @@ static void test_augment_crop_pad_flip(void **state) {
     assert_true(differ > 48);  // another epoch, other crops
     loader_destroy(l);
 
-    cfg.crop_pad = 0, cfg.flip = 0, cfg.crop_scale = 1.0f;
+    cfg.crop_pad = 0, cfg.flip = 0, cfg.crop = crop_range(1);
     l = make_loader(ds, cfg);
     assert_int_equal(loader_start_epoch(l, 0, 0, &err), 0);
     const Batch *b;
@@ -523,10 +532,51 @@ static void test_augment_crop_pad_flip(void **state) {
         for (int p = 0; p < 36; p++) assert_int_equal(b->px[i * 36 + p], pix(i, p));
     loader_destroy(l);
     // A smaller crop_scale changes most samples, the same way every time.
-    cfg.crop_scale = 0.25f;
+    cfg.crop = crop_range(0.25);
     Run a = run_config(ds, cfg, 1), c = run_config(ds, cfg, 1);
     assert_runs_equal(&a, &c, "crop_scale");
     free(a.bytes), free(c.bytes);
+    dataset_close(ds);
+}
+
+// A folder's random resized crops are of its files, at their own size (image_load_crop,
+// keyed by seed, epoch and sample as transform.h says), then flipped; an IDX set's, of its
+// samples. Colour jitter changes colours, and keeps the crop.
+static void test_augment_crops_of_files(void **state) {
+    make_tree("rrc", 9, NULL, 0, 0, 0, 0);  // 10 to 14 x 9 to 12 pixels, gray and RGB
+    Dataset *ds = open_tree("rrc", 8, 6, 3);
+    LoaderConfig cfg = {.batch = 9, .mean = {0}, .std = {1, 1, 1}, .seed = 4, .crop = crop_range(0.2),
+                        .flip = 1};
+    for (int epoch = 0; epoch < 2; epoch++) {
+        Loader *l = make_loader(ds, cfg);
+        Error err = {{0}};
+        assert_int_equal(loader_start_epoch(l, epoch, 0, &err), 0);
+        const Batch *b;
+        assert_int_equal(loader_next(l, &b, &err), 0);
+        for (int i = 0; i < 9; i++) {  // sample i: class i / 3, its (i % 3)-th file
+            char file[PATH_MAX];
+            snprintf(file, sizeof file, "%s/rrc/c%d/%03d.png", g_dir, i / 3, i % 3 * 3 + i / 3);
+            const uint64_t key = rng_key(cfg.seed, RNG_STREAM_AUGMENT, (uint64_t)epoch, (uint64_t)i);
+            const ImageFit fit = {.channels = 3, .width = 8, .height = 6};
+            uint8_t want[8 * 6 * 3];
+            if (image_load_crop(file, &fit, &cfg.crop, key, want, &err)) fail_msg("%s", err.msg);
+            const bool flipped = rng_u64(key, AUG_FLIP) >> 63;
+            assert_int_equal(b->y[i], i / 3);
+            for (int y = 0; y < 6; y++)
+                for (int x = 0; x < 8; x++)
+                    for (int c = 0; c < 3; c++)
+                        assert_int_equal(b->px[((size_t)i * 48 + y * 8 + x) * 3 + c],
+                                         want[(y * 8 + (flipped ? 7 - x : x)) * 3 + c]);
+        }
+        loader_destroy(l);
+    }
+    cfg.jitter[0] = cfg.jitter[2] = 0.5f;
+    Run plain = run_config(ds, (LoaderConfig){.batch = 9, .mean = {0}, .std = {1, 1, 1}, .seed = 4,
+                                              .crop = crop_range(0.2), .flip = 1}, 1);
+    Run jittered = run_config(ds, cfg, 1);
+    assert_int_equal(plain.len, jittered.len);
+    assert_memory_not_equal(plain.bytes, jittered.bytes, plain.len);
+    free(plain.bytes), free(jittered.bytes);
     dataset_close(ds);
 }
 
@@ -538,7 +588,7 @@ static void test_cache_with_workers(void **state) {
     char root[600], cache[600];
     snprintf(root, sizeof root, "%s/cw", g_dir);
     snprintf(cache, sizeof cache, "%s/cw_cache", g_dir);
-    FolderOptions o = {.width = 7, .height = 5, .channels = 3, .cache_dir = cache,
+    FolderOptions o = {.fit = {.channels = 3, .width = 7, .height = 5}, .cache_dir = cache,
                        .cache_name = "train.cache"};
     LoaderConfig cfg = {.batch = 6, .shuffle = 1, .seed = 2, .mean = {0}, .std = {1, 1, 1},
                         .skip_bad = 1, .fill_bad = 1, .flip = 1};
@@ -632,7 +682,7 @@ static void test_loader_bytes_ring(void **state) {
     Error err = {{0}};
     assert_int_equal(loader_create(&l, ds, &cfg, &err), -1);
     assert_non_null(strstr(err.msg, "workers = -1"));
-    cfg.workers = 0, cfg.crop_pad = 1, cfg.crop_scale = 0.5f;
+    cfg.workers = 0, cfg.crop_pad = 1, cfg.crop = crop_range(0.5);
     assert_int_equal(loader_create(&l, ds, &cfg, &err), -1);
     assert_non_null(strstr(err.msg, "choose one crop"));
     dataset_close(ds);
@@ -653,6 +703,7 @@ int main(void) {
         cmocka_unit_test(test_bad_file_stops),
         cmocka_unit_test(test_all_bad),
         cmocka_unit_test(test_augment_crop_pad_flip),
+        cmocka_unit_test(test_augment_crops_of_files),
         cmocka_unit_test(test_cache_with_workers),
         cmocka_unit_test(test_stats_wait),
         cmocka_unit_test(test_loader_bytes_ring),

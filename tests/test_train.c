@@ -443,8 +443,9 @@ static long long json_matrix_sum(const char *text, const char *key, int n, long 
     return sum;
 }
 
-// Sample i of a written IDX set as a PNG at path; returns its label.
-static int write_sample_png(const char *set, int i, const char *path) {
+// Sample i of a written IDX set as a PNG at path, with `pad` white columns either side;
+// returns its label.
+static int write_sample_png(const char *set, int i, int pad, const char *path) {
     char file[PATH_MAX + 64];
     uint8_t px[100], label;
     snprintf(file, sizeof file, "%s/%s-images", dir, set);
@@ -458,7 +459,12 @@ static int write_sample_png(const char *set, int i, const char *path) {
     assert_int_equal(fseek(f, 8 + i, SEEK_SET), 0);
     assert_int_equal(fread(&label, 1, 1, f), 1);
     fclose(f);
-    assert_true(stbi_write_png(path, 10, 10, 1, px, 10));
+    const int w = 10 + 2 * pad;
+    uint8_t padded[10 * 30];
+    assert_true(w <= 30);
+    for (int y = 0; y < 10; y++)
+        for (int x = 0; x < w; x++) padded[y * w + x] = x < pad || x >= pad + 10 ? 255 : px[y * 10 + x - pad];
+    assert_true(stbi_write_png(path, w, 10, 1, padded, w));
     return label;
 }
 
@@ -486,11 +492,27 @@ static void test_eval_and_predict(void **state) {
     assert_true(fabs(eval_acc - atof(acc + 8)) < 0.006);
     // Test sample 0 as a PNG: its class must come first.
     snprintf(path, sizeof path, "%s/sample.png", dir);
-    const int label = write_sample_png("test", 0, path);
+    const int label = write_sample_png("test", 0, 0, path);
     assert_int_equal(run("./train --predict %s/ep/best.safetensors %s", dir, path), 0);
     char want[64];
     snprintf(want, sizeof want, "sample.png:  %d ", label);
     if (!strstr(read_output(), want)) fail_msg("expected '%s' in: %s", want, read_output());
+    char line[256];
+    snprintf(line, sizeof line, "%s", strstr(read_output(), "sample.png:") + strlen("sample.png:"));
+    // The sample with 2 white columns either side, 14 x 10: with resize = shorter at 10 and
+    // center_crop = 10 its centre is the sample (offset 2), and the prediction the same.
+    snprintf(path, sizeof path, "%s/wide.png", dir);
+    write_sample_png("test", 0, 2, path);
+    assert_int_equal(run("./train --predict %s/ep/best.safetensors %s resize=shorter short_side=10 "
+                         "center_crop=10", dir, path), 0);
+    const char *wide = strstr(read_output(), "wide.png:");
+    if (!wide || strncmp(wide + strlen("wide.png:"), line, strcspn(line, "\n")))
+        fail_msg("expected 'wide.png:%.*s' in: %s", (int)strcspn(line, "\n"), line, read_output());
+    // A centre crop the network does not take: refused, naming both sizes.
+    assert_int_not_equal(run("./train --predict %s/ep/best.safetensors %s resize=shorter short_side=10 "
+                             "center_crop=8", dir, path), 0);
+    assert_non_null(strstr(read_output(), "makes 8 x 8 samples"));
+    assert_non_null(strstr(read_output(), "takes 10 x 10 inputs"));
     // A file that is not an image: a message naming it, and a failure.
     assert_int_not_equal(run("./train --predict %s/ep/best.safetensors %s/net.cfg", dir, dir), 0);
     assert_non_null(strstr(read_output(), "net.cfg"));
@@ -535,9 +557,9 @@ static void test_predict_folder(void **state) {
     snprintf(path, sizeof path, "%s/pred/sub", dir);
     assert_int_equal(mkdir(path, 0755), 0);
     snprintf(path, sizeof path, "%s/pred/a.png", dir);
-    const int label_a = write_sample_png("test", 1, path);
+    const int label_a = write_sample_png("test", 1, 0, path);
     snprintf(path, sizeof path, "%s/pred/sub/b.png", dir);
-    write_sample_png("test", 2, path);
+    write_sample_png("test", 2, 0, path);
     snprintf(path, sizeof path, "%s/pred/bad.png", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
