@@ -5,7 +5,8 @@
 # 1. The activation block of checkpoint=sqrt against the plain run's, and the bits: after
 #    STEPS steps the weights, running statistics and momentum of the plain run, of
 #    checkpoint=sqrt and of every exact fp32 saver are the same tensors (./ckpt diff).
-# 2. Peak RSS (/usr/bin/time) of cnn.c with every exact saver, fp32 and fp16 storage,
+# 2. Peak RSS (/usr/bin/time) of cnn.c with every exact saver, fp32 and fp16 storage, and
+#    with the fp32 savers plus the lossy ones (2-bit activations, int8 optimizer state),
 #    against its plan (--plan --json: total + baseline) and against PyTorch's plain peak
 #    (bench/resnet_torch.py --sgd: bench/cfg_torch.py's network, the same layers; and
 #    torchvision's resnet18, whose in-place ReLUs keep less), rounds alternating the order.
@@ -25,6 +26,7 @@ ARGS="train=$FOLDER train_labels=none test=none test_labels=none val_split=0 wid
       channels=3 flip=0 crop_pad=0 batch=32 optimizer=sgd momentum=0.9 threads=2 cache=$OUT/cache"
 FP32="checkpoint=sqrt fused_update=1 prefetch=1"
 FP16="checkpoint=sqrt precision=fp16 prefetch=1"
+LOSSY="fused_update=1 prefetch=1 compress=2 optimizer_state=int8"
 
 # json NAME SETTINGS...: the plan's JSON of these settings into $OUT/NAME.json
 json() { name=$1; shift; ./train models/resnet18.cfg $ARGS "$@" --plan --json > "$OUT/$name.json"; }
@@ -69,6 +71,7 @@ echo
 echo "2. peak RSS, $ROUNDS rounds (MB = 10^6 bytes)"
 json fp32 $FP32
 json fp16 $FP16
+json lossy $LOSSY
 r=0
 while [ $r -lt "$ROUNDS" ]; do
     order="cnn torch"; [ $((r % 2)) -eq 1 ] && order="torch cnn"
@@ -76,6 +79,7 @@ while [ $r -lt "$ROUNDS" ]; do
         if [ $side = cnn ]; then
             train "fp32_$r" $FP32
             train "fp16_$r" $FP16
+            train "lossy_$r" $LOSSY
         else
             torch "torch_$r"
             torch "torchvision_$r" --torchvision
@@ -83,7 +87,7 @@ while [ $r -lt "$ROUNDS" ]; do
     done
     r=$((r + 1))
 done
-/usr/bin/python3 - "$OUT" "$ROUNDS" "$FP32" "$FP16" <<'PY'
+/usr/bin/python3 - "$OUT" "$ROUNDS" "$FP32" "$FP16" "$LOSSY" <<'PY'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 mb = lambda name: [int(open("%s/%s_%d.kib" % (out, name, r)).read()) * 1024 / 1e6 for r in range(rounds)]
@@ -92,7 +96,7 @@ print("   PyTorch plain (cfg_torch's network): %s MB" % " ".join("%.1f" % x for 
 print("   PyTorch plain (torchvision resnet18): %s MB" % " ".join("%.1f" % x for x in tv))
 ref = statistics.mean(torch)
 print("   %-52s %9s %9s %8s %9s %8s" % ("cnn.c", "plan MB", "peak MB", "diff", "x PyTorch", "target"))
-for name, settings, target in (("fp32", sys.argv[3], 0.20), ("fp16", sys.argv[4], 0.15)):
+for name, settings, target in (("fp32", sys.argv[3], 0.20), ("fp16", sys.argv[4], 0.15), ("lossy", sys.argv[5], 0.10)):
     plan = json.load(open("%s/%s.json" % (out, name)))
     expected = (plan["total"] + plan["baseline"]) / 1e6
     for r, peak in enumerate(mb(name)):

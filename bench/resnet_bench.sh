@@ -12,7 +12,11 @@
 # checkpoint_sequential over round(sqrt(layers)) segments for checkpoint=sqrt. Each
 # PyTorch run lies next to the cnn.c runs it is compared with (this machine's speed swings
 # by 30-50% over tens of seconds); rounds alternate which side goes first; the ratio is of
-# the means.
+# the means. VARIANTS picks cnn.c's precision:checkpoint pairs (all four by default);
+# CNN_ARGS adds keys to every cnn.c run and TORCH_ARGS flags to every PyTorch run, e.g. the
+# lossy savers against PyTorch's plain SGD:
+#   ROWS=resnet18:32 VARIANTS=fp32:none TORCH_ARGS=--sgd CNN_ARGS="optimizer=sgd momentum=0.9
+#   fused_update=1 prefetch=1 compress=2 optimizer_state=int8" sh bench/resnet_bench.sh
 set -e
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -23,7 +27,7 @@ resnet-small:64 models/resnet-small.cfg 3 64 10
 resnet18:16 models/resnet18.cfg 3 224 4 torchvision
 resnet18:32 models/resnet18.cfg 3 224 3 torchvision"
 ROWS=${ROWS:-$(echo "$ALL" | cut -d' ' -f1)}
-VARIANTS="fp32:none fp16:none fp32:sqrt fp16:sqrt"
+VARIANTS=${VARIANTS:-fp32:none fp16:none fp32:sqrt fp16:sqrt}
 OUT=bench/out/resnet
 make -s train build/bench/sgemm build/bench/make_folders
 rm -rf "$OUT/runs"
@@ -45,7 +49,7 @@ cnn() {  # row precision checkpoint round
     ./train "$cfg" train="$folder" train_labels=none test=none test_labels=none val_split=0 \
         width="$size" height="$size" channels="$ch" mean=0.5 std=0.25 flip=0 batch="$batch" \
         epochs=2 precision="$p" checkpoint="$c" threads="$THREADS" \
-        cache="$OUT/cache-$size-$ch-$((steps * batch))" save="$run" > "$run.log"
+        cache="$OUT/cache-$size-$ch-$((steps * batch))" save="$run" $CNN_ARGS > "$run.log"
     echo "cnn.c   $name $p checkpoint=$c: $(grep '^epoch 2/2' "$run.log")"
 }
 
@@ -56,7 +60,7 @@ torch() {  # row checkpoint round
     seg=1; [ "$1" = sqrt ] && seg=sqrt
     run="$OUT/runs/torch-${name%:*}-${name#*:}-$1-$2.json"
     /usr/bin/python3 bench/resnet_torch.py "$cfg" $tv --channels "$ch" --size "$size" \
-        --batch "${name#*:}" --steps "$steps" --threads "$THREADS" --segments "$seg" > "$run"
+        --batch "${name#*:}" --steps "$steps" --threads "$THREADS" --segments "$seg" $TORCH_ARGS > "$run"
     echo "PyTorch $name checkpoint=$1: $(cat "$run")"
 }
 
@@ -64,8 +68,11 @@ for r in $(seq "$ROUNDS"); do
     for name in $ROWS; do
         [ -n "$(row "$name")" ] || { echo "resnet_bench.sh: no row $name; rows: $(echo "$ALL" | cut -d' ' -f1 | tr '\n' ' ')" >&2; exit 2; }
         for c in none sqrt; do  # each PyTorch run next to the cnn.c runs it is the reference of
+            case " $VARIANTS " in *":$c "*) ;; *) continue ;; esac
             if [ $((r % 2)) -eq 0 ]; then torch "$name" $c "$r"; fi
-            for p in fp32 fp16; do cnn "$name" $p $c "$r"; done
+            for p in fp32 fp16; do
+                case " $VARIANTS " in *" $p:$c "*) cnn "$name" $p $c "$r" ;; esac
+            done
             if [ $((r % 2)) -eq 1 ]; then torch "$name" $c "$r"; fi
         done
     done
