@@ -54,7 +54,7 @@ struct Dataset {
 // temporary file, so memory does not hold the set. Errors name the file.
 int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_path,
                      Error *err);
-void dataset_close(Dataset *ds);  // NULL is fine
+void dataset_close(Dataset *ds);  // NULL is fine (dataset.c, for every implementation)
 
 // An image folder: one subfolder per class (class index = subfolder names in strcmp
 // order), images anywhere below it (.png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd
@@ -104,7 +104,7 @@ int image_load(const char *path, Shape shape, uint8_t *out, Error *err);
 int dataset_split(Dataset *ds, double fraction, uint64_t seed, Dataset **train, Dataset **val,
                   Error *err);
 
-// Helpers for Dataset implementations: copies of names; names "0".."n-1".
+// Helpers for Dataset implementations (dataset.c): copies of names; names "0".."n-1".
 char **dataset_names_copy(char *const *names, int n, Error *err);
 char **dataset_names_numbers(int n, Error *err);
 void dataset_names_free(char **names, int n);
