@@ -7,6 +7,7 @@
 // what a run prints and logs (report.c, metrics.c), --eval (evaluate.c), --predict
 // (predict.c), resuming (resume.c), the save folder (run_folder.c) and the memory plan
 // with what `memory =` chooses (plan.c).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,13 @@ static int resume_weights(Run *r, Error *err) {
                r->st.epoch == 1 ? "" : "s", o->epochs, (long long)r->st.epoch + 1);
         return 1;
     }
+    if (r->st.batch == 0 && run_stopped_early(o, &r->st)) {
+        printf("nothing left to train: %s stopped early after epoch %lld (val_loss lowest at "
+               "epoch %lld, patience = %lld); give patience=%lld (or 0) to train on\n", o->resume,
+               (long long)r->st.epoch, (long long)r->st.best_val_loss_epoch, (long long)o->patience,
+               (long long)(r->st.epoch - r->st.best_val_loss_epoch + 1));
+        return 1;
+    }
     return 0;
 }
 
@@ -111,7 +119,8 @@ static int resume_weights(Run *r, Error *err) {
 static int start_weights(Run *r, Error *err) {
     const Options *o = r->o;
     Net *net = r->net;
-    r->st = (TrainState){.seed = o->seed, .best_val_acc = -1};
+    r->st = (TrainState){.seed = o->seed, .best_val_acc = -1, .plateau = {.best = INFINITY},
+                         .best_val_loss = INFINITY};
     r->scaler = (ScalerState){.scale = net->precision == DT_F16 ? o->init_scale : 1.0};
     // A resumed run takes every weight from its checkpoint: init (its first start's) is not
     // read, and may be gone.
@@ -217,6 +226,12 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     dc.shard = dist.rank, dc.nshards = dist.size;
     const Machine m = machine_memory(k);
     if (data_open(&data, &dc, o->batch, o->seed, err)) goto done;
+    if (!data.test && (o->schedule.kind == SCHEDULE_PLATEAU || o->patience)) {
+        err_set(err, "%s: [train] %s watches the validation loss, and there is no test set: give "
+                     "test and test_labels, or val_split", cfg->path,
+                o->patience ? "patience" : "schedule = plateau");
+        goto done;
+    }
     int accumulate;
     const int built = build_network(&net, o, cfg, &data, k, &m, &accumulate, err);
     if (built) {

@@ -91,14 +91,16 @@ static int fused_ready(void *arg, Layer *m) {
 // this one's part starts at b->offset, which keys its dropout masks); the gradients are
 // summed across the processes; then, with loss scaling, they are unscaled and checked, and
 // the step is skipped if they are not finite (the same sum on every process: the same
-// decision), on the device without waiting for it (optim_step). With the fused update (one
+// decision), on the device without waiting for it (optim_step), by the optimizer as the
+// schedule has it for this step (onecycle's momentum). With the fused update (one
 // micro-batch, fp32) the sums and the updates happen module by module during backward
 // (fused_ready), and the gradient block starts and ends each step zeroed.
 static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Error *err) {
     Net *net = r->net;
     const Options *o = r->o;
     const uint64_t step = r->st.step;
-    FusedStep fused = {.net = net, .dist = r->dist, .optim = &o->optim, .lr = lr, .step = step,
+    const Optimizer optim = schedule_optimizer(&r->schedule, &o->optim, (int64_t)step);
+    FusedStep fused = {.net = net, .dist = r->dist, .optim = &optim, .lr = lr, .step = step,
                        .err = err};
     if (net->fused_update) net->hook = (GradHook){.ready = fused_ready, .arg = &fused};
     else net_zero_grads(net);
@@ -126,7 +128,7 @@ static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Er
     if (r->dist->size > 1 && (dist_sum_floats(r->dist, net->grads, (size_t)net->ntrain, err) ||
                               sync_buffers(net, r->dist, err)))
         return -1;
-    optim_step(net, &o->optim, net->precision == DT_F16 ? &o->scaling : NULL, lr, step);
+    optim_step(net, &optim, net->precision == DT_F16 ? &o->scaling : NULL, lr, step);
     return 0;
 }
 
@@ -212,7 +214,8 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     if (loader_start_epoch(r->data->train_loader, epoch, r->st.batch, err)) return -1;
     // The learning rate of the last step taken: what the epoch logs if it has no step left
     // (a checkpoint written after its last batch).
-    r->lr = schedule_lr(&r->schedule, o->optim.lr, r->st.step ? (int64_t)r->st.step - 1 : 0, epoch);
+    r->lr = schedule_lr(&r->schedule, o->optim.lr, r->st.step ? (int64_t)r->st.step - 1 : 0, epoch,
+                        r->st.plateau.reductions);
     const int64_t seen0 = r->st.epoch_seen;
     int64_t mine = 0;  // samples this process trained this epoch (its loss in the progress line)
     const double t0 = now();
@@ -227,7 +230,8 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
         if (agree_on_batch(r, b, &total, &stop, err)) return -1;
         r->st.batch = b->index + 1;
         if (!total) continue;  // every sample of the batch was bad and skipped
-        r->lr = schedule_lr(&r->schedule, o->optim.lr, (int64_t)r->st.step, epoch);
+        r->lr = schedule_lr(&r->schedule, o->optim.lr, (int64_t)r->st.step, epoch,
+                            r->st.plateau.reductions);
         if (train_step(r, b, total, r->lr, err)) return -1;
         profile_enter(PROF_STEP);
         r->steps_now++, r->images_now += total;
@@ -268,6 +272,23 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     return 0;
 }
 
+// After an epoch's test: the plateau schedule steps on its validation loss, and the
+// lowest validation loss so far (early stopping's) moves; both before the epoch's
+// checkpoint, which carries them.
+static void watch_val_loss(Run *r, double val_loss) {
+    const Schedule *s = &r->schedule;
+    Plateau *p = &r->st.plateau;
+    const double lr0 = r->o->optim.lr, before = schedule_lr(s, lr0, 0, 0, p->reductions);
+    if (s->kind == SCHEDULE_PLATEAU && plateau_step(s, p, lr0, val_loss))
+        printf("plateau: val_loss has not improved on %.4f for %lld epoch%s: lr %.4g -> %.4g\n",
+               p->best, (long long)s->patience + 1, s->patience ? "s" : "", before,
+               schedule_lr(s, lr0, 0, 0, p->reductions));
+    if (val_loss < r->st.best_val_loss) {
+        r->st.best_val_loss = val_loss;
+        r->st.best_val_loss_epoch = r->st.epoch + 1;
+    }
+}
+
 // The epoch is done, its report written: the checkpoint starts the next one from scratch
 // (and is the best one when val_acc, -1 without a test set, beats the best so far).
 static int end_epoch(Run *r, double val_acc, Error *err) {
@@ -278,6 +299,11 @@ static int end_epoch(Run *r, double val_acc, Error *err) {
     const bool improved = r->data->test && val_acc > r->st.best_val_acc;
     if (improved) r->st.best_val_acc = val_acc;
     return save_checkpoint(r, r->last, err) || (improved && save_checkpoint(r, r->best, err)) ? -1 : 0;
+}
+
+bool run_stopped_early(const Options *o, const TrainState *st) {
+    return o->patience && st->best_val_loss_epoch > 0 &&
+           st->epoch - st->best_val_loss_epoch >= o->patience;
 }
 
 int run_epochs(Run *r, Error *err) {
@@ -297,8 +323,16 @@ int run_epochs(Run *r, Error *err) {
         if (r->data->test && evaluate(r->net, r->data->test_loader, r->dist, &te, &r->eval, err))
             return -1;
         double val_acc;
-        if (report_epoch(r, &tr, &te, seconds, comm0, &val_acc, err) || end_epoch(r, val_acc, err))
-            return -1;
+        if (report_epoch(r, &tr, &te, seconds, comm0, &val_acc, err)) return -1;
+        if (r->data->test) watch_val_loss(r, te.loss / te.seen);
+        if (end_epoch(r, val_acc, err)) return -1;
+        if (run_stopped_early(o, &r->st)) {
+            printf("stopped early after epoch %d: val_loss has not fallen below %.4f (epoch %lld) "
+                   "for %lld epoch%s (patience = %lld); wrote %s and %s\n", epoch + 1,
+                   r->st.best_val_loss, (long long)r->st.best_val_loss_epoch, (long long)o->patience,
+                   o->patience == 1 ? "" : "s", (long long)o->patience, r->last, r->best);
+            return RUN_TRAINED;
+        }
         if (r->stopped) {
             printf("stopped %s at the end of epoch %d; wrote %s\nresume with: ./train resume=%s\n",
                    r->stopped, epoch + 1, r->last, r->last);

@@ -53,12 +53,31 @@ const CfgKey train_keys[] = {
                              "CrossEntropyLoss(label_smoothing): the target puts e / classes on "
                              "every class and 1 - e more on the label (0 to 1; the test loss "
                              "stays plain)"},
-    {"schedule", "step", "step (StepLR: lr_gamma each epoch) or cosine (annealed each step to "
-                         "lr_min over the run)"},
+    {"schedule", "step", "step (StepLR: lr_gamma each epoch), cosine (annealed each step to "
+                         "lr_min over the run), onecycle (OneCycleLR: up to lr and down again "
+                         "over the run, each step) or plateau (ReduceLROnPlateau: lr times "
+                         "plateau_factor when the validation loss stops falling)"},
     {"lr_gamma", "0.7", "step: the learning rate is multiplied by this after each epoch"},
-    {"lr_min", "0", "cosine: the learning rate at the end of the run"},
-    {"warmup", "0", "steps of linear warmup first, from warmup_start * lr (PyTorch's LinearLR)"},
+    {"lr_min", "0", "cosine: the learning rate at the end of the run; plateau: the least it "
+                    "reduces to"},
+    {"warmup", "0", "step, cosine: steps of linear warmup first, from warmup_start * lr "
+                    "(PyTorch's LinearLR)"},
     {"warmup_start", "0.3333333333333333", "warmup: the fraction of lr at the first step"},
+    {"pct_start", "0.3", "onecycle: the share of the run's steps over which the lr rises from "
+                         "lr / div_factor to lr"},
+    {"div_factor", "25", "onecycle: the first lr is lr / div_factor"},
+    {"final_div_factor", "1e4", "onecycle: the last lr is lr / div_factor / final_div_factor"},
+    {"cycle_momentum", "1", "onecycle: 1 cycles sgd's momentum or adamw's beta1 (in place of "
+                            "momentum and betas' first) from max_momentum down to "
+                            "base_momentum and back, as OneCycleLR; adadelta needs 0"},
+    {"base_momentum", "0.85", "onecycle, cycle_momentum: the momentum at the lr's peak"},
+    {"max_momentum", "0.95", "onecycle, cycle_momentum: the momentum at the start and the end"},
+    {"plateau_factor", "0.1", "plateau: the lr is multiplied by this when the validation loss "
+                              "has not improved (by 1e-4 relative) for more than "
+                              "plateau_patience epochs"},
+    {"plateau_patience", "10", "plateau: epochs without improvement that it waits for"},
+    {"patience", "0", "early stopping: stop (exit status 0) when the validation loss has not "
+                      "fallen below its lowest for this many epochs; 0 = never"},
     {"freeze", "", "layers whose parameters stay fixed, names or prefixes, comma-separated "
                    "(conv1, layer1): no gradients, no optimizer state"},
     {"freeze_bn", "1", "1: frozen layers' batchnorms normalise by their running statistics, "
@@ -229,16 +248,55 @@ static int read_optimizer(Optimizer *o, const Cfg *cfg, const CfgSection *t, Err
     return 0;
 }
 
-static int read_schedule(Schedule *s, const Cfg *cfg, const CfgSection *t, Error *err) {
+// OneCycleLR's keys (schedule = onecycle). With cycle_momentum the optimizer's momentum
+// starts at max_momentum, as OneCycleLR sets it (sgd's momentum state is then planned).
+static int read_onecycle(Schedule *s, Optimizer *o, const Cfg *cfg, const CfgSection *t,
+                         Error *err) {
+    int64_t cycle;
+    if (cfg_float(cfg, t, "pct_start", "0.3", 0.0, 1.0, &s->pct_start, err) ||
+        cfg_float(cfg, t, "div_factor", "25", 1e-12, 1e12, &s->div_factor, err) ||
+        cfg_float(cfg, t, "final_div_factor", "1e4", 1e-12, 1e12, &s->final_div_factor, err) ||
+        cfg_int(cfg, t, "cycle_momentum", "1", 0, 1, &cycle, err) ||
+        cfg_float(cfg, t, "base_momentum", "0.85", 0.0, 1.0, &s->base_momentum, err) ||
+        cfg_float(cfg, t, "max_momentum", "0.95", 0.0, 1.0, &s->max_momentum, err))
+        return -1;
+    s->cycle_momentum = cycle != 0;
+    if (s->kind != SCHEDULE_ONECYCLE || !s->cycle_momentum) return 0;
+    if (o->kind == OPTIM_ADADELTA)
+        return err_set(err, "%s: [train] schedule = onecycle cycles the momentum (cycle_momentum "
+                            "= 1, as PyTorch's OneCycleLR), which adadelta has not: set "
+                            "cycle_momentum = 0, or optimizer = sgd or adamw", cfg->path);
+    if (o->kind == OPTIM_SGD && !(s->base_momentum > 0 && s->max_momentum > 0))
+        return err_set(err, "%s: [train] schedule = onecycle with cycle_momentum = 1 and sgd needs "
+                            "base_momentum and max_momentum above 0: the momentum buffer is kept "
+                            "for every step; or set cycle_momentum = 0", cfg->path);
+    if (o->kind == OPTIM_SGD) o->momentum = s->max_momentum;
+    else o->beta1 = s->max_momentum;
+    return 0;
+}
+
+// The schedule's keys; after read_optimizer (onecycle may set its momentum).
+static int read_schedule(Schedule *s, Optimizer *o, const Cfg *cfg, const CfgSection *t,
+                         Error *err) {
     int kind;
     if (cfg_choice(cfg, t, "schedule", "step", schedule_names, SCHEDULE_COUNT, &kind, err) ||
         cfg_float(cfg, t, "lr_gamma", "0.7", 0.0, 1e6, &s->gamma, err) ||
         cfg_float(cfg, t, "lr_min", "0", 0.0, 1e6, &s->lr_min, err) ||
         cfg_int(cfg, t, "warmup", "0", 0, INT64_MAX, &s->warmup, err) ||
-        cfg_float(cfg, t, "warmup_start", "0.3333333333333333", 1e-9, 1.0, &s->warmup_start, err))
+        cfg_float(cfg, t, "warmup_start", "0.3333333333333333", 1e-9, 1.0, &s->warmup_start, err) ||
+        cfg_float(cfg, t, "plateau_factor", "0.1", 0.0, 1.0, &s->factor, err) ||
+        cfg_int(cfg, t, "plateau_patience", "10", 0, INT64_MAX, &s->patience, err))
         return -1;
     s->kind = (ScheduleKind)kind;
-    return 0;
+    if (s->warmup && (s->kind == SCHEDULE_ONECYCLE || s->kind == SCHEDULE_PLATEAU))
+        return err_set(err, "%s: [train] warmup = %lld goes with schedule = step or cosine: "
+                            "onecycle rises from lr / div_factor itself (pct_start), and plateau "
+                            "reduces the lr it is given; set warmup = 0", cfg->path,
+                       (long long)s->warmup);
+    if (!(s->factor < 1))
+        return err_set(err, "%s: [train] plateau_factor = %g: it multiplies the learning rate "
+                            "down, so it must be below 1 (PyTorch's factor)", cfg->path, s->factor);
+    return read_onecycle(s, o, cfg, t, err);
 }
 
 // checkpoint = none | sqrt | N: the segments (NetOptions.segments).
@@ -380,7 +438,8 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
         cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
         cfg_float(cfg, t, "label_smoothing", "0", 0.0, 1.0, &o->label_smoothing, err) ||
-        read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, cfg, t, err) ||
+        read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, &o->optim, cfg, t, err) ||
+        cfg_int(cfg, t, "patience", "0", 0, INT64_MAX, &o->patience, err) ||
         read_names(cfg, t, "freeze", &o->freeze, err) ||
         cfg_int(cfg, t, "freeze_bn", "1", 0, 1, &freeze_bn, err) ||
         cfg_str(cfg, t, "device", "cpu", &o->device, err) ||

@@ -50,7 +50,9 @@ void report_header(const Run *r, int accumulate) {
 }
 
 // The learning rate of the steps taken so far, for curves.svg: every step, or LR_POINTS
-// of them evenly spread (always the first and the last); x, y: LR_POINTS each.
+// of them evenly spread (always the first and the last); x, y: LR_POINTS each. Not for
+// the plateau schedule, whose lr follows the validation losses: curves.svg draws the
+// log's lr of each epoch instead.
 enum { LR_POINTS = 1024 };
 static LrSteps lr_curve(const Run *r, double *x, double *y) {
     const int64_t steps_per_epoch = loader_batches(r->data->train_loader);
@@ -59,7 +61,7 @@ static LrSteps lr_curve(const Run *r, double *x, double *y) {
     for (int i = 0; i < n; i++) {
         const int64_t t = n > 1 ? (int64_t)((double)i * (double)(steps - 1) / (n - 1) + 0.5) : 0;
         x[i] = (double)(t + 1) / (double)steps_per_epoch;
-        y[i] = schedule_lr(&r->schedule, r->o->optim.lr, t, (int)(t / steps_per_epoch));
+        y[i] = schedule_lr(&r->schedule, r->o->optim.lr, t, (int)(t / steps_per_epoch), 0);
     }
     return (LrSteps){x, y, n};
 }
@@ -161,7 +163,8 @@ static int log_epoch(const Run *r, const EpochFacts *f, Error *err) {
     snprintf(title, sizeof title, "%s%s%s", o->cfg_stored ? "" : r->cfg->path,
              o->cfg_stored ? "" : ": ", o->save);
     double lr_x[LR_POINTS], lr_y[LR_POINTS];
-    const LrSteps lr_steps = lr_curve(r, lr_x, lr_y);
+    const bool per_step = r->schedule.kind != SCHEDULE_PLATEAU;
+    const LrSteps lr_steps = per_step ? lr_curve(r, lr_x, lr_y) : (LrSteps){0};
     const int logged = metrics_log_epoch(o->save, line, title, &lr_steps, err);
     free(line);
     if (logged) {

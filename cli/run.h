@@ -37,8 +37,9 @@ typedef struct Run {
                                     // stop_after
 } Run;
 
-// How a run ends (train.c turns it into the exit status): trained to the end, stopped by a
-// signal or at stop_after (a checkpoint written either way), or nothing left to train.
+// How a run ends (train.c turns it into the exit status): trained to the end (or until
+// early stopping ended it), stopped by a signal or at stop_after (a checkpoint written
+// either way), or nothing left to train.
 enum { RUN_TRAINED, RUN_STOPPED, RUN_STOPPED_AFTER, RUN_NOTHING_LEFT };
 
 #endif
