@@ -326,7 +326,7 @@ int run_epochs(Run *r, Error *err) {
         if (report_epoch(r, &tr, &te, seconds, comm0, &val_acc, err)) return -1;
         if (r->data->test) watch_val_loss(r, te.loss / te.seen);
         if (end_epoch(r, val_acc, err)) return -1;
-        if (run_stopped_early(o, &r->st)) {
+        if (r->st.epoch < o->epochs && run_stopped_early(o, &r->st)) {
             printf("stopped early after epoch %d: val_loss has not fallen below %.4f (epoch %lld) "
                    "for %lld epoch%s (patience = %lld); wrote %s and %s\n", epoch + 1,
                    r->st.best_val_loss, (long long)r->st.best_val_loss_epoch, (long long)o->patience,
