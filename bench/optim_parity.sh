@@ -4,7 +4,12 @@
 # (bench/pytorch_cfg.py, in float32 and in float64), with sgd (momentum 0.9, nesterov,
 # weight_decay 5e-4), adamw (its defaults, weight_decay 0.01) and sgd again with label
 # smoothing 0.1 and gradient clipping to norm 0.5 (sgdlc), each under a cosine schedule
-# after 5 warmup steps. After 10 and 20 steps it prints, per optimizer, the
+# after 5 warmup steps; then the schedules that span epochs, over 5 epochs of 4 batches
+# (256 training images): OneCycleLR with sgd (its momentum cycled: sgd1c) and
+# with adamw (beta1 cycled: adamw1c), and ReduceLROnPlateau (factor 0.5, patience 0) with
+# sgd (sgdpl) on a validation set that grows worse as the network learns (the same
+# images, each labelled as the next digit), so that the lr halves after every epoch but
+# the first. After 10 and 20 steps it prints, per optimizer, the
 # largest relative difference of any parameter tensor, element-wise (max |a - b| / max |b|,
 # b the PyTorch tensor) and in norm (|a - b| / |b|): cnn.c against PyTorch float32, cnn.c
 # against float64, and PyTorch float32 against float64, the floor that rounding alone
@@ -90,3 +95,31 @@ run adamw optimizer=adamw schedule=cosine warmup=5
 # Label smoothing and gradient clipping (issue 33), under the same sgd and schedule.
 run sgdlc optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=cosine \
     warmup=5 label_smoothing=0.1 clip_grad_norm=0.5
+# OneCycleLR and ReduceLROnPlateau (issue 33): 5 epochs of 4 batches on 256 images spread over
+# the set, tested on the same images labelled as the next digit (its loss rises as the net
+# learns).
+/usr/bin/python3 - data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte "$OUT" <<'EOF'
+import sys
+images, labels, out = sys.argv[1:]
+n = 256
+with open(images, "rb") as f:
+    im = f.read()
+with open(labels, "rb") as f:
+    lb = f.read()
+every = int.from_bytes(lb[4:8], "big") // n  # evenly spread: the files go class by class
+keep = [i * every for i in range(n)]
+count = n.to_bytes(4, "big")
+with open(f"{out}/small-images", "wb") as f:
+    f.write(im[:4] + count + im[8:16] + b"".join(im[16 + i * 784:16 + (i + 1) * 784] for i in keep))
+with open(f"{out}/small-labels", "wb") as f:
+    f.write(lb[:4] + count + bytes(lb[8 + i] for i in keep))
+with open(f"{out}/shifted-labels", "wb") as f:
+    f.write(lb[:4] + count + bytes((lb[8 + i] + 1) % 10 for i in keep))
+EOF
+small="epochs=5 train=$OUT/small-images train_labels=$OUT/small-labels test=$OUT/small-images \
+    test_labels=$OUT/shifted-labels"
+run sgd1c optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=onecycle $small
+run adamw1c optimizer=adamw schedule=onecycle $small
+run sgdpl optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=plateau \
+    plateau_factor=0.5 plateau_patience=0 $small
+grep -h "^plateau:" "$OUT"/sgdpl-cnn-20.log

@@ -8,7 +8,11 @@ clip_grad_norm_ before the step); the optimizer with cnn.c's defaults (adadelta:
 eps; sgd: momentum, dampening, nesterov; adamw: betas, eps; weight_decay, without decay
 for biases and batchnorm parameters with decay_skip_norm_bias = 1); the schedule: StepLR
 (lr_gamma) stepped each epoch, or CosineAnnealingLR to lr_min over the run stepped each
-batch, after `warmup` steps of LinearLR from warmup_start (SequentialLR). The data is its
+batch, after `warmup` steps of LinearLR from warmup_start (SequentialLR), or OneCycleLR
+(max_lr = lr; pct_start, div_factor, final_div_factor, cycle_momentum, base_momentum,
+max_momentum) stepped each batch, or ReduceLROnPlateau (plateau_factor,
+plateau_patience, min_lr = lr_min) stepped each epoch on the test loss; early stopping
+(patience) on the test loss as ./train stops. The data is its
 [data]: IDX files (raw or gzip), normalised as (x/255 - mean) / std, and the batches come
 in cnn.c's order: the loader's seeded Fisher-Yates shuffle (data/loader.c) is replayed
 here, so both see the same batches.
@@ -145,9 +149,25 @@ def make_optimizer(net, tr):
 
 
 def make_schedule(opt, tr, total):
-    """(scheduler, per_batch): [train]'s schedule over `total` steps."""
+    """(scheduler, per_batch): [train]'s schedule over `total` steps (per_batch None:
+    ReduceLROnPlateau, stepped each epoch on the test loss)."""
     warmup = int(tr.get("warmup", 0))
-    if tr.get("schedule", "step") == "cosine":
+    kind = tr.get("schedule", "step")
+    if kind in ("onecycle", "plateau") and warmup:
+        sys.exit(f"pytorch_cfg: warmup does not go with schedule = {kind}")
+    if kind == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=opt.param_groups[0]["lr"], total_steps=total,
+            pct_start=float(tr.get("pct_start", 0.3)), div_factor=float(tr.get("div_factor", 25)),
+            final_div_factor=float(tr.get("final_div_factor", 1e4)),
+            cycle_momentum=tr.get("cycle_momentum", "1") == "1",
+            base_momentum=float(tr.get("base_momentum", 0.85)),
+            max_momentum=float(tr.get("max_momentum", 0.95))), True
+    if kind == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(
+            opt, factor=float(tr.get("plateau_factor", 0.1)),
+            patience=int(tr.get("plateau_patience", 10)), min_lr=float(tr.get("lr_min", 0))), None
+    if kind == "cosine":
         main = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total - warmup, 1),
                                                           eta_min=float(tr.get("lr_min", 0)))
         per_batch = True
@@ -208,6 +228,7 @@ def main():
     smoothing = float(tr.get("label_smoothing", 0))
     clip = float(tr.get("clip_grad_norm", 0))
     shuffled = data.get("shuffle", "1") != "0"
+    patience, best_loss, best_epoch = int(tr.get("patience", 0)), float("inf"), 0
     for epoch in range(epochs):
         order = torch.tensor(shuffle(n, seed, epoch) if shuffled else list(range(n)))
         net.train()
@@ -231,7 +252,7 @@ def main():
             if steps == args.steps:
                 break
         seconds = time.perf_counter() - t0
-        if not per_batch:
+        if per_batch is False:
             sched.step()
         line = {"impl": "pytorch", "epoch": epoch + 1, "train_loss": loss_sum / n,
                 "train_acc": 100.0 * correct / n, "img_per_s": n / seconds}
@@ -244,11 +265,15 @@ def main():
                     tl += F.nll_loss(out, yt[b0:b0 + 1000], reduction="sum").item()
                     tc += (out.argmax(1) == yt[b0:b0 + 1000]).sum().item()
             line.update(val_loss=tl / xt.shape[0], val_acc=100.0 * tc / xt.shape[0])
+            if per_batch is None:
+                sched.step(line["val_loss"])
+            if line["val_loss"] < best_loss:
+                best_loss, best_epoch = line["val_loss"], epoch + 1
         print(f"pytorch epoch {line['epoch']}/{epochs}  train_loss {line['train_loss']:.4f}  "
               f"train_acc {line['train_acc']:.2f}%" +
               (f"  val_loss {line['val_loss']:.4f}  val_acc {line['val_acc']:.2f}%" if xt is not None else "") +
               f"  {line['img_per_s']:.0f} img/s", flush=True)
-        if steps == args.steps:
+        if steps == args.steps or (patience and xt is not None and epoch + 1 - best_epoch >= patience):
             break
     if args.save:
         st_torch.write(args.save, net.state_dict())

@@ -59,12 +59,31 @@ const CfgKey train_keys[] = {
                              "CrossEntropyLoss(label_smoothing): the target puts e / classes on "
                              "every class and 1 - e more on the label (0 to 1; the test loss "
                              "stays plain)"},
-    {"schedule", "step", "step (StepLR: lr_gamma each epoch) or cosine (annealed each step to "
-                         "lr_min over the run)"},
+    {"schedule", "step", "step (StepLR: lr_gamma each epoch), cosine (annealed each step to "
+                         "lr_min over the run), onecycle (OneCycleLR: up to lr and down again "
+                         "over the run, each step) or plateau (ReduceLROnPlateau: lr times "
+                         "plateau_factor when the validation loss stops falling)"},
     {"lr_gamma", "0.7", "step: the learning rate is multiplied by this after each epoch"},
-    {"lr_min", "0", "cosine: the learning rate at the end of the run"},
-    {"warmup", "0", "steps of linear warmup first, from warmup_start * lr (PyTorch's LinearLR)"},
+    {"lr_min", "0", "cosine: the learning rate at the end of the run; plateau: the least it "
+                    "reduces to"},
+    {"warmup", "0", "step, cosine: steps of linear warmup first, from warmup_start * lr "
+                    "(PyTorch's LinearLR)"},
     {"warmup_start", "0.3333333333333333", "warmup: the fraction of lr at the first step"},
+    {"pct_start", "0.3", "onecycle: the share of the run's steps over which the lr rises from "
+                         "lr / div_factor to lr"},
+    {"div_factor", "25", "onecycle: the first lr is lr / div_factor"},
+    {"final_div_factor", "1e4", "onecycle: the last lr is lr / div_factor / final_div_factor"},
+    {"cycle_momentum", "1", "onecycle: 1 cycles sgd's momentum or adamw's beta1 (in place of "
+                            "momentum and betas' first) from max_momentum down to "
+                            "base_momentum and back, as OneCycleLR; adadelta needs 0"},
+    {"base_momentum", "0.85", "onecycle, cycle_momentum: the momentum at the lr's peak"},
+    {"max_momentum", "0.95", "onecycle, cycle_momentum: the momentum at the start and the end"},
+    {"plateau_factor", "0.1", "plateau: the lr is multiplied by this when the validation loss "
+                              "has not improved (by 1e-4 relative) for more than "
+                              "plateau_patience epochs"},
+    {"plateau_patience", "10", "plateau: epochs without improvement that it waits for"},
+    {"patience", "0", "early stopping: stop (exit status 0) when the validation loss has not "
+                      "fallen below its lowest for this many epochs; 0 = never"},
     {"freeze", "", "layers whose parameters stay fixed, names or prefixes, comma-separated "
                    "(conv1, layer1): no gradients, no optimizer state"},
     {"freeze_bn", "1", "1: frozen layers' batchnorms normalise by their running statistics, "
@@ -235,36 +254,128 @@ static int read_optimizer(Optimizer *o, const Cfg *cfg, const CfgSection *t, Err
     return 0;
 }
 
-static int read_schedule(Schedule *s, const Cfg *cfg, const CfgSection *t, Error *err) {
+// OneCycleLR's keys (schedule = onecycle). With cycle_momentum the optimizer's momentum
+// starts at max_momentum, as OneCycleLR sets it (sgd's momentum state is then planned).
+static int read_onecycle(Schedule *s, Optimizer *o, const Cfg *cfg, const CfgSection *t,
+                         Error *err) {
+    int64_t cycle;
+    if (cfg_float(cfg, t, "pct_start", "0.3", 0.0, 1.0, &s->pct_start, err) ||
+        cfg_float(cfg, t, "div_factor", "25", 1e-12, 1e12, &s->div_factor, err) ||
+        cfg_float(cfg, t, "final_div_factor", "1e4", 1e-12, 1e12, &s->final_div_factor, err) ||
+        cfg_int(cfg, t, "cycle_momentum", "1", 0, 1, &cycle, err) ||
+        cfg_float(cfg, t, "base_momentum", "0.85", 0.0, 1.0, &s->base_momentum, err) ||
+        cfg_float(cfg, t, "max_momentum", "0.95", 0.0, 1.0, &s->max_momentum, err))
+        return -1;
+    s->cycle_momentum = cycle != 0;
+    if (s->kind != SCHEDULE_ONECYCLE || !s->cycle_momentum) return 0;
+    if (o->kind == OPTIM_ADADELTA)
+        return err_set(err, "%s: [train] schedule = onecycle cycles the momentum (cycle_momentum "
+                            "= 1, as PyTorch's OneCycleLR), which adadelta has not: set "
+                            "cycle_momentum = 0, or optimizer = sgd or adamw", cfg->path);
+    if (o->kind == OPTIM_SGD && !(s->base_momentum > 0 && s->max_momentum > 0))
+        return err_set(err, "%s: [train] schedule = onecycle with cycle_momentum = 1 and sgd needs "
+                            "base_momentum and max_momentum above 0: the momentum buffer is kept "
+                            "for every step; or set cycle_momentum = 0", cfg->path);
+    if (o->kind == OPTIM_SGD) o->momentum = s->max_momentum;
+    else o->beta1 = s->max_momentum;
+    return 0;
+}
+
+// The schedule's keys; after read_optimizer (onecycle may set its momentum).
+static int read_schedule(Schedule *s, Optimizer *o, const Cfg *cfg, const CfgSection *t,
+                         Error *err) {
     int kind;
     if (cfg_choice(cfg, t, "schedule", "step", schedule_names, SCHEDULE_COUNT, &kind, err) ||
         cfg_float(cfg, t, "lr_gamma", "0.7", 0.0, 1e6, &s->gamma, err) ||
         cfg_float(cfg, t, "lr_min", "0", 0.0, 1e6, &s->lr_min, err) ||
         cfg_int(cfg, t, "warmup", "0", 0, INT64_MAX, &s->warmup, err) ||
-        cfg_float(cfg, t, "warmup_start", "0.3333333333333333", 1e-9, 1.0, &s->warmup_start, err))
+        cfg_float(cfg, t, "warmup_start", "0.3333333333333333", 1e-9, 1.0, &s->warmup_start, err) ||
+        cfg_float(cfg, t, "plateau_factor", "0.1", 0.0, 1.0, &s->factor, err) ||
+        cfg_int(cfg, t, "plateau_patience", "10", 0, INT64_MAX, &s->patience, err))
         return -1;
     s->kind = (ScheduleKind)kind;
+    if (s->warmup && (s->kind == SCHEDULE_ONECYCLE || s->kind == SCHEDULE_PLATEAU))
+        return err_set(err, "%s: [train] warmup = %lld goes with schedule = step or cosine: "
+                            "onecycle rises from lr / div_factor itself (pct_start), and plateau "
+                            "reduces the lr it is given; set warmup = 0", cfg->path,
+                       (long long)s->warmup);
+    if (!(s->factor < 1))
+        return err_set(err, "%s: [train] plateau_factor = %g: it multiplies the learning rate "
+                            "down, so it must be below 1 (PyTorch's factor)", cfg->path, s->factor);
+    return read_onecycle(s, o, cfg, t, err);
+}
+
+// checkpoint = none | sqrt | N: the segments (NetOptions.segments).
+static int parse_segments(const char *text, int *segments, const char *cfg_path, Error *err) {
+    if (strcmp(text, "none") == 0) {
+        *segments = 0;
+    } else if (strcmp(text, "sqrt") == 0) {
+        *segments = NET_SEGMENTS_SQRT;
+    } else {
+        char *end;
+        const long n = strtol(text, &end, 10);
+        if (*end || n < 1 || n > 100000)
+            return err_set(err, "%s: [train] checkpoint = '%s': expected none, sqrt or a number "
+                                "of segments >= 1", cfg_path, text);
+        *segments = (int)n;
+    }
     return 0;
 }
 
-int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles data_files, Error *err) {
-    const CfgSection *t = cfg_section(cfg, "train"), *d = cfg_section(cfg, "data");
-    if (!t) return err_set(err, "%s: no [train] section (see models/mnist.cfg)", cfg_path);
-    if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
-    if (cfg_check_keys(cfg, t, train_keys, train_nkeys, err) || data_cfg_read(&o->data, cfg, d, data_files, err))
-        return -1;
-    int64_t epochs, batch, threads, seed, accumulate, growth_interval, profile;
-    double init_scale;
-    int precision;
+// memory = 512M, 2G, 800000K, ...: bytes into *bytes; "" = no budget (0).
+static int parse_memory(const char *text, size_t *bytes, const char *cfg_path, Error *err) {
+    *bytes = 0;
+    if (!text[0]) return 0;
+    char *end;
+    const double v = strtod(text, &end);
+    double unit = 1;
+    if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || !(v > 0) || v * unit > 1e18)
+        return err_set(err, "%s: [train] memory = '%s': expected a size such as 512M, 2G "
+                            "or 800000K", cfg_path, text);
+    *bytes = (size_t)(v * unit);
+    return 0;
+}
+
+// The precision and the fp16 loss scaler's keys.
+static int read_precision(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
+                          Error *err) {
     static const char *const precisions[] = {"fp32", "fp16"};
-    const char *save, *loss_scale, *checkpoint, *memory;
-    int64_t auto_fp16, auto_microbatch, auto_compress, tf32, freeze_bn, resume_force, fused_update, compress;
-    if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
-        cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
-        cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
-        cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
+    int precision;
+    const char *loss_scale;
+    int64_t growth_interval;
+    double init_scale;
+    if (cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
         cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
-        cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
+        cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
+        cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err))
+        return -1;
+    o->precision = precision ? DT_F16 : DT_F32;
+    if (strcmp(loss_scale, "dynamic") == 0) {
+        o->scaling = scaler_rules(true, growth_interval);
+        o->init_scale = init_scale;
+        return 0;
+    }
+    char *end;
+    const double fixed = strtod(loss_scale, &end);
+    if (*end || !(fixed > 0) || !isfinite(fixed))
+        return err_set(err, "%s: [train] loss_scale = '%s': expected dynamic or a positive "
+                            "number", cfg_path, loss_scale);
+    o->scaling = scaler_rules(false, growth_interval);
+    o->init_scale = fixed;
+    return 0;
+}
+
+// The memory savers (checkpoint, fused_update, compress, memory and what it may choose, tf32) and
+// the combinations that cannot hold; after read_precision and read_optimizer.
+static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
+                       Error *err) {
+    const char *checkpoint, *memory;
+    int64_t fused_update, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
+    if (cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
         cfg_int(cfg, t, "fused_update", "0", 0, 1, &fused_update, err) ||
         cfg_int(cfg, t, "compress", "0", 0, 8, &compress, err) ||
         read_names(cfg, t, "compress_skip", &o->compress_skip, err) ||
@@ -272,38 +383,19 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
         cfg_int(cfg, t, "auto_compress", "0", 0, 1, &auto_compress, err) ||
-        cfg_float(cfg, t, "label_smoothing", "0", 0.0, 1.0, &o->label_smoothing, err) ||
         cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
-        cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
-        cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err) ||
-        read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, cfg, t, err) ||
-        cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
-        cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err) ||
-        cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
-        cfg_str(cfg, t, "save", "", &save, err) ||
-        cfg_int(cfg, t, "save_every", "0", 0, INT64_MAX, &o->save_every, err) ||
-        cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
-        cfg_str(cfg, t, "resume", "", &o->resume, err) ||
-        cfg_int(cfg, t, "resume_force", "0", 0, 1, &resume_force, err) ||
-        cfg_str(cfg, t, "init", "", &o->init, err) ||
-        read_names(cfg, t, "init_skip", &o->init_skip, err) ||
-        read_names(cfg, t, "freeze", &o->freeze, err) ||
-        cfg_int(cfg, t, "freeze_bn", "1", 0, 1, &freeze_bn, err) ||
-        cfg_int(cfg, t, "profile", "0", 0, 1, &profile, err))
+        parse_segments(checkpoint, &o->segments, cfg_path, err) ||
+        parse_memory(memory, &o->memory, cfg_path, err))
         return -1;
-    o->profile = (int)profile;
-    o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
-    o->seed = (uint64_t)seed;
-    o->accumulate = (int)accumulate;
-    if (batch % accumulate != 0)
-        return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
-                            "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
-    o->precision = precision ? DT_F16 : DT_F32;
     if (compress && !act_bits_valid((int)compress))
         return err_set(err, "%s: [train] compress = %lld: expected 0 (off), 2, 4 or 8 bits",
                        cfg_path, (long long)compress);
     o->compress = (int)compress;
     o->fused_update = fused_update != 0;
+    o->auto_fp16 = (int)auto_fp16;
+    o->auto_microbatch = (int)auto_microbatch;
+    o->auto_compress = (int)auto_compress;
+    o->tf32 = (int)tf32;
     if (o->fused_update && o->precision == DT_F16)
         return err_set(err, "%s: [train] fused_update = 1 needs precision = fp32: with fp16 the "
                             "loss scaler must see every gradient before it decides whether to "
@@ -316,51 +408,27 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         return err_set(err, "%s: [train] fused_update = 1 needs accumulate = 1: with %d "
                             "micro-batches every gradient sums them all before the update; set "
                             "fused_update = 0 or accumulate = 1", cfg_path, o->accumulate);
-    o->auto_fp16 = (int)auto_fp16;
-    o->auto_microbatch = (int)auto_microbatch;
-    o->auto_compress = (int)auto_compress;
-    o->tf32 = (int)tf32;
-    if (strcmp(checkpoint, "none") == 0) {
-        o->segments = 0;
-    } else if (strcmp(checkpoint, "sqrt") == 0) {
-        o->segments = NET_SEGMENTS_SQRT;
-    } else {
-        char *end;
-        const long n = strtol(checkpoint, &end, 10);
-        if (*end || n < 1 || n > 100000)
-            return err_set(err, "%s: [train] checkpoint = '%s': expected none, sqrt or a number "
-                                "of segments >= 1", cfg_path, checkpoint);
-        o->segments = (int)n;
-    }
-    o->memory = 0;
-    if (memory[0]) {
-        char *end;
-        const double v = strtod(memory, &end);
-        double unit = 1;
-        if (*end == 'K' || *end == 'k') unit = 1024.0, end++;
-        else if (*end == 'M' || *end == 'm') unit = 1024.0 * 1024, end++;
-        else if (*end == 'G' || *end == 'g') unit = 1024.0 * 1024 * 1024, end++;
-        if (*end == 'B' || *end == 'b') end++;
-        if (*end || !(v > 0) || v * unit > 1e18)
-            return err_set(err, "%s: [train] memory = '%s': expected a size such as 512M, 2G "
-                                "or 800000K", cfg_path, memory);
-        o->memory = (size_t)(v * unit);
-    }
-    if (strcmp(loss_scale, "dynamic") == 0) {
-        o->scaling = scaler_rules(true, growth_interval);
-        o->init_scale = init_scale;
-    } else {
-        char *end;
-        const double fixed = strtod(loss_scale, &end);
-        if (*end || !(fixed > 0) || !isfinite(fixed))
-            return err_set(err, "%s: [train] loss_scale = '%s': expected dynamic or a positive "
-                                "number", cfg_path, loss_scale);
-        o->scaling = scaler_rules(false, growth_interval);
-        o->init_scale = fixed;
-    }
+    return 0;
+}
 
-    o->freeze_bn = (int)freeze_bn;
+// Where the run starts and what it leaves: seed, save folder, resume, init, stops, profile.
+static int read_run(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
+                    Error *err) {
+    int64_t seed, resume_force, profile;
+    const char *save;
+    if (cfg_int(cfg, t, "seed", "1", 0, INT64_MAX, &seed, err) ||
+        cfg_str(cfg, t, "save", "", &save, err) ||
+        cfg_int(cfg, t, "save_every", "0", 0, INT64_MAX, &o->save_every, err) ||
+        cfg_int(cfg, t, "stop_after", "0", 0, INT64_MAX, &o->stop_after, err) ||
+        cfg_str(cfg, t, "resume", "", &o->resume, err) ||
+        cfg_int(cfg, t, "resume_force", "0", 0, 1, &resume_force, err) ||
+        cfg_str(cfg, t, "init", "", &o->init, err) ||
+        read_names(cfg, t, "init_skip", &o->init_skip, err) ||
+        cfg_int(cfg, t, "profile", "0", 0, 1, &profile, err))
+        return -1;
+    o->seed = (uint64_t)seed;
     o->resume_force = (int)resume_force;
+    o->profile = (int)profile;
     if (save[0]) {
         snprintf(o->save, sizeof o->save, "%s", save);
     } else {  // runs/<cfg file name without directory and extension>
@@ -371,3 +439,32 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
     return 0;
 }
 
+int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles data_files, Error *err) {
+    const CfgSection *t = cfg_section(cfg, "train"), *d = cfg_section(cfg, "data");
+    if (!t) return err_set(err, "%s: no [train] section (see models/mnist.cfg)", cfg_path);
+    if (!d) return err_set(err, "%s: no [data] section (see models/mnist.cfg)", cfg_path);
+    if (cfg_check_keys(cfg, t, train_keys, train_nkeys, err) || data_cfg_read(&o->data, cfg, d, data_files, err))
+        return -1;
+    int64_t epochs, batch, threads, accumulate, freeze_bn;
+    if (cfg_int(cfg, t, "epochs", "14", 1, 1000000, &epochs, err) ||
+        cfg_int(cfg, t, "batch", "64", 1, 1 << 20, &batch, err) ||
+        cfg_int(cfg, t, "accumulate", "1", 1, 1 << 20, &accumulate, err) ||
+        cfg_float(cfg, t, "label_smoothing", "0", 0.0, 1.0, &o->label_smoothing, err) ||
+        read_optimizer(&o->optim, cfg, t, err) || read_schedule(&o->schedule, &o->optim, cfg, t, err) ||
+        cfg_int(cfg, t, "patience", "0", 0, INT64_MAX, &o->patience, err) ||
+        read_names(cfg, t, "freeze", &o->freeze, err) ||
+        cfg_int(cfg, t, "freeze_bn", "1", 0, 1, &freeze_bn, err) ||
+        cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
+        cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err))
+        return -1;
+    o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
+    o->accumulate = (int)accumulate;
+    o->freeze_bn = (int)freeze_bn;
+    if (batch % accumulate != 0)
+        return err_set(err, "%s: [train] accumulate = %lld does not divide batch = %lld: the "
+                            "micro-batches must be equal", cfg_path, (long long)accumulate, (long long)batch);
+    if (read_precision(o, cfg, t, cfg_path, err) || read_savers(o, cfg, t, cfg_path, err) ||
+        read_run(o, cfg, t, cfg_path, err))
+        return -1;
+    return 0;
+}

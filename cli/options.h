@@ -45,6 +45,7 @@ typedef struct Options {
     double init_scale;    // its first scale
     Optimizer optim;
     Schedule schedule;  // total is set when the data is open
+    int64_t patience;   // early stopping: epochs without a lower validation loss; 0 = none
     const char *device;
     char save[1024];
     uint64_t seed;

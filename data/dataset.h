@@ -60,7 +60,7 @@ struct Dataset {
 // temporary file, so memory does not hold the set. Errors name the file.
 int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_path,
                      Error *err);
-void dataset_close(Dataset *ds);  // NULL is fine
+void dataset_close(Dataset *ds);  // NULL is fine (dataset.c, for every implementation)
 
 // How an image file becomes a sample (image.c): torchvision's Resize, then CenterCrop.
 typedef enum ImageResize {
@@ -139,7 +139,7 @@ int image_load_crop(const char *path, const ImageFit *fit, const ResizedCrop *cr
 int dataset_split(Dataset *ds, double fraction, uint64_t seed, Dataset **train, Dataset **val,
                   Error *err);
 
-// Helpers for Dataset implementations: copies of names; names "0".."n-1".
+// Helpers for Dataset implementations (dataset.c): copies of names; names "0".."n-1".
 char **dataset_names_copy(char *const *names, int n, Error *err);
 char **dataset_names_numbers(int n, Error *err);
 void dataset_names_free(char **names, int n);

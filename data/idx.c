@@ -421,8 +421,3 @@ fail:
     idx_close(ds);
     return -1;
 }
-
-// Contract: ops->close releases everything the dataset owns and the Dataset itself.
-void dataset_close(Dataset *ds) {
-    if (ds) ds->ops->close(ds);
-}

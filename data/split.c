@@ -1,5 +1,4 @@
-// split.c: a seeded, stratified train/validation split of any Dataset (val_split), and
-// the class-name helpers the Dataset implementations share.
+// split.c: a seeded, stratified train/validation split of any Dataset (val_split).
 //
 // A part is a view: an index map into the shared base dataset, which is closed with the
 // last of the two parts. Memory: 8 bytes a sample for the maps, never the samples.
@@ -12,43 +11,6 @@
 #include <string.h>
 
 #include "../nn/rng.h"
-
-// ---- class names ---------------------------------------------------------------------
-
-void dataset_names_free(char **names, int n) {
-    if (!names) return;
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
-}
-
-char **dataset_names_copy(char *const *names, int n, Error *err) {
-    char **out = xcalloc(n > 0 ? (size_t)n : 1, sizeof *out, err);
-    if (!out) return NULL;
-    for (int i = 0; i < n; i++) {
-        size_t len = strlen(names[i]) + 1;
-        if (!(out[i] = xcalloc(len, 1, err))) {
-            dataset_names_free(out, i);
-            return NULL;
-        }
-        memcpy(out[i], names[i], len);
-    }
-    return out;
-}
-
-char **dataset_names_numbers(int n, Error *err) {
-    char **out = xcalloc(n > 0 ? (size_t)n : 1, sizeof *out, err);
-    if (!out) return NULL;
-    for (int i = 0; i < n; i++) {
-        if (!(out[i] = xcalloc(12, 1, err))) {
-            dataset_names_free(out, i);
-            return NULL;
-        }
-        snprintf(out[i], 12, "%d", i);
-    }
-    return out;
-}
-
-// ---- the split -----------------------------------------------------------------------
 
 typedef struct SplitBase {
     Dataset *ds;  // owned; closed when refs drops to 0

@@ -20,28 +20,35 @@
 #define OPT_PREFIX CHECKPOINT_OPTIMIZER_PREFIX
 #define OPT_PREFIX_LEN (sizeof OPT_PREFIX - 1)
 
-// The metadata keys of the TrainState fields.
+// The metadata keys of the TrainState fields; `absent`: the value of a key that
+// checkpoints written before it existed do not have (NULL: every checkpoint has it).
 enum { NUM_INT, NUM_UINT, NUM_DOUBLE };
 typedef struct StateField {
     const char *key;
     int kind;
     size_t offset;
+    const char *absent;
 } StateField;
 static const StateField state_fields[] = {
-    {"epoch", NUM_INT, offsetof(TrainState, epoch)},
-    {"batch", NUM_INT, offsetof(TrainState, batch)},
-    {"step", NUM_UINT, offsetof(TrainState, step)},
-    {"seed", NUM_UINT, offsetof(TrainState, seed)},
-    {"best_val_acc", NUM_DOUBLE, offsetof(TrainState, best_val_acc)},
-    {"epoch_loss", NUM_DOUBLE, offsetof(TrainState, epoch_loss)},
-    {"epoch_correct", NUM_DOUBLE, offsetof(TrainState, epoch_correct)},
-    {"epoch_seen", NUM_INT, offsetof(TrainState, epoch_seen)},
-    {"loss_scale", NUM_DOUBLE, offsetof(TrainState, loss_scale)},
-    {"scaler_good_steps", NUM_INT, offsetof(TrainState, scaler_good_steps)},
-    {"scaler_skipped", NUM_INT, offsetof(TrainState, scaler_skipped)},
+    {"epoch", NUM_INT, offsetof(TrainState, epoch), NULL},
+    {"batch", NUM_INT, offsetof(TrainState, batch), NULL},
+    {"step", NUM_UINT, offsetof(TrainState, step), NULL},
+    {"seed", NUM_UINT, offsetof(TrainState, seed), NULL},
+    {"best_val_acc", NUM_DOUBLE, offsetof(TrainState, best_val_acc), NULL},
+    {"epoch_loss", NUM_DOUBLE, offsetof(TrainState, epoch_loss), NULL},
+    {"epoch_correct", NUM_DOUBLE, offsetof(TrainState, epoch_correct), NULL},
+    {"epoch_seen", NUM_INT, offsetof(TrainState, epoch_seen), NULL},
+    {"loss_scale", NUM_DOUBLE, offsetof(TrainState, loss_scale), NULL},
+    {"scaler_good_steps", NUM_INT, offsetof(TrainState, scaler_good_steps), NULL},
+    {"scaler_skipped", NUM_INT, offsetof(TrainState, scaler_skipped), NULL},
+    {"plateau_best", NUM_DOUBLE, offsetof(TrainState, plateau.best), "inf"},
+    {"plateau_bad_epochs", NUM_INT, offsetof(TrainState, plateau.bad_epochs), "0"},
+    {"lr_reductions", NUM_INT, offsetof(TrainState, plateau.reductions), "0"},
+    {"best_val_loss", NUM_DOUBLE, offsetof(TrainState, best_val_loss), "inf"},
+    {"best_val_loss_epoch", NUM_INT, offsetof(TrainState, best_val_loss_epoch), "0"},
 };
 #define NSTATE ((int)(sizeof state_fields / sizeof state_fields[0]))
-static_assert(sizeof(TrainState) == 5 * sizeof(int64_t) + 2 * sizeof(uint64_t) + 4 * sizeof(double),
+static_assert(sizeof(TrainState) == 8 * sizeof(int64_t) + 2 * sizeof(uint64_t) + 6 * sizeof(double),
               "state_fields must list every TrainState field");
 
 void checkpoint_info_free(CheckpointInfo *info) {
@@ -299,8 +306,8 @@ static int meta_required(const StFile *f, const char *key, const char **out, Err
 // Parses metadata key as a number of the given kind into out: decimal text only (no
 // sign for unsigned, no white space, nothing after the number, no overflow).
 static int meta_number(const StFile *f, const StateField *sf, void *out, Error *err) {
-    const char *v;
-    if (meta_required(f, sf->key, &v, err)) return -1;
+    const char *v = st_meta(f, sf->key);
+    if (!v && !(v = sf->absent)) return meta_required(f, sf->key, &v, err);  // names the key
     const char *what = sf->kind == NUM_DOUBLE ? "a number"
                        : sf->kind == NUM_INT  ? "a non-negative integer"
                                               : "an unsigned integer";
@@ -350,13 +357,19 @@ static int check_state(const StFile *f, const TrainState *s, Error *err) {
                       : !(s->loss_scale > 0 && s->loss_scale <= FLT_MAX)    ? "loss_scale"
                       : s->scaler_good_steps >= big                        ? "scaler_good_steps"
                       : (uint64_t)s->scaler_skipped > s->step              ? "scaler_skipped"
+                      : !(s->plateau.best >= 0)                            ? "plateau_best"
+                      : s->plateau.bad_epochs > s->epoch                   ? "plateau_bad_epochs"
+                      : s->plateau.reductions > s->epoch                   ? "lr_reductions"
+                      : !(s->best_val_loss >= 0)                           ? "best_val_loss"
+                      : s->best_val_loss_epoch > s->epoch                  ? "best_val_loss_epoch"
                                                                            : NULL;
     if (!bad) return 0;
     return err_set(err, "%s: metadata \"%s\" = \"%.60s\" is not a training state a run can reach "
                         "(counts below 2^62, best_val_acc -1 or 0 to 100, epoch_loss finite and "
                         "at least 0, epoch_correct at most epoch_seen, loss_scale finite and above "
-                        "0, scaler_skipped at most step); the file is damaged", f->path, bad,
-                   st_meta(f, bad));
+                        "0, scaler_skipped at most step, plateau_best and best_val_loss at least 0 "
+                        "or inf, the plateau's counts and best_val_loss_epoch at most epoch); the "
+                        "file is damaged", f->path, bad, st_meta(f, bad));
 }
 
 static int read_state(const StFile *f, TrainState *st, Error *err) {

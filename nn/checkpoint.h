@@ -26,13 +26,16 @@
 
 #include "error.h"
 #include "net.h"
+#include "optim.h"
 
 #define CHECKPOINT_FORMAT "cnn.c-checkpoint-1"
 #define CHECKPOINT_OPTIMIZER_PREFIX "optimizer."
 #define CHECKPOINT_MAX_CLASSES (1 << 20)  // class names a checkpoint may list
 
 // Where training stands. Stored in __metadata__ as decimal text (doubles with %.17g, so
-// they read back bit for bit).
+// they read back bit for bit; "inf" for an infinity). The plateau's and early stopping's
+// fields came later: a checkpoint without them reads as a run that has not seen a
+// validation loss yet.
 typedef struct TrainState {
     int64_t epoch;          // epochs completed
     int64_t batch;          // batches of epoch `epoch` completed (0 at an epoch boundary)
@@ -47,6 +50,13 @@ typedef struct TrainState {
     // the steps it skipped.
     double loss_scale;
     int64_t scaler_good_steps, scaler_skipped;
+    // ReduceLROnPlateau's state (schedule = plateau), saved as "plateau_best",
+    // "plateau_bad_epochs" and "lr_reductions".
+    Plateau plateau;
+    // The lowest validation loss so far and the epoch (1-based) that reached it, for early
+    // stopping (patience): INFINITY and 0 before the first.
+    double best_val_loss;
+    int64_t best_val_loss_epoch;
 } TrainState;
 
 // Metadata a checkpoint carries besides the TrainState.

@@ -6,8 +6,8 @@
 
 const char *const optim_names[OPTIM_COUNT] = {"adadelta", "sgd", "adamw"};
 static_assert(OPTIM_COUNT == 3, "optim_names must list every OptimKind");
-const char *const schedule_names[SCHEDULE_COUNT] = {"step", "cosine"};
-static_assert(SCHEDULE_COUNT == 2, "schedule_names must list every ScheduleKind");
+const char *const schedule_names[SCHEDULE_COUNT] = {"step", "cosine", "onecycle", "plateau"};
+static_assert(SCHEDULE_COUNT == 4, "schedule_names must list every ScheduleKind");
 
 static const char *const adadelta_states[] = {"square_avg", "acc_delta"};
 static const char *const sgd_states[] = {"momentum_buffer"};
@@ -135,7 +135,46 @@ void optim_step_module(const Net *net, const Optimizer *o, const Layer *m, doubl
     if (s.n) step_span(net, o, lr, step, &s);
 }
 
-double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch) {
+// ReduceLROnPlateau's fixed settings (PyTorch's defaults): the relative threshold of an
+// improvement, and the smallest change of the lr it makes.
+#define PLATEAU_THRESHOLD 1e-4
+#define PLATEAU_EPS 1e-8
+
+// OneCycleLR's _annealing_cos, in its order of operations: from start (pct 0) to end (1).
+static double anneal_cos(double start, double end, double pct) {
+    return end + (start - end) / 2.0 * (cos(M_PI * pct) + 1);
+}
+
+// Where step t lies in OneCycleLR's two phases: true in the rise, false in the fall, *pct
+// its fraction of the phase, as PyTorch works them out (the rise ends at step
+// pct_start * total - 1, a double). A rise that ends at step 0 is none: PyTorch would
+// divide by zero there.
+static bool onecycle_rising(const Schedule *s, int64_t t, double *pct) {
+    const double rise_end = s->pct_start * (double)s->total - 1;
+    if ((double)t <= rise_end && rise_end > 0) {
+        *pct = (double)t / rise_end;
+        return true;
+    }
+    *pct = ((double)t - rise_end) / ((double)(s->total - 1) - rise_end);
+    return false;
+}
+
+static double onecycle_lr(const Schedule *s, double max_lr, int64_t t) {
+    const double initial = max_lr / s->div_factor, min_lr = initial / s->final_div_factor;
+    double pct;
+    return onecycle_rising(s, t, &pct) ? anneal_cos(initial, max_lr, pct)
+                                       : anneal_cos(max_lr, min_lr, pct);
+}
+
+static double plateau_lr(const Schedule *s, double lr0, int64_t reductions) {
+    double lr = lr0;
+    for (int64_t i = 0; i < reductions; i++) lr = fmax(lr * s->factor, s->lr_min);
+    return lr;
+}
+
+double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch, int64_t reductions) {
+    if (s->kind == SCHEDULE_ONECYCLE) return onecycle_lr(s, lr0, t);
+    if (s->kind == SCHEDULE_PLATEAU) return plateau_lr(s, lr0, reductions);
     const double w = t < s->warmup
                          ? s->warmup_start + (1 - s->warmup_start) * (double)t / (double)s->warmup
                          : 1.0;
@@ -148,4 +187,30 @@ double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch) {
     double lr = lr0;
     for (int e = 0; e < epoch; e++) lr *= s->gamma;
     return lr * w;
+}
+
+Optimizer schedule_optimizer(const Schedule *s, const Optimizer *o, int64_t t) {
+    Optimizer stepped = *o;
+    if (s->kind != SCHEDULE_ONECYCLE || !s->cycle_momentum) return stepped;
+    double pct;
+    const double m = onecycle_rising(s, t, &pct) ? anneal_cos(s->max_momentum, s->base_momentum, pct)
+                                                 : anneal_cos(s->base_momentum, s->max_momentum, pct);
+    if (o->kind == OPTIM_SGD) stepped.momentum = m;
+    else if (o->kind == OPTIM_ADAMW) stepped.beta1 = m;
+    return stepped;
+}
+
+bool plateau_step(const Schedule *s, Plateau *p, double lr0, double loss) {
+    if (loss < p->best * (1 - PLATEAU_THRESHOLD)) {
+        p->best = loss;
+        p->bad_epochs = 0;
+    } else {
+        p->bad_epochs++;
+    }
+    if (p->bad_epochs <= s->patience) return false;
+    p->bad_epochs = 0;
+    const double lr = plateau_lr(s, lr0, p->reductions);
+    if (lr - fmax(lr * s->factor, s->lr_min) <= PLATEAU_EPS) return false;
+    p->reductions++;
+    return true;
 }

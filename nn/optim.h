@@ -65,26 +65,67 @@ void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, 
 void optim_step_module(const Net *net, const Optimizer *o, const Layer *m, double lr,
                        uint64_t step);
 
-// The learning rate over a run, as PyTorch's schedulers give it (stepped after every
-// batch, StepLR after every epoch).
-typedef enum ScheduleKind { SCHEDULE_STEP, SCHEDULE_COSINE, SCHEDULE_COUNT } ScheduleKind;
-extern const char *const schedule_names[SCHEDULE_COUNT];  // "step", "cosine"
+// The learning rate over a run, as PyTorch's schedulers give it: StepLR stepped after
+// every epoch, CosineAnnealingLR and OneCycleLR after every batch, ReduceLROnPlateau after
+// every epoch on the validation loss.
+typedef enum ScheduleKind {
+    SCHEDULE_STEP,
+    SCHEDULE_COSINE,
+    SCHEDULE_ONECYCLE,
+    SCHEDULE_PLATEAU,
+    SCHEDULE_COUNT
+} ScheduleKind;
+extern const char *const schedule_names[SCHEDULE_COUNT];  // "step", "cosine", "onecycle", "plateau"
 
 typedef struct Schedule {
     ScheduleKind kind;
     double gamma;          // step: StepLR(step_size=1, gamma), the lr times gamma each epoch
-    double lr_min;         // cosine: CosineAnnealingLR's eta_min
-    int64_t warmup;        // steps of linear warmup first (LinearLR), 0 = none
+    double lr_min;         // cosine: CosineAnnealingLR's eta_min; plateau: its min_lr
+    int64_t warmup;        // steps of linear warmup first (LinearLR), 0 = none (step, cosine)
     double warmup_start;   // LinearLR's start_factor: the fraction of lr at step 0
-    int64_t total;         // cosine: the run's steps (warmup included)
+    int64_t total;         // cosine, onecycle: the run's steps (warmup included)
+    // onecycle: OneCycleLR(max_lr = the optimizer's lr, total_steps = total, pct_start,
+    // anneal_strategy 'cos', div_factor, final_div_factor, three_phase False, and with
+    // cycle_momentum its base_momentum and max_momentum).
+    double pct_start, div_factor, final_div_factor;
+    bool cycle_momentum;
+    double base_momentum, max_momentum;
+    // plateau: ReduceLROnPlateau(mode 'min', factor, patience, threshold 1e-4 relative,
+    // cooldown 0, min_lr = lr_min, eps 1e-8) on the validation loss.
+    double factor;
+    int64_t patience;
 } Schedule;
 
+// What ReduceLROnPlateau keeps between epochs (a checkpoint's TrainState holds it). A run
+// starts from {.best = INFINITY}.
+typedef struct Plateau {
+    double best;         // the lowest validation loss by its threshold (PyTorch's best)
+    int64_t bad_epochs;  // epochs since (num_bad_epochs)
+    int64_t reductions;  // times it has reduced the learning rate
+} Plateau;
+
 // The learning rate of step t (0-based, every batch of the run counted) in epoch `epoch`,
-// base lr0. step: lr0 * gamma^epoch (the multiplications PyTorch does, in order), times
+// base lr0, after `reductions` of the plateau's (Plateau.reductions; 0 for the other
+// schedules). step: lr0 * gamma^epoch (the multiplications PyTorch does, in order), times
 // the warmup factor w(t) = warmup_start + (1 - warmup_start) * t / warmup while t <
 // warmup. cosine: lr0 * w(t) during the warmup, then lr_min + (lr0 - lr_min) * (1 +
 // cos(pi * (t - warmup) / (total - warmup))) / 2 (PyTorch's SequentialLR of LinearLR and
-// CosineAnnealingLR, milestone `warmup`).
-double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch);
+// CosineAnnealingLR, milestone `warmup`). onecycle: OneCycleLR's, lr0 its max_lr: from
+// lr0 / div_factor up to lr0 over the first pct_start * total steps, then down to lr0 /
+// div_factor / final_div_factor at step total - 1, each a cosine half-wave in PyTorch's
+// arithmetic. plateau: lr0 multiplied by factor `reductions` times, never below lr_min.
+double schedule_lr(const Schedule *s, double lr0, int64_t t, int epoch, int64_t reductions);
+
+// The optimizer that step t runs: o, with schedule = onecycle and cycle_momentum SGD's
+// momentum or AdamW's beta1 (betas[0]) as OneCycleLR sets it for step t: from
+// max_momentum down to base_momentum while the lr rises, and back up while it falls.
+// (Adadelta has neither: options refuse cycle_momentum with it, as PyTorch does.)
+Optimizer schedule_optimizer(const Schedule *s, const Optimizer *o, int64_t t);
+
+// ReduceLROnPlateau.step(loss) after an epoch with validation loss `loss`, base lr lr0: an
+// epoch improves when its loss is below best * (1 - 1e-4); after more than `patience`
+// epochs without, the lr is multiplied by factor (never below lr_min; a change of 1e-8 or
+// less is none) and the count starts again. Returns whether it reduced the lr.
+bool plateau_step(const Schedule *s, Plateau *p, double lr0, double loss);
 
 #endif

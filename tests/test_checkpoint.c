@@ -129,7 +129,10 @@ static TrainState sample_state(void) {
                         .epoch_seen = 1088,
                         .loss_scale = 32768,
                         .scaler_good_steps = 5,
-                        .scaler_skipped = 2};
+                        .scaler_skipped = 2,
+                        .plateau = {.best = 0.1 + 0.2, .bad_epochs = 2, .reductions = 1},
+                        .best_val_loss = 0.1 + 0.2,
+                        .best_val_loss_epoch = 1};
 }
 
 // Saves net with sample_state() and the cfg text to `file` in the suite's folder.
@@ -229,6 +232,11 @@ static void assert_states_equal(const TrainState *a, const TrainState *b) {
     assert_memory_equal(&a->epoch_loss, &b->epoch_loss, sizeof(double));
     assert_memory_equal(&a->epoch_correct, &b->epoch_correct, sizeof(double));
     assert_int_equal(a->epoch_seen, b->epoch_seen);
+    assert_memory_equal(&a->plateau.best, &b->plateau.best, sizeof(double));
+    assert_int_equal(a->plateau.bad_epochs, b->plateau.bad_epochs);
+    assert_int_equal(a->plateau.reductions, b->plateau.reductions);
+    assert_memory_equal(&a->best_val_loss, &b->best_val_loss, sizeof(double));
+    assert_int_equal(a->best_val_loss_epoch, b->best_val_loss_epoch);
 }
 
 // ---- round trips ----------------------------------------------------------------------------
@@ -554,6 +562,12 @@ static void test_bad_metadata(void **state) {
         {"best_val_acc", "100.5", "\"best_val_acc\" = \"100.5\" is not a training state"},
         {"epoch_correct", "1e9", "\"epoch_correct\" = \"1e9\" is not a training state"},
         {"scaler_skipped", "4611686018427387904", "\"scaler_skipped\" = \"4611686018427387904\" is not"},
+        {"plateau_best", "nan", "\"plateau_best\" = \"nan\" is not a training state"},
+        {"plateau_best", "-0.5", "\"plateau_best\" = \"-0.5\" is not a training state"},
+        {"lr_reductions", "4", "\"lr_reductions\" = \"4\" is not a training state"},  // epoch 3
+        {"plateau_bad_epochs", "x", "\"plateau_bad_epochs\" = \"x\" is not a non-negative integer"},
+        {"best_val_loss", "-inf", "\"best_val_loss\" = \"-inf\" is not a training state"},
+        {"best_val_loss_epoch", "9", "\"best_val_loss_epoch\" = \"9\" is not a training state"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         rewrite(path("std6.safetensors"), path("meta.safetensors"), NULL, cases[i].key,
@@ -573,6 +587,39 @@ static void test_bad_metadata(void **state) {
         // The weights alone do not need the TrainState.
         if (checkpoint_load_weights(path("meta.safetensors"), &net, NULL, 0, &err)) fail_msg("%s", err.msg);
     }
+    net_free(&net);
+}
+
+// The plateau's and early stopping's state came later: a checkpoint without their keys
+// loads as a run that has not seen a validation loss yet (inf, 0), the rest as stored.
+static void test_state_before_plateau(void **state) {
+    char text[1024];
+    save_standard("older0.safetensors", 13, text);
+    const char *keys[] = {"plateau_best", "plateau_bad_epochs", "lr_reductions", "best_val_loss",
+                          "best_val_loss_epoch"};
+    for (int i = 0; i < 5; i++) {  // older0 -> older1 -> ... -> older5, a key less each
+        char in[32], out[32];
+        snprintf(in, sizeof in, "older%d.safetensors", i);
+        snprintf(out, sizeof out, "older%d.safetensors", i + 1);
+        rewrite(path(in), path(out), NULL, keys[i], NULL, NULL);
+    }
+    TrainState st, want = sample_state();
+    want.plateau = (Plateau){.best = INFINITY};
+    want.best_val_loss = INFINITY;
+    want.best_val_loss_epoch = 0;
+    Error err = {{0}};
+    if (checkpoint_read_info(path("older5.safetensors"), NULL, &st, &err)) fail_msg("%s", err.msg);
+    assert_states_equal(&st, &want);
+    // Written again, the fresh values read back (inf as "inf").
+    StFile f;
+    Net net;
+    make_net(&net, NULL, "conv2", 4);
+    CheckpointInfo info = {.cfg_text = text, .class_names = (char **)class_names, .classes = CLASSES};
+    if (checkpoint_save(path("again.safetensors"), &net, &st, &info, &err) ||
+        st_open(&f, path("again.safetensors"), &err))
+        fail_msg("%s", err.msg);
+    assert_string_equal(st_meta(&f, "best_val_loss"), "inf");
+    st_close(&f);
     net_free(&net);
 }
 
@@ -1388,6 +1435,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_renamed_layer),     cmocka_unit_test(test_renamed_two_layers),
         cmocka_unit_test(test_shape_mismatch),    cmocka_unit_test(test_no_optimizer),
         cmocka_unit_test(test_not_a_checkpoint),  cmocka_unit_test(test_bad_metadata),
+        cmocka_unit_test(test_state_before_plateau),
         cmocka_unit_test(test_bad_info),          cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_f16_weights),       cmocka_unit_test(test_rename),
         cmocka_unit_test(test_rename_two_layers), cmocka_unit_test(test_rename_refusals),

@@ -840,7 +840,7 @@ static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *op
         if (opt) {
             const Schedule steplr = {.kind = SCHEDULE_STEP, .gamma = 0.7};
             train_step(net, b, 9, (uint64_t)(epoch * 1000 + b->index), opt,
-                       schedule_lr(&steplr, opt->lr, 0, epoch));
+                       schedule_lr(&steplr, opt->lr, 0, epoch, 0));
         } else {
             for (int m0 = 0; m0 < b->n; m0 += net->batch) {
                 const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;

@@ -714,7 +714,7 @@ static double run_epoch(Net *net, Loader *loader, int epoch, const Optimizer *op
             net_zero_grads(net);
             net_backward(net, b->n, 9, step, 0);
             const Schedule steplr = {.kind = SCHEDULE_STEP, .gamma = 0.7};
-            optim_step(net, opt, NULL, schedule_lr(&steplr, opt->lr, 0, epoch), 0);
+            optim_step(net, opt, NULL, schedule_lr(&steplr, opt->lr, 0, epoch, 0), 0);
         }
         seen += b->n;
     }

@@ -5,7 +5,8 @@
 // on a vector long enough for the kernel's parallel loop. SGD (momentum, dampening,
 // nesterov, weight decay) and AdamW against torch.optim's numbers
 // (tests/torch_optim_reference.py), weight decay left out of 1-D parameters, frozen
-// parameters left alone; the schedules against torch.optim.lr_scheduler's. Tolerance:
+// parameters left alone; the schedules (StepLR, warmup and cosine, OneCycleLR with its
+// cycled momentum, ReduceLROnPlateau) against torch.optim.lr_scheduler's. Tolerance:
 // 1e-6 relative, about ten float roundings; a wrong formula (a missing sqrt, rho and 1-rho
 // swapped, the state updated in the wrong order) is off by far more.
 //
@@ -198,7 +199,7 @@ static void test_adadelta_many_params(void **state) {
             p.net.grads[i] = (float)(s >> 40) / 8388608.0f - 1.0f;  // [-1, 1)
             rg[i] = p.net.grads[i];
         }
-        const double lr = schedule_lr(&sched, 1.0, step, step);  // a step an epoch
+        const double lr = schedule_lr(&sched, 1.0, step, step, 0);  // a step an epoch
         optim_step(&p.net, &opt, NULL, lr, step);
         adadelta_ref(rp, rsq, racc, rg, n, lr, opt.rho, opt.eps, opt.weight_decay);
     }
@@ -216,16 +217,16 @@ static void test_steplr(void **state) {
     // the lr of epochs 0..3 is 1.0, 0.7, 0.48999999999999994, 0.3429999999999999, the
     // products of one multiplication per epoch in double, compared exactly.
     Schedule s = {.kind = SCHEDULE_STEP, .gamma = 0.7};
-    assert_true(schedule_lr(&s, 1.0, 0, 0) == 1.0);
-    assert_true(schedule_lr(&s, 1.0, 500, 1) == 0.7);  // by epoch, whatever the step
-    assert_true(schedule_lr(&s, 1.0, 9, 2) == 0.48999999999999994);
-    assert_true(schedule_lr(&s, 1.0, 9, 3) == 0.3429999999999999);
+    assert_true(schedule_lr(&s, 1.0, 0, 0, 0) == 1.0);
+    assert_true(schedule_lr(&s, 1.0, 500, 1, 0) == 0.7);  // by epoch, whatever the step
+    assert_true(schedule_lr(&s, 1.0, 9, 2, 0) == 0.48999999999999994);
+    assert_true(schedule_lr(&s, 1.0, 9, 3, 0) == 0.3429999999999999);
     // Another base and gamma: ((((0.5 * 0.1) * 0.1) * 0.1) * 0.1 in double is
     // 5.0000000000000016e-05, where 0.5 * pow(0.1, 4) is 5.000000000000001e-05.
     s.gamma = 0.1;
-    assert_true(schedule_lr(&s, 0.5, 0, 4) == 5.0000000000000016e-05);
+    assert_true(schedule_lr(&s, 0.5, 0, 4, 0) == 5.0000000000000016e-05);
     s.gamma = 1.0;
-    assert_true(schedule_lr(&s, 2.0, 0, 100) == 2.0);
+    assert_true(schedule_lr(&s, 2.0, 0, 100, 0) == 2.0);
 }
 
 // Warmup then cosine against torch 1.13's SequentialLR of LinearLR(start_factor 0.25,
@@ -238,27 +239,102 @@ static void test_warmup_cosine(void **state) {
     const Schedule s = {.kind = SCHEDULE_COSINE, .lr_min = 0.01, .warmup = 3, .warmup_start = 0.25,
                         .total = 10};
     for (int t = 0; t < 10; t++) {
-        const double lr = schedule_lr(&s, 0.5, t, 0);
+        const double lr = schedule_lr(&s, 0.5, t, 0, 0);
         if (!(fabs(lr - torch_lr[t]) <= 1e-15 * torch_lr[t]))
             fail_msg("step %d: lr %.17g, torch %.17g", t, lr, torch_lr[t]);
     }
     // The floor at the end of the run; warmup on the step schedule scales it.
-    assert_true(fabs(schedule_lr(&s, 0.5, 10, 0) - 0.01) < 1e-15);
+    assert_true(fabs(schedule_lr(&s, 0.5, 10, 0, 0) - 0.01) < 1e-15);
     const Schedule w = {.kind = SCHEDULE_STEP, .gamma = 0.5, .warmup = 4, .warmup_start = 0.5};
-    assert_true(schedule_lr(&w, 1.0, 0, 0) == 0.5);
-    assert_true(schedule_lr(&w, 1.0, 2, 0) == 0.75);
-    assert_true(schedule_lr(&w, 1.0, 4, 1) == 0.5);
+    assert_true(schedule_lr(&w, 1.0, 0, 0, 0) == 0.5);
+    assert_true(schedule_lr(&w, 1.0, 2, 0, 0) == 0.75);
+    assert_true(schedule_lr(&w, 1.0, 4, 1, 0) == 0.5);
 }
 
-// Three steps of `o` on p0 with the test's gradients, against torch.optim's parameters
-// (tests/torch_optim_reference.py: the values printed as float bits).
-static void check_torch(const Optimizer *o, const uint32_t want[3][4], const char *what) {
+// OneCycleLR (torch 1.13): the lr and the cycled momentum of every step, to the last bits
+// PyTorch's double arithmetic gives (the same operations in the same order); with the
+// defaults (pct_start 0.3, div_factor 25, final_div_factor 1e4, momentum 0.95 to 0.85) and
+// with others whose rise ends between two steps (0.25 * 7 - 1 = 0.75).
+static void check_onecycle(const Schedule *s, double max_lr, const double *lr, const double *momentum) {
+    const Optimizer sgd = {.kind = OPTIM_SGD, .momentum = 0.5}, adamw = {.kind = OPTIM_ADAMW, .beta1 = 0.5};
+    for (int t = 0; t < s->total; t++) {
+        const double got = schedule_lr(s, max_lr, t, 0, 0);
+        const Optimizer a = schedule_optimizer(s, &sgd, t), b = schedule_optimizer(s, &adamw, t);
+        if (got != lr[t] || a.momentum != momentum[t] || b.beta1 != momentum[t])
+            fail_msg("step %d: lr %.17g, momentum %.17g, beta1 %.17g; torch %.17g, %.17g", t, got,
+                     a.momentum, b.beta1, lr[t], momentum[t]);
+    }
+}
+
+static void test_onecycle(void **state) {
+    static const double lr10[10] = {
+        0.020000000000000018, 0.26000000000000001, 0.5, 0.47524231600673683, 0.40587282697488153,
+        0.30563101096814466, 0.19437098903185537, 0.094129173025118487, 0.024759683993263143,
+        1.9999999999999999e-06};
+    static const double m10[10] = {
+        0.94999999999999996, 0.89999999999999991, 0.84999999999999998, 0.85495155660487898,
+        0.86882550990706331, 0.88887395330218422, 0.91112604669781572, 0.93117449009293662,
+        0.94504844339512095, 0.94999999999999996};
+    static const double lr7[7] = {0.009999999999999995, 0.099442099769945169, 0.086665940997899829,
+                                  0.061164920651117907, 0.03180121583289857, 0.0087793732229160659,
+                                  0.0001};
+    static const double m7[7] = {0.90000000000000002, 0.80055845868874365, 0.81334740640850878,
+                                 0.83887395330218428, 0.86826705121831982, 0.89131193871579972,
+                                 0.90000000000000002};
+    const Schedule defaults = {.kind = SCHEDULE_ONECYCLE, .total = 10, .pct_start = 0.3, .div_factor = 25,
+                               .final_div_factor = 1e4, .cycle_momentum = true, .base_momentum = 0.85,
+                               .max_momentum = 0.95};
+    check_onecycle(&defaults, 0.5, lr10, m10);
+    const Schedule other = {.kind = SCHEDULE_ONECYCLE, .total = 7, .pct_start = 0.25, .div_factor = 10,
+                            .final_div_factor = 100, .cycle_momentum = true, .base_momentum = 0.8,
+                            .max_momentum = 0.9};
+    check_onecycle(&other, 0.1, lr7, m7);
+    // Without cycle_momentum, and on other schedules, the optimizer is as it was.
+    Schedule still = defaults;
+    still.cycle_momentum = false;
+    const Optimizer sgd = {.kind = OPTIM_SGD, .momentum = 0.5};
+    assert_true(schedule_optimizer(&still, &sgd, 3).momentum == 0.5);
+    const Schedule cosine = {.kind = SCHEDULE_COSINE, .total = 10, .cycle_momentum = true};
+    assert_true(schedule_optimizer(&cosine, &sgd, 3).momentum == 0.5);
+}
+
+// ReduceLROnPlateau (torch 1.13), factor 0.3, patience 1, min_lr 0.01, from lr 0.5, stepped
+// on a fixed sequence of losses: an epoch improves only below best * (1 - 1e-4) (0.89995
+// after 0.9 does not), the count starts again after each reduction, the floor holds and a
+// change of 1e-8 or less is none. Its lr after each step, exactly.
+static void test_plateau(void **state) {
+    static const double losses[14] = {1.0, 0.9, 0.95, 0.9, 0.89995, 0.91, 0.5,
+                                      0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2};
+    static const double torch_lr[14] = {
+        0.5, 0.5, 0.5, 0.14999999999999999, 0.14999999999999999, 0.044999999999999998,
+        0.044999999999999998, 0.044999999999999998, 0.0135, 0.0135, 0.01, 0.01, 0.01, 0.01};
+    const Schedule s = {.kind = SCHEDULE_PLATEAU, .factor = 0.3, .patience = 1, .lr_min = 0.01};
+    Plateau p = {.best = INFINITY};
+    int64_t reductions = 0;
+    for (int e = 0; e < 14; e++) {
+        const bool reduced = plateau_step(&s, &p, 0.5, losses[e]);
+        assert_int_equal(reduced, p.reductions > reductions);
+        reductions = p.reductions;
+        const double lr = schedule_lr(&s, 0.5, 1000, e + 1, p.reductions);  // whatever the step
+        if (lr != torch_lr[e])
+            fail_msg("after loss %d (%g): lr %.17g, torch %.17g", e, losses[e], lr, torch_lr[e]);
+    }
+    assert_int_equal(p.reductions, 4);  // the floor's last step (0.0135 -> 0.01) counts; 0 -> 0 not
+    assert_true(p.best == 0.5);
+}
+
+// Three steps of `o` on p0 with the test's gradients (under schedule sched, or at o->lr with
+// NULL), against torch.optim's parameters (tests/torch_optim_reference.py: the values
+// printed as float bits).
+static void check_torch_scheduled(const Optimizer *o, const Schedule *sched, const uint32_t want[3][4],
+                                  const char *what) {
     Params p;
     params_init(&p, 4, *o);
     memcpy(p.net.params, p0, sizeof p0);
     for (int s = 0; s < 3; s++) {
         memcpy(p.net.grads, grads[s], sizeof grads[s]);
-        optim_step(&p.net, o, NULL, o->lr, s);
+        const Optimizer stepped = sched ? schedule_optimizer(sched, o, s) : *o;
+        optim_step(&p.net, &stepped, NULL, sched ? schedule_lr(sched, o->lr, s, 0, 0) : o->lr, s);
         for (int i = 0; i < 4; i++) {
             float w;
             memcpy(&w, &want[s][i], sizeof w);
@@ -268,6 +344,10 @@ static void check_torch(const Optimizer *o, const uint32_t want[3][4], const cha
         }
     }
     params_free(&p);
+}
+
+static void check_torch(const Optimizer *o, const uint32_t want[3][4], const char *what) {
+    check_torch_scheduled(o, NULL, want, what);
 }
 
 static void test_sgd(void **state) {
@@ -305,6 +385,28 @@ static void test_adamw(void **state) {
                              .eps = 1e-8, .weight_decay = 0.01}, defaults, "AdamW defaults");
     check_torch(&(Optimizer){.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.8, .beta2 = 0.99,
                              .eps = 1e-6, .weight_decay = 0.1}, custom, "AdamW betas 0.8, 0.99");
+}
+
+// SGD and AdamW under OneCycleLR over three steps (pct_start 0.5: a rise of one step),
+// momentum and beta1 cycled in place of the optimizer's own, against torch's parameters.
+static void test_onecycle_steps(void **state) {
+    static const uint32_t sgd_want[3][4] = {
+        {0x3fbff0edu, 0xbf3fc99bu, 0x3e7ec2ceu, 0x400018e7u},
+        {0x3fba07fau, 0xbf45c1f8u, 0x3e71ebffu, 0x400198e2u},
+        {0x3fba07fbu, 0xbf45c1fau, 0x3e71ebf3u, 0x400198dfu}};
+    static const uint32_t adamw_want[3][4] = {
+        {0x3fbff2b3u, 0xbf3fe597u, 0x3e7f96e1u, 0x4000066cu},
+        {0x3fbf2c93u, 0xbf4109e0u, 0x3e7f7a85u, 0x40002469u},
+        {0x3fbf2c93u, 0xbf4109e1u, 0x3e7f7a84u, 0x40002469u}};
+    const Schedule s = {.kind = SCHEDULE_ONECYCLE, .total = 3, .pct_start = 0.5, .div_factor = 25,
+                        .final_div_factor = 1e4, .cycle_momentum = true, .base_momentum = 0.85,
+                        .max_momentum = 0.95};
+    // (The options set momentum and beta1 to max_momentum, as OneCycleLR does.)
+    check_torch_scheduled(&(Optimizer){.kind = OPTIM_SGD, .lr = 0.1, .momentum = 0.95, .weight_decay = 0.01},
+                          &s, sgd_want, "SGD under OneCycleLR");
+    check_torch_scheduled(&(Optimizer){.kind = OPTIM_ADAMW, .lr = 0.01, .beta1 = 0.95, .beta2 = 0.999,
+                                       .eps = 1e-8, .weight_decay = 0.01},
+                          &s, adamw_want, "AdamW under OneCycleLR");
 }
 
 // decay_skip_norm_bias: the bias (1-D) steps as without weight decay, the weight with it;
@@ -675,8 +777,11 @@ int main(void) {
         cmocka_unit_test(test_adadelta_many_params),
         cmocka_unit_test(test_steplr),
         cmocka_unit_test(test_warmup_cosine),
+        cmocka_unit_test(test_onecycle),
+        cmocka_unit_test(test_plateau),
         cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_onecycle_steps),
         cmocka_unit_test(test_decay_skip_and_frozen),
         cmocka_unit_test(test_clip_grad_norm),
         cmocka_unit_test(test_fused_seed),

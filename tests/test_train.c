@@ -1,6 +1,7 @@
 // test_train.c: the trainer end to end, as a user runs it (./train and ./ckpt, built by
 // `make test` before the suites run): exact resume after an interruption, with fp32,
-// fp16 and accumulation; the metrics log; errors for bad input.
+// fp16, accumulation and the onecycle and plateau schedules; early stopping; the metrics
+// log; errors for bad input.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -59,10 +60,26 @@ static void write_set_shaped(const char *name, int count, unsigned seed, int sid
 // count 10x10 images of 3 classes.
 static void write_set(const char *name, int count, unsigned seed) { write_set_shaped(name, count, seed, 10, 3); }
 
+// The test set's labels moved to the next class: the better the network learns, the
+// higher its loss on them (a validation loss that rises every epoch).
+static int write_wrong_labels(void) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/test-labels", dir);
+    size_t n;
+    uint8_t *lb = test_read_file(path, &n);
+    for (size_t i = 8; i < n; i++) lb[i] = (uint8_t)((lb[i] + 1) % 3);
+    snprintf(path, sizeof path, "%s/wrong-labels", dir);
+    FILE *f = fopen(path, "wb");
+    const int rc = !f || fwrite(lb, 1, n, f) != n || fclose(f) ? -1 : 0;
+    free(lb);
+    return rc;
+}
+
 static int group_setup(void **state) {
     if (test_tmpdir_make(dir, sizeof dir, "test_train")) return -1;
     write_set("train", 600, 1);
     write_set("test", 150, 2);
+    if (write_wrong_labels()) return -1;
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/net.cfg", dir);
     FILE *f = fopen(path, "w");
@@ -156,6 +173,24 @@ static void expect_curves(const char *save, int epochs) {
     free(svg);
 }
 
+// The lines of SAVE/metrics.jsonl of run `save`, their "lr" values into lr (up to n).
+static int metrics_lr(const char *save, double *lr, int n) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, save);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096];
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"lr\": ");
+        assert_non_null(p);
+        if (lines < n) lr[lines] = atof(p + 6);
+        lines++;
+    }
+    fclose(f);
+    return lines;
+}
+
 static void check_resume(const char *extra, const char *tag) {
     if (access("./train", X_OK) != 0) skip();
     char args[2048];
@@ -191,6 +226,24 @@ static void test_resume_fp32(void **state) {
 }
 static void test_resume_fp16(void **state) { check_resume("precision=fp16", "fp16"); }
 static void test_resume_accumulate(void **state) { check_resume("accumulate=4", "acc"); }
+// OneCycleLR with AdamW's beta1 cycled (issue 33): every step's lr and beta1 come from its
+// step count and the run's (unchanged) epochs, so a run stopped inside epoch 1 and at its
+// end, resumed each time, ends with the bits of the uninterrupted run.
+static void test_resume_onecycle(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX];
+    snprintf(args, sizeof args, "optimizer=adamw schedule=onecycle save=%s/1cyc-a", dir);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "optimizer=adamw schedule=onecycle save=%s/1cyc-b stop_after=7", dir);
+    assert_int_equal(train(args), 0);
+    assert_int_equal(run("./train resume=%s/1cyc-b/last.safetensors stop_after=19", dir), 0);
+    assert_int_equal(run("./train resume=%s/1cyc-b/last.safetensors", dir), 0);
+    expect_same_tensors("1cyc-a/last.safetensors", "1cyc-b/last.safetensors");
+    // The last step's lr: max_lr / 25 / 1e4.
+    double lr[2];
+    assert_int_equal(metrics_lr("1cyc-b", lr, 2), 2);
+    assert_true(fabs(lr[1] - 0.001 / 25 / 1e4) < 1e-15);
+}
 
 // ./train resume=CKPT alone: the run started with three overrides goes on with the cfg
 // stored in its checkpoint, to the same bits as the uninterrupted run; a changed setting
@@ -787,6 +840,72 @@ static void test_stop_at_epoch_end(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+// schedule = plateau (issue 33): on a validation loss that rises every epoch, with
+// plateau_patience 0, the lr halves after every epoch but the first; its state lives in
+// the checkpoint: a run stopped at an epoch's end (after a reduction) and again inside the
+// next, resumed each time, ends with the bits of the uninterrupted run. Without a test set
+// it is refused.
+static void test_plateau_resume(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX];
+    const char *plateau = "epochs=4 optimizer=sgd lr=0.05 momentum=0.9 schedule=plateau "
+                          "plateau_patience=0 plateau_factor=0.5";
+    snprintf(args, sizeof args, "%s test_labels=%s/wrong-labels save=%s/pl-a", plateau, dir, dir);
+    assert_int_equal(train(args), 0);
+    if (!strstr(read_output(), "plateau: val_loss has not improved on ") ||
+        !strstr(read_output(), "for 1 epoch: lr 0.05 -> 0.025") ||
+        !strstr(read_output(), "lr 0.025 -> 0.0125"))
+        fail_msg("expected the plateau's reductions in: %s", read_output());
+    double lr[4];
+    assert_int_equal(metrics_lr("pl-a", lr, 4), 4);
+    assert_true(lr[0] == 0.05 && lr[1] == 0.05 && lr[2] == 0.025 && lr[3] == 0.0125);
+    // 19 batches an epoch: stopped at the end of epoch 2, then inside epoch 3.
+    snprintf(args, sizeof args, "%s test_labels=%s/wrong-labels save=%s/pl-b stop_after=38", plateau,
+             dir, dir);
+    assert_int_equal(train(args), 0);
+    assert_int_equal(run("./train resume=%s/pl-b/last.safetensors stop_after=45", dir), 0);
+    assert_non_null(strstr(read_output(), "stopped at stop_after in epoch 3 after batch 7/19"));
+    assert_int_equal(run("./train resume=%s/pl-b/last.safetensors", dir), 0);
+    expect_same_tensors("pl-a/last.safetensors", "pl-b/last.safetensors");
+    assert_int_equal(metrics_lr("pl-b", lr, 4), 4);
+    assert_true(lr[2] == 0.025 && lr[3] == 0.0125);
+    assert_int_equal(train("schedule=plateau test= test_labels="), 1);
+    assert_non_null(strstr(read_output(), "schedule = plateau watches the validation loss"));
+}
+
+// Early stopping (patience, issue 33): on a validation loss that rises every epoch the run
+// stops after epoch 1 + patience with status 0 and says so; its checkpoint then has nothing
+// left to train (status 3, naming the patience that trains on), and a larger patience
+// trains on to its own stop. A run interrupted inside an epoch stops where the
+// uninterrupted one does.
+static void test_early_stopping(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    char args[2 * PATH_MAX];
+    snprintf(args, sizeof args, "epochs=9 patience=1 test_labels=%s/wrong-labels save=%s/es", dir, dir);
+    assert_int_equal(train(args), 0);
+    if (!strstr(read_output(), "stopped early after epoch 2: val_loss has not fallen below ") ||
+        !strstr(read_output(), "(epoch 1) for 1 epoch (patience = 1)") || strstr(read_output(), "epoch 3/9"))
+        fail_msg("expected an early stop after epoch 2 in: %s", read_output());
+    double lr[9];
+    assert_int_equal(metrics_lr("es", lr, 9), 2);
+    assert_int_equal(run("./train resume=%s/es/last.safetensors", dir), 3);
+    assert_non_null(strstr(read_output(), "stopped early after epoch 2"));
+    assert_non_null(strstr(read_output(), "give patience=2 (or 0) to train on"));
+    assert_int_equal(run("./train resume=%s/es/last.safetensors patience=3", dir), 0);
+    assert_non_null(strstr(read_output(), "stopped early after epoch 4:"));
+    // Interrupted inside epoch 2 with patience 2: the resumed run stops after epoch 3, as
+    // the straight one does, to the same bits.
+    snprintf(args, sizeof args, "epochs=9 patience=2 test_labels=%s/wrong-labels save=%s/es-a", dir, dir);
+    assert_int_equal(train(args), 0);
+    assert_non_null(strstr(read_output(), "stopped early after epoch 3:"));
+    snprintf(args, sizeof args, "epochs=9 patience=2 test_labels=%s/wrong-labels save=%s/es-b "
+             "stop_after=25", dir, dir);
+    assert_int_equal(train(args), 0);
+    assert_int_equal(run("./train resume=%s/es-b/last.safetensors", dir), 0);
+    assert_non_null(strstr(read_output(), "stopped early after epoch 3:"));
+    expect_same_tensors("es-a/last.safetensors", "es-b/last.safetensors");
+}
+
 // Issue 29, finding 4: values that cannot be right are refused with their names, never
 // trained on: NaN weights through init= and resume=; a resume with nothing left to train
 // says so, exits with status 3 and writes nothing.
@@ -921,6 +1040,9 @@ int main(void) {
         cmocka_unit_test_setup(test_resume_fp32, use_net_cfg),
         cmocka_unit_test_setup(test_resume_fp16, use_net_cfg),
         cmocka_unit_test_setup(test_resume_accumulate, use_net_cfg),
+        cmocka_unit_test_setup(test_resume_onecycle, use_net_cfg),
+        cmocka_unit_test_setup(test_plateau_resume, use_net_cfg),
+        cmocka_unit_test_setup(test_early_stopping, use_net_cfg),
         cmocka_unit_test_setup(test_resnet_resume, use_net_cfg),
         cmocka_unit_test_setup(test_resume_alone, use_net_cfg),
         cmocka_unit_test_setup(test_fused_update, use_net_cfg),

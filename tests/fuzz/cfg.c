@@ -1,37 +1,21 @@
 // The cfg parser, command-line style overrides, the text a checkpoint stores, and every
-// layer's and the [data] section's reading of its keys (a network planned, not allocated).
+// layer's, [train]'s and [data]'s reading of its keys (a network planned, not allocated).
 //
 // Input: cfg text, then optionally a line "%%" and override lines KEY=VALUE or
-// SECTION.KEY=VALUE (an empty VALUE unsets the key). Properties: no crash, no sanitizer
-// report; cfg_to_text of a parsed cfg parses back to the same text.
+// SECTION.KEY=VALUE (an empty VALUE unsets the key), applied by ./train's own override
+// parser (cli/options.c). Properties: no crash, no sanitizer report; cfg_to_text of a
+// parsed cfg parses back to the same text.
 #include "fuzz.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../cli/options.h"
 #include "../../data/data_cfg.h"
 #include "../../nn/cfg.h"
 #include "../../nn/kernels.h"
 #include "../../nn/layer.h"
 #include "../../nn/net.h"
-
-static void apply(Cfg *cfg, char *line) {
-    char *eq = strchr(line, '=');
-    if (!eq || eq == line) return;
-    *eq = 0;
-    char *dot = strrchr(line, '.'), *key = line;
-    CfgSection *s = cfg_section(cfg, "train");
-    if (dot) {
-        *dot = 0;
-        key = dot + 1;
-        s = cfg_section(cfg, line);
-        if (!s) s = layer_find_section(cfg, line);
-    }
-    if (!s) return;
-    Error err = {{0}};
-    if (eq[1]) cfg_set(s, key, eq + 1, &err);
-    else cfg_unset(s, key);
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size + 1);
@@ -46,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (char *line = overrides; line && *line;) {
             char *nl = strchr(line, '\n');
             if (nl) *nl = 0;
-            apply(&cfg, line);
+            options_override(&cfg, line, &err);  // ./train's own parser; a refusal is fine
             line = nl ? nl + 1 : NULL;
         }
         char *out = cfg_to_text(&cfg, &err);
@@ -63,9 +47,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         Net net;
         if (net_create(&net, &cfg, (Shape){.c = 3, .h = 16, .w = 16}, 5, &opt, &cpu_kernels, &err) == 0)
             net_free(&net);
+        // [train] and [data] as ./train reads them; [data] alone where [train] is missing.
+        Options o;
         const CfgSection *d = cfg_section(&cfg, "data");
-        DataConfig dc;
-        if (d) data_cfg_read(&dc, &cfg, d, DATA_FILES_ALL, &err);
+        if (options_read(&o, &cfg, "fuzz.cfg", DATA_FILES_ALL, &err) && d)
+            data_cfg_read(&o.data, &cfg, d, DATA_FILES_ALL, &err);
         cfg_free(&cfg);
     }
     free(text);
