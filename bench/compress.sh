@@ -20,8 +20,8 @@
 #
 # The optimizer is the cfg's unless OPTIM names keys (OPTIM="optimizer=sgd lr=0.05
 # momentum=0.9"; state8 needs one with state). Each run writes bench/out/compress/<variant>_s<seed>/
-# (train.log, metrics.jsonl). THREADS (default 2) goes to ./train; TRAIN_ARGS adds keys to
-# every run.
+# (train.log, metrics.jsonl; TAG=x: bench/out/compress-x/). THREADS (default 2) goes to
+# ./train; TRAIN_ARGS adds keys to every run.
 set -e
 cd "$(dirname "$0")/.."
 EPOCHS=${EPOCHS:-5}
@@ -30,7 +30,7 @@ SEEDS=${SEEDS:-1 2 3}
 VARIANTS=${VARIANTS:-exact act8 act4 act2 state8 all}
 CFG=${CFG:-models/resnet-small.cfg}
 OPTIM=${OPTIM:-}
-OUT=bench/out/compress
+OUT=bench/out/compress${TAG:+-$TAG}
 make -s train  # a plain build: the Makefile relinks it after `make SAN=1`
 mkdir -p "$OUT"
 
