@@ -1357,13 +1357,7 @@ static inline __attribute__((always_inline)) void act_pack_group_avx2(unsigned c
         _mm256_storeu_si256((__m256i *)qi, _mm256_cvttps_epi32(q));
         for (int k = 0; k < 8; k++) c[i + k] = (uint8_t)qi[k];
     }
-    unsigned char *codes = rec + 8;
-    const int per = 8 / bits;
-    for (int b = 0; b < ACT_GROUP / per; b++) {
-        unsigned w = 0;
-        for (int k = 0; k < per; k++) w |= (unsigned)c[b * per + k] << (k * bits);
-        codes[b] = (unsigned char)w;
-    }
+    act_put_codes(rec + 8, c, bits);
 }
 #endif
 

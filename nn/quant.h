@@ -166,6 +166,16 @@ HOST_DEVICE static inline int64_t act_sample_bytes(int64_t values, int bits) {
 #define ACT_ADD_(a, b) ((a) + (b))
 #endif
 
+// The codes c[ACT_GROUP] (each below 2^bits) into a record's code bytes, from a byte's low end.
+HOST_DEVICE static ACT_INLINE void act_put_codes(unsigned char *codes, const unsigned char *c, int bits) {
+    const int per = 8 / bits;
+    for (int b = 0; b < ACT_GROUP / per; b++) {
+        unsigned w = 0;
+        for (int k = 0; k < per; k++) w |= (unsigned)c[b * per + k] << (k * bits);
+        codes[b] = (unsigned char)w;
+    }
+}
+
 // Packs the `count` values x (count <= ACT_GROUP) of a group into the record `rec`
 // (act_group_bytes(bits), 4-byte aligned); value i's random bits are the (i % 4)-th 16 of
 // rng_u64(key, c0 + i / 4). Compare-selects, not fminf: NaNs never take the range (they
@@ -198,13 +208,7 @@ HOST_DEVICE static ACT_INLINE void act_pack_group(unsigned char *rec, const floa
         const float q = t >= cap ? cap : t > 0.0f ? floorf(t) : 0.0f;  // a NaN: 0
         c[i] = (unsigned char)(int)(zeros ? (v[i] > 0.0f ? q + 1.0f : 0.0f) : q);
     }
-    unsigned char *codes = rec + 8;
-    const int per = 8 / bits;
-    for (int b = 0; b < ACT_GROUP / per; b++) {
-        unsigned w = 0;
-        for (int k = 0; k < per; k++) w |= (unsigned)c[b * per + k] << (k * bits);
-        codes[b] = (unsigned char)w;
-    }
+    act_put_codes(rec + 8, c, bits);
 }
 
 // The `count` values of record `rec` into x: each code's value from a table of the group's
