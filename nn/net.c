@@ -383,6 +383,14 @@ static bool recomputed(const Net *net, int p) {
     return segment_of(net, p) < net->nsegments - 1 && (!crosses(net, p) || inner_bytes(net, p));
 }
 
+// Whether event t (a forward or recomputation) compresses its node's output: a packed node
+// does where backward reads what it writes, so not in a first forward that the schedule
+// computes again before any backward reads it (an earlier segment's node).
+static bool packs_at(const Net *net, int t) {
+    const int j = net->events[t].node;
+    return net->nodes[j].packed && (net->events[t].kind == EV_RECOMPUTE || !recomputed(net, j));
+}
+
 // Node p's output (and inner activations), read by a backward next: computed again first
 // where it was not kept, once in each segment's backward, after its own inputs. So a
 // segment's nodes come back one by one as its backward needs them, not all at once.
@@ -403,7 +411,7 @@ static bool data_used_after(const Net *net, int b, int t) {
         switch (net->events[e].kind) {
         case EV_FORWARD:
         case EV_RECOMPUTE:
-            if (net->nbuf[j].out == b || (nd->packed && buf_pack(j) == b)) return true;
+            if (net->nbuf[j].out == b || (packs_at(net, e) && buf_pack(j) == b)) return true;
             for (int k = 0; k < node_nin(nd); k++)
                 if (out_buffer(net, nd->in[k]) == b) return true;
             break;
@@ -652,7 +660,7 @@ static void spans_forward(const Net *net, SpanBuilder *sb, int j, int t) {
     if (nd->virt) return;  // its batch pass alone: it writes nothing
     if (expands_input(net, j)) span_write(sb, BUF_INPUT_F32, t);  // anew at every event that reads it
     span_write(sb, net->nbuf[j].out, t);
-    if (nd->packed) span_write(sb, buf_pack(j), t);
+    if (packs_at(net, t)) span_write(sb, buf_pack(j), t);
     if (inner_bytes(net, j)) span_write(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
 }
@@ -1505,7 +1513,8 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
                      shape_numel(nd->out), N, nd->act);
     }
     if (nd->kind != NODE_LEAF) net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
-    if (nd->packed) pack_node(net, j, ctx, N);
+    // Packed for a backward: in training, where the schedule does not compute it again first.
+    if (nd->packed && ctx->train && (ctx->recompute || !recomputed(net, j))) pack_node(net, j, ctx, N);
 }
 
 // Node j's backward: a leaf's (its input gradient to where the plan routed it: its input's
