@@ -60,10 +60,14 @@ static int slot_chunk(const Exec *e, int64_t values, int N) {
     return fit < 1 ? 1 : fit < N ? (int)fit : N;
 }
 
-int exec_chunk(const Exec *e, const Layer *l, int N) {
-    if (e->precision != DT_F16) return N;
+// Samples of the larger of l's input and output that a scratch slot holds (slot_chunk's).
+static int layer_slot_chunk(const Exec *e, const Layer *l, int N) {
     const int64_t in = shape_numel(l->in), out = shape_numel(l->out);
     return slot_chunk(e, in > out ? in : out, N);
+}
+
+int exec_chunk(const Exec *e, const Layer *l, int N) {
+    return e->precision == DT_F16 ? layer_slot_chunk(e, l, N) : N;
 }
 
 // The length of the chunk that starts at n0, of chunks of `chunk` samples over N.
@@ -98,11 +102,8 @@ static double exec_start(const LayerCtx *ctx) { return ctx->exec->costs ? exec_c
 // scratch slot holds of the larger of them in F16 or where one is compressed
 // (exec_chunk's), else N; in F32 at most the byte input's chunk (Exec.input_chunk).
 static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, Stored out, int N) {
-    int chunk = N;
-    if (exec_f16(ctx) || in.kind == STORED_PACKED || out.kind == STORED_PACKED) {
-        const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-        chunk = slot_chunk(ctx->exec, nin > nout ? nin : nout, N);
-    }
+    const bool through_scratch = exec_f16(ctx) || in.kind == STORED_PACKED || out.kind == STORED_PACKED;
+    int chunk = through_scratch ? layer_slot_chunk(ctx->exec, l, N) : N;
     if (!exec_f16(ctx) && in.kind == STORED_U8 && ctx->exec->input_chunk < chunk) chunk = ctx->exec->input_chunk;
     return chunk;
 }
