@@ -19,7 +19,8 @@
 //     the direct convolution (the CPU's sums in its order, block sums included),
 //     bias + activation, ReLU, maxpool (first maximum, argmax), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
-//     NaN payloads included), the byte input's table lookup (u8_to_f32), unscale_check, the loss scaler, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
+//     NaN payloads included; a NaN that arithmetic makes has the hardware's payload, which
+//     differs from the CPU's), the byte input's table lookup (u8_to_f32), unscale_check, the loss scaler, Adadelta, SGD and AdamW (explicit _rn intrinsics, so that
 //     nvcc does not contract a*b+c into an FMA; gcc -std=c11 does not either), the
 //     pooling layers, add_act and batchnorm's per-element arithmetic and statistics. GEMM,
 //     bias_act_backward's sums, batchnorm's sums (double) and the log-softmax/NLL sums
