@@ -9,13 +9,21 @@
 # found (or CUDA=1), as libcnn_cuda.so, loaded when device=cuda is used.
 
 CC      ?= gcc
-# x86-64-v3 = AVX2 + FMA + F16C: the most the binaries require at run time.
-ARCH    ?= -march=x86-64-v3
+# The target's Debian multiarch triplet (x86_64-linux-gnu, aarch64-linux-gnu): where its
+# libraries and OpenBLAS's headers live. CC=aarch64-linux-gnu-gcc cross-builds for arm64.
+MULTIARCH := $(or $(shell $(CC) -print-multiarch 2>/dev/null),$(shell $(CC) -dumpmachine))
+# The baseline every object is compiled for: any x86-64 CPU (or any arm64 one). The CPU
+# kernels are compiled a second time for x86-64-v3 (AVX2 + FMA + F16C), and nn/cpu.c picks
+# that table at run time where the CPU has them (issue 36).
+ifneq ($(filter x86_64-%,$(MULTIARCH)),)
+  ARCH    ?= -march=x86-64 -mtune=generic
+  CPU_SETS := x86_64_v3
+endif
 CFLAGS  ?= -O3 $(ARCH)
 # An undeclared function is an error: a header missing at build time (cblas.h before
 # libopenblas-dev is installed) otherwise truncates returned pointers to int, and ./train crashes.
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
-           -fopenmp -MMD -MP -I/usr/include/x86_64-linux-gnu/openblas-pthread
+           -fopenmp -MMD -MP -I/usr/include/$(MULTIARCH)/openblas-pthread
 LDLIBS  += -lopenblas -lstb -ljpeg -lz -lm -lpthread -fopenmp
 
 # The build's Debian packages unpacked from .deb files into a folder, for a machine that has
@@ -24,10 +32,10 @@ LDLIBS  += -lopenblas -lstb -ljpeg -lz -lm -lpthread -fopenmp
 INSTALL_PACKAGES := sh data/install_packages.sh
 ifneq ($(DEPS_PREFIX),)
   DEPS_PREFIX := $(abspath $(DEPS_PREFIX))
-  CFLAGS  += -I$(DEPS_PREFIX)/usr/include -I$(DEPS_PREFIX)/usr/include/x86_64-linux-gnu \
-             -I$(DEPS_PREFIX)/usr/include/x86_64-linux-gnu/openblas-pthread
-  DEPS_LIBDIRS := $(addprefix $(DEPS_PREFIX)/,usr/lib/x86_64-linux-gnu \
-                  usr/lib/x86_64-linux-gnu/openblas-pthread lib/x86_64-linux-gnu)
+  CFLAGS  += -I$(DEPS_PREFIX)/usr/include -I$(DEPS_PREFIX)/usr/include/$(MULTIARCH) \
+             -I$(DEPS_PREFIX)/usr/include/$(MULTIARCH)/openblas-pthread
+  DEPS_LIBDIRS := $(addprefix $(DEPS_PREFIX)/,usr/lib/$(MULTIARCH) \
+                  usr/lib/$(MULTIARCH)/openblas-pthread lib/$(MULTIARCH))
   LDLIBS  := $(foreach d,$(DEPS_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) $(LDLIBS)
   INSTALL_PACKAGES := : installs nothing with DEPS_PREFIX:
 endif
@@ -42,7 +50,7 @@ endif
 NN_SRC    := $(wildcard nn/*.c)
 DATA_SRC  := $(wildcard data/*.c)
 LIB_SRC   := $(NN_SRC) $(DATA_SRC)
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CPU_SETS:%=$(BUILD)/nn/cpu_kernels_%.o)
 
 # CUDA backend, when the toolkit is here: a shared library that nn/cuda_loader.c loads
 # on the first use of device=cuda, so CPU runs never map the CUDA libraries.
@@ -89,6 +97,14 @@ all: $(BINS) $(CUDA_LIB)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# nn/cpu_kernels.c once for each table (nn/cpu.c chooses): the baseline's, and x86-64-v3's.
+# The Winograd loops pass 32-byte vectors between inlined functions, whose ABI gcc warns
+# about without AVX: nothing calls them across objects.
+$(BUILD)/nn/cpu_kernels.o: CFLAGS += -DCPU_KERNEL_SET=cpu_kernels_portable -Wno-psabi
+$(BUILD)/nn/cpu_kernels_x86_64_v3.o: nn/cpu_kernels.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -march=x86-64-v3 -DCPU_KERNEL_SET=cpu_kernels_x86_64_v3 -c $< -o $@
 
 $(BUILD)/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
@@ -175,14 +191,19 @@ FUZZ_CC      ?= clang
 FUZZ_BUILD   := build/fuzz
 FUZZ_FLAGS   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=undefined -std=c11 -D_GNU_SOURCE -fopenmp -Wno-pass-failed \
-                -I/usr/include/x86_64-linux-gnu/openblas-pthread
-FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o) $(CLI_SRC:%.c=$(FUZZ_BUILD)/%.o)
+                -I/usr/include/$(MULTIARCH)/openblas-pthread
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o) $(CLI_SRC:%.c=$(FUZZ_BUILD)/%.o) \
+                $(CPU_SETS:%=$(FUZZ_BUILD)/nn/cpu_kernels_%.o)
 FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz_replay_%)
 .SECONDARY: $(FUZZ_LIB_OBJ) $(patsubst %,$(FUZZ_BUILD)/tests/fuzz/%.o,$(FUZZ_TARGETS) fuzz_util stb_image_impl) \
             $(patsubst %,$(BUILD)/tests/fuzz/%.o,$(FUZZ_TARGETS) fuzz_util replay seeds)
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+$(FUZZ_BUILD)/nn/cpu_kernels.o: FUZZ_FLAGS += -DCPU_KERNEL_SET=cpu_kernels_portable
+$(FUZZ_BUILD)/nn/cpu_kernels_x86_64_v3.o: nn/cpu_kernels.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -march=x86-64-v3 -DCPU_KERNEL_SET=cpu_kernels_x86_64_v3 -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
 # stb_image reads an empty PNG IDAT chunk into its NULL buffer (stb_image.h 5130,
 # `z->idata + ioff`, then memcpy(NULL, p, 0)): harmless, and not ours to change; clang's
 # pointer-overflow and nonnull-attribute checks would stop every run there
@@ -213,7 +234,7 @@ test-gpu: deps-test
 REPLAY_CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 $(BUILD)/gpu/replay/host_replay.o: gpu/replay/host_replay.cu gpu/cuda_kernels.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -MMD -MP -I/usr/include/x86_64-linux-gnu/openblas-pthread -c $< -o $@
+	$(NVCC) -O2 -std=c++17 -MMD -MP -I/usr/include/$(MULTIARCH)/openblas-pthread -c $< -o $@
 $(BUILD)/tests/test_gpu_replay: $(BUILD)/tests/test_gpu.o $(BUILD)/tests/testutil.o $(BUILD)/gpu/replay/host_replay.o $(BUILD)/libcnn.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -L$(REPLAY_CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++ -lcmocka
 test-gpu-replay: deps-test

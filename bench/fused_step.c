@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
     for (int f = 0; f < 2; f++) {
         NetOptions opt = {.batch = B, .precision = DT_F32, .fused_update = f == 1};
         optim_plan(&o, &opt);
-        if (net_create(&net[f], &cfg, (Shape){.c = C, .h = S, .w = S}, 10, &opt, &cpu_kernels, &err) ||
+        if (net_create(&net[f], &cfg, (Shape){.c = C, .h = S, .w = S}, 10, &opt, cpu_kernels(), &err) ||
             net_init_params(&net[f], 1, &err))
             goto fail;
     }

@@ -1,7 +1,7 @@
 // sgemm.c: the sgemm ceiling on this machine, for `make bench`.
 //
 // Times the GEMMs of one training step of the seed network (batch 64) through the
-// project's GEMM (cpu_kernels.gemm: slabs over OpenMP threads, each on the AVX-512 kernels
+// project's GEMM (cpu_kernels()->gemm: slabs over OpenMP threads, each on the AVX-512 kernels
 // of nn/gemm_avx512.c where the CPU has them, else on single-threaded OpenBLAS)
 // and a large square product, and prints GFLOP/s. The step's GEMM FLOPs divided by the
 // best rate is the images/s ceiling quoted against the trainer.
@@ -30,7 +30,7 @@ static double rate(const Shape3 *s, float *A, float *B, float *C) {
     double best = 0;
     for (int trial = 0; trial < 3; trial++) {
         const double t0 = now();
-        for (int r = 0; r < reps; r++) cpu_kernels.gemm(C, A, B, s->M, s->N, s->K, s->ta, s->tb, 1.0f, 0.0f);
+        for (int r = 0; r < reps; r++) cpu_kernels()->gemm(C, A, B, s->M, s->N, s->K, s->ta, s->tb, 1.0f, 0.0f);
         const double g = flop * reps / (now() - t0) / 1e9;
         if (g > best) best = g;
     }
@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
         if (g > best) best = g;
     }
     printf("{\"sgemm_ceiling_gflops\": %.1f, \"threads\": %d, \"gemm\": \"%s\"}\n", best,
-           threads, cpu_gemm_kernels());
+           threads, cpu_kernels_name());
     free(A), free(B), free(C);
     return 0;
 }

@@ -28,7 +28,7 @@ void report_header(const Run *r, int accumulate) {
     const Dataset *train = r->data->train, *test = r->data->test;
     char device[64];
     snprintf(device, sizeof device, "%s%s%s%s", k->name, k->host_memory ? " (" : "",
-             k->host_memory ? cpu_gemm_kernels() : "", k->host_memory ? " kernels)" : "");
+             k->host_memory ? cpu_kernels_name() : "", k->host_memory ? ")" : "");
     printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", r->cfg->path, device,
            (long long)train->count, test ? "" : " (no test set)", r->data->classes, o->batch);
     if (r->dist->size > 1)

@@ -1,6 +1,9 @@
 // cpu_kernels.c: the kernel table on the CPU: GEMMs on the project's AVX-512 kernels
 // where the CPU has them (nn/gemm_avx512.h) and on OpenBLAS elsewhere, OpenMP loops for
-// the rest. Every loop that runs in parallel writes disjoint outputs, and every reduction
+// the rest. This file is compiled once for each set of instructions a table may use, each
+// object defining the table that CPU_KERNEL_SET names (the Makefile: cpu_kernels_portable
+// with the build's baseline flags, cpu_kernels_x86_64_v3 with -march=x86-64-v3, where the
+// AVX2/FMA/F16C paths below are compiled); nn/cpu.c chooses one at run time. Every loop that runs in parallel writes disjoint outputs, and every reduction
 // sums in an order that does not depend on the thread count; a GEMM is cut into one slab
 // per thread, so its bits depend on the thread count. Results are bitwise reproducible
 // for a given number of threads (DESIGN.md decision 10).
@@ -19,9 +22,6 @@
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
-
-const char *const activation_names[ACT_COUNT] = {"none", "relu"};
-static_assert(ACT_COUNT == 2, "activation_names must list every Activation");
 
 // Below this many elements a loop runs on one thread: waking threads costs more.
 #define PAR_MIN 32768
@@ -1654,22 +1654,9 @@ static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, cons
 // The CPU's GEMMs stay fp32 (kernels.h allows the rounding, it does not ask for it).
 static void cpu_gemm_reduced(bool reduced) { (void)reduced; }
 
-const char *cpu_gemm_kernels(void) {
-    static char name[96];
-    snprintf(name, sizeof name, "%sOpenBLAS %s", gemm_avx512_available() ? "AVX-512 + " : "",
-             openblas_get_corename());
-    return name;
-}
-
 // The AVX-512 GEMM's packing buffers, one set per thread, outside the plan's blocks.
 static size_t cpu_thread_scratch(void) {
     return gemm_avx512_available() ? (size_t)omp_get_max_threads() * gemm_avx512_scratch_bytes() : 0;
-}
-
-void cpu_set_threads(int n) {
-    openblas_set_num_threads(1);  // see cpu_gemm
-    omp_set_num_threads(n);
-    omp_set_max_active_levels(1);  // a kernel inside a shard runs on the shard's thread
 }
 
 static int cpu_shard_count(void) { return omp_get_max_threads(); }
@@ -1690,7 +1677,10 @@ static void cpu_add_parts(float *dst, const float *parts, int count, int64_t n, 
     }
 }
 
-const Kernels cpu_kernels = {
+#ifndef CPU_KERNEL_SET
+#error "CPU_KERNEL_SET names the table this object defines (the Makefile sets it)"
+#endif
+const Kernels CPU_KERNEL_SET = {
     .name = "cpu",
     .host_memory = true,
     .fp16_scratch_bytes = (size_t)8 << 20,

@@ -20,6 +20,7 @@
 // C, whatever the tile or the slab of rows or columns it lies in.
 #include "gemm_avx512.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -202,3 +203,14 @@ AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const
     }
     return 0;
 }
+
+#else  // not x86-64 (arm64): no AVX-512, OpenBLAS for every product
+
+bool gemm_avx512_available(void) { return false; }
+size_t gemm_avx512_scratch_bytes(void) { return 0; }
+int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc) {
+    return -1;
+}
+
+#endif

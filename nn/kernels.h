@@ -435,8 +435,8 @@ typedef struct Kernels {
                               uint64_t step);
 } Kernels;
 
-// The CPU backend (OpenBLAS), always built.
-extern const Kernels cpu_kernels;
+// The CPU backend (OpenBLAS), always built: the table for this CPU (nn/cpu.c).
+const Kernels *cpu_kernels(void);
 
 // The CUDA backend: gpu/ defines it where CUDA was built; nn/no_cuda.c otherwise, which
 // returns NULL with a message saying how to build with CUDA.
@@ -447,10 +447,11 @@ const Kernels *kernels_for_device(const char *device, Error *err);
 
 // Threads for the CPU backend (OpenBLAS and the project's own loops).
 void cpu_set_threads(int n);
-// The GEMM kernels in use: "AVX-512 + OpenBLAS Haswell" where the CPU has AVX-512 (the
-// project's own kernels, nn/gemm_avx512.h, with OpenBLAS for some shapes), else
-// "OpenBLAS Haswell". OpenBLAS picks its kernels ("Haswell", "Cooperlake", ...) for the
-// CPU when it loads, unless OPENBLAS_CORETYPE names them.
-const char *cpu_gemm_kernels(void);
+// What the CPU backend runs, for the first line of ./train: the loops' instruction set
+// ("x86-64-v3", "x86-64" or "arm64") and the GEMM's kernels ("AVX-512 + OpenBLAS Zen" where
+// the CPU has AVX-512: the project's own kernels, nn/gemm_avx512.h, with OpenBLAS for some
+// shapes). OpenBLAS picks its kernels ("Haswell", "Cooperlake", ...) for the CPU when it
+// loads, unless OPENBLAS_CORETYPE names them.
+const char *cpu_kernels_name(void);
 
 #endif

@@ -83,7 +83,7 @@ static void make_net_text(Net *net, const char *text) {
     Error err = {{0}};
     if (cfg_parse(&cfg, text, "t.cfg", &err)) fail_msg("cfg_parse: %s", err.msg);
     const NetOptions opts = net_options();
-    if (net_create(net, &cfg, INPUT, CLASSES, &opts, &cpu_kernels, &err))
+    if (net_create(net, &cfg, INPUT, CLASSES, &opts, cpu_kernels(), &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);
 }
@@ -712,7 +712,7 @@ static void test_rename(void **state) {
     // ... and a network built from that cfg loads the renamed file strictly.
     Net b;
     const NetOptions opts = net_options();
-    if (net_create(&b, &cfg, INPUT, CLASSES, &opts, &cpu_kernels, &err))
+    if (net_create(&b, &cfg, INPUT, CLASSES, &opts, cpu_kernels(), &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     checkpoint_info_free(&info);
@@ -1247,7 +1247,7 @@ static void test_init_skip(void **state) {
     Error err = {{0}};
     if (cfg_parse(&cfg, text7, "t.cfg", &err)) fail_msg("%s", err.msg);
     const NetOptions opts = net_options();
-    if (net_create(&big, &cfg, INPUT, 7, &opts, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    if (net_create(&big, &cfg, INPUT, 7, &opts, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     cfg_free(&cfg);
     fill_random(&big, 31);
     fill_random_buffers(&big, 32);
@@ -1346,7 +1346,7 @@ static void test_bad_info(void **state) {
     Cfg cfg;
     if (cfg_parse(&cfg, text, "t.cfg", &err)) fail_msg("%s", err.msg);
     const NetOptions opts = net_options();
-    if (net_create(&two, &cfg, (Shape){.c = 2, .h = 8, .w = 8}, CLASSES, &opts, &cpu_kernels, &err))
+    if (net_create(&two, &cfg, (Shape){.c = 2, .h = 8, .w = 8}, CLASSES, &opts, cpu_kernels(), &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     TrainState st = sample_state();

@@ -668,7 +668,7 @@ static void test_byte_table(void **state) {
             // that is not a multiple of the channels' (the tail).
             const int64_t n = 3 * 256 * C - (C > 1);
             for (int64_t i = 0; i < n; i++) px[i] = (uint8_t)(i / C * 7 + i % C * 85);
-            cpu_kernels.u8_to_f32(out, px, n, C, lut);
+            cpu_kernels()->u8_to_f32(out, px, n, C, lut);
             for (int64_t i = 0; i < n; i++) {
                 const int c = (int)(i % C);
                 const float old = ((float)px[i] / 255.0f - means[m][c]) / stds[m][c];

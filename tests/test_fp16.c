@@ -75,7 +75,7 @@ static void make_net_as(Net *net, const char *text, Shape input, int classes, in
     Error err = {{0}};
     NetOptions opt = {.batch = batch, .precision = precision, .input_bytes = bytes};
     optim_plan(&adadelta, &opt);
-    if (net_create(net, &cfg, input, classes, &opt, &cpu_kernels, &err))
+    if (net_create(net, &cfg, input, classes, &opt, cpu_kernels(), &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
 }
@@ -116,10 +116,10 @@ static void test_half_to_float_all(void **state) {
     float *kv = malloc(N * sizeof *kv), *kt = malloc(N * sizeof *kt);
     assert_true(h && kv && kt);
     for (int i = 0; i < N; i++) h[i] = (uint16_t)i;
-    cpu_kernels.f16_to_f32(kv, h, N);  // 8 at a time (F16C in x86-64-v3 builds)
+    cpu_kernels()->f16_to_f32(kv, h, N);  // 8 at a time (F16C in x86-64-v3 builds)
     // Odd lengths: every value also goes through the kernel's scalar tail.
     for (int i = 0, len = 1; i < N; i += len, len = len % 13 + 1)
-        cpu_kernels.f16_to_f32(kt + i, h + i, i + len <= N ? len : N - i);
+        cpu_kernels()->f16_to_f32(kt + i, h + i, i + len <= N ? len : N - i);
 #ifdef __F16C__
     print_message("the kernels convert with F16C (8 a call to vcvtph2ps/vcvtps2ph)\n");
 #else
@@ -157,10 +157,10 @@ static void test_half_round_trip_all(void **state) {
     uint16_t *kv = malloc(N * sizeof *kv), *kt = malloc(N * sizeof *kt), *k1 = malloc(N * sizeof *k1);
     assert_true(f && kv && kt && k1);
     for (int i = 0; i < N; i++) f[i] = half_to_float((uint16_t)i);
-    cpu_kernels.f32_to_f16(kv, f, N);
+    cpu_kernels()->f32_to_f16(kv, f, N);
     for (int i = 0, len = 1; i < N; i += len, len = len % 13 + 1)
-        cpu_kernels.f32_to_f16(kt + i, f + i, i + len <= N ? len : N - i);
-    cpu_kernels.f32_to_f16(k1, f + 1, N - 1);  // misaligned by one: the last 7 in the tail
+        cpu_kernels()->f32_to_f16(kt + i, f + i, i + len <= N ? len : N - i);
+    cpu_kernels()->f32_to_f16(k1, f + 1, N - 1);  // misaligned by one: the last 7 in the tail
     for (int i = 0; i < N; i++) {
         const uint16_t s = half_from_float(f[i]);
         const uint16_t want = half_is_nan((uint16_t)i) ? (uint16_t)(i | 0x200) : (uint16_t)i;
@@ -177,9 +177,9 @@ static void test_half_round_trip_all(void **state) {
 static void expect_to_half(const float *in, const uint16_t *want, int64_t n, const char *what) {
     uint16_t *kv = malloc((size_t)n * 2), *kt = malloc((size_t)n * 2);
     assert_true(kv && kt);
-    cpu_kernels.f32_to_f16(kv, in, n);
+    cpu_kernels()->f32_to_f16(kv, in, n);
     for (int64_t i = 0, len = 1; i < n; i += len, len = len % 7 + 1)
-        cpu_kernels.f32_to_f16(kt + i, in + i, i + len <= n ? len : n - i);
+        cpu_kernels()->f32_to_f16(kt + i, in + i, i + len <= n ? len : n - i);
     for (int64_t i = 0; i < n; i++) {
         const uint16_t s = half_from_float(in[i]);
         const uint16_t w = want ? want[i] : s;
@@ -260,7 +260,7 @@ static bool scaler_step(ScalerState *s, ScalerRules r, float plant) {
     static float g[N];
     for (int i = 0; i < N; i++) g[i] = (float)(((i % 7) - 3) * 0.25 * s->scale);
     if (plant != 0) g[N - 3] = plant;  // in the second thread's half
-    cpu_kernels.unscale_check(g, N, s);
+    cpu_kernels()->unscale_check(g, N, s);
     if (plant == 0) {
         assert_true(s->found == 0.0f);
         for (int i = 0; i < N; i++) assert_true(g[i] == (float)(((i % 7) - 3) * 0.25));
@@ -270,7 +270,7 @@ static bool scaler_step(ScalerState *s, ScalerRules r, float plant) {
     int64_t taken;
     const bool stepped = scaler_gate(s, 100, &taken);
     if (stepped) assert_int_equal(taken, 100 - s->skipped);
-    cpu_kernels.scaler_update(s, r);
+    cpu_kernels()->scaler_update(s, r);
     assert_true(s->found == 0.0f);  // cleared for the next step
     return stepped;
 }
@@ -323,9 +323,9 @@ static void test_scaler_sequence(void **state) {
     // PyTorch's defaults, as train.c makes them: 2000 clean steps to grow.
     const ScalerRules torch = scaler_rules(true, 2000);
     ScalerState d = {.scale = 65536};
-    for (int i = 0; i < 1999; i++) cpu_kernels.scaler_update(&d, torch);
+    for (int i = 0; i < 1999; i++) cpu_kernels()->scaler_update(&d, torch);
     assert_true(d.scale == 65536);
-    cpu_kernels.scaler_update(&d, torch);
+    cpu_kernels()->scaler_update(&d, torch);
     assert_true(d.scale == 131072);
     assert_int_equal(d.skipped, 0);
 }
@@ -334,7 +334,7 @@ static void test_scaler_sequence(void **state) {
 // here), the flag carried in and out through *flag.
 static void unscale_by(float *g, int64_t n, float factor, float *flag) {
     ScalerState s = {.scale = 1.0 / factor, .found = *flag};
-    cpu_kernels.unscale_check(g, n, &s);
+    cpu_kernels()->unscale_check(g, n, &s);
     *flag = s.found;
 }
 
@@ -971,8 +971,8 @@ static void test_memory_plan_fp16(void **state) {
         const int B = batches[k];
         Net h, f;
         Error err = {{0}};
-        if (net_create(&h, &cfg, in, 10, &(NetOptions){.batch = B, .precision = DT_F16}, &cpu_kernels, &err) ||
-            net_create(&f, &cfg, in, 10, &(NetOptions){.batch = B, .precision = DT_F32}, &cpu_kernels, &err))
+        if (net_create(&h, &cfg, in, 10, &(NetOptions){.batch = B, .precision = DT_F16}, cpu_kernels(), &err) ||
+            net_create(&f, &cfg, in, 10, &(NetOptions){.batch = B, .precision = DT_F32}, cpu_kernels(), &err))
             fail_msg("%s", err.msg);
         assert_int_equal(h.precision, DT_F16);
         assert_int_equal(f.plan.act_kept, mnist_kept(B, 4));

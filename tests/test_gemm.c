@@ -1,4 +1,4 @@
-// test_gemm.c: the CPU GEMM (cpu_kernels.gemm, with the project's AVX-512 kernels where
+// test_gemm.c: the CPU GEMM (cpu_kernels()->gemm, with the project's AVX-512 kernels where
 // the CPU has them, nn/gemm_avx512.h) against a double-precision reference: every
 // transpose, alpha and beta, shapes on both sides of the tiles' and blocks' edges, and
 // row strides wider than the matrices.
@@ -65,10 +65,10 @@ static void avx512(bool ta, bool tb, int M, int N, int K, float alpha, const flo
     assert_int_equal(gemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc), 0);
 }
 
-// cpu_kernels.gemm has no strides: called only with pad 0.
+// cpu_kernels()->gemm has no strides: called only with pad 0.
 static void table(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc) {
-    cpu_kernels.gemm(C, A, B, M, N, K, ta, tb, alpha, beta);
+    cpu_kernels()->gemm(C, A, B, M, N, K, ta, tb, alpha, beta);
 }
 
 // Around the micro-tiles (12 x 32 and 24 x 16), the k-block (256), the row block (144)
@@ -104,7 +104,7 @@ static void test_beta_zero_ignores_c(void **state) {
         float *C = malloc((size_t)M * N * sizeof *C);
         assert_non_null(C);
         for (int i = 0; i < M * N; i++) C[i] = NAN;
-        cpu_kernels.gemm(C, A, B, M, N, K, false, false, 1.0f, 0.0f);
+        cpu_kernels()->gemm(C, A, B, M, N, K, false, false, 1.0f, 0.0f);
         for (int i = 0; i < M * N; i++)
             if (!isfinite(C[i])) fail_msg("%dx%dx%d: C[%d] = %g with beta = 0", M, N, K, i, C[i]);
         free(A), free(B), free(C);

@@ -55,7 +55,7 @@
 #include "../nn/rng.h"
 #include "testutil.h"
 
-static const Kernels *const C = &cpu_kernels;
+static const Kernels *C;   // the CPU table (main)
 static const Kernels *G;    // the CUDA table, or NULL
 static char g_why[1024];    // why G is NULL
 static bool g_require_gpu;  // --require-gpu: a missing GPU fails instead of skipping
@@ -1929,6 +1929,7 @@ int main(int argc, char **argv) {
         }
     }
     cpu_set_threads(2);
+    C = cpu_kernels();
     g_step_cfg = step_cfg;
     Error err = {{0}};
     G = cuda_kernels(&err);

@@ -158,7 +158,7 @@ static void case_attach(Case *c, Layer *l) {
 }
 
 static size_t case_workspace(const Layer *l, int N) {
-    size_t w = layer_workspace_bytes(l, &cpu_kernels, N);
+    size_t w = layer_workspace_bytes(l, cpu_kernels(), N);
     for (int i = 0; i < l->nchildren; i++) {
         const size_t cw = case_workspace(l->children[i], N);
         if (cw > w) w = cw;
@@ -259,7 +259,7 @@ static void case_fill_away_from_kinks(Case *c, uint64_t seed, double margin) {
 }
 
 static LayerCtx case_ctx(const Case *c) {
-    return (LayerCtx){.k = &cpu_kernels, .exec = &c->exec, .workspace = c->ws, .seed = 1,
+    return (LayerCtx){.k = cpu_kernels(), .exec = &c->exec, .workspace = c->ws, .seed = 1,
                       .step = 0, .sample0 = 0, .train = true};
 }
 
@@ -791,8 +791,8 @@ static void test_conv_winograd(void **state) {
     conv_text(text, sizeof text, &big);
     Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = big.C, .h = big.H, .w = big.W});
     const size_t weights = (size_t)16 * 32 * 40 * sizeof(float);  // U
-    assert_int_equal(cpu_kernels.shard_count(), 2);
-    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, big.N),
+    assert_int_equal(cpu_kernels()->shard_count(), 2);
+    assert_int_equal(l->ops->workspace_bytes(l, cpu_kernels(), big.N),
                      weights + 2 * ((size_t)16 * (8208 + 7184) + 20512) * sizeof(float));
     layer_free(l);
     check_conv(&big, false, 84);
@@ -809,7 +809,7 @@ static void test_conv_winograd(void **state) {
                             .K = 3, .stride = 1, .pad = 1};
         conv_text(text, sizeof text, &a);
         l = layer_from_text(&conv_ops, text, (Shape){.c = a.C, .h = a.H, .w = a.W});
-        assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, 1), autos[i].floats * sizeof(float));
+        assert_int_equal(l->ops->workspace_bytes(l, cpu_kernels(), 1), autos[i].floats * sizeof(float));
         layer_free(l);
     }
 }
@@ -825,12 +825,12 @@ static void test_conv_chunked_batch(void **state) {
     const size_t per_image = (size_t)12 * 12 * 16 * 9 * sizeof(float);
     // The im2col chunk alone: the weight and its gradient are permuted to (OC, K, K, C) in
     // place, through it.
-    assert_int_equal(cpu_kernels.chunk_bytes, CONV_COL_BYTES);
-    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, s.N), (CONV_COL_BYTES / per_image) * per_image);
-    assert_true(l->ops->workspace_bytes(l, &cpu_kernels, s.N) < s.N * per_image);  // it really is chunked
+    assert_int_equal(cpu_kernels()->chunk_bytes, CONV_COL_BYTES);
+    assert_int_equal(l->ops->workspace_bytes(l, cpu_kernels(), s.N), (CONV_COL_BYTES / per_image) * per_image);
+    assert_true(l->ops->workspace_bytes(l, cpu_kernels(), s.N) < s.N * per_image);  // it really is chunked
     assert_true(s.N % (CONV_COL_BYTES / per_image) != 0);  // with a partial chunk
     // A small batch is not chunked: its workspace is all of its im2col.
-    assert_int_equal(l->ops->workspace_bytes(l, &cpu_kernels, 3), 3 * per_image);
+    assert_int_equal(l->ops->workspace_bytes(l, cpu_kernels(), 3), 3 * per_image);
     layer_free(l);
     // Against the double reference, forward and backward (finite differences over
     // 69,120 inputs would take too long; the reference backward is checked against them
@@ -850,7 +850,7 @@ static void test_im2col_col2im(void **state) {
     rng_seed(80);
     fill_uniform(x, nx, -1, 1);
     fill_nan(col, ncol);
-    cpu_kernels.im2col(col, x, N, H, W, C, K, S, P, OH, OW);
+    cpu_kernels()->im2col(col, x, N, H, W, C, K, S, P, OH, OW);
     for (int n = 0; n < N; n++)
         for (int oh = 0; oh < OH; oh++)
             for (int ow = 0; ow < OW; ow++)
@@ -880,7 +880,7 @@ static void test_im2col_col2im(void **state) {
                                 col[r * ckk + (kh * K + kw) * C + ch];
                         }
     for (int64_t i = 0; i < nx; i++) back[i] = 1e30f;
-    cpu_kernels.col2im(back, col, N, H, W, C, K, S, P, OH, OW);
+    cpu_kernels()->col2im(back, col, N, H, W, C, K, S, P, OH, OW);
     expect_close("col2im", back, want, nx, 1e-6, 1.0);
     free(x), free(col), free(back), free(want);
 }
@@ -977,7 +977,7 @@ static void test_maxpool(void **state) {
     float out[4];
     uint8_t argmax[4];
     l->inner = argmax;
-    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    LayerCtx ctx = {.k = cpu_kernels(), .train = true};
     l->ops->forward(l, &ctx, out, in, 1);
     const float want[4] = {-5, -4, -2, -1};
     // Each window's argmax, kh * 3 + kw from its padded corner: the centre (1, 1) of the
@@ -1007,7 +1007,7 @@ static void test_avgpool(void **state) {
     Layer *l = layer_from_text(&avgpool_ops, "[avgpool]\nsize = 2\npad = 1\n", (Shape){.c = 1, .h = 2, .w = 2});
     const float in[4] = {4, 8, 12, 16};
     float out[4];
-    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    LayerCtx ctx = {.k = cpu_kernels(), .train = true};
     l->ops->forward(l, &ctx, out, in, 1);
     for (int i = 0; i < 4; i++) assert_true(out[i] == in[i] / 4);  // one pixel of four
     layer_free(l);
@@ -1173,8 +1173,8 @@ static void test_batchnorm_sums_chunked(void **state) {
                     i++;
                     double *acc = way ? chunked : one;
                     const float *xs = x + s0 * sr * C, *ds = dy + s0 * sr * C;
-                    if (pass == 0) cpu_kernels.bn_sums(acc, xs, k * sr, sr, C);
-                    else cpu_kernels.bn_backward_sums(acc, ds, xs, st, st + C, st + 2 * C, st + 3 * C, k * sr, sr, C, act);
+                    if (pass == 0) cpu_kernels()->bn_sums(acc, xs, k * sr, sr, C);
+                    else cpu_kernels()->bn_backward_sums(acc, ds, xs, st, st + C, st + 2 * C, st + 3 * C, k * sr, sr, C, act);
                     s0 += k;
                 }
             if (memcmp(one, chunked, 2 * (size_t)C * sizeof(double)))
@@ -1257,7 +1257,7 @@ static void test_maxpool_ties(void **state) {
     float out[2], dout[2] = {1.5f, -2.0f}, din[8];
     uint8_t argmax[2];
     l->inner = argmax;
-    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    LayerCtx ctx = {.k = cpu_kernels(), .train = true};
     l->ops->forward(l, &ctx, out, in, 1);
     assert_true(out[0] == 5.0f && out[1] == 7.0f);
     assert_int_equal(l->ops->backward_reads(l), 0);
@@ -1360,7 +1360,7 @@ static void test_log_softmax(void **state) {
     Layer *l = layer_from_text(&log_softmax_ops, "[log_softmax]\n", (Shape){.c = 3, .h = 1, .w = 1});
     const float in[6] = {1000, 999, 998, -1000, -1001, -1002};
     float out[6];
-    LayerCtx ctx = {.k = &cpu_kernels, .train = true};
+    LayerCtx ctx = {.k = cpu_kernels(), .train = true};
     l->ops->forward(l, &ctx, out, in, 2);
     // log(1 + e^-1 + e^-2) = 0.40760596444...; the rows differ only by a shift.
     const double lse = 0.4076059644443806;
@@ -1397,7 +1397,7 @@ static void test_dropout_kernel(void **state) {
     for (size_t t = 0; t < sizeof ps / sizeof ps[0]; t++) {
         const uint64_t key = rng_key(5, RNG_STREAM_DROPOUT, 11 + t, 2), offset = 12345;
         fill_nan(out, n);
-        cpu_kernels.dropout_forward(out, in, n, ps[t], key, offset);
+        cpu_kernels()->dropout_forward(out, in, n, ps[t], key, offset);
         const float scale = 1.0f / (1.0f - ps[t]);
         for (int64_t i = 0; i < n; i++) {
             const float want = rng_uniform(key, offset + (uint64_t)i) >= ps[t] ? in[i] * scale : 0.0f;
@@ -1419,7 +1419,7 @@ static void test_dropout(void **state) {
     for (int64_t i = 0; i < c.nin; i++)  // never 0: a zero output then means dropped
         c.in[i] = frand(0.5f, 1.5f) * (urand() < 0.5 ? -1.0f : 1.0f);
     fill_uniform(c.rf, c.nout, -1, 1);
-    LayerCtx ctx = {.k = &cpu_kernels, .seed = 42, .step = 7, .sample0 = 0, .train = true};
+    LayerCtx ctx = {.k = cpu_kernels(), .seed = 42, .step = 7, .sample0 = 0, .train = true};
     c.l->ops->forward(c.l, &ctx, c.out, c.in, N);
 
     // The mask is DESIGN.md's: element i kept iff rng_uniform(key, i) >= p, with
@@ -1509,16 +1509,16 @@ static void test_label_smoothing(void **state) {
         0.22606157844851074, 0.05882193325178609, 0.01637170860971963, -0.3012552203100165,
         -5.0908401030031504e-05, -0.0340570883861679, 0.005322076825532191, 0.028785919961665865};
     float logp[12], dlogp[12], din[12], metrics[2] = {0, 0};
-    cpu_kernels.log_softmax_forward(logp, logits, 3, 4);
-    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, 3, 4, 1.0f / 3, 0.1f, NULL);
-    cpu_kernels.log_softmax_backward(din, dlogp, logp, 3, 4);
+    cpu_kernels()->log_softmax_forward(logp, logits, 3, 4);
+    cpu_kernels()->nll_loss(dlogp, metrics, logp, labels, 3, 4, 1.0f / 3, 0.1f, NULL);
+    cpu_kernels()->log_softmax_backward(din, dlogp, logp, 3, 4);
     if (!(fabs(metrics[0] / 3 - torch_loss) < 1e-6 * torch_loss))
         fail_msg("smoothed loss %.9g, torch %.9g", metrics[0] / 3, torch_loss);
     for (int i = 0; i < 12; i++)
         if (!(fabs(din[i] - torch_grad[i]) < 1e-6))
             fail_msg("gradient [%d]: %.9g, torch %.9g", i, din[i], torch_grad[i]);
     // Without smoothing the targets are one-hot: zeros stay +0.
-    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, 3, 4, 1.0f, 0.0f, NULL);
+    cpu_kernels()->nll_loss(dlogp, metrics, logp, labels, 3, 4, 1.0f, 0.0f, NULL);
     for (int i = 0; i < 12; i++) assert_true(dlogp[i] == (i % 4 == labels[i / 4] ? -1.0f : 0.0f) && !signbit(dlogp[i]) == (i % 4 != labels[i / 4]));
 }
 
@@ -1547,7 +1547,7 @@ static void test_nll_loss(void **state) {
     float metrics[2] = {1.5f, 2.0f};
     for (int i = 0; i < N * C; i++) dlogp[i] = NAN;
     const float scale = 1.0f / N;
-    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale, 0.0f, NULL);
+    cpu_kernels()->nll_loss(dlogp, metrics, logp, labels, N, C, scale, 0.0f, NULL);
     assert_true(fabs(metrics[0] - (1.5 + want_loss)) < 1e-5 * (1.5 + want_loss));
     assert_true(metrics[1] == 2.0f + want_correct);
     for (int n = 0; n < N; n++)
@@ -1556,7 +1556,7 @@ static void test_nll_loss(void **state) {
     // A loss scaler's scale multiplies the gradient (as a float), not the metrics.
     const ScalerState scaler = {.scale = 3000.5};
     metrics[0] = metrics[1] = 0;
-    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale, 0.0f, &scaler);
+    cpu_kernels()->nll_loss(dlogp, metrics, logp, labels, N, C, scale, 0.0f, &scaler);
     assert_true(fabs(metrics[0] - want_loss) < 1e-5 * want_loss);
     for (int n = 0; n < N; n++)
         for (int k = 0; k < C; k++)
@@ -1564,7 +1564,7 @@ static void test_nll_loss(void **state) {
 
     // Without a gradient buffer: metrics only.
     metrics[0] = metrics[1] = 0;
-    cpu_kernels.nll_loss(NULL, metrics, logp, labels, N, C, scale, 0.0f, NULL);
+    cpu_kernels()->nll_loss(NULL, metrics, logp, labels, N, C, scale, 0.0f, NULL);
     assert_true(fabs(metrics[0] - want_loss) < 1e-5 * want_loss);
     assert_true(metrics[1] == (float)want_correct);
 
@@ -1573,7 +1573,7 @@ static void test_nll_loss(void **state) {
     const float lp[3] = {logf(0.5f), logf(0.25f), logf(0.25f)};
     const int32_t lab = 1;
     metrics[0] = metrics[1] = 0;
-    cpu_kernels.nll_loss(NULL, metrics, lp, &lab, 1, 3, 1.0f, 0.0f, NULL);
+    cpu_kernels()->nll_loss(NULL, metrics, lp, &lab, 1, 3, 1.0f, 0.0f, NULL);
     assert_true(fabs(metrics[0] - 1.3862944f) < 1e-6);
     assert_true(metrics[1] == 0.0f);
 
@@ -1582,9 +1582,9 @@ static void test_nll_loss(void **state) {
     // central differences of the double loss.
     float xf[20], din[20];
     for (int i = 0; i < N * C; i++) xf[i] = (float)x[i];
-    cpu_kernels.log_softmax_forward(logp, xf, N, C);
-    cpu_kernels.nll_loss(dlogp, metrics, logp, labels, N, C, scale, 0.0f, NULL);
-    cpu_kernels.log_softmax_backward(din, dlogp, logp, N, C);
+    cpu_kernels()->log_softmax_forward(logp, xf, N, C);
+    cpu_kernels()->nll_loss(dlogp, metrics, logp, labels, N, C, scale, 0.0f, NULL);
+    cpu_kernels()->log_softmax_backward(din, dlogp, logp, N, C);
     double fd[20];
     for (int i = 0; i < N * C; i++) {
         double lv[2];

@@ -62,7 +62,7 @@ static Cfg parse(const char *text) {
 static void make_net_as(Net *net, const char *text, Shape input, int classes, int batch, bool bytes) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    if (net_create(net, &cfg, input, classes, netopts_as(batch, bytes), &cpu_kernels, &err))
+    if (net_create(net, &cfg, input, classes, netopts_as(batch, bytes), cpu_kernels(), &err))
         fail_msg("net_create: %s", err.msg);
     cfg_free(&cfg);  // the network keeps what it needs
 }
@@ -114,7 +114,7 @@ static void test_mnist_network(void **state) {
     load_mnist_cfg(&cfg);
     Net net;
     Error err = {{0}};
-    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(64), &cpu_kernels, &err))
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(64), cpu_kernels(), &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(net.nparams, 609354);
@@ -166,8 +166,8 @@ static void test_init_params(void **state) {
     Net a, b;
     Error err = {{0}};
     const Shape in = {.c = 1, .h = 28, .w = 28};
-    assert_int_equal(net_create(&a, &cfg, in, 10, netopts(1), &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&b, &cfg, in, 10, netopts(1), &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&a, &cfg, in, 10, netopts(1), cpu_kernels(), &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, netopts(1), cpu_kernels(), &err), 0);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&a, 1, &err), 0);
     assert_int_equal(net_init_params(&b, 1, &err), 0);
@@ -232,7 +232,7 @@ static void test_init_matches_pytorch(void **state) {
     Net net;
     Error err = {{0}};
     assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10,
-                                netopts(1), &cpu_kernels, &err),
+                                netopts(1), cpu_kernels(), &err),
                      0);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&net, 1, &err), 0);
@@ -275,7 +275,7 @@ static void test_init_matches_pytorch(void **state) {
 //               64 channels, 24x24 outputs: 144 tiles an image; its transformed weight and
 //               gradient 262,144 bytes, and for each of the 2 shards a chunk of 1 image,
 //               919,552 bytes, and its dU and dbias, 131,328: winograd_workspace in testutil.c);
-//   threads = the GEMM's packing buffers of each thread (cpu_kernels.thread_scratch).
+//   threads = the GEMM's packing buffers of each thread (cpu_kernels()->thread_scratch).
 // The block itself is checked by expect_activation_layout and the poisoned steps of
 // test_segments.c.
 static void expect_mnist_plan(const Net *net, int B) {
@@ -295,11 +295,11 @@ static void expect_mnist_plan(const Net *net, int B) {
     const size_t conv1 = 81920, conv2 = winograd_workspace(B, 24, 24, 32, 64);
     // 2 shards (2 threads), 1 image a chunk: a shard's chunk of 2 images would be 1,771,520
     // bytes, over its 1 MB; each shard's dU and dbias 131,328 bytes (no other dU).
-    assert_int_equal(cpu_kernels.shard_count(), 2);
+    assert_int_equal(cpu_kernels()->shard_count(), 2);
     assert_int_equal(conv2, 131072 + 2 * (919552 + 131328));
     const size_t ws = conv1 > conv2 ? conv1 : conv2;
     assert_int_equal(net->plan.workspace, ws);
-    const size_t packing = cpu_kernels.thread_scratch();  // each thread's, AVX-512 GEMM
+    const size_t packing = cpu_kernels()->thread_scratch();  // each thread's, AVX-512 GEMM
     assert_int_equal(net->plan.threads, packing);
     assert_int_equal(net->plan.loader, 0);  // the trainer fills it in
     assert_int_equal(mem_plan_total(&net->plan),
@@ -314,7 +314,7 @@ static void test_memory_plan(void **state) {
         Net net;
         Error err = {{0}};
         const int B = batches[k];
-        if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(B), &cpu_kernels, &err))
+        if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(B), cpu_kernels(), &err))
             fail_msg("%s", err.msg);
         assert_int_equal(net.batch, B);
         expect_mnist_plan(&net, B);
@@ -340,7 +340,7 @@ static void test_mnist_forward_backward(void **state) {
     Net net;
     Error err = {{0}};
     const int B = 8;
-    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(B), &cpu_kernels, &err))
+    if (net_create(&net, &cfg, (Shape){.c = 1, .h = 28, .w = 28}, 10, netopts(B), cpu_kernels(), &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(net_init_params(&net, 1, &err), 0);
@@ -377,7 +377,7 @@ static void expect_net_error(const char *text, int classes, const char *needle1,
     Net net;
     Error err = {{0}};
     assert_int_equal(net_create(&net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, classes, netopts(4),
-                                &cpu_kernels, &err), -1);
+                                cpu_kernels(), &err), -1);
     cfg_free(&cfg);
     if (!strstr(err.msg, needle1)) fail_msg("message '%s' lacks '%s'", err.msg, needle1);
     if (needle2 && !strstr(err.msg, needle2)) fail_msg("message '%s' lacks '%s'", err.msg, needle2);
@@ -647,7 +647,7 @@ static void check_gemm_slabs(int M, int N, int K, bool ta, bool tb) {
     for (int threads = 1; threads <= 3; threads++) {
         cpu_set_threads(threads);
         for (int i = 0; i < M * N; i++) C[i] = NAN;
-        cpu_kernels.gemm(C, A, B, M, N, K, ta, tb, 1.0f, 0.0f);
+        cpu_kernels()->gemm(C, A, B, M, N, K, ta, tb, 1.0f, 0.0f);
         for (int m = 0; m < M; m++)
             for (int n = 0; n < N; n++) {
                 double want = 0, mag = 0;
@@ -790,7 +790,7 @@ static ByteStep byte_step(const char *text, DType precision, int segments, bool 
     Error err = {{0}};
     NetOptions opt = {.batch = 7, .precision = precision, .segments = segments, .input_bytes = bytes};
     optim_plan(&adadelta, &opt);
-    if (net_create(&r.net, &cfg, in, 5, &opt, &cpu_kernels, &err) || net_init_params(&r.net, 3, &err))
+    if (net_create(&r.net, &cfg, in, 5, &opt, cpu_kernels(), &err) || net_init_params(&r.net, 3, &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     Net *net = &r.net;

@@ -52,7 +52,7 @@ static void params_init(Params *p, int64_t n, Optimizer o) {
         fail_msg("%s", err.msg);
     NetOptions opt = {.batch = 1, .precision = DT_F32};
     optim_plan(&o, &opt);
-    if (net_create(&p->net, &cfg, (Shape){.c = (int)(n - 1), .h = 1, .w = 1}, 1, &opt, &cpu_kernels, &err))
+    if (net_create(&p->net, &cfg, (Shape){.c = (int)(n - 1), .h = 1, .w = 1}, 1, &opt, cpu_kernels(), &err))
         fail_msg("%s", err.msg);
     cfg_free(&cfg);
     assert_int_equal(p->net.nparams, n);  // zero state: PyTorch's initial one
@@ -475,7 +475,7 @@ static void test_decay_skip_and_frozen(void **state) {
     NetOptions opt = {.batch = 1, .precision = DT_F32, .freeze = freeze, .nfreeze = 1};
     optim_plan(&with, &opt);
     Net net;
-    if (net_create(&net, &cfg, (Shape){.c = 3, .h = 1, .w = 1}, 1, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    if (net_create(&net, &cfg, (Shape){.c = 3, .h = 1, .w = 1}, 1, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     assert_int_equal(net.nparams, 3 * 2 + 2 + 2 + 1);
     assert_int_equal(net.ntrain, 2 + 1);  // b only
     assert_null(net.layers[0]->grads[0]);
@@ -537,7 +537,7 @@ static void fused_build(Net *net, Cfg *cfg, const FusedCase *c, const Optimizer 
     // GEMM chunks of 2 images of a 5x5 conv on 3x12x12 (its im2col, 144 x 75 floats an
     // image): the stem's sweep runs over 4 chunks.
     static Kernels small;
-    small = cpu_kernels;
+    small = *cpu_kernels();
     small.chunk_bytes = 2 * 144 * 75 * sizeof(float);
     if (net_create(net, cfg, c->in, 10, &opt, &small, &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
@@ -763,7 +763,7 @@ static void test_fused_refused_fp16(void **state) {
     if (cfg_parse(&cfg, fused_seed, "fused.cfg", &err)) fail_msg("%s", err.msg);
     NetOptions opt = {.batch = 2, .precision = DT_F16, .fused_update = true};
     Net net;
-    assert_int_equal(net_create(&net, &cfg, seed_in, 10, &opt, &cpu_kernels, &err), -1);
+    assert_int_equal(net_create(&net, &cfg, seed_in, 10, &opt, cpu_kernels(), &err), -1);
     if (!strstr(err.msg, "fused update needs fp32")) fail_msg("%s", err.msg);
     cfg_free(&cfg);
 }

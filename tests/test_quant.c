@@ -190,7 +190,7 @@ static void pack_ref(void *codes, float *absmax, float *x, StateFormat f, const 
 
 // The fp32 kernel of the rule over the read-back state.
 static void fp32_step(const Rule *r, float *p, float *s0, float *s1, const float *g, uint64_t step) {
-    const Kernels *k = &cpu_kernels;
+    const Kernels *k = cpu_kernels();
     switch (r->r.rule) {
     case RULE_ADADELTA:
         k->adadelta_step(p, s0, s1, g, N, r->r.lr, r->r.rho, r->r.eps, r->r.weight_decay, NULL);
@@ -223,7 +223,7 @@ static void test_packed_step(void **state) {
                     g[i] = step == 1 && i < QUANT_BLOCK ? 0.0f
                                                          : (float)((test_urand() * 2 - 1) * (1 + step));
                 const PackedState s0 = {c0, a0}, s1 = {c1, a1};
-                cpu_kernels.optim_step_packed(p, s0, s1, g, N, (StateFormat)f, r->r, NULL, step);
+                cpu_kernels()->optim_step_packed(p, s0, s1, g, N, (StateFormat)f, r->r, NULL, step);
                 // AdamW's int8 exp_avg_sq holds square roots (PackedPlan).
                 const bool root = r->r.rule == RULE_ADAMW;
                 unpack_ref(x0, r0, ra0, (StateFormat)f, m0, false);
@@ -255,7 +255,7 @@ static void test_packed_gate(void **state) {
     float a[1] = {0.5f};
     for (int i = 0; i < 100; i++) p[i] = (float)i, g[i] = 1, c[i] = (uint8_t)(i + 50);
     const ScalerState skip = {.scale = 1, .found = 1};
-    cpu_kernels.optim_step_packed(p, (PackedState){c, a}, (PackedState){0}, g, 100, STATE_INT8,
+    cpu_kernels()->optim_step_packed(p, (PackedState){c, a}, (PackedState){0}, g, 100, STATE_INT8,
                                   rules[1].r, &skip, 3);
     for (int i = 0; i < 100; i++) assert_true(p[i] == (float)i && c[i] == i + 50);
     assert_true(a[0] == 0.5f);
@@ -274,7 +274,7 @@ static void build_seeded(Net *net, const Optimizer *o, bool plan_only, uint64_t 
     if (cfg_parse(&cfg, net_cfg, "q.cfg", &err)) fail_msg("%s", err.msg);
     NetOptions opt = {.batch = 16, .precision = DT_F32, .plan_only = plan_only};
     optim_plan(o, &opt);
-    if (net_create(net, &cfg, net_in, 4, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    if (net_create(net, &cfg, net_in, 4, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     cfg_free(&cfg);
     if (!plan_only && net_init_params(net, seed, &err)) fail_msg("%s", err.msg);
 }
@@ -425,10 +425,10 @@ static void test_act_records(void **state) {
             assert_true(bytes <= sizeof got);
             act_pattern(x, p);
             memset(got, 0xa5, sizeof got), memset(want, 0x5a, sizeof want);
-            cpu_kernels.act_pack(got, x, ACT_VALUES, ACT_SAMPLES, bits, 77, 5);
+            cpu_kernels()->act_pack(got, x, ACT_VALUES, ACT_SAMPLES, bits, 77, 5);
             act_pack_ref(want, x, bits, 77, 5);
             if (memcmp(got, want, bytes)) fail_msg("%d bits, pattern %d: the CPU's records differ", bits, p);
-            cpu_kernels.act_unpack(y, got, ACT_VALUES, ACT_SAMPLES, bits);
+            cpu_kernels()->act_unpack(y, got, ACT_VALUES, ACT_SAMPLES, bits);
             static float yref[ACT_SAMPLES * ACT_VALUES];
             const int64_t groups = (ACT_VALUES + ACT_GROUP - 1) / ACT_GROUP;
             for (int s = 0; s < ACT_SAMPLES; s++)
@@ -468,8 +468,8 @@ static void test_act_unbiased(void **state) {
             mean[i] = 0;
         }
         for (int k = 0; k < K; k++) {
-            cpu_kernels.act_pack(rec, x, ACT_VALUES, 1, bits, rng_key(1, RNG_STREAM_ACTIVATIONS, (uint64_t)k, 0), 0);
-            cpu_kernels.act_unpack(y, rec, ACT_VALUES, 1, bits);
+            cpu_kernels()->act_pack(rec, x, ACT_VALUES, 1, bits, rng_key(1, RNG_STREAM_ACTIVATIONS, (uint64_t)k, 0), 0);
+            cpu_kernels()->act_unpack(y, rec, ACT_VALUES, 1, bits);
             for (int i = 0; i < ACT_VALUES; i++) mean[i] += y[i] / (double)K;
         }
         double chi2 = 0;
@@ -514,7 +514,7 @@ static void test_act_gradient_expectation(void **state) {
         Error err = {{0}};
         if (cfg_parse(&cfg, text, "act.cfg", &err)) fail_msg("%s", err.msg);
         const NetOptions opt = {.batch = B, .precision = DT_F32, .compress = c ? 2 : 0};
-        if (net_create(&nets[c], &cfg, net_in, 4, &opt, &cpu_kernels, &err) ||
+        if (net_create(&nets[c], &cfg, net_in, 4, &opt, cpu_kernels(), &err) ||
             net_init_params(&nets[c], 3, &err))
             fail_msg("%s", err.msg);
         cfg_free(&cfg);

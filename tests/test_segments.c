@@ -76,7 +76,7 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
     const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
                             .sweep = segments != 0 || g_compress, .sweep_bytes = g_sweep_bytes,
                             .input_bytes = g_bytes, .compress = g_compress};
-    if (net_create(net, cfg, in, 10, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    if (net_create(net, cfg, in, 10, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
 }
 
@@ -328,8 +328,8 @@ static void test_deep_cfg_saving(void **state) {
     if (cfg_load(&cfg, "models/deep.cfg", &err)) skip();  // run from the repository root
     Net a, b;
     const Shape in = {.c = 1, .h = 28, .w = 28};
-    assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .plan_only = true}, cpu_kernels(), &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 64, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true}, cpu_kernels(), &err), 0);
     assert_true(a.nlayers >= 32);
     assert_true(a.plan.activations >= 4 * b.plan.activations);
     print_message("deep.cfg: %d layers, %d segments, activations %.1f MB -> %.1f MB\n",
@@ -348,7 +348,7 @@ static Net frozen_step(const char *const *freeze, int nfreeze, bool stats, Cfg *
     if (cfg_parse(cfg, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
     const NetOptions opt = {.batch = 6, .precision = DT_F32, .segments = segments, .sweep = segments != 0, .freeze = freeze,
                             .nfreeze = nfreeze, .freeze_stats = stats, .opt_states = 2};
-    if (net_create(&net, cfg, in, 10, &opt, &cpu_kernels, &err) || net_init_params(&net, 7, &err))
+    if (net_create(&net, cfg, in, 10, &opt, cpu_kernels(), &err) || net_init_params(&net, 7, &err))
         fail_msg("%s", err.msg);
     fill_batch(&net, in, 6);
     poisoned_step(&net, 6, (char)0x3c);
@@ -412,7 +412,7 @@ static void test_freeze(void **state) {
     if (cfg_parse(&c3, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
     const char *nope[] = {"layer9"};
     const NetOptions opt = {.batch = 2, .precision = DT_F32, .freeze = nope, .nfreeze = 1};
-    assert_int_equal(net_create(&bad, &c3, (Shape){.c = 3, .h = 10, .w = 9}, 10, &opt, &cpu_kernels, &err), -1);
+    assert_int_equal(net_create(&bad, &c3, (Shape){.c = 3, .h = 10, .w = 9}, 10, &opt, cpu_kernels(), &err), -1);
     assert_non_null(strstr(err.msg, "freeze names 'layer9'"));
     cfg_free(&c3);
 }
@@ -426,8 +426,8 @@ static void test_resnet18_cfg_saving(void **state) {
     if (cfg_load(&cfg, "models/resnet18.cfg", &err)) skip();  // run from the repository root
     Net a, b;
     const Shape in = {.c = 3, .h = 224, .w = 224};
-    assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .plan_only = true}, &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&a, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .plan_only = true}, cpu_kernels(), &err), 0);
+    assert_int_equal(net_create(&b, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true}, cpu_kernels(), &err), 0);
     assert_int_equal(a.nparams, 11181642);  // torchvision.models.resnet18(num_classes=10)
     assert_int_equal(a.nnodes, 53);  // 3 stem, 8 blocks of 5, 3 downsamples of 2, 4 head
     assert_int_equal(b.nsegments, 7);
@@ -443,7 +443,7 @@ static void test_resnet18_cfg_saving(void **state) {
     // The byte input (the trainer's): the input's 19.27 MB of floats become 4.82 MB of bytes
     // (and 3 KB of table); conv1 (a GEMM, no bias) reads them an image at a time through 0.6 MB.
     Net c;
-    assert_int_equal(net_create(&c, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .plan_only = true, .input_bytes = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&c, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F32, .plan_only = true, .input_bytes = true}, cpu_kernels(), &err), 0);
     assert_int_equal(c.exec.input_chunk, 1);
     print_message("with the byte input: the activation block %.1f MB, kept %.1f MB\n", c.plan.activations / 1e6,
                   c.plan.act_kept / 1e6);
@@ -454,8 +454,8 @@ static void test_resnet18_cfg_saving(void **state) {
     // 64x112x112 (one sample), with them layer1's 64x56x56 (two); the swept stem converts
     // in the sweep's own scratch.
     Net h, hs;
-    assert_int_equal(net_create(&h, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .plan_only = true, .input_bytes = true}, &cpu_kernels, &err), 0);
-    assert_int_equal(net_create(&hs, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true, .input_bytes = true}, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&h, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .plan_only = true, .input_bytes = true}, cpu_kernels(), &err), 0);
+    assert_int_equal(net_create(&hs, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true, .input_bytes = true}, cpu_kernels(), &err), 0);
     assert_int_equal(h.scratch_bytes, (size_t)4 * 64 * 112 * 112 * 4);  // multiples of 64 bytes
     assert_int_equal(hs.scratch_bytes, (size_t)4 * 2 * 64 * 56 * 56 * 4);
     // fp16: each block's bn1 output exists only in conv2's scratch (NetNode.virt), and a
@@ -492,8 +492,8 @@ static void test_plan_is_allocation(void **state) {
                                      .plan_only = true, .input_bytes = net_i >= 2};
             NetOptions real = plan;
             real.plan_only = false;
-            assert_int_equal(net_create(&p, &cfg, in, 10, &plan, &cpu_kernels, &err), 0);
-            assert_int_equal(net_create(&n, &cfg, in, 10, &real, &cpu_kernels, &err), 0);
+            assert_int_equal(net_create(&p, &cfg, in, 10, &plan, cpu_kernels(), &err), 0);
+            assert_int_equal(net_create(&n, &cfg, in, 10, &real, cpu_kernels(), &err), 0);
             assert_memory_equal(&p.plan, &n.plan, sizeof p.plan);
             expect_activation_layout(&n);
             memset(n.activations, 0x44, n.plan.activations);  // ASan: the block is that large
@@ -520,7 +520,7 @@ static MemPlan plan_b64(const Cfg *cfg, Shape in, int segments) {
     Net n;
     Error err = {{0}};
     const NetOptions opt = {.batch = 64, .precision = DT_F32, .segments = segments, .sweep = segments != 0, .plan_only = true};
-    if (net_create(&n, cfg, in, 10, &opt, &cpu_kernels, &err)) fail_msg("%s", err.msg);
+    if (net_create(&n, cfg, in, 10, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     const MemPlan p = n.plan;
     net_free(&n);
     return p;
@@ -532,7 +532,7 @@ static void flat_costs(CostTable *t, const Cfg *cfg, Shape in) {
     Net net;
     Error err = {{0}};
     const NetOptions opt = {.batch = 2, .precision = DT_F32, .plan_only = true};
-    if (net_create(&net, cfg, in, 10, &opt, &cpu_kernels, &err) || cost_init(t, &net, &err)) fail_msg("%s", err.msg);
+    if (net_create(&net, cfg, in, 10, &opt, cpu_kernels(), &err) || cost_init(t, &net, &err)) fail_msg("%s", err.msg);
     for (int i = 0; i < t->nlayers; i++)
         for (int k = 0; k < CALL_SWEEP_FORWARD; k++)
             if (net.modules[i]->ops != &residual_ops)
@@ -554,7 +554,7 @@ static void test_budget_chooser(void **state) {
     assert_true(mem_plan_total(&ckpt) < mem_plan_total(&plain));
     CostTable t;
     flat_costs(&t, &cfg, in);
-    BudgetQuery q = {.cfg = &cfg, .k = &cpu_kernels, .input = in, .classes = 10, .batch = 64,
+    BudgetQuery q = {.cfg = &cfg, .k = cpu_kernels(), .input = in, .classes = 10, .batch = 64,
                      .base = {.batch = 64, .precision = DT_F32}, .base_accumulate = 1};
     const size_t budgets[] = {mem_plan_total(&plain), mem_plan_total(&plain) - 1, mem_plan_total(&ckpt),
                               mem_plan_total(&ckpt) - 1};
@@ -636,7 +636,7 @@ static void test_budget_leave(void **state) {
     Error err = {{0}};
     if (cfg_parse(&cfg, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
     const Shape in = {.c = 3, .h = 10, .w = 9};
-    BudgetQuery q = {.cfg = &cfg, .k = &cpu_kernels, .input = in, .classes = 10, .batch = 64,
+    BudgetQuery q = {.cfg = &cfg, .k = cpu_kernels(), .input = in, .classes = 10, .batch = 64,
                      .base = {.batch = 64, .precision = DT_F32}, .base_accumulate = 1, .budget = 1};
     FitChoice *plans;
     int n;
@@ -744,7 +744,7 @@ static void test_cost_probe(void **state) {
     Error err = {{0}};
     if (cfg_parse(&cfg, resnet, "test.cfg", &err)) fail_msg("%s", err.msg);
     const Shape in = {.c = 3, .h = 32, .w = 32};
-    BudgetQuery q = {.cfg = &cfg, .k = &cpu_kernels, .input = in, .classes = 10, .batch = 16,
+    BudgetQuery q = {.cfg = &cfg, .k = cpu_kernels(), .input = in, .classes = 10, .batch = 16,
                      .base = {.batch = 16, .precision = DT_F32}, .base_accumulate = 1, .budget = SIZE_MAX};
     FitChoice *plans;
     int n;
@@ -755,7 +755,7 @@ static void test_cost_probe(void **state) {
     Net net;
     NetOptions opt = plans[0].net;
     opt.plan_only = true;
-    assert_int_equal(net_create(&net, &cfg, in, 10, &opt, &cpu_kernels, &err), 0);
+    assert_int_equal(net_create(&net, &cfg, in, 10, &opt, cpu_kernels(), &err), 0);
     for (int j = 0; j < net.nnodes; j++)
         if (net.nodes[j].kind == NODE_LEAF) {
             const CallCost *c = &t.call[net.nodes[j].l->index][CALL_FORWARD];

@@ -80,7 +80,7 @@ static void load_net(Net *net, const Cfg *cfg, int S, const StFile *x, const cha
     const Shape in = {.c = 3, .h = S, .w = S};
     NetOptions opt = {.batch = N, .precision = DT_F32};
     optim_plan(&adadelta, &opt);
-    if (net_create(net, cfg, in, CLASSES, &opt, &cpu_kernels, &err) ||
+    if (net_create(net, cfg, in, CLASSES, &opt, cpu_kernels(), &err) ||
         checkpoint_load_weights(in_dir("weights.safetensors"), net, NULL, 0, &err))
         fail_msg("%s", err.msg);
     const StEntry *e = entry(x, images);

@@ -202,7 +202,7 @@ static size_t winograd_chunk_bytes(int n, int OH, int OW, int C, int OC) {
 }
 
 size_t winograd_workspace(int B, int OH, int OW, int C, int OC) {
-    const int shards = cpu_kernels.shard_count(), share = (B + shards - 1) / shards;
+    const int shards = cpu_kernels()->shard_count(), share = (B + shards - 1) / shards;
     const size_t budget = shards > 1 ? (size_t)1 << 20 : (size_t)2 << 20;  // 2 MB chunk_bytes
     int n = 1;
     while (n < share && winograd_chunk_bytes(n + 1, OH, OW, C, OC) <= budget) n++;

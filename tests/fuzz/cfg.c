@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         const NetOptions opt = {.batch = 2, .plan_only = true, .segments = 2, .sweep = true};
         Net net;
-        if (net_create(&net, &cfg, (Shape){.c = 3, .h = 16, .w = 16}, 5, &opt, &cpu_kernels, &err) == 0)
+        if (net_create(&net, &cfg, (Shape){.c = 3, .h = 16, .w = 16}, 5, &opt, cpu_kernels(), &err) == 0)
             net_free(&net);
         // [train] and [data] as ./train reads them; [data] alone where [train] is missing.
         Options o;

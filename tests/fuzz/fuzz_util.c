@@ -48,7 +48,7 @@ int fuzz_resnet_create(Net *net, Error *err) {
     static const char *const states[] = {"square_avg", "acc_delta"};  // Adadelta's
     const NetOptions opt = {.batch = 2, .opt_states = 2, .opt_state_names = states};
     if (cfg_parse(&cfg, fuzz_resnet_cfg, "fuzz", err)) return -1;
-    const int rc = net_create(net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, 5, &opt, &cpu_kernels, err);
+    const int rc = net_create(net, &cfg, (Shape){.c = 1, .h = 8, .w = 8}, 5, &opt, cpu_kernels(), err);
     cfg_free(&cfg);
     return rc;
 }

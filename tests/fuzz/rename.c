@@ -34,7 +34,7 @@ static const char *checkpoint(void) {
     static const char *const states[] = {"square_avg", "acc_delta"};
     const NetOptions opt = {.batch = 2, .opt_states = 2, .opt_state_names = states};
     if (cfg_parse(&cfg, cfg_text, "fuzz", &err) ||
-        net_create(&net, &cfg, (Shape){.c = 1, .h = 4, .w = 4}, 3, &opt, &cpu_kernels, &err))
+        net_create(&net, &cfg, (Shape){.c = 1, .h = 4, .w = 4}, 3, &opt, cpu_kernels(), &err))
         abort();
     char *names[3] = {"a", "b", "c"};
     const TrainState st = {.loss_scale = 1, .best_val_acc = -1};

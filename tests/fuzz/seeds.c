@@ -222,7 +222,7 @@ static uint8_t *predict_checkpoint(const char *cfg_text, Shape input, int classe
     Error err = {{0}};
     const NetOptions opt = {.batch = 2};
     if (cfg_parse(&cfg, cfg_text, "seed", &err) ||
-        net_create(&net, &cfg, input, classes, &opt, &cpu_kernels, &err) ||
+        net_create(&net, &cfg, input, classes, &opt, cpu_kernels(), &err) ||
         net_init_params(&net, 5, &err)) {
         fprintf(stderr, "seeds: %s\n", err.msg);
         exit(1);

@@ -1,0 +1,67 @@
+// cpu.c: the CPU backend's table, chosen once per process from the instructions the CPU
+// has (issue 36): the x86-64-v3 table (AVX2, FMA, F16C) where the CPU and the OS support
+// them, else the portable one, compiled for the build's baseline (plain x86-64, or any
+// arm64). Both are nn/cpu_kernels.c; the choice is made at the first call, so one binary
+// runs on every CPU of its architecture. CNN_CPU_KERNELS=portable in the environment
+// forces the portable table (the tests compare the two on one machine).
+#include <cblas.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_avx512.h"
+#include "kernels.h"
+
+const char *const activation_names[ACT_COUNT] = {"none", "relu"};
+static_assert(ACT_COUNT == 2, "activation_names must list every Activation");
+
+extern const Kernels cpu_kernels_portable;
+#if defined(__x86_64__)
+extern const Kernels cpu_kernels_x86_64_v3;
+#endif
+
+static const Kernels *chosen;
+static const char *chosen_set;
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+static void choose(void) {
+    const char *want = getenv("CNN_CPU_KERNELS");
+    const bool portable = want && strcmp(want, "portable") == 0;
+    if (want && !portable)
+        fprintf(stderr, "warning: CNN_CPU_KERNELS=%s: expected 'portable'; choosing by the CPU\n", want);
+    chosen = &cpu_kernels_portable;
+#if defined(__x86_64__)
+    chosen_set = "x86-64";
+    __builtin_cpu_init();
+    // The OS's support (XSAVE of the AVX state) is part of the test.
+    if (!portable && __builtin_cpu_supports("x86-64-v3")) {
+        chosen = &cpu_kernels_x86_64_v3;
+        chosen_set = "x86-64-v3";
+    }
+#elif defined(__aarch64__)
+    chosen_set = "arm64";
+#else
+    chosen_set = "portable";
+#endif
+}
+
+const Kernels *cpu_kernels(void) {
+    pthread_once(&choose_once, choose);
+    return chosen;
+}
+
+const char *cpu_kernels_name(void) {
+    static char name[128];
+    pthread_once(&choose_once, choose);
+    snprintf(name, sizeof name, "%s loops, %sOpenBLAS %s GEMM", chosen_set,
+             gemm_avx512_available() ? "AVX-512 + " : "", openblas_get_corename());
+    return name;
+}
+
+void cpu_set_threads(int n) {
+    openblas_set_num_threads(1);  // see cpu_gemm
+    omp_set_num_threads(n);
+    omp_set_max_active_levels(1);  // a kernel inside a shard runs on the shard's thread
+}
