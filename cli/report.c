@@ -6,20 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../nn/budget.h"
 #include "../nn/kernels.h"
 #include "../nn/profile.h"
 #include "metrics.h"
-
-size_t proc_status_bytes(const char *field) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    size_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, field, strlen(field)) == 0) kb = (size_t)atoll(line + strlen(field));
-    fclose(f);
-    return kb * 1024;
-}
 
 void report_header(const Run *r, int accumulate) {
     const Options *o = r->o;

@@ -4,12 +4,7 @@
 #ifndef CLI_REPORT_H
 #define CLI_REPORT_H
 
-#include <stddef.h>
-
 #include "run.h"
-
-// A size field of /proc/self/status ("VmHWM:", "VmRSS:") in bytes, or 0 if unknown.
-size_t proc_status_bytes(const char *field);
 
 // The run's first lines: the cfg, the device, the data, the batch as the processes and
 // `accumulate` micro-batches divide it, what changes the arithmetic; then the network.

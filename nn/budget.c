@@ -1,6 +1,7 @@
 // budget.c: the plans of a memory budget and the choice between them (budget.h).
 #include "budget.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 // Plans choice c (its micro-batch from q's batch) without allocating.
 static int plan_of(const BudgetQuery *q, FitChoice *c, Error *err) {
@@ -216,9 +218,12 @@ const char *fit_changes(const FitChoice *c, const NetOptions *base, int base_acc
     return why;
 }
 
-// The value of `field` (in kB) in a /proc file such as /proc/meminfo, in bytes; 0 if absent.
-static size_t proc_kb(const char *file, const char *field) {
-    FILE *f = fopen(file, "r");
+// The value of `field` (in kB) in root's `file`, a file of "Name:  N kB" lines such as
+// /proc/meminfo, in bytes; 0 if the file or the field is missing.
+static size_t proc_kb(const char *root, const char *file, const char *field) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s%s", root, file);
+    FILE *f = fopen(path, "r");
     if (!f) return 0;
     char line[256];
     size_t v = 0;
@@ -233,27 +238,100 @@ static size_t proc_kb(const char *file, const char *field) {
     return v;
 }
 
-// One number from a cgroup file ("max" and unreadable files give SIZE_MAX).
-static size_t cgroup_value(const char *file) {
-    FILE *f = fopen(file, "r");
+// A size field of root's /proc/self/status; where there is none (not Linux), the peak
+// resident size from getrusage (ru_maxrss: bytes on macOS, kB elsewhere).
+static size_t status_bytes(const char *root, const char *field) {
+    const size_t v = proc_kb(root, "/proc/self/status", field);
+    struct rusage ru;
+    if (v || getrusage(RUSAGE_SELF, &ru)) return v;
+#ifdef __APPLE__
+    return (size_t)ru.ru_maxrss;
+#else
+    return (size_t)ru.ru_maxrss * 1024;
+#endif
+}
+
+size_t proc_status_bytes(const char *field) { return status_bytes("", field); }
+
+// What the machine can give: MemAvailable; where it is missing (not Linux, or Linux before
+// 3.14), sysconf's free pages, which leave out the cache the kernel would give up (too
+// little rather than too much), or all of the memory where no count of free pages exists.
+// SIZE_MAX when nothing says.
+static size_t machine_free(const char *root, const char **source) {
+    const size_t avail = proc_kb(root, "/proc/meminfo", "MemAvailable:");
+    *source = "the machine's available memory (MemAvailable)";
+    if (avail) return avail;
+#ifdef _SC_AVPHYS_PAGES
+    const long pages = sysconf(_SC_AVPHYS_PAGES);
+    *source = "the machine's free memory (sysconf)";
+#else
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    *source = "the machine's memory (sysconf)";
+#endif
+    const long page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return (size_t)pages * (size_t)page;
+    *source = "unknown";
+    return SIZE_MAX;
+}
+
+// One number from the cgroup file dir/name ("max" and unreadable files give SIZE_MAX).
+static size_t cgroup_value(const char *dir, const char *name) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return SIZE_MAX;
+    FILE *f = fopen(path, "r");
     if (!f) return SIZE_MAX;
     unsigned long long v;
     const int ok = fscanf(f, "%llu", &v) == 1;
     fclose(f);
-    return ok ? (size_t)v : SIZE_MAX;
+    return ok && v < SIZE_MAX ? (size_t)v : SIZE_MAX;
 }
 
-size_t budget_machine_bytes(const char **source) {
+// The least that this process's memory cgroup and its parents leave it (each one's limit
+// less its use), from the v2 hierarchy (memory.max) or v1's memory controller
+// (memory.limit_in_bytes) where root's /proc/self/cgroup places it; SIZE_MAX when none is
+// limited. A container's own cgroup may be mounted as the hierarchy's root: the parents'
+// folders are tried up to the root, and the ones that do not exist are passed over.
+static size_t cgroup_left(const char *root, const char **source) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/proc/self/cgroup", root);
+    FILE *f = fopen(path, "r");
+    if (!f) return SIZE_MAX;
     size_t best = SIZE_MAX;
-    *source = "unknown";
-    const size_t avail = proc_kb("/proc/meminfo", "MemAvailable:");
-    if (avail) best = avail, *source = "the machine's available memory (MemAvailable)";
-    const size_t max = cgroup_value("/sys/fs/cgroup/memory.max"),
-                 cur = cgroup_value("/sys/fs/cgroup/memory.current");
-    if (max != SIZE_MAX && cur != SIZE_MAX) {
-        const size_t left = max > cur ? max - cur : 0;
-        if (left < best) best = left, *source = "the cgroup's memory.max less its use";
+    char line[PATH_MAX];
+    while (fgets(line, sizeof line, f)) {  // "ID:CONTROLLERS:PATH"
+        char *ctl = strchr(line, ':'), *cg = ctl ? strchr(ctl + 1, ':') : NULL;
+        if (!cg || cg[1] != '/') continue;
+        *ctl++ = '\0', *cg++ = '\0';
+        cg[strcspn(cg, "\n")] = '\0';
+        const bool v2 = !strcmp(line, "0") && !*ctl;
+        if (!v2 && strcmp(ctl, "memory")) continue;
+        for (;;) {
+            char dir[PATH_MAX];
+            if (snprintf(dir, sizeof dir, "%s/sys/fs/cgroup%s%s", root, v2 ? "" : "/memory", cg) >=
+                (int)sizeof dir)
+                break;
+            const size_t max = cgroup_value(dir, v2 ? "memory.max" : "memory.limit_in_bytes"),
+                         cur = cgroup_value(dir, v2 ? "memory.current" : "memory.usage_in_bytes");
+            const size_t left =
+                max == SIZE_MAX || cur == SIZE_MAX ? SIZE_MAX : max > cur ? max - cur : 0;
+            if (left < best)
+                best = left, *source = v2 ? "the cgroup's memory.max less its use"
+                                          : "the cgroup's memory.limit_in_bytes less its use";
+            if (!cg[1]) break;  // the hierarchy's root was the last
+            char *slash = strrchr(cg, '/');
+            slash[slash == cg] = '\0';  // "/a/b" -> "/a" -> "/"
+        }
     }
+    fclose(f);
+    return best;
+}
+
+size_t budget_machine_bytes_in(const char *root, const char **source) {
+    size_t best = machine_free(root, source);
+    const char *cgroup = NULL;
+    const size_t left = cgroup_left(root, &cgroup);
+    if (left < best) best = left, *source = cgroup;
+    // Lacking /proc, status_bytes's peak resident size stands in for what is mapped.
     const struct {
         int resource;
         const char *status, *name;
@@ -262,9 +340,11 @@ size_t budget_machine_bytes(const char **source) {
     for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
         struct rlimit rl;
         if (getrlimit(limits[i].resource, &rl) || rl.rlim_cur == RLIM_INFINITY) continue;
-        const size_t used = proc_kb("/proc/self/status", limits[i].status);
+        const size_t used = status_bytes(root, limits[i].status);
         const size_t left = rl.rlim_cur > used ? (size_t)rl.rlim_cur - used : 0;
         if (left < best) best = left, *source = limits[i].name;
     }
     return best;
 }
+
+size_t budget_machine_bytes(const char **source) { return budget_machine_bytes_in("", source); }

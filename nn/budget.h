@@ -85,9 +85,18 @@ const char *fit_changes(const FitChoice *c, const NetOptions *base, int base_acc
                         char *why, size_t cap);
 
 // The memory this process can still take on this machine, in bytes: the least of the
-// kernel's MemAvailable, the cgroup's memory.max less its memory.current, and the address
-// space and data limits (ulimit -v, -d) less what the process maps; SIZE_MAX when none of
-// them can be read. *source names the one that decided ("MemAvailable", ...).
+// kernel's MemAvailable (where it is missing, sysconf's free pages), the memory cgroup's
+// limit less its use (v2's memory.max, v1's memory.limit_in_bytes; its parents' too), and
+// the address space and data limits (ulimit -v, -d) less what the process maps; SIZE_MAX
+// when none of them can be read. *source names the one that decided ("MemAvailable", ...).
 size_t budget_machine_bytes(const char **source);
+// The same, with /proc and /sys read under the folder root ("" for this machine's): for the
+// tests.
+size_t budget_machine_bytes_in(const char *root, const char **source);
+
+// A size field of this process's /proc/self/status ("VmRSS:", "VmHWM:") in bytes. Where
+// the file does not give it (not Linux), the peak resident size (getrusage): what VmHWM
+// is, and what VmRSS is at start-up, before anything is freed.
+size_t proc_status_bytes(const char *field);
 
 #endif

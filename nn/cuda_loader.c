@@ -9,8 +9,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "file.h"
 #include "kernels.h"
 
 #ifndef CNN_CUDA_LIB
@@ -24,14 +24,10 @@ static TableFn table_fn;
 static char load_error[512];
 
 static void load(void) {
-    char path[PATH_MAX + 32], tried[3][PATH_MAX + 32];
+    char path[PATH_MAX], tried[3][PATH_MAX + 32];
     int ntried = 0;
-    ssize_t n = readlink("/proc/self/exe", path, PATH_MAX);
-    if (n > 0) {
-        path[n] = '\0';
-        char *slash = strrchr(path, '/');
-        if (slash) snprintf(tried[ntried++], sizeof tried[0], "%.*s/libcnn_cuda.so", (int)(slash - path), path);
-    }
+    if (!file_exe_dir(path, sizeof path))
+        snprintf(tried[ntried++], sizeof tried[0], "%s/libcnn_cuda.so", path);
     snprintf(tried[ntried++], sizeof tried[0], "%s", CNN_CUDA_LIB);
     snprintf(tried[ntried++], sizeof tried[0], "libcnn_cuda.so");
     const char *why = "";

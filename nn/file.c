@@ -1,5 +1,6 @@
 #include "file.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -127,4 +128,21 @@ fail:
         snprintf(err->msg + len, sizeof err->msg - len, "; '%s' is unchanged", path);
     }
     return -1;
+}
+
+int file_exe_dir(char *dir, size_t cap) {
+    if (cap < 2) return -1;
+    const ssize_t n = readlink("/proc/self/exe", dir, cap - 1);
+    Dl_info info;
+    if (n > 0)
+        dir[n] = '\0';
+    else if (dladdr((void *)(uintptr_t)file_exe_dir, &info) && info.dli_fname &&
+             strlen(info.dli_fname) < cap)
+        strcpy(dir, info.dli_fname);
+    else
+        return -1;
+    char *slash = strrchr(dir, '/');
+    if (!slash) return -1;  // found on the PATH: the folder is unknown
+    slash[slash == dir] = '\0';  // "/train" -> "/"
+    return 0;
 }

@@ -24,5 +24,9 @@ int file_write_atomic(const char *path, int (*fill)(FILE *f, void *arg), void *a
 // Creates the folder path and its missing parents (mkdir -p). Errors name the folder
 // that could not be made, or a path that exists and is not a folder.
 int file_mkdirs(const char *path, Error *err);
+// The folder of this process's executable (no trailing slash) into dir: /proc/self/exe on
+// Linux; elsewhere the file that the dynamic loader says holds this code (dladdr), which
+// may be relative to the starting folder. -1 when neither says.
+int file_exe_dir(char *dir, size_t cap);
 
 #endif

@@ -33,6 +33,7 @@
 
 #include <stb/stb_image_write.h>
 
+#include "../nn/file.h"
 #include "testutil.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -80,10 +81,7 @@ static int group_setup(void **state) {
         return -1;
     // The library next to this suite's binary: build/tests or build/san/tests.
     char self[PATH_MAX];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return -1;
-    self[n] = 0;
-    *strrchr(self, '/') = 0;
+    if (file_exe_dir(self, sizeof self)) return -1;
     snprintf(shim, sizeof shim, "%s/libfault.so", self);
     return 0;
 }
