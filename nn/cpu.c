@@ -13,6 +13,7 @@
 
 #include "gemm_avx512.h"
 #include "kernels.h"
+#include "quant.h"
 
 const char *const activation_names[ACT_COUNT] = {"none", "relu"};
 static_assert(ACT_COUNT == 2, "activation_names must list every Activation");
@@ -21,6 +22,11 @@ extern const Kernels cpu_kernels_portable;
 #if defined(__x86_64__)
 extern const Kernels cpu_kernels_x86_64_v3;
 #endif
+
+// Filled here, in the baseline's object, not in the tables': a constructor of the
+// x86-64-v3 object would run its instructions before any choice.
+float cpu_quant_map[QUANT_MAP_FLOATS];
+__attribute__((constructor)) static void cpu_quant_map_init(void) { quant_map_fill(cpu_quant_map); }
 
 static const Kernels *chosen;
 static const char *chosen_set;

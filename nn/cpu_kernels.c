@@ -1551,9 +1551,6 @@ static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t
     for (int64_t i = 0; i < n; i++) adamw_elem(&p[i], &m[i], &v[i], g[i], a);
 }
 
-// The quantization maps (nn/quant.h), built once when the program loads.
-static float quant_map[QUANT_MAP_FLOATS];
-__attribute__((constructor)) static void quant_map_init(void) { quant_map_fill(quant_map); }
 
 #define SUB(a, b) ((a) - (b))
 
@@ -1568,7 +1565,7 @@ static void unpack_block(float *x, PackedState s, StateFormat f, int map, bool r
         return;
     }
     const uint8_t *c = (const uint8_t *)s.codes + i0;
-    const float *q = quant_map + map, amax = s.absmax[b];
+    const float *q = cpu_quant_map + map, amax = s.absmax[b];
 #pragma omp simd
     for (int i = 0; i < m; i++) x[i] = q[c[i]] * amax;
     if (root)
@@ -1594,7 +1591,7 @@ static void pack_block(PackedState s, float *x, StateFormat f, int map, bool roo
 #pragma omp simd reduction(max : amax)
     for (int i = 0; i < m; i++) amax = fmaxf(amax, fabsf(x[i]));
     s.absmax[b] = amax;
-    const float *q = quant_map + map;
+    const float *q = cpu_quant_map + map;
     if (amax == 0.0f) {
         memset(c, map == QUANT_SIGNED ? QUANT_SIGNED_ZERO : 0, (size_t)m);
         return;

@@ -7,13 +7,13 @@
 
 #ifdef CNN_MPI
 #include <mpi.h>
-#endif
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
+#endif
 
 int dist_available(void) {
 #ifdef CNN_MPI

@@ -437,6 +437,9 @@ typedef struct Kernels {
 
 // The CPU backend (OpenBLAS), always built: the table for this CPU (nn/cpu.c).
 const Kernels *cpu_kernels(void);
+// The 8-bit optimizer state's maps (nn/quant.h's QUANT_MAP_FLOATS values) that the CPU
+// tables read, filled when the program loads.
+extern float cpu_quant_map[];
 
 // The CUDA backend: gpu/ defines it where CUDA was built; nn/no_cuda.c otherwise, which
 // returns NULL with a message saying how to build with CUDA.

@@ -1,0 +1,80 @@
+#!/bin/sh
+# make test-arch (issue 36): cnn.c on CPUs this machine is not, under emulation.
+#   1. The x86-64 baseline: this build's binaries under qemu-x86_64 -cpu Nehalem (SSE4.2, no
+#      AVX: an x86-64-v3 instruction would end them with SIGILL). ./train must choose the
+#      portable table, SUITES must pass, and STEPS steps of models/mnist.cfg must equal, bit
+#      for bit, the native run of the same kernels (CNN_CPU_KERNELS=portable with OpenBLAS's
+#      Nehalem kernels, OPENBLAS_CORETYPE=Nehalem, which qemu's CPU makes OpenBLAS choose).
+#   2. arm64: cross-built into build/aarch64 (Debian's aarch64-linux-gnu-gcc and the arm64
+#      -dev packages, data/install_cross.sh), SUITES under qemu-aarch64-static, and one
+#      epoch of models/mnist.cfg on make run's data whose test accuracy is within 0.5
+#      points of the native build's. The emulated epoch takes some 20 minutes on 2 cores
+#      (qemu runs float code 20-300 times slower); EPOCH=0 trains STEPS steps instead and
+#      compares their last loss (within 1e-3 of the native's: the kernels' rounding
+#      differs, OpenBLAS's armv8 products and gcc's NEON code against x86's).
+# SUITES: the core suites that spawn no ./train and run in seconds natively (layers and
+# their finite differences, GEMM, fp16, compression, optimizers, checkpoints, safetensors,
+# the loader and image decoders, the budget's memory readings): each 10-25x slower under
+# qemu. test_segments (70 s natively) and test_train (./train processes) stay native.
+# The Makefile's ARCH_SUITES names them.
+#   make test-arch [EPOCH=0]    (builds both, then runs this with SUITES)
+set -u
+cd "$(dirname "$0")/.." || exit 1
+SUITES=${SUITES:?SUITES=the suites to run (make test-arch gives ARCH_SUITES)}
+STEPS=${STEPS:-10}
+EPOCH=${EPOCH:-1}
+ARM_TOLERANCE=1e-5
+X86_CPU=Nehalem
+ARM=build/aarch64
+OUT=build/arch
+rm -rf "$OUT"
+mkdir -p "$OUT"
+fails=0
+check() {  # what status
+    if [ "$2" = 0 ]; then echo "ok    $1"; else echo "FAIL  $1"; fails=$((fails + 1)); fi
+}
+suites() {  # runner... : every suite of SUITES under the runner (the build folder's)
+    dir=$1
+    shift
+    for s in $SUITES; do
+        "$@" "$dir/tests/test_$s" > "$OUT/$(basename "$dir")-test_$s.log" 2>&1
+        check "test_$s under $*" $?
+    done
+}
+first_line() { head -n 1 "$1"; }
+val_acc() { grep '^epoch' "$1" | tail -n 1 | sed 's/.*val_acc \([0-9.]*\)%.*/\1/'; }
+
+echo "== x86-64 baseline under qemu-x86_64 -cpu $X86_CPU"
+X86="qemu-x86_64-static -cpu $X86_CPU"
+suites build $X86
+$X86 ./train models/mnist.cfg epochs=1 stop_after="$STEPS" save="$OUT/x86-qemu" > "$OUT/x86-qemu.log" 2>&1
+check "./train under qemu: $(first_line "$OUT/x86-qemu.log" | sed 's/.* on cpu (\([^)]*\)).*/\1/')" $?
+grep -q 'on cpu (x86-64 loops' "$OUT/x86-qemu.log"
+check "the portable table chosen on a CPU without AVX" $?
+CNN_CPU_KERNELS=portable OPENBLAS_CORETYPE=$X86_CPU ./train models/mnist.cfg epochs=1 \
+    stop_after="$STEPS" save="$OUT/x86-native" > "$OUT/x86-native.log" 2>&1
+./ckpt diff "$OUT/x86-native/last.safetensors" "$OUT/x86-qemu/last.safetensors" > "$OUT/x86-diff.log" 2>&1
+check "$STEPS steps under qemu equal the native run's bit for bit (./ckpt diff)" $?
+
+echo "== arm64 under qemu-aarch64-static"
+ARM_RUN=qemu-aarch64-static
+suites "$ARM" $ARM_RUN
+if [ "$EPOCH" = 1 ]; then
+    ./train models/mnist.cfg epochs=1 save="$OUT/native-epoch" > "$OUT/native-epoch.log" 2>&1
+    $ARM_RUN "$ARM/train" models/mnist.cfg epochs=1 save="$OUT/arm-epoch" > "$OUT/arm-epoch.log" 2>&1
+    check "an epoch of mnist.cfg under qemu-aarch64 ($(first_line "$OUT/arm-epoch.log" | sed 's/.* on cpu (\([^)]*\)).*/\1/'))" $?
+    a=$(val_acc "$OUT/native-epoch.log") b=$(val_acc "$OUT/arm-epoch.log")
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && (d < 0 ? -d : d) <= 0.5) }'
+    check "test accuracy: arm64 $b% against native $a% (within 0.5 points)" $?
+else
+    ./train models/mnist.cfg epochs=1 stop_after=1 save="$OUT/native-steps" > /dev/null 2>&1
+    $ARM_RUN "$ARM/train" models/mnist.cfg epochs=1 stop_after=1 save="$OUT/arm-steps" \
+        > "$OUT/arm-steps.log" 2>&1
+    check "a step of mnist.cfg under qemu-aarch64" $?
+    ./ckpt diff "$OUT/native-steps/last.safetensors" "$OUT/arm-steps/last.safetensors" \
+        > "$OUT/arm-diff.log" 2>&1
+    awk -v t="$ARM_TOLERANCE" '/max abs/ { if ($4 + 0 > t) bad = 1 } END { exit bad }' "$OUT/arm-diff.log"
+    check "its weights within $ARM_TOLERANCE of the native run's (largest: $(awk '/max abs/ { if ($4 + 0 > m) m = $4 + 0 } END { print m + 0 }' "$OUT/arm-diff.log"))" $?
+fi
+echo "test-arch: $fails failed (logs in $OUT)"
+[ "$fails" = 0 ]
