@@ -258,8 +258,8 @@ ARCH_SUITES := cfg safetensors checkpoint data budget gemm layers fp16 quant opt
 CROSS_ARM64 := CC=aarch64-linux-gnu-gcc BUILD=build/aarch64 BIN_DIR=build/aarch64/ MPI=0 CUDA=0
 deps-arch:
 	@sh data/install_cross.sh
-test-arch: deps-test deps-arch data
-	$(MAKE) $(BINS) $(ARCH_SUITES:%=$(BUILD)/tests/test_%)
+test-arch: deps deps-test deps-arch
+	$(MAKE) data $(BINS) $(ARCH_SUITES:%=$(BUILD)/tests/test_%)
 	$(MAKE) $(CROSS_ARM64) build/aarch64/train $(ARCH_SUITES:%=build/aarch64/tests/test_%)
 	SUITES="$(ARCH_SUITES)" sh tests/arch.sh
 

@@ -22,6 +22,9 @@
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 // Below this many elements a loop runs on one thread: waking threads costs more.
 #define PAR_MIN 32768
@@ -1275,6 +1278,12 @@ static void cpu_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
                              _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
             continue;
         }
+#elif defined(__aarch64__)
+        if (i + 8 <= n) {  // FCVTN: the same bits (nearest even; NaNs quieted, payload kept)
+            const float16x8_t h = vcombine_f16(vcvt_f16_f32(vld1q_f32(in + i)), vcvt_f16_f32(vld1q_f32(in + i + 4)));
+            vst1q_u16(out + i, vreinterpretq_u16_f16(h));
+            continue;
+        }
 #endif
         for (int64_t j = i; j < n && j < i + 8; j++) out[j] = half_from_float(in[j]);
     }
@@ -1287,6 +1296,13 @@ static void cpu_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
 #ifdef __F16C__
         if (i + 8 <= n) {
             _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
+            continue;
+        }
+#elif defined(__aarch64__)
+        if (i + 8 <= n) {  // FCVTL: exact
+            const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(in + i));
+            vst1q_f32(out + i, vcvt_f32_f16(vget_low_f16(h)));
+            vst1q_f32(out + i + 4, vcvt_high_f32_f16(h));
             continue;
         }
 #endif
