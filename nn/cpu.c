@@ -1,10 +1,13 @@
 // cpu.c: the CPU backend's table, chosen once per process from the instructions the CPU
-// has (issue 36): the x86-64-v3 table (AVX2, FMA, F16C) where the CPU and the OS support
+// has (issue 36): the AVX2 table (AVX2, FMA, F16C) where the CPU and the OS support
 // them, else the portable one, compiled for the build's baseline (plain x86-64, or any
 // arm64). Both are nn/cpu_kernels.c; the choice is made at the first call, so one binary
 // runs on every CPU of its architecture. CNN_CPU_KERNELS=portable in the environment
 // forces the portable table (the tests compare the two on one machine).
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,16 +23,32 @@ static_assert(ACT_COUNT == 2, "activation_names must list every Activation");
 
 extern const Kernels cpu_kernels_portable;
 #if defined(__x86_64__)
-extern const Kernels cpu_kernels_x86_64_v3;
+extern const Kernels cpu_kernels_avx2;
 #endif
 
 // Filled here, in the baseline's object, not in the tables': a constructor of the
-// x86-64-v3 object would run its instructions before any choice.
+// AVX2 object would run its instructions before any choice.
 float cpu_quant_map[QUANT_MAP_FLOATS];
 __attribute__((constructor)) static void cpu_quant_map_init(void) { quant_map_fill(cpu_quant_map); }
 
 static const Kernels *chosen;
 static const char *chosen_set;
+
+#if defined(__x86_64__)
+// Whether the CPU has AVX2, FMA and F16C (the AVX2 object's -mavx2 -mfma -mf16c) and the
+// OS saves the YMM registers (XCR0's SSE and AVX state bits). From cpuid itself: clang's
+// __builtin_cpu_supports knows no "f16c".
+static bool avx2_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned need = bit_FMA | bit_OSXSAVE | bit_AVX | bit_F16C;
+    if ((c & need) != need) return false;
+    unsigned xcr0, xcr0_high;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    if ((xcr0 & 6) != 6) return false;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_AVX2);
+}
+#endif
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
@@ -40,11 +59,9 @@ static void choose(void) {
     chosen = &cpu_kernels_portable;
 #if defined(__x86_64__)
     chosen_set = "x86-64";
-    __builtin_cpu_init();
-    // The OS's support (XSAVE of the AVX state) is part of the test.
-    if (!portable && __builtin_cpu_supports("x86-64-v3")) {
-        chosen = &cpu_kernels_x86_64_v3;
-        chosen_set = "x86-64-v3";
+    if (!portable && avx2_usable()) {
+        chosen = &cpu_kernels_avx2;
+        chosen_set = "AVX2";
     }
 #elif defined(__aarch64__)
     chosen_set = "arm64";

@@ -2,7 +2,7 @@
 // where the CPU has them (nn/gemm_avx512.h) and on OpenBLAS elsewhere, OpenMP loops for
 // the rest. This file is compiled once for each set of instructions a table may use, each
 // object defining the table that CPU_KERNEL_SET names (the Makefile: cpu_kernels_portable
-// with the build's baseline flags, cpu_kernels_x86_64_v3 with -march=x86-64-v3, where the
+// with the build's baseline flags, cpu_kernels_avx2 with -mavx2 -mfma -mf16c, where the
 // AVX2/FMA/F16C paths below are compiled); nn/cpu.c chooses one at run time. Every loop that runs in parallel writes disjoint outputs, and every reduction
 // sums in an order that does not depend on the thread count; a GEMM is cut into one slab
 // per thread, so its bits depend on the thread count. Results are bitwise reproducible
@@ -205,7 +205,7 @@ static void cpu_col2im(float *din, const float *col, int N, int H, int W, int C,
 // ---- Winograd F(2x2, 3x3) ---------------------------------------------------------------------
 //
 // Each tile is transformed 8 channels at a time in vectors (GCC's vector extension: AVX
-// registers with -march=x86-64-v3, SSE pairs without), all 16 points of a tile in
+// registers in the AVX2 table, SSE pairs in the baseline's), all 16 points of a tile in
 // registers; channels past a multiple of 8 go through a zero-padded copy. The 1-D formulas
 // are applied to the rows (the first index), then to the columns, and the CUDA bodies
 // (gpu/cuda_kernels.cu) repeat them operation for operation. Measured against arrays
@@ -1266,7 +1266,7 @@ static void cpu_nll_loss(float *dlogp, float *metrics, const float *logp, const 
 
 // ---- precision ------------------------------------------------------------------------------
 
-// F16C converts 8 values an instruction where the build targets it (x86-64-v3 does);
+// F16C converts 8 values an instruction where the object targets it (the AVX2 table's does);
 // the scalar functions of half.h give the same bits elsewhere and for the tail.
 static void cpu_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)

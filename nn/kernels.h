@@ -451,7 +451,7 @@ const Kernels *kernels_for_device(const char *device, Error *err);
 // Threads for the CPU backend (OpenBLAS and the project's own loops).
 void cpu_set_threads(int n);
 // What the CPU backend runs, for the first line of ./train: the loops' instruction set
-// ("x86-64-v3", "x86-64" or "arm64") and the GEMM's kernels ("AVX-512 + OpenBLAS Zen" where
+// ("AVX2", "x86-64" or "arm64") and the GEMM's kernels ("AVX-512 + OpenBLAS Zen" where
 // the CPU has AVX-512: the project's own kernels, nn/gemm_avx512.h, with OpenBLAS for some
 // shapes). OpenBLAS picks its kernels ("Haswell", "Cooperlake", ...) for the CPU when it
 // loads, unless OPENBLAS_CORETYPE names them.

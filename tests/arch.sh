@@ -1,7 +1,7 @@
 #!/bin/sh
 # make test-arch (issue 36): cnn.c on CPUs this machine is not, under emulation.
 #   1. The x86-64 baseline: this build's binaries under qemu-x86_64 -cpu Nehalem (SSE4.2, no
-#      AVX: an x86-64-v3 instruction would end them with SIGILL). ./train must choose the
+#      AVX: an AVX instruction would end them with SIGILL). ./train must choose the
 #      portable table, SUITES must pass, and STEPS steps of models/mnist.cfg must equal, bit
 #      for bit, the native run of the same kernels (CNN_CPU_KERNELS=portable with OpenBLAS's
 #      Nehalem kernels, OPENBLAS_CORETYPE=Nehalem, which qemu's CPU makes OpenBLAS choose).

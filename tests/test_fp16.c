@@ -116,7 +116,7 @@ static void test_half_to_float_all(void **state) {
     float *kv = malloc(N * sizeof *kv), *kt = malloc(N * sizeof *kt);
     assert_true(h && kv && kt);
     for (int i = 0; i < N; i++) h[i] = (uint16_t)i;
-    cpu_kernels()->f16_to_f32(kv, h, N);  // 8 at a time (F16C in x86-64-v3 builds)
+    cpu_kernels()->f16_to_f32(kv, h, N);  // 8 at a time (F16C in the AVX2 table)
     // Odd lengths: every value also goes through the kernel's scalar tail.
     for (int i = 0, len = 1; i < N; i += len, len = len % 13 + 1)
         cpu_kernels()->f16_to_f32(kt + i, h + i, i + len <= N ? len : N - i);
