@@ -210,7 +210,7 @@ FUZZ_REPLAY  := $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz_replay_%)
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
-$(FUZZ_BUILD)/nn/cpu_kernels.o: FUZZ_FLAGS += -DCPU_KERNEL_SET=cpu_kernels_portable
+$(FUZZ_BUILD)/nn/cpu_kernels.o: FUZZ_FLAGS += -DCPU_KERNEL_SET=cpu_kernels_portable -Wno-psabi
 $(FUZZ_BUILD)/nn/cpu_kernels_avx2.o: nn/cpu_kernels.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(AVX2_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
