@@ -49,6 +49,7 @@ static bool avx2_usable(void) {
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_AVX2);
 }
 #endif
+
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
