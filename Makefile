@@ -4,6 +4,7 @@
 #   make test    install missing packages, build, run the cmocka suites
 #   make bench   throughput against PyTorch (python3-torch) on the same cores
 #   make SAN=1 test   the suites under AddressSanitizer + UBSan
+#   make test-arch    the x86-64 baseline (no AVX) and an arm64 cross build, under qemu
 #
 # Objects go to build/ (build/san with SAN=1). The CUDA backend is built when nvcc is
 # found (or CUDA=1), as libcnn_cuda.so, loaded when device=cuda is used.
