@@ -16,7 +16,7 @@ void report_header(const Run *r, int accumulate) {
     const Net *net = r->net;
     const Kernels *k = net->k;
     const Dataset *train = r->data->train, *test = r->data->test;
-    char device[64];
+    char device[128];
     snprintf(device, sizeof device, "%s%s%s%s", k->name, k->host_memory ? " (" : "",
              k->host_memory ? cpu_kernels_name() : "", k->host_memory ? ")" : "");
     printf("cnn.c: %s on %s, %lld training images%s, %d classes; batch %d", r->cfg->path, device,

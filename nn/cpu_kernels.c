@@ -3,10 +3,11 @@
 // the rest. This file is compiled once for each set of instructions a table may use, each
 // object defining the table that CPU_KERNEL_SET names (the Makefile: cpu_kernels_portable
 // with the build's baseline flags, cpu_kernels_avx2 with -mavx2 -mfma -mf16c, where the
-// AVX2/FMA/F16C paths below are compiled); nn/cpu.c chooses one at run time. Every loop that runs in parallel writes disjoint outputs, and every reduction
-// sums in an order that does not depend on the thread count; a GEMM is cut into one slab
-// per thread, so its bits depend on the thread count. Results are bitwise reproducible
-// for a given number of threads (DESIGN.md decision 10).
+// AVX2/FMA/F16C paths below are compiled); nn/cpu.c chooses one at run time. Every loop
+// that runs in parallel writes disjoint outputs, and every reduction sums in an order that
+// does not depend on the thread count; a GEMM is cut into one slab per thread, so its bits
+// depend on the thread count. Results are bitwise reproducible for a given number of
+// threads (DESIGN.md decision 10).
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -1566,7 +1567,6 @@ static void cpu_adamw_step(float *p, float *m, float *v, const float *g, int64_t
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) adamw_elem(&p[i], &m[i], &v[i], g[i], a);
 }
-
 
 #define SUB(a, b) ((a) - (b))
 

@@ -383,12 +383,17 @@ static bool recomputed(const Net *net, int p) {
     return segment_of(net, p) < net->nsegments - 1 && (!crosses(net, p) || inner_bytes(net, p));
 }
 
-// Whether event t (a forward or recomputation) compresses its node's output: a packed node
-// does where backward reads what it writes, so not in a first forward that the schedule
-// computes again before any backward reads it (an earlier segment's node).
+// Whether a training forward of node j (a recomputation, or a first forward) compresses
+// its output: a packed node does where backward reads what it writes, so not in a first
+// forward that the schedule computes again before any backward reads it (an earlier
+// segment's node).
+static bool packs(const Net *net, int j, bool recompute) {
+    return net->nodes[j].packed && (recompute || !recomputed(net, j));
+}
+
+// packs for event t (a forward or recomputation).
 static bool packs_at(const Net *net, int t) {
-    const int j = net->events[t].node;
-    return net->nodes[j].packed && (net->events[t].kind == EV_RECOMPUTE || !recomputed(net, j));
+    return packs(net, net->events[t].node, net->events[t].kind == EV_RECOMPUTE);
 }
 
 // Node p's output (and inner activations), read by a backward next: computed again first
@@ -1513,8 +1518,7 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
                      shape_numel(nd->out), N, nd->act);
     }
     if (nd->kind != NODE_LEAF) net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
-    // Packed for a backward: in training, where the schedule does not compute it again first.
-    if (nd->packed && ctx->train && (ctx->recompute || !recomputed(net, j))) pack_node(net, j, ctx, N);
+    if (ctx->train && packs(net, j, ctx->recompute)) pack_node(net, j, ctx, N);  // evaluation packs nothing
 }
 
 // Node j's backward: a leaf's (its input gradient to where the plan routed it: its input's
