@@ -73,6 +73,112 @@ static int check_processes(const Options *o, const Kernels *k, Error *err) {
     return 0;
 }
 
+// ---- the processes of a data-parallel run agree -------------------------------------------
+
+// What may differ between the processes of one run: each one's threads and readers, the
+// paths of its files (their contents must agree: the data's fingerprint compares them, and
+// every process takes rank 0's weights), what it profiles and where rank 0 writes.
+static const char *const per_process_keys[] = {
+    "train.threads", "train.save",        "train.profile", "train.init",     "train.resume",
+    "data.train",    "data.train_labels", "data.test",     "data.test_labels", "data.workers",
+    "data.prefetch", "data.cache"};
+#define PER_PROCESS_ADVICE                                                                    \
+    "only threads, save, profile, init, resume, the data files' paths, workers, prefetch and " \
+    "cache may differ between processes"
+
+static bool per_process(const char *section, const char *key) {
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", section, key);
+    for (size_t i = 0; i < sizeof per_process_keys / sizeof *per_process_keys; i++)
+        if (!strcmp(k, per_process_keys[i])) return true;
+    return false;
+}
+
+// This process's cfg after overrides as lines "section.key = value" (a layer's section by
+// its name, or by its kind and place), less per_process_keys, and the checkpoint format.
+static char *cfg_fingerprint(const Cfg *cfg, Error *err) {
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) {
+        err_set(err, "out of memory for the processes' fingerprint");
+        return NULL;
+    }
+    fprintf(f, "format = %s\n", CHECKPOINT_FORMAT);
+    for (int i = 0; i < cfg->nsections; i++) {
+        const CfgSection *s = &cfg->sections[i];
+        const CfgEntry *name = cfg_entry(s, "name");
+        char label[160];
+        if (!strcmp(s->name, "train") || !strcmp(s->name, "data")) snprintf(label, sizeof label, "%s", s->name);
+        else if (name) snprintf(label, sizeof label, "%.150s", name->value);
+        else snprintf(label, sizeof label, "[%.100s] #%d", s->name, i + 1);
+        for (int j = 0; j < s->nentries; j++)
+            if (!per_process(s->name, s->entries[j].key))
+                fprintf(f, "%s.%s = %s\n", label, s->entries[j].key, s->entries[j].value);
+    }
+    if (fclose(f) || !text) {
+        free(text);
+        err_set(err, "out of memory for the processes' fingerprint");
+        return NULL;
+    }
+    return text;
+}
+
+// The data sets as lines: each one's samples, shape, classes and index hash.
+static char *data_fingerprint(const Data *data, Error *err) {
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) {
+        err_set(err, "out of memory for the processes' fingerprint");
+        return NULL;
+    }
+    const Dataset *sets[2] = {data->train, data->test};
+    const char *names[2] = {"training set", "test set"};
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        uint64_t hash;
+        if (!sets[i]) continue;
+        if ((rc = dataset_index_hash(sets[i], &hash, err))) break;
+        fprintf(f, "%s.samples = %lld\n%s.shape = %dx%dx%d\n%s.classes = %d\n%s.labels = %016llx\n",
+                names[i], (long long)sets[i]->count, names[i], sets[i]->shape.c, sets[i]->shape.h,
+                sets[i]->shape.w, names[i], sets[i]->classes, names[i], (unsigned long long)hash);
+    }
+    if (fclose(f) || rc) {
+        if (!rc) err_set(err, "out of memory for the processes' fingerprint");
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+// With several processes: every one runs the same cfg (phase 0) or reads the same data
+// (phase 1), or every one stops with the differences named (dist_agree).
+static int agree(const Cfg *cfg, const Data *data, Error *err) {
+    if (dist.size == 1) return 0;
+    char *text = data ? data_fingerprint(data, err) : cfg_fingerprint(cfg, err);
+    if (!text) return -1;
+    const int rc = dist_agree(&dist, text, PER_PROCESS_ADVICE, err);
+    free(text);
+    return rc;
+}
+
+// DistributedDataParallel's start: every process takes rank 0's parameters, buffers,
+// optimizer state, TrainState and loss scale, whatever its own seed drew or its own files
+// held, and rank 0's `started` (start_weights's result).
+static int share_start(Run *r, int *started, Error *err) {
+    if (dist.size == 1) return 0;
+    const Net *net = r->net;
+    return dist_broadcast(&dist, started, sizeof *started, err) ||
+                   dist_broadcast(&dist, net->params, net->plan.params, err) ||
+                   dist_broadcast(&dist, net->buffers, net->plan.buffers, err) ||
+                   dist_broadcast(&dist, net->optimizer, net->plan.optimizer, err) ||
+                   dist_broadcast(&dist, &r->st, sizeof r->st, err) ||
+                   dist_broadcast(&dist, &r->scaler, sizeof r->scaler, err)
+               ? -1
+               : 0;
+}
+
 // The weights, optimizer state and TrainState of the checkpoint resume= names, which must
 // have been trained on data of the same classes and shape. 0; 1 when it has trained every
 // epoch asked for (said on stdout); -1 with err.
@@ -222,11 +328,13 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     if (!k) return -1;
     cpu_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
     // Several processes (mpirun): each reads, computes and holds its part of every batch.
-    if (check_processes(o, k, err)) return -1;
+    if (agree(cfg, NULL, err) || check_processes(o, k, err)) return -1;
     DataConfig dc = o->data;
     dc.shard = dist.rank, dc.nshards = dist.size;
     const Machine m = machine_memory(k);
-    if (data_open(&data, &dc, o->batch, o->seed, err)) goto done;
+    if (dist_any_failed(&dist, data_open(&data, &dc, o->batch, o->seed, err) != 0, err) ||
+        agree(cfg, &data, err))
+        goto done;
     if (!data.test && (o->schedule.kind == SCHEDULE_PLATEAU || o->patience)) {
         err_set(err, "%s: [train] %s watches the validation loss, and there is no test set: give "
                      "test and test_labels, or val_split", cfg->path,
@@ -240,7 +348,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
         goto done;
     }
     if (net_init_params(&net, o->seed, err) || (o->profile && profile_start(&net, err))) goto done;
-    const int started = start_weights(&r, err);
+    int started = start_weights(&r, err);
+    if (dist_any_failed(&dist, started < 0, err) || share_start(&r, &started, err)) goto done;
     if (started) {
         if (started > 0) rc = RUN_NOTHING_LEFT;
         goto done;
@@ -364,15 +473,25 @@ static int train_main(int argc, char **argv) {
     int rc;
     if (strcmp(argv[1], "--predict") == 0 || strcmp(argv[1], "--eval") == 0) {
         rc = weights_command(argc, argv, &err);
-    } else if (!(rc = read_command_line(argc, argv, &cfg, &o, stored_name, sizeof stored_name, &err))) {
-        const int ran = run(&o, &cfg, &err);
-        // Stopped by a signal: the checkpoint is written, resume is possible (stop_after, a
-        // planned stop, is a success).
-        rc = ran < 0 ? -1 : ran == RUN_STOPPED ? EXIT_STOPPED : ran == RUN_NOTHING_LEFT ? EXIT_NOTHING_LEFT : 0;
+    } else {
+        rc = read_command_line(argc, argv, &cfg, &o, stored_name, sizeof stored_name, &err);
+        // A process that cannot start (its cfg, a file) stops every process.
+        if (dist_any_failed(&dist, rc != 0, &err) && !rc) rc = -1;
+        if (!rc) {
+            const int ran = run(&o, &cfg, &err);
+            // Stopped by a signal: the checkpoint is written, resume is possible (stop_after,
+            // a planned stop, is a success).
+            rc = ran < 0                   ? -1
+                 : ran == RUN_STOPPED      ? EXIT_STOPPED
+                 : ran == RUN_NOTHING_LEFT ? EXIT_NOTHING_LEFT
+                                           : 0;
+        }
     }
     cfg_free(&cfg);
     if (rc >= 0) return rc;
-    if (dist.size > 1) {
+    if (dist.all_failed) {  // every process stops: each says its own error, none aborts
+        if (err.msg[0]) fprintf(stderr, "train: %s\n", err.msg);
+    } else if (dist.size > 1) {
         fprintf(stderr, "train: rank %d of %d: %s\n", dist.rank, dist.size, err.msg);
         dist_abort(&dist, 1);  // the others would wait for this one forever
     } else {

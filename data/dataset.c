@@ -11,6 +11,23 @@ void dataset_close(Dataset *ds) {
     if (ds) ds->ops->close(ds);
 }
 
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int dataset_index_hash(const Dataset *ds, uint64_t *hash, Error *err) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int c = 0; c < ds->classes; c++) h = fnv1a(h, ds->class_names[c], strlen(ds->class_names[c]) + 1);
+    for (int64_t i = 0; i < ds->count; i++) {
+        int32_t label;
+        if (ds->ops->label(ds, i, &label, err)) return -1;
+        h = fnv1a(h, &label, sizeof label);
+    }
+    *hash = h;
+    return 0;
+}
+
 void dataset_names_free(char **names, int n) {
     if (!names) return;
     for (int i = 0; i < n; i++) free(names[i]);

@@ -61,6 +61,10 @@ struct Dataset {
 int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_path,
                      Error *err);
 void dataset_close(Dataset *ds);  // NULL is fine (dataset.c, for every implementation)
+// A hash (64-bit FNV-1a) of the set's index: every sample's label in order and the class
+// names. Two processes that hash alike train on the same samples in the same order (with
+// the same count and shape, which the hash leaves to its caller).
+int dataset_index_hash(const Dataset *ds, uint64_t *hash, Error *err);
 
 // How an image file becomes a sample (image.c): torchvision's Resize, then CenterCrop.
 typedef enum ImageResize {

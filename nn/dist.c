@@ -1,6 +1,8 @@
 // dist.c: dist.h over MPI (CNN_MPI, set by the Makefile when mpicc is found), or alone.
 #include "dist.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -43,6 +45,9 @@ int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
         return err_set(err, "MPI_Init failed");
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
+    // A failed call returns its error to the trainer, which says what it was doing, instead
+    // of MPI's own text ending every process.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     return 0;
 #else
     (void)argc, (void)argv;
@@ -174,5 +179,149 @@ int dist_barrier(Dist *d, Error *err) {
 #else
     (void)err;
     return 0;
+#endif
+}
+
+// ---- agreement -----------------------------------------------------------------------------
+
+#ifdef CNN_MPI
+enum { DIFF_BYTES = 400 };  // one rank's differences, as the message lists them
+
+// Appends to out (n bytes, NUL-terminated); what does not fit ends in "...".
+static void add(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void add(char *out, size_t n, const char *fmt, ...) {
+    const size_t at = strlen(out);
+    if (at + 4 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int w = vsnprintf(out + at, n - at, fmt, ap);
+    va_end(ap);
+    if (w >= 0 && (size_t)w >= n - at) memcpy(out + n - 4, "...", 4);
+}
+
+// The line of text ("key = value" lines) whose key is key[0..klen): its value in *value,
+// *vlen; false when there is none.
+static bool find_key(const char *text, const char *key, size_t klen, const char **value,
+                     size_t *vlen) {
+    for (const char *l = text; *l;) {
+        const char *end = strchr(l, '\n');
+        if (!end) end = l + strlen(l);
+        const char *eq = strstr(l, " = ");
+        if (eq && eq < end && (size_t)(eq - l) == klen && !memcmp(l, key, klen)) {
+            *value = eq + 3, *vlen = (size_t)(end - eq - 3);
+            return true;
+        }
+        l = *end ? end + 1 : end;
+    }
+    return false;
+}
+
+// Equal as text, or as numbers ("1" and "1.0").
+static bool same_value(const char *a, size_t na, const char *b, size_t nb) {
+    if (na == nb && !memcmp(a, b, na)) return true;
+    char x[64], y[64], *ex, *ey;
+    if (!na || !nb || na >= sizeof x || nb >= sizeof y) return false;
+    memcpy(x, a, na), x[na] = 0;
+    memcpy(y, b, nb), y[nb] = 0;
+    const double u = strtod(x, &ex), v = strtod(y, &ey);
+    return !*ex && !*ey && u == v;
+}
+
+// The keys of text that other (rank 0's) lacks or gives another value, each as
+// "key = value (rank 0: value)", into out; then other's keys that text lacks.
+static void diff_keys(const char *text, const char *other, char *out, size_t n) {
+    for (const char *l = text; *l;) {
+        const char *end = strchr(l, '\n');
+        if (!end) end = l + strlen(l);
+        const char *eq = strstr(l, " = ");
+        if (eq && eq < end) {
+            const char *v = eq + 3, *w;
+            const size_t klen = (size_t)(eq - l), vlen = (size_t)(end - v);
+            size_t wlen;
+            if (!find_key(other, l, klen, &w, &wlen))
+                add(out, n, "%s%.*s = %.*s (rank 0: not set)", *out ? ", " : "", (int)klen, l,
+                    (int)(vlen > 40 ? 40 : vlen), v);
+            else if (!same_value(v, vlen, w, wlen))
+                add(out, n, "%s%.*s = %.*s (rank 0: %.*s)", *out ? ", " : "", (int)klen, l,
+                    (int)(vlen > 40 ? 40 : vlen), v, (int)(wlen > 40 ? 40 : wlen), w);
+        }
+        l = *end ? end + 1 : end;
+    }
+    for (const char *l = other; *l;) {
+        const char *end = strchr(l, '\n');
+        if (!end) end = l + strlen(l);
+        const char *eq = strstr(l, " = "), *v;
+        size_t vlen;
+        if (eq && eq < end && !find_key(text, l, (size_t)(eq - l), &v, &vlen))
+            add(out, n, "%s%.*s not set (rank 0: %.*s)", *out ? ", " : "", (int)(eq - l), l,
+                (int)(end - eq - 3 > 40 ? 40 : end - eq - 3), eq + 3);
+        l = *end ? end + 1 : end;
+    }
+}
+#endif
+
+int dist_agree(Dist *d, const char *mine, const char *per_rank, Error *err) {
+    if (d->size == 1) return 0;
+#ifdef CNN_MPI
+    const double t0 = now();
+    uint64_t len = d->rank == 0 ? strlen(mine) + 1 : 0;
+    char *theirs = NULL, *all = NULL, diff[DIFF_BYTES] = "", msg[sizeof err->msg] = "";
+    int rc = -1;
+    if (MPI_Bcast(&len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS || len > 1u << 30) {
+        err_set(err, "MPI_Bcast failed (the processes' fingerprints)");
+        goto done;
+    }
+    if (!(theirs = d->rank == 0 ? (char *)mine : xcalloc(len, 1, err))) goto done;
+    if (MPI_Bcast(theirs, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        err_set(err, "MPI_Bcast failed (the processes' fingerprints)");
+        goto done;
+    }
+    if (d->rank) {
+        theirs[len - 1] = 0;
+        diff_keys(mine, theirs, diff, sizeof diff);
+    }
+    if (!(all = xcalloc((size_t)d->size, DIFF_BYTES, err))) goto done;
+    if (MPI_Allgather(diff, DIFF_BYTES, MPI_CHAR, all, DIFF_BYTES, MPI_CHAR, MPI_COMM_WORLD) !=
+        MPI_SUCCESS) {
+        err_set(err, "MPI_Allgather failed (the processes' fingerprints)");
+        goto done;
+    }
+    for (int r = 1; r < d->size; r++)
+        if (all[(size_t)r * DIFF_BYTES])
+            add(msg, sizeof msg - 200, "%srank %d has %s", *msg ? "; " : "", r,
+                all + (size_t)r * DIFF_BYTES);
+    rc = 0;
+    if (*msg) {
+        err_set(err, "the %d processes were not started on the same training: %s. Start every "
+                     "process with the same cfg, overrides and data (%s)", d->size, msg, per_rank);
+        if (d->rank) err->msg[0] = 0;
+        d->all_failed = true;
+        rc = -1;
+    }
+done:
+    if (theirs != mine) free(theirs);
+    free(all);
+    d->comm_seconds += now() - t0;
+    return rc;
+#else
+    (void)mine, (void)per_rank, (void)err;
+    return 0;
+#endif
+}
+
+int dist_any_failed(Dist *d, bool failed, Error *err) {
+    if (d->size == 1) return failed ? -1 : 0;
+#ifdef CNN_MPI
+    int mine = failed, any = 0;
+    if (MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return err_set(err, "MPI_Allreduce failed (whether every process started)");
+    if (!any) return 0;
+    d->all_failed = true;
+    if (failed) return err_wrap(err, "rank %d of %d", d->rank, d->size);
+    err->msg[0] = 0;
+    return -1;
+#else
+    (void)err;
+    return failed ? -1 : 0;
 #endif
 }

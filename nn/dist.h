@@ -9,6 +9,7 @@
 #ifndef NN_DIST_H
 #define NN_DIST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +20,9 @@ typedef struct Dist {
     double comm_seconds;  // spent in the calls below so far
     void *scratch;        // the reductions' buffer (MPI only)
     size_t scratch_bytes;
+    bool all_failed;      // every process stops (dist_agree, dist_any_failed), each one
+                          // printing its err if not empty: end them normally, without
+                          // dist_abort
 } Dist;
 
 // Starts MPI when the build has it (every rank calls it first). Without MPI, a process that
@@ -34,6 +38,17 @@ int dist_sum_floats(Dist *d, float *x, size_t n, Error *err);
 int dist_sum_doubles(Dist *d, double *x, size_t n, Error *err);
 // Copies rank 0's bytes to every rank.
 int dist_broadcast(Dist *d, void *buf, size_t bytes, Error *err);
+// Whether every process runs the same training. `mine` is this process's fingerprint: lines
+// "key = value" of what must agree (keys unique). Rank 0's is sent to every rank, which
+// names the keys where its own differs (values equal as text or as numbers agree); every
+// rank learns every other's differences. 0 when all agree; otherwise -1 on every rank with
+// d->all_failed set, and on rank 0 err naming each differing rank and key with both values
+// (then `per_rank`, what may differ between processes, as the advice; the others' err empty).
+int dist_agree(Dist *d, const char *mine, const char *per_rank, Error *err);
+// Whether any process failed, at a point every process reaches (reading its cfg, opening
+// its data): 0 when none did; otherwise -1 on every rank with d->all_failed set, err on a
+// rank that failed prefixed with its rank, on the others emptied.
+int dist_any_failed(Dist *d, bool failed, Error *err);
 // Waits for every rank.
 int dist_barrier(Dist *d, Error *err);
 

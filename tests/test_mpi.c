@@ -15,7 +15,12 @@
 //   - with batchnorm, the evaluation the run logs is the checkpoint's own (rank 0's running
 //     statistics everywhere);
 //   - a process killed mid-epoch ends the run within 30 s, and the last checkpoint loads;
-//   - a batch that does not divide among the processes is refused, naming those that do.
+//   - a batch that does not divide among the processes is refused, naming those that do;
+//   - processes that do not run the same training (another seed, lr, layer width, data
+//     set or training-set size on one of them, or a file one cannot open) all stop within
+//     5 s, the message naming the rank and the keys, without MPI's own error text, and the
+//     save folder's checkpoint as it was; another `threads`, or `init` on one process only
+//     (every process takes rank 0's weights), trains to the plain run's bits.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -208,6 +213,49 @@ static void test_batch_must_divide(void **state) {
     if (!strstr(output(), "runs as one process")) fail_msg("%s", output());
 }
 
+// A 2-process run whose rank 1 gets `extra` too must stop within 5 s with exit status 1,
+// saying each of `says` and no MPI error text, into the folder of the run "dp", which it
+// leaves as it was.
+static void refused(const char *extra, const char *const *says, int nsays) {
+    assert_int_equal(run("cp %s/dp/last.safetensors %s/dp_before.safetensors", dir, dir), 0);
+    assert_int_equal(run("(start=$(date +%%s%%N); " MPIRUN " 1 ./train %s save=%s/dp : -np 1 ./train %s "
+                         "save=%s/dp %s; rc=$?; echo took $((($(date +%%s%%N) - start) / 1000000)) ms; "
+                         "exit $rc)", cfg, dir, cfg, dir, extra),
+                     1);
+    const char *out = output();
+    for (int i = 0; i < nsays; i++)
+        if (!strstr(out, says[i])) fail_msg("rank 1 with %s: no \"%s\" in:\n%s", extra, says[i], out);
+    if (strstr(out, "MPI_ERR") || strstr(out, "MPI_ABORT") || strstr(out, "ORTE_ERROR"))
+        fail_msg("rank 1 with %s: MPI's error text reached the user:\n%s", extra, out);
+    const char *took = strstr(out, "took ");
+    assert_non_null(took);
+    print_message("rank 1 with %s: refused in %s", extra, took + 5);
+    assert_true(atol(took + 5) < 5000);
+    assert_int_equal(run("cmp %s/dp/last.safetensors %s/dp_before.safetensors", dir, dir), 0);
+}
+
+static void test_processes_must_agree(void **state) {
+    need_mpi();
+    char images[PATH_MAX], labels[PATH_MAX], other[2 * PATH_MAX + 64], smaller[2 * PATH_MAX + 64];
+    write_squares(dir, "other", 512, 3, images, labels);
+    snprintf(other, sizeof other, "train=%s train_labels=%s", images, labels);
+    write_squares(dir, "smaller", 256, 1, images, labels);
+    snprintf(smaller, sizeof smaller, "train=%s train_labels=%s", images, labels);
+    refused("seed=2", (const char *[]){"rank 1 has train.seed = 2 (rank 0: 3)", "only threads"}, 2);
+    refused("lr=0.5", (const char *[]){"rank 1 has train.lr = 0.5"}, 1);
+    refused("fc1.outputs=32", (const char *[]){"rank 1 has fc1.outputs = 32 (rank 0: 16)"}, 1);
+    refused(other, (const char *[]){"rank 1 has training set.labels = "}, 1);
+    refused(smaller, (const char *[]){"rank 1 has training set.samples = 256 (rank 0: 512)"}, 1);
+    refused("init=/nonexistent", (const char *[]){"rank 1 of 2: cannot open '/nonexistent'"}, 1);
+    refused("batch=64", (const char *[]){"rank 1 has train.batch = 64 (rank 0: 32)"}, 1);
+    // What may differ: threads; init on one process only (rank 0's weights win).
+    assert_int_equal(run(MPIRUN " 1 ./train %s stop_after=10 save=%s/threads : -np 1 ./train %s "
+                         "stop_after=10 threads=2 init=%s/acc/last.safetensors save=%s/threads",
+                         cfg, dir, cfg, dir, dir),
+                     0);
+    assert_true(max_rel_diff("threads", "dp") == 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
@@ -217,6 +265,7 @@ int main(void) {
         cmocka_unit_test(test_batchnorm_statistics),
         cmocka_unit_test(test_killed_process),
         cmocka_unit_test(test_batch_must_divide),
+        cmocka_unit_test(test_processes_must_agree),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
