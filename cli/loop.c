@@ -1,6 +1,7 @@
 // loop.c: the training loop (loop.h): steps, epochs, stops and the checkpoints they write.
 #include "loop.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -86,10 +87,51 @@ static int fused_ready(void *arg, Layer *m) {
     return rc;
 }
 
+// The gradient sum during backward (Options.bucket_mb; DistributedDataParallel's buckets):
+// backward completes each trained module's gradients in turn, and they join the open
+// bucket; a bucket of bucket_mb, or one the next module's gradients do not adjoin in the
+// gradient block, goes to the exchange thread (dist_sum_start), which sums it across the
+// processes while backward computes the layers before it. Backward completes the modules
+// in reverse, so a bucket grows towards the block's start. Each value is summed as the sum
+// after backward sums it: the same bits.
+typedef struct Buckets {
+    Dist *dist;
+    float *lo, *hi;  // the open bucket, [lo, hi) of the gradient block (lo == hi: none)
+    size_t most;     // floats in a full bucket
+    int64_t summed;  // floats handed to the exchange this step
+    Error *err;
+} Buckets;
+
+static int bucket_close(Buckets *b) {
+    const size_t n = (size_t)(b->hi - b->lo);
+    b->summed += (int64_t)n;
+    b->lo = b->hi;
+    return n ? dist_sum_start(b->dist, b->hi - n, n, b->err) : 0;
+}
+
+static int bucket_ready(void *arg, Layer *m) {
+    Buckets *b = arg;
+    float *g = m->grads[0];
+    const int64_t n = layer_param_floats(m);
+    if (b->lo != b->hi && g + n != b->lo && bucket_close(b)) return -1;
+    if (b->lo == b->hi) b->hi = g + n;
+    b->lo = g;
+    return (size_t)(b->hi - b->lo) >= b->most ? bucket_close(b) : 0;
+}
+
+// Floats in a full bucket: bucket_mb's, or (auto, -1) an eighth of the gradients, from
+// 64 KB (below, a sum's time is its messages' latency) to DistributedDataParallel's 25 MB.
+static size_t bucket_floats(double bucket_mb, int64_t ntrain) {
+    const double floats = bucket_mb > 0 ? bucket_mb * 1e6 / sizeof(float)
+                                        : fmin(fmax(ntrain / 8.0, 16e3), 25e6 / sizeof(float));
+    return (size_t)fmax(1.0, floats);
+}
+
 // One optimizer step on a batch: forward and backward over micro-batches of net->batch
 // samples, the loss averaged over the whole batch (`total` samples across the processes;
 // this one's part starts at b->offset, which keys its dropout masks); the gradients are
-// summed across the processes; then, with loss scaling, they are unscaled and checked, and
+// summed across the processes (in buckets during the last micro-batch's backward:
+// Buckets); then, with loss scaling, they are unscaled and checked, and
 // the step is skipped if they are not finite (the same sum on every process: the same
 // decision), on the device without waiting for it (optim_step), by the optimizer as the
 // schedule has it for this step (onecycle's momentum). With the fused update (one
@@ -102,10 +144,13 @@ static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Er
     const Optimizer optim = schedule_optimizer(&r->schedule, &o->optim, (int64_t)step);
     FusedStep fused = {.net = net, .dist = r->dist, .optim = &optim, .lr = lr, .step = step,
                        .err = err};
+    const bool buckets_on = !net->fused_update && r->dist->size > 1 && o->bucket_mb != 0;
+    Buckets buckets = {.dist = r->dist, .err = err, .most = bucket_floats(o->bucket_mb, net->ntrain)};
     if (net->fused_update) net->hook = (GradHook){.ready = fused_ready, .arg = &fused};
     else net_zero_grads(net);
     for (int m0 = 0; m0 < b->n; m0 += net->batch) {
         const int n = b->n - m0 < net->batch ? b->n - m0 : net->batch;
+        if (buckets_on && m0 + n == b->n) net->hook = (GradHook){.ready = bucket_ready, .arg = &buckets};
         profile_enter(PROF_STEP);
         put_batch(net, b, m0, n);
         net_forward(net, n, true, o->seed, step, b->offset + m0);
@@ -125,9 +170,21 @@ static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Er
         return r->dist->size > 1 ? sync_buffers(net, r->dist, err) : 0;
     }
     profile_enter(PROF_OPTIMIZER);
-    if (r->dist->size > 1 && (dist_sum_floats(r->dist, net->grads, (size_t)net->ntrain, err) ||
-                              sync_buffers(net, r->dist, err)))
+    if (buckets_on) {
+        const bool failed = net->hook.failed;
+        net->hook = (GradHook){0};
+        // Every started sum ends before anything returns: the thread writes the block.
+        const int closed = failed ? -1 : bucket_close(&buckets);
+        if (dist_sum_wait(r->dist, err) || closed) return -1;
+        if (buckets.summed != net->ntrain)
+            return err_set(err, "the gradient sum during backward summed %lld of the %lld "
+                                "gradients: a layer's backward did not report (a bug)",
+                           (long long)buckets.summed, (long long)net->ntrain);
+    } else if (r->dist->size > 1 &&
+               dist_sum_floats(r->dist, net->grads, (size_t)net->ntrain, err)) {
         return -1;
+    }
+    if (r->dist->size > 1 && sync_buffers(net, r->dist, err)) return -1;
     optim_step(net, &optim, net->precision == DT_F16 ? &o->scaling : NULL, lr, step);
     return 0;
 }
@@ -313,7 +370,7 @@ int run_epochs(Run *r, Error *err) {
         const int epoch = (int)r->st.epoch;
         Totals tr = {0}, te = {0};
         double seconds;
-        const double comm0 = r->dist->comm_seconds;
+        const Dist dist0 = *r->dist;
         const int stopped = train_epoch(r, &tr, &seconds, err);
         if (stopped < 0) return -1;
         if (stopped) {
@@ -323,7 +380,7 @@ int run_epochs(Run *r, Error *err) {
         if (r->data->test && evaluate(r->net, r->data->test_loader, r->dist, &te, &r->eval, err))
             return -1;
         double val_acc;
-        if (report_epoch(r, &tr, &te, seconds, comm0, &val_acc, err)) return -1;
+        if (report_epoch(r, &tr, &te, seconds, &dist0, &val_acc, err)) return -1;
         if (r->data->test) watch_val_loss(r, te.loss / te.seen);
         if (end_epoch(r, val_acc, err)) return -1;
         if (r->st.epoch < o->epochs && run_stopped_early(o, &r->st)) {

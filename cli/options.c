@@ -90,6 +90,10 @@ const CfgKey train_keys[] = {
                        "which stay; 0: by the batch's, updating them"},
     {"device", "cpu", "cpu, or cuda in builds with the CUDA backend"},
     {"threads", "0", "CPU threads for OpenBLAS and the kernels; 0 = all cores"},
+    {"bucket_mb", "auto", "with several processes: the gradients are summed across them in "
+                          "buckets of this many MB, each while backward computes the layers "
+                          "before it; auto = an eighth of the gradients, 0.064 to 25 MB; 0 = "
+                          "one sum after backward"},
     {"seed", "1", "seeds initialisation (the weights PyTorch draws after torch.manual_seed), shuffling and dropout"},
     {"save", "runs/<cfg name>", "folder for checkpoints (last, best), metrics.jsonl and "
                                 "curves.svg; another run's files there move to previous-N/"},
@@ -456,6 +460,11 @@ int options_read(Options *o, const Cfg *cfg, const char *cfg_path, DataFiles dat
         cfg_int(cfg, t, "freeze_bn", "1", 0, 1, &freeze_bn, err) ||
         cfg_str(cfg, t, "device", "cpu", &o->device, err) ||
         cfg_int(cfg, t, "threads", "0", 0, 4096, &threads, err))
+        return -1;
+    const CfgEntry *bucket = cfg_entry(t, "bucket_mb");
+    o->bucket_mb = -1;  // auto
+    if (bucket && strcmp(bucket->value, "auto") &&
+        cfg_float(cfg, t, "bucket_mb", "auto", 0, 1 << 20, &o->bucket_mb, err))
         return -1;
     o->epochs = (int)epochs, o->batch = (int)batch, o->threads = (int)threads;
     o->accumulate = (int)accumulate;

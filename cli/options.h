@@ -22,6 +22,7 @@ typedef struct NameList {
 
 typedef struct Options {
     int epochs, batch, threads, accumulate;
+    double bucket_mb;    // several processes: the gradient sum's buckets (0: one sum; -1: auto)
     int64_t save_every, stop_after;
     int segments;        // NetOptions.segments
     bool fused_update;   // NetOptions.fused_update (fp32 and accumulate = 1 only)

@@ -78,7 +78,7 @@ static const char *json_or_null(char *buf, size_t n, const char *fmt, double x) 
 }
 
 // The epoch's line on stdout (and the profile after it).
-static void print_epoch(Run *r, const EpochFacts *f, double seconds, double comm0) {
+static void print_epoch(Run *r, const EpochFacts *f, double seconds, const Dist *dist0) {
     const Options *o = r->o;
     char val[128] = "";
     if (!isnan(f->val_loss))
@@ -96,10 +96,14 @@ static void print_epoch(Run *r, const EpochFacts *f, double seconds, double comm
         snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r->scaler.scale,
                  (long long)r->scaler.skipped);
     const Dist *dist = r->dist;
+    // comm: what the processes waited for each other (the gradient sums that backward did
+    // not hide, the statistics, the metrics); of the time the gradient sums took.
+    const double comm = dist->comm_seconds - dist0->comm_seconds;
     if (dist->size > 1)
-        snprintf(scale + strlen(scale), sizeof scale - strlen(scale), "  comm %.1f s (%.0f%%)",
-                 dist->comm_seconds - comm0,
-                 seconds > 0 ? 100.0 * (dist->comm_seconds - comm0) / seconds : 0.0);
+        snprintf(scale + strlen(scale), sizeof scale - strlen(scale),
+                 "  comm %.1f s (%.0f%%) of %.1f s summing", comm,
+                 seconds > 0 ? 100.0 * comm / seconds : 0.0,
+                 dist->exchange_seconds - dist0->exchange_seconds);
     // On a GPU: the device memory the run's allocations take (measured), the plan's,
     // and with the GPU's baseline (context, cuBLAS) what the process holds there.
     if (!isnan(f->gpu_mb))
@@ -166,7 +170,7 @@ static int log_epoch(const Run *r, const EpochFacts *f, Error *err) {
     return 0;
 }
 
-int report_epoch(Run *r, const Totals *tr, const Totals *te, double seconds, double comm0,
+int report_epoch(Run *r, const Totals *tr, const Totals *te, double seconds, const Dist *dist0,
                  double *val_acc, Error *err) {
     Net *net = r->net;
     const Kernels *k = net->k;
@@ -187,6 +191,6 @@ int report_epoch(Run *r, const Totals *tr, const Totals *te, double seconds, dou
         f.gpu_mb = taken / 1e6, f.gpu_total_mb = (taken + base) / 1e6;
         f.gpu_plan_mb = mem_plan_blocks(&net->plan) / 1e6;
     }
-    print_epoch(r, &f, seconds, comm0);
+    print_epoch(r, &f, seconds, dist0);
     return r->dist->rank == 0 ? log_epoch(r, &f, err) : 0;
 }

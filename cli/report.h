@@ -12,10 +12,10 @@ void report_header(const Run *r, int accumulate);
 
 // The report of epoch r->st.epoch (not yet counted as done): its line on stdout (and the
 // profile), and on rank 0 its line of SAVE/metrics.jsonl and curves.svg. tr, te: the
-// epoch's training and test totals (te unused without a test set), seconds and comm0
-// (r->dist's communication time before it) its timing; *val_acc: its test accuracy (-1
+// epoch's training and test totals (te unused without a test set), seconds and dist0
+// (r->dist before it: its communication times) its timing; *val_acc: its test accuracy (-1
 // without a test set). -1 with err.
-int report_epoch(Run *r, const Totals *tr, const Totals *te, double seconds, double comm0,
+int report_epoch(Run *r, const Totals *tr, const Totals *te, double seconds, const Dist *dist0,
                  double *val_acc, Error *err);
 
 #endif

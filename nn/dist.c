@@ -9,12 +9,15 @@
 
 #ifdef CNN_MPI
 #include <mpi.h>
+#include <pthread.h>
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
+
+static void exchange_stop(Dist *d);
 #endif
 
 int dist_available(void) {
@@ -41,8 +44,9 @@ int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
 #ifdef CNN_MPI
     if (launched_size() <= 1 && !getenv("OMPI_COMM_WORLD_SIZE")) return 0;  // alone: no MPI at all
     int provided;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         return err_set(err, "MPI_Init failed");
+    d->threaded = provided >= MPI_THREAD_SERIALIZED;
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
     // A failed call returns its error to the trainer, which says what it was doing, instead
@@ -62,6 +66,7 @@ int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
 
 void dist_finalize(Dist *d) {
 #ifdef CNN_MPI
+    exchange_stop(d);
     int started = 0, done = 0;
     MPI_Initialized(&started);
     MPI_Finalized(&done);
@@ -90,7 +95,20 @@ static int grow(Dist *d, size_t bytes, Error *err) {
 
 // Rank r sums slice r (of `size` near-equal slices) of everyone's x in rank order; then
 // every rank gathers the summed slices. elem: 4 (float) or 8 (double).
-static int sum_in_order(Dist *d, void *x, size_t n, size_t elem, Error *err) {
+// Waits for request r: in MPI_Wait, or (polled: the exchange thread) testing it every 20 us
+// and sleeping between, so that the thread leaves the CPUs to the computation while the
+// network works. 0, or -1 when it failed.
+static int finish(MPI_Request *r, bool polled) {
+    if (!polled) return MPI_Wait(r, MPI_STATUS_IGNORE) == MPI_SUCCESS ? 0 : -1;
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+        if (done) return 0;
+        nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
+    }
+}
+
+static int sum_in_order(Dist *d, void *x, size_t n, size_t elem, bool polled, Error *err) {
     const int P = d->size;
     int counts[P], displs[P];
     for (int r = 0, at = 0; r < P; r++) {
@@ -107,9 +125,11 @@ static int sum_in_order(Dist *d, void *x, size_t n, size_t elem, Error *err) {
         rcounts[r] = mine, rdispls[r] = r * mine;
     }
     const MPI_Datatype t = elem == 4 ? MPI_FLOAT : MPI_DOUBLE;
-    if (MPI_Alltoallv(x, scounts, sdispls, t, d->scratch, rcounts, rdispls, t, MPI_COMM_WORLD) !=
-        MPI_SUCCESS)
-        return err_set(err, "MPI_Alltoallv failed");
+    MPI_Request req;
+    if (MPI_Ialltoallv(x, scounts, sdispls, t, d->scratch, rcounts, rdispls, t, MPI_COMM_WORLD,
+                       &req) != MPI_SUCCESS ||
+        finish(&req, polled))
+        return err_set(err, "MPI_Ialltoallv failed (the gradient sum's exchange)");
     char *out = (char *)x + (size_t)displs[d->rank] * elem;
     if (elem == 4) {
         const float *in = d->scratch;
@@ -128,9 +148,88 @@ static int sum_in_order(Dist *d, void *x, size_t n, size_t elem, Error *err) {
             o[i] = s;
         }
     }
-    if (MPI_Allgatherv(MPI_IN_PLACE, 0, t, x, counts, displs, t, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return err_set(err, "MPI_Allgatherv failed");
+    if (MPI_Iallgatherv(MPI_IN_PLACE, 0, t, x, counts, displs, t, MPI_COMM_WORLD, &req) !=
+            MPI_SUCCESS ||
+        finish(&req, polled))
+        return err_set(err, "MPI_Iallgatherv failed (the gradient sum's gather)");
     return 0;
+}
+
+// ---- sums during backward: the exchange thread ---------------------------------------------
+
+// One started sum.
+typedef struct Span {
+    float *x;
+    size_t n;
+} Span;
+
+// The thread that runs started sums in order (dist_sum_start) while the caller computes.
+// It alone calls MPI between dist_sum_start and dist_sum_wait (MPI_THREAD_SERIALIZED).
+struct DistExchange {
+    Dist *d;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t work, idle;  // a span was queued (or quit); the queue ran empty
+    Span *queue;                // [head, tail) still to sum; [0, head) summed
+    int head, tail, cap;
+    bool quit, failed;
+    Error err;  // the first failure's
+};
+
+static void *exchange_main(void *arg) {
+    DistExchange *ex = arg;
+    pthread_mutex_lock(&ex->lock);
+    for (;;) {
+        while (ex->head == ex->tail && !ex->quit) pthread_cond_wait(&ex->work, &ex->lock);
+        if (ex->head == ex->tail) break;  // quit, nothing left
+        const Span s = ex->queue[ex->head];
+        const bool skip = ex->failed;
+        pthread_mutex_unlock(&ex->lock);
+        Error err = {{0}};
+        const double t0 = now();
+        const int rc = skip ? 0 : sum_in_order(ex->d, s.x, s.n, sizeof *s.x, true, &err);
+        const double took = now() - t0;
+        pthread_mutex_lock(&ex->lock);
+        ex->d->exchange_seconds += took;
+        if (rc && !ex->failed) ex->failed = true, ex->err = err;
+        if (++ex->head == ex->tail) pthread_cond_broadcast(&ex->idle);
+    }
+    pthread_mutex_unlock(&ex->lock);
+    return NULL;
+}
+
+static void exchange_stop(Dist *d) {
+    DistExchange *ex = d->exchange;
+    if (!ex) return;
+    pthread_mutex_lock(&ex->lock);
+    ex->quit = true;
+    pthread_cond_signal(&ex->work);
+    pthread_mutex_unlock(&ex->lock);
+    pthread_join(ex->thread, NULL);
+    pthread_mutex_destroy(&ex->lock);
+    pthread_cond_destroy(&ex->work);
+    pthread_cond_destroy(&ex->idle);
+    free(ex->queue);
+    free(ex);
+    d->exchange = NULL;
+}
+
+static DistExchange *exchange_start(Dist *d, Error *err) {
+    DistExchange *ex = xcalloc(1, sizeof *ex, err);
+    if (!ex) return NULL;
+    ex->d = d;
+    pthread_mutex_init(&ex->lock, NULL);
+    pthread_cond_init(&ex->work, NULL);
+    pthread_cond_init(&ex->idle, NULL);
+    if (pthread_create(&ex->thread, NULL, exchange_main, ex)) {
+        pthread_mutex_destroy(&ex->lock);
+        pthread_cond_destroy(&ex->work);
+        pthread_cond_destroy(&ex->idle);
+        free(ex);
+        err_set(err, "cannot start the gradient exchange's thread");
+        return NULL;
+    }
+    return d->exchange = ex;
 }
 #endif
 
@@ -139,8 +238,8 @@ static int sum(Dist *d, void *x, size_t n, size_t elem, Error *err) {
     if (d->size == 1) return 0;
 #ifdef CNN_MPI
     const double t0 = now();
-    const int rc = sum_in_order(d, x, n, elem, err);
-    d->comm_seconds += now() - t0;
+    const int rc = sum_in_order(d, x, n, elem, false, err);
+    d->comm_seconds += now() - t0, d->exchange_seconds += now() - t0;
     return rc;
 #else
     (void)x, (void)n, (void)elem, (void)err;
@@ -323,5 +422,50 @@ int dist_any_failed(Dist *d, bool failed, Error *err) {
 #else
     (void)err;
     return failed ? -1 : 0;
+#endif
+}
+
+int dist_sum_start(Dist *d, float *x, size_t n, Error *err) {
+    if (d->size == 1 || !n) return 0;
+#ifdef CNN_MPI
+    if (!d->threaded) return dist_sum_floats(d, x, n, err);  // no thread may call MPI: now
+    DistExchange *ex = d->exchange ? d->exchange : exchange_start(d, err);
+    if (!ex) return -1;
+    pthread_mutex_lock(&ex->lock);
+    int rc = 0;
+    if (ex->tail == ex->cap) {
+        const int cap = ex->cap ? 2 * ex->cap : 64;
+        Span *q = realloc(ex->queue, (size_t)cap * sizeof *q);
+        if (q) ex->queue = q, ex->cap = cap;
+        else rc = err_set(err, "out of memory for the gradient exchange's queue");
+    }
+    if (!rc) {
+        ex->queue[ex->tail++] = (Span){x, n};
+        pthread_cond_signal(&ex->work);
+    }
+    pthread_mutex_unlock(&ex->lock);
+    return rc;
+#else
+    (void)x, (void)err;
+    return 0;
+#endif
+}
+
+int dist_sum_wait(Dist *d, Error *err) {
+#ifdef CNN_MPI
+    DistExchange *ex = d->exchange;
+    if (!ex) return 0;
+    const double t0 = now();
+    pthread_mutex_lock(&ex->lock);
+    while (ex->head != ex->tail) pthread_cond_wait(&ex->idle, &ex->lock);
+    ex->head = ex->tail = 0;
+    const bool failed = ex->failed;
+    if (failed) *err = ex->err, ex->failed = false;
+    pthread_mutex_unlock(&ex->lock);
+    d->comm_seconds += now() - t0;
+    return failed ? -1 : 0;
+#else
+    (void)d, (void)err;
+    return 0;
 #endif
 }

@@ -8,6 +8,8 @@
 //   - with the fused update (each module's gradients summed across the processes, then
 //     updated, during backward) 2 processes give the unfused 2-process run's bits, on the
 //     network with dropout and on the ResNet;
+//   - the gradient sum in buckets during backward gives the one sum's bits (also with
+//     micro-batches, fp16 and a ResNet);
 //   - with compressed activations, 2 processes round every value as one process with
 //     accumulate = 2 does;
 //   - a 2-process run stopped after 5 steps resumes with 2 processes to the same bits as
@@ -143,6 +145,27 @@ static void test_compressed_ranks(void **state) {
     assert_true(max_rel_diff("dp_c2", "dp_c2_again") == 0);
 }
 
+// The gradient sum in buckets during backward (here every module a bucket of its own:
+// bucket_mb = 1e-6, on the ResNet a residual block's branches out of the block's order)
+// gives the bits of the one sum after backward (bucket_mb = 0), also with micro-batches and
+// with fp16's loss scaling.
+static void test_buckets(void **state) {
+    need_mpi();
+    const char *sgd = "optimizer=sgd lr=0.05 momentum=0.9 stop_after=6";
+    const char *runs[][2] = {{"", "dropout"}, {"accumulate=2", "dropout_acc"},
+                             {"precision=fp16", "dropout_fp16"}};
+    char a[64], b[64];
+    for (int i = 0; i < 3; i++) {
+        snprintf(a, sizeof a, "b0_%s", runs[i][1]), snprintf(b, sizeof b, "b1_%s", runs[i][1]);
+        assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=6 %s bucket_mb=0 save=%s/%s", cfg, runs[i][0], dir, a), 0);
+        assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=6 %s bucket_mb=1e-6 save=%s/%s", cfg, runs[i][0], dir, b), 0);
+        if (!(max_rel_diff(a, b) == 0)) fail_msg("%s: the sum in buckets differs from the one sum", runs[i][1]);
+    }
+    assert_int_equal(run(MPIRUN " 2 ./train %s %s bucket_mb=0 save=%s/b0_res", resnet, sgd, dir), 0);
+    assert_int_equal(run(MPIRUN " 2 ./train %s %s bucket_mb=1e-6 save=%s/b1_res", resnet, sgd, dir), 0);
+    if (!(max_rel_diff("b0_res", "b1_res") == 0)) fail_msg("ResNet: the sum in buckets differs from the one sum");
+}
+
 static void test_fused_update(void **state) {
     need_mpi();
     assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 fused_update=1 save=%s/dp_fused", cfg, dir), 0);
@@ -260,6 +283,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
         cmocka_unit_test(test_fused_update),
+        cmocka_unit_test(test_buckets),
         cmocka_unit_test(test_compressed_ranks),
         cmocka_unit_test(test_resume_any_count),
         cmocka_unit_test(test_batchnorm_statistics),
