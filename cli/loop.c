@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "../nn/kernels.h"
 #include "../nn/profile.h"
@@ -192,22 +191,33 @@ static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Er
 // ---- signals and checkpoints ---------------------------------------------------------------
 
 // The first SIGINT or SIGTERM asks the training loop to finish its step, write a
-// checkpoint and stop; a second one kills as usual (SA_RESETHAND).
-static volatile sig_atomic_t stop_signal = 0;
-static void on_stop_signal(int sig) { stop_signal = sig; }
+// checkpoint and stop; a second of the same kind kills as usual (SA_RESETHAND). The first
+// one names the stop, with the process that sent it (0: the kernel, as for a terminal's
+// Ctrl-C); the other kind then changes nothing.
+static volatile sig_atomic_t stop_signal = 0, stop_sender = 0;
+static void on_stop_signal(int sig, siginfo_t *info, void *context) {
+    (void)context;
+    if (stop_signal) return;
+    stop_sender = info ? (sig_atomic_t)info->si_pid : 0;
+    stop_signal = sig;
+}
 
 static void catch_stop_signals(void) {
     struct sigaction sa = {0};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESETHAND;
+    sa.sa_sigaction = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND | SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 }
 
 // Why training stops early: stop_after, or a signal to this process or another one.
+// mpirun answers Ctrl-C (or SIGINT, SIGTERM or SIGHUP to itself) with SIGTERM to every
+// process it started, a second later (README, "Several processes").
 static const char *stop_reason(bool step_limit) {
     return step_limit               ? "at stop_after"
+           : stop_signal == SIGTERM && dist_sent_by_mpirun(stop_sender)
+               ? "by SIGTERM from mpirun (its answer to Ctrl-C or a signal to it)"
            : stop_signal == SIGINT  ? "by SIGINT"
            : stop_signal == SIGTERM ? "by SIGTERM"
                                     : "by a signal to another process";
@@ -263,7 +273,7 @@ static int train_epoch(Run *r, Totals *t, double *seconds, Error *err) {
     Net *net = r->net;
     const int epoch = (int)r->st.epoch;
     const int64_t nbatches = loader_batches(r->data->train_loader);
-    const bool live = isatty(STDOUT_FILENO);
+    const bool live = dist_stdout_is_terminal();  // isatty, or mpirun's stdout under mpirun
     // A resumed epoch goes on from the totals of its first part (rank 0 holds them).
     const float totals[2] = {r->dist->rank ? 0.0f : (float)r->st.epoch_loss,
                              r->dist->rank ? 0.0f : (float)r->st.epoch_correct};

@@ -1,11 +1,14 @@
 // dist.c: dist.h over MPI (CNN_MPI, set by the Makefile when mpicc is found), or alone.
 #include "dist.h"
 
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifdef CNN_MPI
 #include <mpi.h>
@@ -29,8 +32,10 @@ int dist_available(void) {
 }
 
 // The number of ranks the launcher says this process is one of (1 when started alone).
+// Slurm's count is the step's (srun's tasks), not the job's SLURM_NTASKS: a batch script of
+// an allocation of 2 tasks that runs ./train itself runs one process.
 static int launched_size(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"};
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
         const char *v = getenv(vars[i]);
         if (v && atoi(v) > 1) return atoi(v);
@@ -43,6 +48,18 @@ int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
     d->size = 1;
 #ifdef CNN_MPI
     if (launched_size() <= 1 && !getenv("OMPI_COMM_WORLD_SIZE")) return 0;  // alone: no MPI at all
+    // srun's tasks find each other through the PMI server srun starts with --mpi=pmix (or
+    // pmi2). Without one, OpenMPI's MPI_Init fails in every task with a message about how
+    // OpenMPI was built; Debian's OpenMPI takes PMIx only, not PMI-2.
+#ifdef OPEN_MPI
+    const int pmi = getenv("PMIX_RANK") != NULL;
+#else
+    const int pmi = getenv("PMIX_RANK") || getenv("PMI_RANK");
+#endif
+    if (getenv("SLURM_STEP_NUM_TASKS") && !getenv("OMPI_COMM_WORLD_SIZE") && !pmi)
+        return err_set(err, "started by srun as one of %d tasks without PMIx, so the tasks cannot "
+                            "find each other: run srun --mpi=pmix (srun --mpi=list lists the plugins "
+                            "of this Slurm), or set MpiDefault=pmix in slurm.conf", launched_size());
     int provided;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         return err_set(err, "MPI_Init failed");
@@ -62,6 +79,54 @@ int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
                             "(make clean && make, or make MPI=1)", n);
     return 0;
 #endif
+}
+
+// ---- the launcher ----------------------------------------------------------------------
+
+// The parent of process pid, from /proc/PID/stat (0 where it cannot be read).
+static long parent_of(long pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *end = strrchr(buf, ')');  // past the command's name, which may hold anything
+    long ppid = 0;
+    return end && sscanf(end + 1, " %*c %ld", &ppid) == 1 ? ppid : 0;
+}
+
+int dist_stdout_is_terminal(void) {
+    if (!isatty(STDOUT_FILENO)) return 0;
+    if (!getenv("OMPI_COMM_WORLD_SIZE")) return 1;
+    // Under OpenMPI the terminal is a pseudo-terminal of mpirun's own: the first process up
+    // the tree whose stdout is not it (mpirun, or orted on another machine) says where the
+    // output goes. A terminal is a character device; anything else (a file, a pipe) is not.
+    struct stat mine;
+    if (fstat(STDOUT_FILENO, &mine)) return 0;
+    long pid = getppid();
+    for (int depth = 0; depth < 32 && pid > 1; depth++, pid = parent_of(pid)) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%ld/fd/1", pid);
+        struct stat st;
+        if (stat(path, &st)) return 0;  // /proc missing or closed to us: no progress line
+        if (S_ISCHR(st.st_mode) && st.st_rdev == mine.st_rdev) continue;  // still the same one
+        if (!S_ISCHR(st.st_mode)) return 0;
+        const int fd = open(path, O_WRONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) return 0;
+        const int tty = isatty(fd);
+        close(fd);
+        return tty;
+    }
+    return 0;
+}
+
+int dist_sent_by_mpirun(long pid) {
+    if (pid <= 1 || !getenv("OMPI_COMM_WORLD_SIZE")) return 0;
+    for (long p = getppid(); p > 1; p = parent_of(p))
+        if (p == pid) return 1;
+    return 0;
 }
 
 void dist_finalize(Dist *d) {

@@ -68,4 +68,14 @@ int dist_barrier(Dist *d, Error *err);
 // Whether this build has MPI.
 int dist_available(void);
 
+// Whether what this process writes to stdout reaches a terminal (where a progress line that
+// rewrites itself belongs). OpenMPI's mpirun gives every process a pseudo-terminal of its own
+// as stdout, whatever mpirun's stdout is, and copies what comes out of it there: under
+// mpirun the answer is whether mpirun's stdout is a terminal (read from /proc; no where it
+// cannot be read). Slurm's srun gives its tasks pipes.
+int dist_stdout_is_terminal(void);
+// Whether process pid is the mpirun (or orted) that started this process: OpenMPI turns a
+// Ctrl-C or a SIGTERM to mpirun into SIGTERM to every process it started.
+int dist_sent_by_mpirun(long pid);
+
 #endif

@@ -22,7 +22,14 @@
 //     set or training-set size on one of them, or a file one cannot open) all stop within
 //     5 s, the message naming the rank and the keys, without MPI's own error text, and the
 //     save folder's checkpoint as it was; another `threads`, or `init` on one process only
-//     (every process takes rank 0's weights), trains to the plain run's bits.
+//     (every process takes rank 0's weights), trains to the plain run's bits;
+//   - SIGINT to mpirun (Ctrl-C): the processes get SIGTERM from it, stop at a step with the
+//     checkpoint written, and say so; mpirun itself exits with 1 (OpenMPI's rule). SIGINT to
+//     the processes themselves: they stop, and mpirun exits with their 130;
+//   - a log redirected from mpirun holds no progress lines (each process's stdout is a
+//     pseudo-terminal of mpirun's), and one that goes to a terminal (script) does;
+//   - srun -n 2 --mpi=pmix gives mpirun's checkpoint byte for byte, where srun can run
+//     (a Slurm that answers: bench/slurm.sh sets one up; skipped otherwise).
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -279,6 +286,88 @@ static void test_processes_must_agree(void **state) {
     assert_true(max_rel_diff("threads", "dp") == 0);
 }
 
+// A long run in the background (a checkpoint after every batch) until its first checkpoint,
+// then `kill -INT` to what `target` names in the shell ($p: mpirun's pid); returns mpirun's
+// exit status, the log in NAME.txt.
+static int interrupt(const char *name, const char *target) {
+    char cmd[4 * PATH_MAX];
+    snprintf(cmd, sizeof cmd,
+             MPIRUN " 2 ./train %s train=%s/big-images train_labels=%s/big-labels epochs=100 "
+             "save_every=1 save=%s/%s > %s/%s.txt 2>&1 & p=$!; i=0; "
+             "while [ ! -e %s/%s/last.safetensors ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+             "kill -INT %s; wait $p",
+             cfg, dir, dir, dir, name, dir, name, dir, name, target);
+    const int rc = system(cmd);
+    return rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static char *read_log(const char *name) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s.txt", dir, name);
+    size_t n;
+    return test_read_file(path, &n);
+}
+
+// Issue 35, point 4. Ctrl-C on mpirun reaches mpirun alone (each process has a process
+// group of its own); mpirun sends every process SIGCONT, SIGTERM a second later and SIGKILL
+// a second after that (odls_base_sigkill_timeout), and exits with 1 whatever they return.
+// The processes stop at the same step, write the checkpoint and name the SIGTERM as
+// mpirun's. Signalled themselves, they exit with 130, and so does mpirun.
+static void test_interrupted(void **state) {
+    need_mpi();
+    char images[PATH_MAX], labels[PATH_MAX];
+    write_squares(dir, "big", 40000, 5, images, labels);
+    const int rc = interrupt("ctrl_c", "$p");
+    char *log = read_log("ctrl_c");
+    if (rc != 1 || !strstr(log, "stopped by SIGTERM from mpirun (its answer to Ctrl-C or a signal to it) in epoch 1") ||
+        !strstr(log, "resume with: ./train resume="))
+        fail_msg("mpirun's status %d (OpenMPI's is 1 after a signal to it); log:\n%s", rc, log);
+    free(log);
+    assert_int_equal(run("./train --eval %s/ctrl_c/last.safetensors", dir), 0);
+    // The processes signalled (mpirun's children: the two ranks here).
+    assert_int_equal(interrupt("ranks", "$(pgrep -P $p)"), 130);
+    log = read_log("ranks");
+    if (!strstr(log, "stopped by SIGINT in epoch 1")) fail_msg("%s", log);
+    free(log);
+    assert_int_equal(run("./train --eval %s/ranks/last.safetensors", dir), 0);
+}
+
+// The progress line rewrites itself with \r and ESC [K: in a log it only adds noise. Under
+// mpirun each process's stdout is a pseudo-terminal whatever mpirun's is, so isatty alone
+// said yes: the whole epoch's lines went into `mpirun ... > log`. (A full epoch: its last
+// batch always prints one where the line shows.)
+static void test_progress_lines(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s save=%s/quiet", cfg, dir), 0);
+    if (strchr(output(), '\r') || strstr(output(), "\033[K")) fail_msg("%s", output());
+    if (!strstr(output(), "epoch 1/1")) fail_msg("%s", output());
+    // Where mpirun's stdout is a terminal, the line shows (script(1) gives it one).
+    if (system("command -v script > /dev/null 2>&1") != 0) {
+        print_message("no script(1) here: the terminal half is not checked\n");
+        return;
+    }
+    assert_int_equal(run("script -qec \"" MPIRUN " 2 ./train %s save=%s/live\" /dev/null", cfg, dir), 0);
+    if (!strstr(output(), "\r\033[K  epoch 1  ")) fail_msg("no progress line on a terminal: %s", output());
+}
+
+// srun starts the 2 processes (OpenMPI through Slurm's PMIx plugin): mpirun's checkpoint,
+// byte for byte, from the same save folder (its path is in the stored cfg).
+static void test_srun(void **state) {
+    need_mpi();
+    if (run("timeout 20 srun -n 2 --mpi=pmix /bin/true")) {
+        print_message("skipped: srun -n 2 --mpi=pmix does not run here (no Slurm; bench/slurm.sh "
+                      "sets one up, KEEP=1 leaves it running for SLURM_CONF)\n");
+        skip();
+    }
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=5 save=%s/sr", cfg, dir), 0);
+    assert_int_equal(run("mv %s/sr %s/sr_mpirun", dir, dir), 0);
+    // srun passes its environment on (MPIRUN's -x: the MPI libraries' leaks under SAN=1).
+    assert_int_equal(run("ASAN_OPTIONS=detect_leaks=0 timeout 120 srun -n 2 --mpi=pmix ./train %s "
+                         "stop_after=5 save=%s/sr", cfg, dir), 0);
+    if (!strstr(output(), "over 2 processes (16 samples each)")) fail_msg("%s", output());
+    assert_int_equal(run("cmp %s/sr/last.safetensors %s/sr_mpirun/last.safetensors", dir, dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
@@ -290,6 +379,9 @@ int main(void) {
         cmocka_unit_test(test_killed_process),
         cmocka_unit_test(test_batch_must_divide),
         cmocka_unit_test(test_processes_must_agree),
+        cmocka_unit_test(test_interrupted),
+        cmocka_unit_test(test_progress_lines),
+        cmocka_unit_test(test_srun),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

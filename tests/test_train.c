@@ -1030,6 +1030,21 @@ static void test_stop_status_and_log(void **state) {
     if (!strstr(log, "stopped by SIGTERM in epoch 1") || !strstr(log, "resume with: ./train resume="))
         fail_msg("%s", log);
     free(log);
+    // SIGINT (Ctrl-C; a terminal sends it to the whole foreground group) alike: 130, and the
+    // message names it (issue 35, point 4). The log, to a file, holds no progress line.
+    assert_int_equal(run("./train %s/net.cfg train=%s/big-images train_labels=%s/big-labels test= test_labels= "
+                         "threads=1 save_every=1 save=%s/interrupted > %s/interrupted.txt 2>&1 & p=$!; i=0; "
+                         "while [ ! -e %s/interrupted/last.safetensors ] && [ $i -lt 600 ]; do "
+                         "sleep 0.05; i=$((i+1)); done; kill -INT $p; wait $p",
+                         dir, dir, dir, dir, dir, dir),
+                     130);
+    snprintf(path, sizeof path, "%s/interrupted.txt", dir);
+    log = test_read_file(path, &n);
+    if (!strstr(log, "stopped by SIGINT in epoch 1 after batch ") || !strstr(log, "resume with: ./train resume=") ||
+        strchr(log, '\r'))
+        fail_msg("%s", log);
+    free(log);
+    assert_int_equal(run("./ckpt ls %s/interrupted/last.safetensors", dir), 0);
 }
 
 int main(void) {
