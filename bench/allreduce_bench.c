@@ -2,9 +2,15 @@
 // then allgather) for a given number of floats, over whatever links mpirun gives.
 //   mpirun -np 2 build/bench/allreduce_bench 609354 11200000
 // Prints, per size, the median of 20 sums after 3 warm-up ones, and the bus bandwidth the
-// standard ring model implies: 2 (N - 1) / N x bytes / time.
+// standard ring model implies: 2 (N - 1) / N x bytes / time. With 2 processes that is what
+// each link carries each way while the two send to each other at once.
+//   mpirun -np 2 build/bench/allreduce_bench --broadcast 4 1000000
+// --broadcast times rank 0's broadcast of the bytes instead (and a barrier after it), and
+// prints bytes / time: with 2 processes, one link one way (bench/netns.sh's shaped rate);
+// the smallest sizes show its round trips.
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "../nn/dist.h"
@@ -27,7 +33,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "allreduce_bench: %s\n", err.msg);
         return 1;
     }
-    for (int a = 1; a < argc; a++) {
+    const int broadcast = argc > 1 && !strcmp(argv[1], "--broadcast");
+    for (int a = 1 + broadcast; a < argc; a++) {
         const size_t n = strtoull(argv[a], NULL, 10);
         float *x = malloc(n * sizeof *x);
         if (!x) return 1;
@@ -36,7 +43,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < 23; r++) {
             dist_barrier(&d, &err);
             const double t0 = now();
-            if (dist_sum_floats(&d, x, n, &err)) {
+            if (broadcast ? dist_broadcast(&d, x, n * sizeof *x, &err) || dist_barrier(&d, &err)
+                          : dist_sum_floats(&d, x, n, &err)) {
                 fprintf(stderr, "allreduce_bench: %s\n", err.msg);
                 dist_abort(&d, 1);
                 return 1;
@@ -45,7 +53,10 @@ int main(int argc, char **argv) {
         }
         qsort(t, 20, sizeof *t, cmp);
         const double med = (t[9] + t[10]) / 2, bytes = (double)n * sizeof *x;
-        if (d.rank == 0)
+        if (d.rank == 0 && broadcast)
+            printf("%d processes, broadcast of %zu floats (%.3f MB): %.3f ms median, %.1f MB/s (%.0f Mbit/s)\n",
+                   d.size, n, bytes / 1e6, 1e3 * med, bytes / med / 1e6, 8 * bytes / med / 1e6);
+        else if (d.rank == 0)
             printf("%d processes, %zu floats (%.1f MB): %.3f ms median, bus bandwidth %.2f GB/s\n",
                    d.size, n, bytes / 1e6, 1e3 * med,
                    2.0 * (d.size - 1) / d.size * bytes / med / 1e9);

@@ -29,7 +29,10 @@
 //   - a log redirected from mpirun holds no progress lines (each process's stdout is a
 //     pseudo-terminal of mpirun's), and one that goes to a terminal (script) does;
 //   - srun -n 2 --mpi=pmix gives mpirun's checkpoint byte for byte, where srun can run
-//     (a Slurm that answers: bench/slurm.sh sets one up; skipped otherwise).
+//     (a Slurm that answers: bench/slurm.sh sets one up; skipped otherwise);
+//   - over 2 "hosts" (bench/netns.sh: network namespaces whose links are shaped to 1 Gbit/s,
+//     OpenMPI over TCP between them; root only, skipped elsewhere) the checkpoint is the
+//     one-host 2-process run's, byte for byte.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../nn/safetensors.h"
@@ -368,6 +372,32 @@ static void test_srun(void **state) {
     assert_int_equal(run("cmp %s/sr/last.safetensors %s/sr_mpirun/last.safetensors", dir, dir), 0);
 }
 
+// Two network namespaces on a switch, each link shaped to 1 Gbit/s (bench/netns.sh), one
+// process in each, talking over TCP only: the same bits as 2 processes on this host, in the
+// same file (the same save folder, which the checkpoint names). The hosts are named after
+// this process, so that suites running side by side do not meet.
+static void test_network_hosts(void **state) {
+    need_mpi();
+    assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=10 save=%s/hosts", cfg, dir), 0);
+    assert_int_equal(run("mv %s/hosts %s/hosts_one", dir, dir), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int rc = run("NETNS_PREFIX=cnn%dh sh bench/netns.sh run 2 1gbit -- "
+                       "-x ASAN_OPTIONS=detect_leaks=0 ./train %s stop_after=10 save=%s/hosts",
+                       (int)getpid(), cfg, dir);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == 77) {
+        print_message("skipped: %s", output());
+        skip();
+    }
+    if (rc) fail_msg("%s", output());
+    if (run("cmp %s/hosts/last.safetensors %s/hosts_one/last.safetensors", dir, dir))
+        fail_msg("2 hosts at 1 Gbit/s differ from 2 processes on one host: %s", output());
+    print_message("2 hosts at 1 Gbit/s: the one-host checkpoint, byte for byte (%.1f s with the "
+                  "namespaces' setup and teardown)\n",
+                  (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_processes_as_accumulation),
@@ -382,6 +412,7 @@ int main(void) {
         cmocka_unit_test(test_interrupted),
         cmocka_unit_test(test_progress_lines),
         cmocka_unit_test(test_srun),
+        cmocka_unit_test(test_network_hosts),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
