@@ -89,15 +89,16 @@ static int fused_ready(void *arg, Layer *m) {
 // The gradient sum during backward (Options.bucket_mb; DistributedDataParallel's buckets):
 // backward completes each trained module's gradients in turn, and they join the open
 // bucket; a bucket of bucket_mb, or one the next module's gradients do not adjoin in the
-// gradient block, goes to the exchange thread (dist_sum_start), which sums it across the
-// processes while backward computes the layers before it. Backward completes the modules
-// in reverse, so a bucket grows towards the block's start. Each value is summed as the sum
-// after backward sums it: the same bits.
+// gradient block, starts its sum across the processes (dist_sum_start), which the network
+// carries while backward computes the layers before it, each module's end moving the
+// started sums on (dist_sum_progress). Backward completes the modules in reverse, so a
+// bucket grows towards the block's start. Each value is summed as the sum after backward
+// sums it: the same bits.
 typedef struct Buckets {
     Dist *dist;
     float *lo, *hi;  // the open bucket, [lo, hi) of the gradient block (lo == hi: none)
     size_t most;     // floats in a full bucket
-    int64_t summed;  // floats handed to the exchange this step
+    int64_t summed;  // floats whose sum started this step
     Error *err;
 } Buckets;
 
@@ -115,7 +116,8 @@ static int bucket_ready(void *arg, Layer *m) {
     if (b->lo != b->hi && g + n != b->lo && bucket_close(b)) return -1;
     if (b->lo == b->hi) b->hi = g + n;
     b->lo = g;
-    return (size_t)(b->hi - b->lo) >= b->most ? bucket_close(b) : 0;
+    if ((size_t)(b->hi - b->lo) >= b->most && bucket_close(b)) return -1;
+    return dist_sum_progress(b->dist, b->err);
 }
 
 // Floats in a full bucket: bucket_mb's, or (auto, -1) an eighth of the gradients, from
@@ -172,7 +174,7 @@ static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Er
     if (buckets_on) {
         const bool failed = net->hook.failed;
         net->hook = (GradHook){0};
-        // Every started sum ends before anything returns: the thread writes the block.
+        // Every started sum ends before anything returns: MPI writes into the block.
         const int closed = failed ? -1 : bucket_close(&buckets);
         if (dist_sum_wait(r->dist, err) || closed) return -1;
         if (buckets.summed != net->ntrain)

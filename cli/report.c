@@ -67,6 +67,7 @@ typedef struct EpochFacts {
     double seconds, rss_mb;
     LoaderStats loader;
     double gpu_mb, gpu_plan_mb, gpu_total_mb;  // NAN on the CPU
+    double exposed;  // several processes: of the gradient sums' time, what the steps waited
 } EpochFacts;
 
 // x as JSON with printf format fmt, into buf: null where it is not finite (none, or a
@@ -91,19 +92,19 @@ static void print_epoch(Run *r, const EpochFacts *f, double seconds, const Dist 
     if (f->loader.skipped)
         snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "  skipped %lld bad",
                  (long long)f->loader.skipped);
-    char scale[160] = "";
+    char scale[192] = "";
     if (r->net->precision == DT_F16)
         snprintf(scale, sizeof scale, "  loss_scale %g  skipped %lld", r->scaler.scale,
                  (long long)r->scaler.skipped);
     const Dist *dist = r->dist;
-    // comm: what the processes waited for each other (the gradient sums that backward did
-    // not hide, the statistics, the metrics); of the time the gradient sums took.
-    const double comm = dist->comm_seconds - dist0->comm_seconds;
+    // comm: what the gradient sums cost the steps, the network's share (dist_exposed); waits:
+    // all this process waited for the others (the sums, a slower process, the statistics,
+    // the metrics).
     if (dist->size > 1)
         snprintf(scale + strlen(scale), sizeof scale - strlen(scale),
-                 "  comm %.1f s (%.0f%%) of %.1f s summing", comm,
-                 seconds > 0 ? 100.0 * comm / seconds : 0.0,
-                 dist->exchange_seconds - dist0->exchange_seconds);
+                 "  comm %.2f s (%.1f%%)  waits %.1f s", f->exposed,
+                 seconds > 0 ? 100.0 * f->exposed / seconds : 0.0,
+                 dist->comm_seconds - dist0->comm_seconds);
     // On a GPU: the device memory the run's allocations take (measured), the plan's,
     // and with the GPU's baseline (context, cuBLAS) what the process holds there.
     if (!isnan(f->gpu_mb))
@@ -191,6 +192,7 @@ int report_epoch(Run *r, const Totals *tr, const Totals *te, double seconds, con
         f.gpu_mb = taken / 1e6, f.gpu_total_mb = (taken + base) / 1e6;
         f.gpu_plan_mb = mem_plan_blocks(&net->plan) / 1e6;
     }
+    if (dist_exposed(r->dist, &f.exposed, err)) return -1;
     print_epoch(r, &f, seconds, dist0);
     return r->dist->rank == 0 ? log_epoch(r, &f, err) : 0;
 }

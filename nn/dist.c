@@ -12,7 +12,6 @@
 
 #ifdef CNN_MPI
 #include <mpi.h>
-#include <pthread.h>
 
 static double now(void) {
     struct timespec ts;
@@ -20,7 +19,45 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-static void exchange_stop(Dist *d);
+// One sum of x[0..n) in progress (Sums). Rank r sums slice r (of `size` near-equal slices)
+// of everyone's x in rank order: every rank sends slice r to rank r (MPI_Ialltoallv, on
+// the `slices` communicator), which adds the P copies, rank 0's first; then every rank
+// gathers the summed slices (MPI_Iallgatherv, on `gather`).
+typedef struct Sum {
+    void *x;
+    size_t n, elem;       // values of elem bytes: 4 (float) or 8 (double)
+    int *counts;          // (4P): the slices' counts and offsets, then the received ones'
+    void *recv;           // (P x this rank's slice) everyone's copy of this rank's slice
+    bool own_recv;        // recv is malloc'd, not in the arena
+    MPI_Request req;
+    int phase;            // 0: slices travel, 1: sums gather, 2: done
+} Sum;
+
+// The sums of a step, started in order (dist_sum_start) and advanced by the caller's
+// dist_sum_progress until dist_sum_wait. A sum's gather is posted only after every earlier
+// sum's (MPI wants collectives in the same order on every rank, and the slices' arrival
+// order differs between ranks), on a communicator of its own.
+struct DistExchange {
+    MPI_Comm slices, gather;
+    Sum *sums;
+    int n, cap, done;     // sums[0..done) are done
+    char *arena;          // the received slices' memory, reused step after step
+    size_t arena_bytes, used, wanted;  // wanted: what this step's sums took in all
+};
+
+static void exchange_free(Dist *d);
+
+// Keeps a gradient sum's time waited for (dist_exposed); one that cannot be kept (no memory)
+// counts as none.
+static void note_wait(Dist *d, double seconds) {
+    if (d->nwaits == d->cap_waits) {
+        const int cap = d->cap_waits ? 2 * d->cap_waits : 256;
+        double *w = realloc(d->waits, (size_t)cap * sizeof *w);
+        if (!w) return;
+        d->waits = w, d->cap_waits = cap;
+    }
+    d->waits[d->nwaits++] = seconds;
+}
 #endif
 
 int dist_available(void) {
@@ -61,14 +98,17 @@ int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
                             "find each other: run srun --mpi=pmix (srun --mpi=list lists the plugins "
                             "of this Slurm), or set MpiDefault=pmix in slurm.conf", launched_size());
     int provided;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
         return err_set(err, "MPI_Init failed");
-    d->threaded = provided >= MPI_THREAD_SERIALIZED;
     MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &d->size);
     // A failed call returns its error to the trainer, which says what it was doing, instead
     // of MPI's own text ending every process.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    if (!(d->exchange = xcalloc(1, sizeof *d->exchange, err))) return -1;
+    if (MPI_Comm_dup(MPI_COMM_WORLD, &d->exchange->slices) != MPI_SUCCESS ||
+        MPI_Comm_dup(MPI_COMM_WORLD, &d->exchange->gather) != MPI_SUCCESS)
+        return err_set(err, "MPI_Comm_dup failed");
     return 0;
 #else
     (void)argc, (void)argv;
@@ -131,14 +171,14 @@ int dist_sent_by_mpirun(long pid) {
 
 void dist_finalize(Dist *d) {
 #ifdef CNN_MPI
-    exchange_stop(d);
+    exchange_free(d);
+    free(d->waits);
+    d->waits = NULL;
     int started = 0, done = 0;
     MPI_Initialized(&started);
     MPI_Finalized(&done);
     if (started && !done) MPI_Finalize();
 #endif
-    free(d->scratch);
-    d->scratch = NULL;
 }
 
 void dist_abort(const Dist *d, int code) {
@@ -150,151 +190,121 @@ void dist_abort(const Dist *d, int code) {
 }
 
 #ifdef CNN_MPI
-static int grow(Dist *d, size_t bytes, Error *err) {
-    if (d->scratch_bytes >= bytes) return 0;
-    void *p = realloc(d->scratch, bytes);
-    if (!p) return err_set(err, "out of memory for the gradient exchange (%zu bytes)", bytes);
-    d->scratch = p, d->scratch_bytes = bytes;
-    return 0;
-}
+// ---- the sum in rank order, in steps ---------------------------------------------------------
 
-// Rank r sums slice r (of `size` near-equal slices) of everyone's x in rank order; then
-// every rank gathers the summed slices. elem: 4 (float) or 8 (double).
-// Waits for request r: in MPI_Wait, or (polled: the exchange thread) testing it every 20 us
-// and sleeping between, so that the thread leaves the CPUs to the computation while the
-// network works. 0, or -1 when it failed.
-static int finish(MPI_Request *r, bool polled) {
-    if (!polled) return MPI_Wait(r, MPI_STATUS_IGNORE) == MPI_SUCCESS ? 0 : -1;
-    for (;;) {
-        int done = 0;
-        if (MPI_Test(r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
-        if (done) return 0;
-        nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
-    }
-}
-
-static int sum_in_order(Dist *d, void *x, size_t n, size_t elem, bool polled, Error *err) {
+// Starts the sum of x[0..n) into s (s->counts from the caller's space, recv from the arena
+// when it has room).
+static int sum_begin(Dist *d, Sum *s, void *x, size_t n, size_t elem, Error *err) {
+    DistExchange *ex = d->exchange;
     const int P = d->size;
-    int counts[P], displs[P];
+    if (n > (size_t)0x7fffffff) return err_set(err, "dist: %zu values are too many for one exchange", n);
+    *s = (Sum){.x = x, .n = n, .elem = elem};
+    if (!(s->counts = xcalloc(4 * (size_t)P, sizeof *s->counts, err))) return -1;
+    int *counts = s->counts, *displs = counts + P, *rcounts = displs + P, *rdispls = rcounts + P;
     for (int r = 0, at = 0; r < P; r++) {
         counts[r] = (int)(n / (size_t)P + ((size_t)r < n % (size_t)P));
         displs[r] = at, at += counts[r];
     }
-    if (n > (size_t)0x7fffffff) return err_set(err, "dist: %zu values are too many for one exchange", n);
     const int mine = counts[d->rank];
-    if (grow(d, (size_t)P * (size_t)(mine ? mine : 1) * elem, err)) return -1;
-    // Everyone's slice r goes to rank r: recv[q * mine ...] holds rank q's part.
-    int scounts[P], sdispls[P], rcounts[P], rdispls[P];
-    for (int r = 0; r < P; r++) {
-        scounts[r] = counts[r], sdispls[r] = displs[r];
-        rcounts[r] = mine, rdispls[r] = r * mine;
+    for (int r = 0; r < P; r++) rcounts[r] = mine, rdispls[r] = r * mine;
+    const size_t bytes = ((size_t)P * (size_t)mine * elem + 63) & ~(size_t)63;
+    ex->wanted += bytes;
+    if (ex->used + bytes <= ex->arena_bytes) {
+        s->recv = ex->arena + ex->used, ex->used += bytes;
+    } else if (!(s->recv = malloc(bytes ? bytes : 1))) {
+        return err_set(err, "out of memory for the gradient exchange (%zu bytes)", bytes);
+    } else {
+        s->own_recv = true;
     }
     const MPI_Datatype t = elem == 4 ? MPI_FLOAT : MPI_DOUBLE;
-    MPI_Request req;
-    if (MPI_Ialltoallv(x, scounts, sdispls, t, d->scratch, rcounts, rdispls, t, MPI_COMM_WORLD,
-                       &req) != MPI_SUCCESS ||
-        finish(&req, polled))
-        return err_set(err, "MPI_Ialltoallv failed (the gradient sum's exchange)");
-    char *out = (char *)x + (size_t)displs[d->rank] * elem;
-    if (elem == 4) {
-        const float *in = d->scratch;
-        float *o = (float *)out;
-        for (int i = 0; i < mine; i++) {
-            float s = in[i];
-            for (int q = 1; q < P; q++) s += in[(size_t)q * mine + i];
-            o[i] = s;
-        }
-    } else {
-        const double *in = d->scratch;
-        double *o = (double *)out;
-        for (int i = 0; i < mine; i++) {
-            double s = in[i];
-            for (int q = 1; q < P; q++) s += in[(size_t)q * mine + i];
-            o[i] = s;
-        }
-    }
-    if (MPI_Iallgatherv(MPI_IN_PLACE, 0, t, x, counts, displs, t, MPI_COMM_WORLD, &req) !=
-            MPI_SUCCESS ||
-        finish(&req, polled))
-        return err_set(err, "MPI_Iallgatherv failed (the gradient sum's gather)");
+    if (MPI_Ialltoallv(x, counts, displs, t, s->recv, rcounts, rdispls, t, ex->slices, &s->req) !=
+        MPI_SUCCESS)
+        return err_set(err, "MPI_Ialltoallv failed (the gradient sum's slices)");
     return 0;
 }
 
-// ---- sums during backward: the exchange thread ---------------------------------------------
-
-// One started sum.
-typedef struct Span {
-    float *x;
-    size_t n;
-} Span;
-
-// The thread that runs started sums in order (dist_sum_start) while the caller computes.
-// It alone calls MPI between dist_sum_start and dist_sum_wait (MPI_THREAD_SERIALIZED).
-struct DistExchange {
-    Dist *d;
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t work, idle;  // a span was queued (or quit); the queue ran empty
-    Span *queue;                // [head, tail) still to sum; [0, head) summed
-    int head, tail, cap;
-    bool quit, failed;
-    Error err;  // the first failure's
-};
-
-static void *exchange_main(void *arg) {
-    DistExchange *ex = arg;
-    pthread_mutex_lock(&ex->lock);
-    for (;;) {
-        while (ex->head == ex->tail && !ex->quit) pthread_cond_wait(&ex->work, &ex->lock);
-        if (ex->head == ex->tail) break;  // quit, nothing left
-        const Span s = ex->queue[ex->head];
-        const bool skip = ex->failed;
-        pthread_mutex_unlock(&ex->lock);
-        Error err = {{0}};
-        const double t0 = now();
-        const int rc = skip ? 0 : sum_in_order(ex->d, s.x, s.n, sizeof *s.x, true, &err);
-        const double took = now() - t0;
-        pthread_mutex_lock(&ex->lock);
-        ex->d->exchange_seconds += took;
-        if (rc && !ex->failed) ex->failed = true, ex->err = err;
-        if (++ex->head == ex->tail) pthread_cond_broadcast(&ex->idle);
+// Moves s on as far as its messages allow (wait: until it is done); posts its gather only
+// where `may_gather`. 0, or -1 with err.
+static int sum_advance(Dist *d, Sum *s, bool wait, bool may_gather, Error *err) {
+    DistExchange *ex = d->exchange;
+    const int P = d->size;
+    for (int done = 0; s->phase < 2 && (s->phase == 1 || may_gather);) {
+        const int rc = wait ? MPI_Wait(&s->req, MPI_STATUS_IGNORE)
+                            : MPI_Test(&s->req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return err_set(err, "%s failed (the gradient sum)", s->phase ? "MPI_Iallgatherv" : "MPI_Ialltoallv");
+        if (!wait && !done) return 0;
+        if (s->phase++ == 1) break;
+        const int *counts = s->counts, *displs = counts + P, mine = counts[d->rank];
+        char *out = (char *)s->x + (size_t)displs[d->rank] * s->elem;
+        if (s->elem == 4) {
+            const float *in = s->recv;
+            float *o = (float *)out;
+            for (int i = 0; i < mine; i++) {
+                float v = in[i];
+                for (int q = 1; q < P; q++) v += in[(size_t)q * mine + i];
+                o[i] = v;
+            }
+        } else {
+            const double *in = s->recv;
+            double *o = (double *)out;
+            for (int i = 0; i < mine; i++) {
+                double v = in[i];
+                for (int q = 1; q < P; q++) v += in[(size_t)q * mine + i];
+                o[i] = v;
+            }
+        }
+        const MPI_Datatype t = s->elem == 4 ? MPI_FLOAT : MPI_DOUBLE;
+        if (MPI_Iallgatherv(MPI_IN_PLACE, 0, t, s->x, counts, displs, t, ex->gather, &s->req) !=
+            MPI_SUCCESS)
+            return err_set(err, "MPI_Iallgatherv failed (the gradient sum's gather)");
     }
-    pthread_mutex_unlock(&ex->lock);
-    return NULL;
+    if (s->phase == 2) {
+        if (s->own_recv) free(s->recv);
+        free(s->counts);
+        s->counts = NULL, s->recv = NULL;
+    }
+    return 0;
 }
 
-static void exchange_stop(Dist *d) {
+// Advances every started sum (wait: to its end), in order. 0, or -1 with err.
+static int sums_advance(Dist *d, bool wait, Error *err) {
+    DistExchange *ex = d->exchange;
+    bool may_gather = true;
+    for (int k = ex->done; k < ex->n; k++) {
+        Sum *s = &ex->sums[k];
+        if (sum_advance(d, s, wait, may_gather, err)) return -1;
+        may_gather = may_gather && s->phase >= 1;
+    }
+    while (ex->done < ex->n && ex->sums[ex->done].phase == 2) ex->done++;
+    return 0;
+}
+
+// After a step's sums: the arena grows to what they took, for the next step.
+static void sums_reset(DistExchange *ex) {
+    if (ex->wanted > ex->arena_bytes) {
+        free(ex->arena);
+        ex->arena = malloc(ex->wanted);
+        ex->arena_bytes = ex->arena ? ex->wanted : 0;
+    }
+    ex->n = ex->done = 0;
+    ex->used = ex->wanted = 0;
+}
+
+static void exchange_free(Dist *d) {
     DistExchange *ex = d->exchange;
     if (!ex) return;
-    pthread_mutex_lock(&ex->lock);
-    ex->quit = true;
-    pthread_cond_signal(&ex->work);
-    pthread_mutex_unlock(&ex->lock);
-    pthread_join(ex->thread, NULL);
-    pthread_mutex_destroy(&ex->lock);
-    pthread_cond_destroy(&ex->work);
-    pthread_cond_destroy(&ex->idle);
-    free(ex->queue);
+    for (int k = ex->done; k < ex->n; k++) {  // an error left them: no wait for them
+        if (ex->sums[k].own_recv) free(ex->sums[k].recv);
+        free(ex->sums[k].counts);
+    }
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Comm_free(&ex->slices), MPI_Comm_free(&ex->gather);
+    free(ex->sums);
+    free(ex->arena);
     free(ex);
     d->exchange = NULL;
-}
-
-static DistExchange *exchange_start(Dist *d, Error *err) {
-    DistExchange *ex = xcalloc(1, sizeof *ex, err);
-    if (!ex) return NULL;
-    ex->d = d;
-    pthread_mutex_init(&ex->lock, NULL);
-    pthread_cond_init(&ex->work, NULL);
-    pthread_cond_init(&ex->idle, NULL);
-    if (pthread_create(&ex->thread, NULL, exchange_main, ex)) {
-        pthread_mutex_destroy(&ex->lock);
-        pthread_cond_destroy(&ex->work);
-        pthread_cond_destroy(&ex->idle);
-        free(ex);
-        err_set(err, "cannot start the gradient exchange's thread");
-        return NULL;
-    }
-    return d->exchange = ex;
 }
 #endif
 
@@ -303,8 +313,17 @@ static int sum(Dist *d, void *x, size_t n, size_t elem, Error *err) {
     if (d->size == 1) return 0;
 #ifdef CNN_MPI
     const double t0 = now();
-    const int rc = sum_in_order(d, x, n, elem, false, err);
-    d->comm_seconds += now() - t0, d->exchange_seconds += now() - t0;
+    DistExchange *ex = d->exchange;
+    Sum one;
+    const int rc = sum_begin(d, &one, x, n, elem, err) || sum_advance(d, &one, true, true, err) ? -1 : 0;
+    if (rc && one.counts) {
+        if (one.own_recv) free(one.recv);
+        free(one.counts);
+    }
+    sums_reset(ex);
+    const double took = now() - t0;
+    d->comm_seconds += took;
+    if (elem == sizeof(float) && !rc) note_wait(d, took);
     return rc;
 #else
     (void)x, (void)n, (void)elem, (void)err;
@@ -493,25 +512,27 @@ int dist_any_failed(Dist *d, bool failed, Error *err) {
 int dist_sum_start(Dist *d, float *x, size_t n, Error *err) {
     if (d->size == 1 || !n) return 0;
 #ifdef CNN_MPI
-    if (!d->threaded) return dist_sum_floats(d, x, n, err);  // no thread may call MPI: now
-    DistExchange *ex = d->exchange ? d->exchange : exchange_start(d, err);
-    if (!ex) return -1;
-    pthread_mutex_lock(&ex->lock);
-    int rc = 0;
-    if (ex->tail == ex->cap) {
+    DistExchange *ex = d->exchange;
+    if (ex->n == ex->cap) {
         const int cap = ex->cap ? 2 * ex->cap : 64;
-        Span *q = realloc(ex->queue, (size_t)cap * sizeof *q);
-        if (q) ex->queue = q, ex->cap = cap;
-        else rc = err_set(err, "out of memory for the gradient exchange's queue");
+        Sum *sums = realloc(ex->sums, (size_t)cap * sizeof *sums);
+        if (!sums) return err_set(err, "out of memory for the gradient exchange's sums");
+        ex->sums = sums, ex->cap = cap;
     }
-    if (!rc) {
-        ex->queue[ex->tail++] = (Span){x, n};
-        pthread_cond_signal(&ex->work);
-    }
-    pthread_mutex_unlock(&ex->lock);
-    return rc;
+    if (sum_begin(d, &ex->sums[ex->n], x, n, sizeof *x, err)) return -1;
+    ex->n++;
+    return sums_advance(d, false, err);
 #else
     (void)x, (void)err;
+    return 0;
+#endif
+}
+
+int dist_sum_progress(Dist *d, Error *err) {
+#ifdef CNN_MPI
+    return d->exchange && d->exchange->n ? sums_advance(d, false, err) : 0;
+#else
+    (void)d, (void)err;
     return 0;
 #endif
 }
@@ -519,18 +540,34 @@ int dist_sum_start(Dist *d, float *x, size_t n, Error *err) {
 int dist_sum_wait(Dist *d, Error *err) {
 #ifdef CNN_MPI
     DistExchange *ex = d->exchange;
-    if (!ex) return 0;
+    if (!ex || !ex->n) return 0;
     const double t0 = now();
-    pthread_mutex_lock(&ex->lock);
-    while (ex->head != ex->tail) pthread_cond_wait(&ex->idle, &ex->lock);
-    ex->head = ex->tail = 0;
-    const bool failed = ex->failed;
-    if (failed) *err = ex->err, ex->failed = false;
-    pthread_mutex_unlock(&ex->lock);
-    d->comm_seconds += now() - t0;
-    return failed ? -1 : 0;
+    const int rc = sums_advance(d, true, err);
+    const double t1 = now();
+    d->comm_seconds += t1 - t0;
+    note_wait(d, t1 - t0);
+    if (!rc) sums_reset(ex);
+    return rc;
 #else
     (void)d, (void)err;
+    return 0;
+#endif
+}
+
+int dist_exposed(Dist *d, double *seconds, Error *err) {
+    *seconds = 0;
+    if (d->size == 1) return 0;
+#ifdef CNN_MPI
+    int n = d->nwaits, least = 0;
+    if (MPI_Allreduce(&n, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS ||
+        (least && MPI_Allreduce(MPI_IN_PLACE, d->waits, least, MPI_DOUBLE, MPI_MIN,
+                                MPI_COMM_WORLD) != MPI_SUCCESS))
+        return err_set(err, "MPI_Allreduce failed (the gradient sums' times)");
+    for (int i = 0; i < least; i++) *seconds += d->waits[i];
+    d->nwaits = 0;
+    return 0;
+#else
+    (void)err;
     return 0;
 #endif
 }

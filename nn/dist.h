@@ -21,11 +21,9 @@ typedef struct Dist {
     int rank, size;       // this process, of size (1 without MPI)
     double comm_seconds;  // spent in the calls below so far, waiting (dist_sum_wait's: only
                           // the wait for sums that ran while the caller computed)
-    double exchange_seconds;  // spent summing gradients, overlapped or not
-    bool threaded;        // MPI lets the exchange thread call it (MPI_THREAD_SERIALIZED)
-    DistExchange *exchange;  // the thread that runs dist_sum_start's sums (NULL: none yet)
-    void *scratch;        // the reductions' buffer (MPI only)
-    size_t scratch_bytes;
+    double *waits;            // each gradient sum's time waited for since dist_exposed: a
+    int nwaits, cap_waits;    // blocking sum's, or dist_sum_wait's for a step's started ones
+    DistExchange *exchange;   // the sums in progress and their buffers (MPI only)
     bool all_failed;      // every process stops (dist_agree, dist_any_failed), each one
                           // printing its err if not empty: end them normally, without
                           // dist_abort
@@ -42,13 +40,21 @@ void dist_abort(const Dist *d, int code);
 // Sums x[0..n) across the ranks, in place, deterministically (above).
 int dist_sum_floats(Dist *d, float *x, size_t n, Error *err);
 int dist_sum_doubles(Dist *d, double *x, size_t n, Error *err);
-// Sums during backward (DistributedDataParallel's buckets): dist_sum_start hands x[0..n) to
-// the exchange thread, which sums it as dist_sum_floats does (to the same bits, in the order
-// started) while the caller computes; dist_sum_wait waits until every started sum is done.
-// In between the caller neither touches a started x nor calls another dist function.
-// Without MPI_THREAD_SERIALIZED, dist_sum_start sums at once.
+// Sums during backward (DistributedDataParallel's buckets): dist_sum_start starts the sum
+// of x[0..n) as dist_sum_floats sums it (to the same bits) with nonblocking MPI, the
+// network moving it while the caller computes; dist_sum_progress, called now and then
+// (after each layer's backward), moves the started sums on (MPI progresses only inside its
+// calls); dist_sum_wait waits until every started sum is done. In between the caller
+// neither touches a started x nor calls another dist function. Every rank starts the same
+// sums in the same order.
 int dist_sum_start(Dist *d, float *x, size_t n, Error *err);
+int dist_sum_progress(Dist *d, Error *err);
 int dist_sum_wait(Dist *d, Error *err);
+// What the gradient sums since the last call cost the steps: each sum's time waited for as
+// the last process to reach it saw it (the least over the processes, sum by sum: the
+// network's part, without the waits for a slower process), summed. Every process calls it
+// at the same point, after the same sums.
+int dist_exposed(Dist *d, double *seconds, Error *err);
 // Copies rank 0's bytes to every rank.
 int dist_broadcast(Dist *d, void *buf, size_t bytes, Error *err);
 // Whether every process runs the same training. `mine` is this process's fingerprint: lines
