@@ -266,6 +266,15 @@ static Machine machine_memory(const Kernels *k) {
     return m;
 }
 
+// What the gradient sums hold with several processes (nn/dist.c): each sum's received
+// slices, P copies of this process's 1/P of it, 64-byte aligned, for every gradient at
+// once (the buckets of a step are in flight together), a module's sum at most.
+static size_t exchange_bytes(const Net *net) {
+    if (dist.size == 1) return 0;
+    return (size_t)net->ntrain * sizeof(float) +
+           (size_t)net->ntrained_modules * (64 + (size_t)dist.size * sizeof(float));
+}
+
 // Plans the run's network for device k with what `memory =` chooses (*accumulate: the
 // micro-batches then), against what the machine can give: a run that cannot fit stops
 // here, not in the kernel's OOM killer minutes later. With --plan prints the plan and
@@ -293,6 +302,7 @@ static int build_network(Net *net, const Options *o, const Cfg *cfg, Data *data,
     net_opt.plan_only = true;
     if (net_create(net, cfg, train->shape, data->classes, &net_opt, k, err)) goto done;
     net->plan.loader = data_loader_bytes(data);
+    net->plan.exchange = exchange_bytes(net);
     if (o->plan) {
         plan_print(net, m->baseline, m->available, m->source, o->json, &budget);
         rc = 1;
@@ -307,6 +317,7 @@ static int build_network(Net *net, const Options *o, const Cfg *cfg, Data *data,
     net_opt.plan_only = false;
     if (net_create(net, cfg, train->shape, data->classes, &net_opt, k, err)) goto done;
     net->plan.loader = data_loader_bytes(data);
+    net->plan.exchange = exchange_bytes(net);
     if (!net->ntrain) {
         err_set(err, "%s: freeze leaves no parameter to train", cfg->path);
         goto done;

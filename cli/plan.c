@@ -39,12 +39,12 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
         printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"grads_unfused\": %zu, "
                "\"fused_update\": %s, \"optimizer\": %zu, \"optimizer_state\": \"%s\", "
                "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
-               "\"compress\": %d, \"activations_compressed\": %zu, \"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"total\": %zu, "
+               "\"compress\": %d, \"activations_compressed\": %zu, \"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"exchange\": %zu, \"total\": %zu, "
                "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
                k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false", p->optimizer,
                state_format_names[format],
                p->buffers, p->activations, p->act_kept, bits, p->act_packed, p->workspace, p->threads, p->loader,
-               mem_plan_total(p), need, baseline);
+               p->exchange, mem_plan_total(p), need, baseline);
         if (available == SIZE_MAX) printf("null");
         else printf("%zu", available);
         if (budget && budget->n) budget_report_json(stdout, budget, k);
@@ -70,6 +70,7 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
     if (k->host_memory) {
         printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);
         printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);
+        if (p->exchange) printf("  %-34s %10.1f\n", "gradient exchange (processes)", p->exchange / 1e6);
         printf("  %-34s %10.1f\n", "total", need / 1e6);
         printf("  %-34s %10.1f\n", "process baseline (libraries)", baseline / 1e6);
     } else {

@@ -13,7 +13,9 @@ size_t mem_plan_blocks(const MemPlan *p) {
     return p->params + p->grads + p->optimizer + p->buffers + p->activations + p->workspace;
 }
 
-size_t mem_plan_total(const MemPlan *p) { return mem_plan_blocks(p) + p->threads + p->loader; }
+size_t mem_plan_total(const MemPlan *p) {
+    return mem_plan_blocks(p) + p->threads + p->loader + p->exchange;
+}
 
 size_t mem_plan_on(const MemPlan *p, const Kernels *k) {
     return k->host_memory ? mem_plan_total(p) : mem_plan_blocks(p);

@@ -25,11 +25,12 @@
 #include "kernels.h"
 #include "layer.h"
 
-// Bytes per category. `loader` is filled in by the trainer (the data side plans it);
-// `threads` is what the backend keeps per compute thread outside the blocks
+// Bytes per category. `loader` and `exchange` are filled in by the trainer (the data side
+// plans the loader; with several processes the gradient sums' received slices are the
+// exchange's); `threads` is what the backend keeps per compute thread outside the blocks
 // (Kernels.thread_scratch: the CPU's GEMM packing buffers).
 typedef struct MemPlan {
-    size_t params, grads, optimizer, buffers, activations, workspace, threads, loader;
+    size_t params, grads, optimizer, buffers, activations, workspace, threads, loader, exchange;
     // The gradient block without the fused update: every trained parameter's gradient.
     // Equal to `grads` unless NetOptions.fused_update, where `grads` is the most that one
     // node's trained modules take.
