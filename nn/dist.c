@@ -106,6 +106,7 @@ int dist_init(Dist *d, int *argc, char ***argv, Error *err) {
     // of MPI's own text ending every process.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     if (!(d->exchange = xcalloc(1, sizeof *d->exchange, err))) return -1;
+    d->exchange->slices = d->exchange->gather = MPI_COMM_NULL;
     if (MPI_Comm_dup(MPI_COMM_WORLD, &d->exchange->slices) != MPI_SUCCESS ||
         MPI_Comm_dup(MPI_COMM_WORLD, &d->exchange->gather) != MPI_SUCCESS)
         return err_set(err, "MPI_Comm_dup failed");
@@ -300,7 +301,10 @@ static void exchange_free(Dist *d) {
     }
     int done = 0;
     MPI_Finalized(&done);
-    if (!done) MPI_Comm_free(&ex->slices), MPI_Comm_free(&ex->gather);
+    for (int i = 0; i < 2 && !done; i++) {
+        MPI_Comm *c = i ? &ex->gather : &ex->slices;
+        if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+    }
     free(ex->sums);
     free(ex->arena);
     free(ex);
