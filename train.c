@@ -96,14 +96,7 @@ static bool per_process(const char *section, const char *key) {
 
 // This process's cfg after overrides as lines "section.key = value" (a layer's section by
 // its name, or by its kind and place), less per_process_keys, and the checkpoint format.
-static char *cfg_fingerprint(const Cfg *cfg, Error *err) {
-    char *text = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&text, &n);
-    if (!f) {
-        err_set(err, "out of memory for the processes' fingerprint");
-        return NULL;
-    }
+static void cfg_lines(FILE *f, const Cfg *cfg) {
     fprintf(f, "format = %s\n", CHECKPOINT_FORMAT);
     for (int i = 0; i < cfg->nsections; i++) {
         const CfgSection *s = &cfg->sections[i];
@@ -116,16 +109,26 @@ static char *cfg_fingerprint(const Cfg *cfg, Error *err) {
             if (!per_process(s->name, s->entries[j].key))
                 fprintf(f, "%s.%s = %s\n", label, s->entries[j].key, s->entries[j].value);
     }
-    if (fclose(f) || !text) {
-        free(text);
-        err_set(err, "out of memory for the processes' fingerprint");
-        return NULL;
-    }
-    return text;
 }
 
 // The data sets as lines: each one's samples, shape, classes and index hash.
-static char *data_fingerprint(const Data *data, Error *err) {
+static int data_lines(FILE *f, const Data *data, Error *err) {
+    const Dataset *sets[2] = {data->train, data->test};
+    const char *names[2] = {"training set", "test set"};
+    for (int i = 0; i < 2; i++) {
+        uint64_t hash;
+        if (!sets[i]) continue;
+        if (dataset_index_hash(sets[i], &hash, err)) return -1;
+        fprintf(f, "%s.samples = %lld\n%s.shape = %dx%dx%d\n%s.classes = %d\n%s.labels = %016llx\n",
+                names[i], (long long)sets[i]->count, names[i], sets[i]->shape.c, sets[i]->shape.h,
+                sets[i]->shape.w, names[i], sets[i]->classes, names[i], (unsigned long long)hash);
+    }
+    return 0;
+}
+
+// What must agree between the processes, as text: the cfg's lines, or (data non-NULL) the
+// data's. NULL with err.
+static char *fingerprint(const Cfg *cfg, const Data *data, Error *err) {
     char *text = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&text, &n);
@@ -133,18 +136,10 @@ static char *data_fingerprint(const Data *data, Error *err) {
         err_set(err, "out of memory for the processes' fingerprint");
         return NULL;
     }
-    const Dataset *sets[2] = {data->train, data->test};
-    const char *names[2] = {"training set", "test set"};
     int rc = 0;
-    for (int i = 0; i < 2 && !rc; i++) {
-        uint64_t hash;
-        if (!sets[i]) continue;
-        if ((rc = dataset_index_hash(sets[i], &hash, err))) break;
-        fprintf(f, "%s.samples = %lld\n%s.shape = %dx%dx%d\n%s.classes = %d\n%s.labels = %016llx\n",
-                names[i], (long long)sets[i]->count, names[i], sets[i]->shape.c, sets[i]->shape.h,
-                sets[i]->shape.w, names[i], sets[i]->classes, names[i], (unsigned long long)hash);
-    }
-    if (fclose(f) || rc) {
+    if (data) rc = data_lines(f, data, err);
+    else cfg_lines(f, cfg);
+    if (fclose(f) || !text || rc) {
         if (!rc) err_set(err, "out of memory for the processes' fingerprint");
         free(text);
         return NULL;
@@ -156,7 +151,7 @@ static char *data_fingerprint(const Data *data, Error *err) {
 // (phase 1), or every one stops with the differences named (dist_agree).
 static int agree(const Cfg *cfg, const Data *data, Error *err) {
     if (dist.size == 1) return 0;
-    char *text = data ? data_fingerprint(data, err) : cfg_fingerprint(cfg, err);
+    char *text = fingerprint(cfg, data, err);
     if (!text) return -1;
     const int rc = dist_agree(&dist, text, PER_PROCESS_ADVICE, err);
     free(text);
