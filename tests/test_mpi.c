@@ -58,6 +58,8 @@ static char dir[512], cfg[PATH_MAX + 16], resnet[PATH_MAX + 16];
 static bool usable;  // mpirun and an MPI build of ./train are here
 
 #define MPIRUN "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 -np"
+// The second program of an MPMD line (mpirun ... : ...): -x holds for its own program only.
+#define THEN ": -x ASAN_OPTIONS=detect_leaks=0 -np"
 
 static int group_setup(void **state) {
     if (access("./train", X_OK) != 0 || system("command -v mpirun > /dev/null 2>&1") != 0) return 0;
@@ -252,7 +254,7 @@ static void test_batch_must_divide(void **state) {
 // leaves as it was.
 static void refused(const char *extra, const char *const *says, int nsays) {
     assert_int_equal(run("cp %s/dp/last.safetensors %s/dp_before.safetensors", dir, dir), 0);
-    assert_int_equal(run("(start=$(date +%%s%%N); " MPIRUN " 1 ./train %s save=%s/dp : -np 1 ./train %s "
+    assert_int_equal(run("(start=$(date +%%s%%N); " MPIRUN " 1 ./train %s save=%s/dp " THEN " 1 ./train %s "
                          "save=%s/dp %s; rc=$?; echo took $((($(date +%%s%%N) - start) / 1000000)) ms; "
                          "exit $rc)", cfg, dir, cfg, dir, extra),
                      1);
@@ -283,7 +285,7 @@ static void test_processes_must_agree(void **state) {
     refused("init=/nonexistent", (const char *[]){"rank 1 of 2: cannot open '/nonexistent'"}, 1);
     refused("batch=64", (const char *[]){"rank 1 has train.batch = 64 (rank 0: 32)"}, 1);
     // What may differ: threads; init on one process only (rank 0's weights win).
-    assert_int_equal(run(MPIRUN " 1 ./train %s stop_after=10 save=%s/threads : -np 1 ./train %s "
+    assert_int_equal(run(MPIRUN " 1 ./train %s stop_after=10 save=%s/threads " THEN " 1 ./train %s "
                          "stop_after=10 threads=2 init=%s/acc/last.safetensors save=%s/threads",
                          cfg, dir, cfg, dir, dir),
                      0);
