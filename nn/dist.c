@@ -318,7 +318,7 @@ static int sum(Dist *d, void *x, size_t n, size_t elem, Error *err) {
 #ifdef CNN_MPI
     const double t0 = now();
     DistExchange *ex = d->exchange;
-    Sum one;
+    Sum one = {0};
     const int rc = sum_begin(d, &one, x, n, elem, err) || sum_advance(d, &one, true, true, err) ? -1 : 0;
     if (rc && one.counts) {
         if (one.own_recv) free(one.recv);

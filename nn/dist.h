@@ -37,7 +37,8 @@ void dist_finalize(Dist *d);
 // Ends every rank at once after an error (MPI_Abort); returns only without MPI.
 void dist_abort(const Dist *d, int code);
 
-// Sums x[0..n) across the ranks, in place, deterministically (above).
+// Sums x[0..n) across the ranks, in place, deterministically (above). The float sums are
+// the gradients' (dist_exposed counts them).
 int dist_sum_floats(Dist *d, float *x, size_t n, Error *err);
 int dist_sum_doubles(Dist *d, double *x, size_t n, Error *err);
 // Sums during backward (DistributedDataParallel's buckets): dist_sum_start starts the sum
