@@ -263,10 +263,12 @@ static Machine machine_memory(const Kernels *k) {
 
 // What the gradient sums hold with several processes (nn/dist.c): each sum's received
 // slices, P copies of this process's 1/P of it, 64-byte aligned, for every gradient at
-// once (the buckets of a step are in flight together), a module's sum at most.
-static size_t exchange_bytes(const Net *net) {
+// once (the buckets of a step are in flight together); with the fused update and buckets,
+// for its gradient copies in flight, and the copies themselves (fused_staging_floats).
+static size_t exchange_bytes(const Net *net, const Options *o) {
     if (dist.size == 1) return 0;
-    return (size_t)net->ntrain * sizeof(float) +
+    const size_t staged = fused_staging_floats(net, o, dist.size) * sizeof(float);
+    return (staged ? 2 * staged : (size_t)net->ntrain * sizeof(float)) +
            (size_t)net->ntrained_modules * (64 + (size_t)dist.size * sizeof(float));
 }
 
@@ -297,7 +299,7 @@ static int build_network(Net *net, const Options *o, const Cfg *cfg, Data *data,
     net_opt.plan_only = true;
     if (net_create(net, cfg, train->shape, data->classes, &net_opt, k, err)) goto done;
     net->plan.loader = data_loader_bytes(data);
-    net->plan.exchange = exchange_bytes(net);
+    net->plan.exchange = exchange_bytes(net, o);
     if (o->plan) {
         plan_print(net, m->baseline, m->available, m->source, o->json, &budget);
         rc = 1;
@@ -312,7 +314,7 @@ static int build_network(Net *net, const Options *o, const Cfg *cfg, Data *data,
     net_opt.plan_only = false;
     if (net_create(net, cfg, train->shape, data->classes, &net_opt, k, err)) goto done;
     net->plan.loader = data_loader_bytes(data);
-    net->plan.exchange = exchange_bytes(net);
+    net->plan.exchange = exchange_bytes(net, o);
     if (!net->ntrain) {
         err_set(err, "%s: freeze leaves no parameter to train", cfg->path);
         goto done;

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -54,12 +55,25 @@ static int sync_buffers(Net *net, Dist *dist, Error *err) {
     return 0;
 }
 
+// Floats in a full bucket: bucket_mb's, or (auto, -1) an eighth of the gradients, from
+// 64 KB (below, a sum's time is its messages' latency) to DistributedDataParallel's 25 MB.
+static size_t bucket_floats(double bucket_mb, int64_t ntrain) {
+    const double floats = bucket_mb > 0 ? bucket_mb * 1e6 / sizeof(float)
+                                        : fmin(fmax(ntrain / 8.0, 16e3), 25e6 / sizeof(float));
+    return (size_t)fmax(1.0, floats);
+}
+
 // The fused update's hook (Net.hook, NetOptions.fused_update): module m's gradients are
 // complete and nothing later in the step reads its parameters. They are summed across the
 // processes (each element in rank order, as the sum of the whole gradient block sums it:
 // the same bits), m takes its optimizer step, and its gradients are zeroed for the next
 // module's backward, which accumulates into the same memory. The hook lives here, not in
 // nn/: no layer and nothing in the network knows about ranks (DESIGN.md decision 14).
+//
+// With several processes and buckets (Staging), a module's complete gradients are copied
+// out and zeroed at once instead; the copies form buckets whose sums travel while backward
+// goes on, and each module takes its step from its summed copy once its bucket's sum is
+// done: the same bits again, the gradient block still one node's.
 typedef struct FusedStep {
     Net *net;
     Dist *dist;
@@ -67,20 +81,126 @@ typedef struct FusedStep {
     double lr;
     uint64_t step;
     int updated;  // modules updated this step
+    struct Staging *staging;  // several processes and buckets; NULL: sum each module at once
     Error *err;
 } FusedStep;
+
+// The fused update's gradient copies with several processes: buf[0..used) holds the step's
+// copies since the last flush, the modules' in mods/at; the buckets end at ends[] (module
+// counts), the open one starts at `open`. When a copy does not fit, the step waits for the
+// sums in flight, updates, and starts over at buf's start.
+typedef struct Staging {
+    float *buf;
+    size_t cap, used, open, most;  // floats: buf's, copied, where the open bucket starts,
+                                   // a full bucket
+    Layer **mods;
+    size_t *at;
+    int *ends;
+    int nmods, nbuckets, applied;  // applied: buckets whose modules have taken their step
+} Staging;
+
+size_t fused_staging_floats(const Net *net, const Options *o, int processes) {
+    if (!net->fused_update || processes == 1 || o->bucket_mb == 0) return 0;
+    size_t largest = 0;
+    for (int i = 0; i < net->nmodules; i++)
+        if (layer_trains(net->modules[i]) && (size_t)layer_param_floats(net->modules[i]) > largest)
+            largest = (size_t)layer_param_floats(net->modules[i]);
+    const size_t four = 4 * bucket_floats(o->bucket_mb, net->ntrain);
+    const size_t want = four > largest ? four : largest;
+    return want < (size_t)net->ntrain ? want : (size_t)net->ntrain;
+}
+
+static void staging_free(Staging *s) {
+    if (!s) return;
+    free(s->buf);
+    free(s->mods);
+    free(s->at);
+    free(s->ends);
+    free(s);
+}
+
+static Staging *staging_new(const Net *net, const Options *o, int processes, Error *err) {
+    Staging *s = xcalloc(1, sizeof *s, err);
+    const size_t n = (size_t)net->ntrained_modules;
+    if (!s) return NULL;
+    s->cap = fused_staging_floats(net, o, processes);
+    s->most = bucket_floats(o->bucket_mb, net->ntrain);
+    if (!(s->buf = xcalloc(s->cap, sizeof *s->buf, err)) || !(s->mods = xcalloc(n, sizeof *s->mods, err)) ||
+        !(s->at = xcalloc(n, sizeof *s->at, err)) || !(s->ends = xcalloc(n, sizeof *s->ends, err))) {
+        staging_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+// Module m's step from its gradients' summed copy g: a copy of the module whose gradients
+// point there.
+static void update_from(FusedStep *f, const Layer *m, float *g) {
+    Layer copy = *m;
+    for (int j = 0; j < m->nparams; j++)
+        if (m->grads[j]) copy.grads[j] = g + (m->grads[j] - m->grads[0]);
+    optim_step_module(f->net, f->optim, &copy, f->lr, f->step);
+    f->updated++;
+}
+
+// The modules of the buckets whose sums are done, up to bucket `done`, take their steps.
+static void staging_apply(FusedStep *f, int done) {
+    Staging *s = f->staging;
+    for (; s->applied < done; s->applied++)
+        for (int i = s->applied ? s->ends[s->applied - 1] : 0; i < s->ends[s->applied]; i++)
+            update_from(f, s->mods[i], s->buf + s->at[i]);
+}
+
+// The open bucket's sum starts (if it holds anything).
+static int staging_close(FusedStep *f) {
+    Staging *s = f->staging;
+    if (s->used == s->open) return 0;
+    s->ends[s->nbuckets++] = s->nmods;
+    const size_t from = s->open;
+    s->open = s->used;
+    return dist_sum_start(f->dist, s->buf + from, s->used - from, f->err);
+}
+
+// Every copy summed and its module updated; the buffer empty again.
+static int staging_flush(FusedStep *f) {
+    Staging *s = f->staging;
+    if (staging_close(f) || dist_sum_wait(f->dist, f->err)) return -1;
+    staging_apply(f, s->nbuckets);
+    s->used = s->open = 0;
+    s->nmods = s->nbuckets = s->applied = 0;
+    return 0;
+}
+
+static int staging_ready(FusedStep *f, Layer *m) {
+    Staging *s = f->staging;
+    const size_t n = (size_t)layer_param_floats(m);
+    if (s->used + n > s->cap && staging_flush(f)) return -1;
+    memcpy(s->buf + s->used, m->grads[0], n * sizeof(float));
+    net_zero_module_grads(f->net, m);
+    s->mods[s->nmods] = m, s->at[s->nmods++] = s->used;
+    s->used += n;
+    if (s->used - s->open >= s->most && staging_close(f)) return -1;
+    if (dist_sum_progress(f->dist, f->err)) return -1;
+    staging_apply(f, dist_sums_done(f->dist));
+    return 0;
+}
 
 static int fused_ready(void *arg, Layer *m) {
     FusedStep *f = arg;
     const int scope = profile_scope();
     profile_enter(PROF_OPTIMIZER);
-    const int rc = f->dist->size > 1
-                       ? dist_sum_floats(f->dist, m->grads[0], (size_t)layer_param_floats(m), f->err)
-                       : 0;
-    if (!rc) {
-        optim_step_module(f->net, f->optim, m, f->lr, f->step);
-        net_zero_module_grads(f->net, m);
-        f->updated++;
+    int rc;
+    if (f->staging) {
+        rc = staging_ready(f, m);
+    } else {
+        rc = f->dist->size > 1
+                 ? dist_sum_floats(f->dist, m->grads[0], (size_t)layer_param_floats(m), f->err)
+                 : 0;
+        if (!rc) {
+            optim_step_module(f->net, f->optim, m, f->lr, f->step);
+            net_zero_module_grads(f->net, m);
+            f->updated++;
+        }
     }
     profile_return(scope);
     return rc;
@@ -120,14 +240,6 @@ static int bucket_ready(void *arg, Layer *m) {
     return dist_sum_progress(b->dist, b->err);
 }
 
-// Floats in a full bucket: bucket_mb's, or (auto, -1) an eighth of the gradients, from
-// 64 KB (below, a sum's time is its messages' latency) to DistributedDataParallel's 25 MB.
-static size_t bucket_floats(double bucket_mb, int64_t ntrain) {
-    const double floats = bucket_mb > 0 ? bucket_mb * 1e6 / sizeof(float)
-                                        : fmin(fmax(ntrain / 8.0, 16e3), 25e6 / sizeof(float));
-    return (size_t)fmax(1.0, floats);
-}
-
 // One optimizer step on a batch: forward and backward over micro-batches of net->batch
 // samples, the loss averaged over the whole batch (`total` samples across the processes;
 // this one's part starts at b->offset, which keys its dropout masks); the gradients are
@@ -144,7 +256,7 @@ static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Er
     const uint64_t step = r->st.step;
     const Optimizer optim = schedule_optimizer(&r->schedule, &o->optim, (int64_t)step);
     FusedStep fused = {.net = net, .dist = r->dist, .optim = &optim, .lr = lr, .step = step,
-                       .err = err};
+                       .staging = r->staging, .err = err};
     const bool buckets_on = !net->fused_update && r->dist->size > 1 && o->bucket_mb != 0;
     Buckets buckets = {.dist = r->dist, .err = err, .most = bucket_floats(o->bucket_mb, net->ntrain)};
     if (net->fused_update) net->hook = (GradHook){.ready = fused_ready, .arg = &fused};
@@ -162,6 +274,13 @@ static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Er
     if (net->fused_update) {
         const bool failed = net->hook.failed;
         net->hook = (GradHook){0};
+        if (fused.staging) {  // the last copies' sums and updates
+            if (failed) {  // every started sum ends before anything returns: MPI writes them
+                dist_sum_wait(r->dist, &(Error){{0}});
+                return -1;
+            }
+            if (staging_flush(&fused)) return -1;
+        }
         if (failed) return -1;
         if (fused.updated != net->ntrained_modules)
             return err_set(err, "the fused update updated %d of the %d trained modules in "
@@ -375,7 +494,19 @@ bool run_stopped_early(const Options *o, const TrainState *st) {
            st->epoch - st->best_val_loss_epoch >= o->patience;
 }
 
+static int train_epochs(Run *r, Error *err);
+
 int run_epochs(Run *r, Error *err) {
+    if (fused_staging_floats(r->net, r->o, r->dist->size) &&
+        !(r->staging = staging_new(r->net, r->o, r->dist->size, err)))
+        return -1;
+    const int rc = train_epochs(r, err);
+    staging_free(r->staging);
+    r->staging = NULL;
+    return rc;
+}
+
+static int train_epochs(Run *r, Error *err) {
     const Options *o = r->o;
     catch_stop_signals();
     while (r->st.epoch < o->epochs) {

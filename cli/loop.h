@@ -17,6 +17,11 @@
 // RUN_STOPPED_AFTER, or -1 with err.
 int run_epochs(Run *r, Error *err);
 
+// The floats of gradient copies the fused update keeps with several processes and buckets
+// (o->bucket_mb != 0): four buckets, and at least the largest trained module; 0 when it
+// keeps none. Their sums' received slices take as much again (the memory plan's exchange).
+size_t fused_staging_floats(const Net *net, const Options *o, int processes);
+
 // Whether early stopping has ended the run st stands at: its validation loss has not
 // fallen below its lowest (st->best_val_loss) for o->patience epochs (false before the
 // first validation loss, as in a checkpoint from before early stopping existed).

@@ -35,6 +35,8 @@ typedef struct Run {
                                     // batch), or NULL
     bool signalled;                 // the stop came from a signal (to any process), not from
                                     // stop_after
+    struct Staging *staging;        // the fused update's gradient copies with several
+                                    // processes (cli/loop.c), NULL: none
 } Run;
 
 // How a run ends (train.c turns it into the exit status): trained to the end (or until

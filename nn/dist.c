@@ -541,6 +541,15 @@ int dist_sum_progress(Dist *d, Error *err) {
 #endif
 }
 
+int dist_sums_done(const Dist *d) {
+#ifdef CNN_MPI
+    return d->exchange ? d->exchange->done : 0;
+#else
+    (void)d;
+    return 0;
+#endif
+}
+
 int dist_sum_wait(Dist *d, Error *err) {
 #ifdef CNN_MPI
     DistExchange *ex = d->exchange;

@@ -50,6 +50,9 @@ int dist_sum_doubles(Dist *d, double *x, size_t n, Error *err);
 // sums in the same order.
 int dist_sum_start(Dist *d, float *x, size_t n, Error *err);
 int dist_sum_progress(Dist *d, Error *err);
+// How many of the sums started since the last dist_sum_wait are done (they end in the
+// order started).
+int dist_sums_done(const Dist *d);
 int dist_sum_wait(Dist *d, Error *err);
 // What the gradient sums since the last call cost the steps: each sum's time waited for as
 // the last process to reach it saw it (the least over the processes, sum by sum: the

@@ -9,7 +9,7 @@
 //     updated, during backward) 2 processes give the unfused 2-process run's bits, on the
 //     network with dropout and on the ResNet;
 //   - the gradient sum in buckets during backward gives the one sum's bits (also with
-//     micro-batches, fp16 and a ResNet);
+//     micro-batches, fp16, a ResNet, and the fused update from the summed copies);
 //   - with compressed activations, 2 processes round every value as one process with
 //     accumulate = 2 does;
 //   - a 2-process run stopped after 5 steps resumes with 2 processes to the same bits as
@@ -177,6 +177,19 @@ static void test_buckets(void **state) {
     assert_int_equal(run(MPIRUN " 2 ./train %s %s bucket_mb=0 save=%s/b0_res", resnet, sgd, dir), 0);
     assert_int_equal(run(MPIRUN " 2 ./train %s %s bucket_mb=1e-6 save=%s/b1_res", resnet, sgd, dir), 0);
     if (!(max_rel_diff("b0_res", "b1_res") == 0)) fail_msg("ResNet: the sum in buckets differs from the one sum");
+    // The fused update from summed copies: each module a bucket (its copies then fill the
+    // buffer at every module: a wait each time), and auto (several modules a bucket).
+    const char *buckets[] = {"1e-6", "auto", "0"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(b, sizeof b, "fused_%d", i);
+        assert_int_equal(run(MPIRUN " 2 ./train %s stop_after=6 fused_update=1 bucket_mb=%s save=%s/%s",
+                             cfg, buckets[i], dir, b), 0);
+        if (!(max_rel_diff("b0_dropout", b) == 0)) fail_msg("fused, bucket_mb = %s: other bits", buckets[i]);
+        snprintf(b, sizeof b, "fused_res_%d", i);
+        assert_int_equal(run(MPIRUN " 2 ./train %s %s fused_update=1 bucket_mb=%s save=%s/%s", resnet,
+                             sgd, buckets[i], dir, b), 0);
+        if (!(max_rel_diff("b0_res", b) == 0)) fail_msg("ResNet fused, bucket_mb = %s: other bits", buckets[i]);
+    }
 }
 
 static void test_fused_update(void **state) {
