@@ -26,7 +26,8 @@ static double now(void) {
 typedef struct Sum {
     void *x;
     size_t n, elem;       // values of elem bytes: 4 (float) or 8 (double)
-    int *counts;          // (4P): the slices' counts and offsets, then the received ones'
+    int *counts;          // (4P): the slices' counts and offsets, then the received ones';
+                          // the slot's own, kept from step to step
     void *recv;           // (P x this rank's slice) everyone's copy of this rank's slice
     bool own_recv;        // recv is malloc'd, not in the arena
     MPI_Request req;
@@ -39,6 +40,7 @@ typedef struct Sum {
 // order differs between ranks), on a communicator of its own.
 struct DistExchange {
     MPI_Comm slices, gather;
+    Sum one;              // a blocking sum's slot
     Sum *sums;
     int n, cap, done;     // sums[0..done) are done
     char *arena;          // the received slices' memory, reused step after step
@@ -193,14 +195,14 @@ void dist_abort(const Dist *d, int code) {
 #ifdef CNN_MPI
 // ---- the sum in rank order, in steps ---------------------------------------------------------
 
-// Starts the sum of x[0..n) into s (s->counts from the caller's space, recv from the arena
-// when it has room).
+// Starts the sum of x[0..n) in slot s (its counts made at the slot's first use; recv from
+// the arena when it has room).
 static int sum_begin(Dist *d, Sum *s, void *x, size_t n, size_t elem, Error *err) {
     DistExchange *ex = d->exchange;
     const int P = d->size;
     if (n > (size_t)0x7fffffff) return err_set(err, "dist: %zu values are too many for one exchange", n);
-    *s = (Sum){.x = x, .n = n, .elem = elem};
-    if (!(s->counts = xcalloc(4 * (size_t)P, sizeof *s->counts, err))) return -1;
+    if (!s->counts && !(s->counts = xcalloc(4 * (size_t)P, sizeof *s->counts, err))) return -1;
+    *s = (Sum){.x = x, .n = n, .elem = elem, .counts = s->counts};
     int *counts = s->counts, *displs = counts + P, *rcounts = displs + P, *rdispls = rcounts + P;
     for (int r = 0, at = 0; r < P; r++) {
         counts[r] = (int)(n / (size_t)P + ((size_t)r < n % (size_t)P));
@@ -260,11 +262,7 @@ static int sum_advance(Dist *d, Sum *s, bool wait, bool may_gather, Error *err) 
             MPI_SUCCESS)
             return err_set(err, "MPI_Iallgatherv failed (the gradient sum's gather)");
     }
-    if (s->phase == 2) {
-        if (s->own_recv) free(s->recv);
-        free(s->counts);
-        s->counts = NULL, s->recv = NULL;
-    }
+    if (s->phase == 2 && s->own_recv) free(s->recv), s->own_recv = false;
     return 0;
 }
 
@@ -295,10 +293,12 @@ static void sums_reset(DistExchange *ex) {
 static void exchange_free(Dist *d) {
     DistExchange *ex = d->exchange;
     if (!ex) return;
-    for (int k = ex->done; k < ex->n; k++) {  // an error left them: no wait for them
+    for (int k = 0; k < ex->cap; k++) {  // an error may have left some in flight
         if (ex->sums[k].own_recv) free(ex->sums[k].recv);
         free(ex->sums[k].counts);
     }
+    if (ex->one.own_recv) free(ex->one.recv);
+    free(ex->one.counts);
     int done = 0;
     MPI_Finalized(&done);
     for (int i = 0; i < 2 && !done; i++) {
@@ -318,12 +318,7 @@ static int sum(Dist *d, void *x, size_t n, size_t elem, Error *err) {
 #ifdef CNN_MPI
     const double t0 = now();
     DistExchange *ex = d->exchange;
-    Sum one = {0};
-    const int rc = sum_begin(d, &one, x, n, elem, err) || sum_advance(d, &one, true, true, err) ? -1 : 0;
-    if (rc && one.counts) {
-        if (one.own_recv) free(one.recv);
-        free(one.counts);
-    }
+    const int rc = sum_begin(d, &ex->one, x, n, elem, err) || sum_advance(d, &ex->one, true, true, err) ? -1 : 0;
     sums_reset(ex);
     const double took = now() - t0;
     d->comm_seconds += took;
@@ -521,6 +516,7 @@ int dist_sum_start(Dist *d, float *x, size_t n, Error *err) {
         const int cap = ex->cap ? 2 * ex->cap : 64;
         Sum *sums = realloc(ex->sums, (size_t)cap * sizeof *sums);
         if (!sums) return err_set(err, "out of memory for the gradient exchange's sums");
+        memset(sums + ex->cap, 0, (size_t)(cap - ex->cap) * sizeof *sums);
         ex->sums = sums, ex->cap = cap;
     }
     if (sum_begin(d, &ex->sums[ex->n], x, n, sizeof *x, err)) return -1;
