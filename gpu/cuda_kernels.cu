@@ -16,7 +16,8 @@
 //     alloc fails softly (NULL), because the network reports out-of-memory itself.
 //   - Results match the CPU bit for bit wherever the CPU's arithmetic can be replayed in
 //     the same order: im2col, col2im (each pixel sums its patches in the CPU's order),
-//     the direct convolution (the CPU's sums in its order, block sums included),
+//     the direct convolution (the CPU's sums in its order, block sums included), the grouped
+//     convolution (its forward, input gradient and row-summed weight gradient),
 //     bias + activation, ReLU, maxpool (first maximum, argmax), dropout (the counter RNG of
 //     nn/rng.h), layout permutes, the NLL gradient, fp16 conversion (nn/half.h's bits,
 //     NaN payloads included; a NaN that arithmetic makes has the hardware's payload, which
@@ -433,6 +434,91 @@ __host__ __device__ static inline void conv_direct_din_at(int64_t i, float *din,
         }
     }
     din[i] = acc;
+}
+
+// ---- grouped convolution: the CPU's sums, in the CPU's order ----
+
+// The taps [*a, *b) of output position o that lie inside [0, H).
+__host__ __device__ static inline void grouped_taps(int o, int stride, int pad, int K, int H, int *a, int *b) {
+    const int i0 = o * stride - pad;
+    *a = i0 < 0 ? -i0 : 0;
+    *b = H - i0 < K ? H - i0 : K;
+}
+
+// out element i = (pixel r, oc): the clamp of (bias + the sum over (ci, kh, kw) inside the
+// image of in * w).
+__host__ __device__ static inline void conv_grouped_forward_at(int64_t i, float *out, const float *in,
+                                                               const float *w, const float *bias,
+                                                               ConvGeometry g, int groups, bool clamp,
+                                                               float lo, float hi) {
+    const int Cg = g.C / groups, Mg = g.OC / groups, oc = (int)(i % g.OC), cin = oc / Mg * Cg;
+    const int64_t r = i / g.OC;
+    const int ow = (int)(r % g.OW), oh = (int)(r / g.OW % g.OH);
+    const int64_t n = r / ((int64_t)g.OW * g.OH);
+    int kh0, kh1, kw0, kw1;
+    grouped_taps(oh, g.stride, g.pad, g.K, g.H, &kh0, &kh1);
+    grouped_taps(ow, g.stride, g.pad, g.K, g.W, &kw0, &kw1);
+    float a = bias ? bias[oc] : 0.0f;
+    for (int ci = 0; ci < Cg; ci++)
+        for (int kh = kh0; kh < kh1; kh++)
+            for (int kw = kw0; kw < kw1; kw++) {
+                const int ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
+                a = add_rn(a, mul_rn(in[((n * g.H + ih) * g.W + iw) * g.C + cin + ci],
+                                     w[(((int64_t)oc * Cg + ci) * g.K + kh) * g.K + kw]));
+            }
+    if (clamp) a = a > lo ? a : lo, a = a < hi ? a : hi;
+    out[i] = a;
+}
+
+// din element i = (n, ih, iw, c): over (kh, kw), then the group's output channels, dy * w.
+__host__ __device__ static inline void conv_grouped_din_at(int64_t i, float *din, const float *dy,
+                                                           const float *w, ConvGeometry g, int groups) {
+    const int Cg = g.C / groups, Mg = g.OC / groups, c = (int)(i % g.C), oc0 = c / Cg * Mg, ci = c % Cg;
+    const int64_t q = i / g.C;
+    const int iw = (int)(q % g.W), ih = (int)(q / g.W % g.H);
+    const int64_t n = q / ((int64_t)g.W * g.H);
+    float a = 0.0f;
+    for (int kh = 0; kh < g.K; kh++) {
+        const int y = ih + g.pad - kh;
+        if (y < 0 || y % g.stride || y / g.stride >= g.OH) continue;
+        for (int kw = 0; kw < g.K; kw++) {
+            const int x = iw + g.pad - kw;
+            if (x < 0 || x % g.stride || x / g.stride >= g.OW) continue;
+            const int64_t o = ((n * g.OH + y / g.stride) * g.OW + x / g.stride) * g.OC;
+            for (int m = 0; m < Mg; m++)
+                a = add_rn(a, mul_rn(dy[o + oc0 + m], w[(((int64_t)(oc0 + m) * Cg + ci) * g.K + kh) * g.K + kw]));
+        }
+    }
+    din[i] = a;
+}
+
+// scratch element j = (output row r = (n, oh), weight element e = (oc, ci, kh, kw)): the
+// row's sum over ow, from 0, of dy x the tap (those inside the image).
+__host__ __device__ static inline void conv_grouped_rows_at(int64_t j, float *scratch, const float *dy,
+                                                            const float *in, ConvGeometry g, int groups) {
+    const int Cg = g.C / groups, Mg = g.OC / groups, KK = g.K * g.K;
+    const int64_t E = (int64_t)g.OC * Cg * KK, e = j % E, r = j / E;
+    const int kw = (int)(e % g.K), kh = (int)(e / g.K % g.K), ci = (int)(e / KK % Cg);
+    const int oc = (int)(e / ((int64_t)KK * Cg)), oh = (int)(r % g.OH);
+    const int64_t n = r / g.OH;
+    const int ih = oh * g.stride - g.pad + kh;
+    float a = 0.0f;
+    if (ih >= 0 && ih < g.H)
+        for (int ow = 0; ow < g.OW; ow++) {
+            const int iw = ow * g.stride - g.pad + kw;
+            if (iw < 0 || iw >= g.W) continue;
+            a = add_rn(a, mul_rn(dy[(r * g.OW + ow) * g.OC + oc],
+                                 in[((n * g.H + ih) * g.W + iw) * g.C + oc / Mg * Cg + ci]));
+        }
+    scratch[j] = a;
+}
+
+// dw element e += the rows' sums, in row order from 0.
+__host__ __device__ static inline void conv_grouped_reduce_at(int64_t e, float *dw, const float *scratch,
+                                                              int64_t rows, int64_t E) {
+    float s = 0.0f;
+    for (int64_t r = 0; r < rows; r++) s = add_rn(s, scratch[r * E + e]);
+    dw[e] = add_rn(dw[e], s);
 }
 
 __host__ __device__ static inline void bias_act_at(int64_t i, float *out, const float *bias,
@@ -1114,6 +1200,58 @@ static void cuda_conv_direct_backward(float *din, float *dw, float *dbias, float
     if (!din || total <= 0) return;
     conv_direct_din_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dout, out, w, cg, relu,
                                                                         total);
+    LAUNCH_CHECK();
+}
+
+__global__ void conv_grouped_forward_kernel(float *out, const float *in, const float *w, const float *bias,
+                                            ConvGeometry g, int groups, bool clamp, float lo, float hi,
+                                            int64_t total) {
+    GRID_LOOP(i, total) conv_grouped_forward_at(i, out, in, w, bias, g, groups, clamp, lo, hi);
+}
+__global__ void conv_grouped_din_kernel(float *din, const float *dy, const float *w, ConvGeometry g, int groups,
+                                        int64_t total) {
+    GRID_LOOP(i, total) conv_grouped_din_at(i, din, dy, w, g, groups);
+}
+__global__ void conv_grouped_rows_kernel(float *scratch, const float *dy, const float *in, ConvGeometry g,
+                                         int groups, int64_t total) {
+    GRID_LOOP(j, total) conv_grouped_rows_at(j, scratch, dy, in, g, groups);
+}
+__global__ void conv_grouped_reduce_kernel(float *dw, const float *scratch, int64_t rows, int64_t E) {
+    GRID_LOOP(e, E) conv_grouped_reduce_at(e, dw, scratch, rows, E);
+}
+
+static void cuda_conv_grouped_forward(float *out, const float *in, const float *w, const float *bias,
+                                      ConvGeometry cg, int groups, Activation act) {
+    const int64_t total = (int64_t)cg.N * cg.OH * cg.OW * cg.OC;
+    if (total <= 0) return;
+    float lo = 0.0f, hi = 0.0f;
+    const bool clamp = act_clamp(act, &lo, &hi);
+    conv_grouped_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, in, w, bias, cg, groups, clamp,
+                                                                             lo, hi, total);
+    LAUNCH_CHECK();
+}
+
+static void cuda_conv_grouped_backward_data(float *din, const float *dy, const float *w, ConvGeometry cg,
+                                            int groups) {
+    const int64_t total = (int64_t)cg.N * cg.H * cg.W * cg.C;
+    if (total <= 0) return;
+    conv_grouped_din_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dy, w, cg, groups, total);
+    LAUNCH_CHECK();
+}
+
+static int64_t cuda_conv_grouped_scratch_floats(ConvGeometry cg, int groups) {
+    return (int64_t)cg.N * cg.OH * cg.OC * (cg.C / groups) * cg.K * cg.K;
+}
+
+// A thread per (output row, weight element) sums the row, then one per weight element adds
+// the rows in order: the CPU's sums, no atomics.
+static void cuda_conv_grouped_backward_weight(float *dw, float *scratch, const float *dy, const float *in,
+                                              ConvGeometry cg, int groups) {
+    const int64_t rows = (int64_t)cg.N * cg.OH, E = (int64_t)cg.OC * (cg.C / groups) * cg.K * cg.K;
+    if (rows * E <= 0) return;
+    conv_grouped_rows_kernel<<<blocks_for(rows * E), THREADS, 0, g.stream>>>(scratch, dy, in, cg, groups, rows * E);
+    LAUNCH_CHECK();
+    conv_grouped_reduce_kernel<<<blocks_for(E), THREADS, 0, g.stream>>>(dw, scratch, rows, E);
     LAUNCH_CHECK();
 }
 
@@ -2048,6 +2186,10 @@ static void cuda_init(void) {
     k->col2im = cuda_col2im;
     k->conv_direct_forward = cuda_conv_direct_forward;
     k->conv_direct_backward = cuda_conv_direct_backward;
+    k->conv_grouped_forward = cuda_conv_grouped_forward;
+    k->conv_grouped_backward_data = cuda_conv_grouped_backward_data;
+    k->conv_grouped_backward_weight = cuda_conv_grouped_backward_weight;
+    k->conv_grouped_scratch_floats = cuda_conv_grouped_scratch_floats;
     k->bias_act_forward = cuda_bias_act_forward;
     k->bias_act_backward = cuda_bias_act_backward;
     k->relu_forward = cuda_relu_forward;

@@ -40,6 +40,8 @@ static const CfgKey conv_keys[] = {
     {"bias", "1", "1: a learned bias per filter; 0: none (before a batchnorm, as ResNets do)"},
     {"activation", "none", "none or relu, applied to the output"},
     {"algorithm", "auto", "auto, gemm (im2col + GEMM) or winograd (3x3 stride 1 only)"},
+    {"groups", "1", "channel groups (C and filters multiples of it): output channel o reads the input "
+                    "channels of group o / (filters / groups); groups = C is depthwise"},
 };
 
 // 1x1, stride 1, unpadded: the input already is its own im2col.
@@ -89,6 +91,9 @@ static int conv_chunk(const Conv *c, const Kernels *k, int N) {
 }
 
 static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
+    int64_t groups;
+    if (cfg_int(a->cfg, a->s, "groups", "1", 1, 1 << 20, &groups, err)) return -1;
+    if (groups > 1) return conv_grouped_create(out, a, err);  // nn/conv_grouped.c
     Conv *c = layer_alloc(sizeof *c, &conv_ops, a, err);
     if (!c) return -1;
     const Cfg *cfg = a->cfg;

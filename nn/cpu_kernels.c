@@ -708,6 +708,360 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
     }
 }
 
+// ---- grouped and depthwise convolution -------------------------------------------------------
+//
+// Depthwise with one output channel per input channel (MobileNetV2's: groups = C = OC, 3x3)
+// runs channel-last kernels vectorised over channels, the weight of a block of channels
+// transposed to (K * K, channels) on the stack; everything else (channel multipliers,
+// groups of several channels, kernels over 7x7) plain loops over the same sums. A 3x3
+// depthwise convolution does 9 products for each value it reads or writes: memory-bound,
+// so a GEMM per channel (9 x 9 x pixels) would only add im2col's traffic.
+
+#define DW_MAX_K 7             // the depthwise kernels' largest window
+#define DW_BLOCK_FLOATS 16384  // their transposed weight (or gradient) block: 64 KB
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
+static bool dw_fast(ConvGeometry g, int groups) {
+    return groups == g.C && g.OC == g.C && g.K <= DW_MAX_K;
+}
+
+// Channels a block of the transposed weight holds: all of them where they fit.
+static int dw_block(ConvGeometry g) {
+    const int most = DW_BLOCK_FLOATS / (g.K * g.K) / 8 * 8;
+    return g.C < most ? g.C : most;
+}
+
+// wt (K * K, nb) = w (C, 1, K, K)'s channels [c0, c0 + nb), transposed.
+static void dw_transpose(float *wt, const float *w, int c0, int nb, int KK) {
+    for (int c = 0; c < nb; c++)
+        for (int t = 0; t < KK; t++) wt[t * nb + c] = w[(int64_t)(c0 + c) * KK + t];
+}
+
+// Taps (kh or kw) of output position o inside [0, H): [*a, *b).
+static inline void dw_taps(int o, int stride, int pad, int K, int H, int *a, int *b) {
+    const int i0 = o * stride - pad;
+    *a = imax(0, -i0), *b = imin(K, H - i0);
+}
+
+// One output pixel's nb channels: o = clamp(bias + the sum over its nh x nw taps inside
+// the image, in order, of x[(i * W + j) * C] * wt[(i * K + j) * nb]); x and wt point at
+// the first tap inside, `row` = W * C floats.
+static inline __attribute__((always_inline)) void dw_forward_pixel(
+    float *o, const float *x, const float *wt, const float *bias, int nb, int C, int64_t row, int K,
+    int nh, int nw, bool clamp, float lo, float hi) {
+    int c = 0;
+#ifdef __AVX2__
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    for (; c + 32 <= nb; c += 32) {
+        __m256 a[4];
+        for (int j = 0; j < 4; j++) a[j] = bias ? _mm256_loadu_ps(bias + c + 8 * j) : _mm256_setzero_ps();
+        for (int kh = 0; kh < nh; kh++)
+            for (int kw = 0; kw < nw; kw++) {
+                const float *xp = x + kh * row + (int64_t)kw * C + c, *wp = wt + (kh * K + kw) * nb + c;
+                for (int j = 0; j < 4; j++)
+                    a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(_mm256_loadu_ps(xp + 8 * j), _mm256_loadu_ps(wp + 8 * j)));
+            }
+        for (int j = 0; j < 4; j++) {
+            if (clamp) a[j] = _mm256_min_ps(_mm256_max_ps(a[j], vlo), vhi);
+            _mm256_storeu_ps(o + c + 8 * j, a[j]);
+        }
+    }
+    for (; c + 8 <= nb; c += 8) {
+        __m256 a = bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps();
+        for (int kh = 0; kh < nh; kh++)
+            for (int kw = 0; kw < nw; kw++)
+                a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(x + kh * row + (int64_t)kw * C + c),
+                                                   _mm256_loadu_ps(wt + (kh * K + kw) * nb + c)));
+        if (clamp) a = _mm256_min_ps(_mm256_max_ps(a, vlo), vhi);
+        _mm256_storeu_ps(o + c, a);
+    }
+#endif
+    for (; c < nb; c++) {
+        float a = bias ? bias[c] : 0.0f;
+        for (int kh = 0; kh < nh; kh++)
+            for (int kw = 0; kw < nw; kw++) a += x[kh * row + (int64_t)kw * C + c] * wt[(kh * K + kw) * nb + c];
+        if (clamp) a = a > lo ? a : lo, a = a < hi ? a : hi;
+        o[c] = a;
+    }
+}
+
+static void dw_forward(float *out, const float *in, const float *w, const float *bias, ConvGeometry g,
+                       Activation act) {
+    const int C = g.C, K = g.K, KK = K * K, nbm = dw_block(g);
+    float lo = 0.0f, hi = 0.0f;
+    const bool clamp = act_clamp(act, &lo, &hi);
+    const int64_t rows = (int64_t)g.N * g.OH, row = (int64_t)g.W * C;
+    float wt[DW_BLOCK_FLOATS];
+    for (int c0 = 0; c0 < C; c0 += nbm) {
+        const int nb = imin(nbm, C - c0);
+        dw_transpose(wt, w, c0, nb, KK);
+#pragma omp parallel for schedule(static) if (rows * g.OW * nb * KK > PAR_MIN)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t n = r / g.OH;
+            const int oh = (int)(r % g.OH), ih0 = oh * g.stride - g.pad;
+            int kh0, kh1;
+            dw_taps(oh, g.stride, g.pad, K, g.H, &kh0, &kh1);
+            const float *img = in + n * g.H * row + c0;
+            for (int ow = 0; ow < g.OW; ow++) {
+                const int iw0 = ow * g.stride - g.pad;
+                int kw0, kw1;
+                dw_taps(ow, g.stride, g.pad, K, g.W, &kw0, &kw1);
+                const float *x = img + (int64_t)(ih0 + kh0) * row + (int64_t)(iw0 + kw0) * C;
+                dw_forward_pixel(out + (r * g.OW + ow) * C + c0, x, wt + (kh0 * K + kw0) * nb,
+                                 bias ? bias + c0 : NULL, nb, C, row, K, kh1 - kh0, kw1 - kw0, clamp, lo, hi);
+            }
+        }
+    }
+}
+
+// The outputs (oh, kh pairs) whose window reaches input position i: *n of them, kh ascending.
+static inline int dw_reach(int i, int stride, int pad, int K, int O, int *k, int *o) {
+    int n = 0;
+    for (int kh = 0; kh < K; kh++) {
+        const int y = i + pad - kh;
+        if (y < 0 || y % stride || y / stride >= O) continue;
+        k[n] = kh, o[n++] = y / stride;
+    }
+    return n;
+}
+
+// din = the sum over (kh, kw) of dy * w, one input pixel's nb channels at a time; dy's
+// pixel (oh, ow) of tap (kh, kw) at dy + ohs[i] * orow + ows[j] * C.
+static void dw_backward_data(float *din, const float *dy, const float *w, ConvGeometry g) {
+    const int C = g.C, K = g.K, KK = K * K, nbm = dw_block(g);
+    const int64_t rows = (int64_t)g.N * g.H, orow = (int64_t)g.OW * C;
+    float wt[DW_BLOCK_FLOATS];
+    for (int c0 = 0; c0 < C; c0 += nbm) {
+        const int nb = imin(nbm, C - c0);
+        dw_transpose(wt, w, c0, nb, KK);
+#pragma omp parallel for schedule(static) if (rows * g.W * nb * KK > PAR_MIN)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t n = r / g.H;
+            const int ih = (int)(r % g.H);
+            int khs[DW_MAX_K], ohs[DW_MAX_K], kws[DW_MAX_K], ows[DW_MAX_K];
+            const int nh = dw_reach(ih, g.stride, g.pad, K, g.OH, khs, ohs);
+            const float *d = dy + n * g.OH * orow + c0;
+            for (int iw = 0; iw < g.W; iw++) {
+                const int nw = dw_reach(iw, g.stride, g.pad, K, g.OW, kws, ows);
+                float *o = din + (r * g.W + iw) * C + c0;
+                int c = 0;
+#ifdef __AVX2__
+                for (; c + 32 <= nb; c += 32) {
+                    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+                    for (int i = 0; i < nh; i++)
+                        for (int j = 0; j < nw; j++) {
+                            const float *dp = d + ohs[i] * orow + (int64_t)ows[j] * C + c;
+                            const float *wp = wt + (khs[i] * K + kws[j]) * nb + c;
+                            for (int v = 0; v < 4; v++)
+                                a[v] = _mm256_add_ps(a[v], _mm256_mul_ps(_mm256_loadu_ps(dp + 8 * v), _mm256_loadu_ps(wp + 8 * v)));
+                        }
+                    for (int v = 0; v < 4; v++) _mm256_storeu_ps(o + c + 8 * v, a[v]);
+                }
+                for (; c + 8 <= nb; c += 8) {
+                    __m256 a = _mm256_setzero_ps();
+                    for (int i = 0; i < nh; i++)
+                        for (int j = 0; j < nw; j++)
+                            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(d + ohs[i] * orow + (int64_t)ows[j] * C + c),
+                                                               _mm256_loadu_ps(wt + (khs[i] * K + kws[j]) * nb + c)));
+                    _mm256_storeu_ps(o + c, a);
+                }
+#endif
+                for (; c < nb; c++) {
+                    float a = 0.0f;
+                    for (int i = 0; i < nh; i++)
+                        for (int j = 0; j < nw; j++)
+                            a += d[ohs[i] * orow + (int64_t)ows[j] * C + c] * wt[(khs[i] * K + kws[j]) * nb + c];
+                    o[c] = a;
+                }
+            }
+        }
+    }
+}
+
+// Output positions [*a, *b) whose tap k lies inside [0, H): 0 <= o * stride - pad + k < H.
+static inline void dw_span(int k, int stride, int pad, int H, int O, int *a, int *b) {
+    const int lo = pad - k;  // o * stride >= lo
+    *a = lo <= 0 ? 0 : (lo + stride - 1) / stride;
+    const int hi = H - 1 + pad - k;  // o * stride <= hi
+    *b = hi < 0 ? 0 : imin(O, hi / stride + 1);
+    if (*b < *a) *b = *a;
+}
+
+// dw += the rows' sums, a block of channels at a time: for each output row, each tap's sum
+// over the row's pixels (those whose tap lies inside the image: a span of ow) from 0, 32
+// channels in 4 vectors at once, added to the block's sums s (K * K, nb) from 0.
+static void dw_backward_weight(float *dw, const float *dy, const float *in, ConvGeometry g) {
+    const int C = g.C, K = g.K, KK = K * K, nbm = dw_block(g), blocks = (C + nbm - 1) / nbm;
+    const int64_t row = (int64_t)g.W * C;
+    int spans[DW_MAX_K][2];
+    for (int kw = 0; kw < K; kw++) dw_span(kw, g.stride, g.pad, g.W, g.OW, &spans[kw][0], &spans[kw][1]);
+    // Each block's sums are its own, over every row in order: the bits do not depend on
+    // the threads that share the blocks out.
+#pragma omp parallel for schedule(static) if (blocks > 1 && (int64_t)g.N * g.OH * g.OW * C * KK > PAR_MIN)
+    for (int b = 0; b < blocks; b++) {
+        const int c0 = b * nbm, nb = imin(nbm, C - c0);
+        float s[DW_BLOCK_FLOATS];
+        memset(s, 0, (size_t)KK * nb * sizeof(float));
+        for (int64_t r = 0; r < (int64_t)g.N * g.OH; r++) {
+            const int64_t n = r / g.OH;
+            const int oh = (int)(r % g.OH);
+            int kh0, kh1;
+            dw_taps(oh, g.stride, g.pad, K, g.H, &kh0, &kh1);
+            const float *d = dy + r * g.OW * C + c0;
+            for (int kh = 0; kh < K; kh++)
+                for (int kw = 0; kw < K; kw++) {
+                    float *st = s + (kh * K + kw) * nb;
+                    const bool inside = kh >= kh0 && kh < kh1;  // this row's tap row is in the image
+                    const int a = inside ? spans[kw][0] : 0, e = inside ? spans[kw][1] : 0;
+                    // Output ow's tap: x + (ow - a) * xs (x = in where the span is empty).
+                    const int64_t xs = (int64_t)g.stride * C;
+                    const float *x = a < e ? in + (n * g.H + oh * g.stride - g.pad + kh) * row +
+                                                 (int64_t)(a * g.stride - g.pad + kw) * C + c0
+                                           : in;
+                    int c = 0;
+#ifdef __AVX2__
+                    for (; c + 32 <= nb; c += 32) {
+                        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+                        for (int ow = a; ow < e; ow++)
+                            for (int v = 0; v < 4; v++)
+                                acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(_mm256_loadu_ps(d + (int64_t)ow * C + c + 8 * v),
+                                                                             _mm256_loadu_ps(x + (ow - a) * xs + c + 8 * v)));
+                        for (int v = 0; v < 4; v++)
+                            _mm256_storeu_ps(st + c + 8 * v, _mm256_add_ps(_mm256_loadu_ps(st + c + 8 * v), acc[v]));
+                    }
+                    for (; c + 8 <= nb; c += 8) {
+                        __m256 acc = _mm256_setzero_ps();
+                        for (int ow = a; ow < e; ow++)
+                            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(d + (int64_t)ow * C + c),
+                                                                   _mm256_loadu_ps(x + (ow - a) * xs + c)));
+                        _mm256_storeu_ps(st + c, _mm256_add_ps(_mm256_loadu_ps(st + c), acc));
+                    }
+#endif
+                    for (; c < nb; c++) {
+                        float acc = 0.0f;
+                        for (int ow = a; ow < e; ow++) acc += d[(int64_t)ow * C + c] * x[(ow - a) * xs + c];
+                        st[c] += acc;
+                    }
+                }
+        }
+        for (int c = 0; c < nb; c++)
+            for (int t = 0; t < KK; t++) dw[(int64_t)(c0 + c) * KK + t] += s[t * nb + c];
+    }
+}
+
+// The general case, element by element: output channel oc's group and its first input
+// channel.
+static void grouped_forward(float *out, const float *in, const float *w, const float *bias, ConvGeometry g,
+                            int groups, Activation act) {
+    const int Cg = g.C / groups, Mg = g.OC / groups, K = g.K;
+    float lo = 0.0f, hi = 0.0f;
+    const bool clamp = act_clamp(act, &lo, &hi);
+    const int64_t rows = (int64_t)g.N * g.OH;
+#pragma omp parallel for schedule(static) if (rows * g.OW * g.OC * Cg * K * K > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t n = r / g.OH;
+        const int oh = (int)(r % g.OH);
+        int kh0, kh1;
+        dw_taps(oh, g.stride, g.pad, K, g.H, &kh0, &kh1);
+        for (int ow = 0; ow < g.OW; ow++) {
+            int kw0, kw1;
+            dw_taps(ow, g.stride, g.pad, K, g.W, &kw0, &kw1);
+            for (int oc = 0; oc < g.OC; oc++) {
+                const int cin = oc / Mg * Cg;
+                float a = bias ? bias[oc] : 0.0f;
+                for (int ci = 0; ci < Cg; ci++)
+                    for (int kh = kh0; kh < kh1; kh++)
+                        for (int kw = kw0; kw < kw1; kw++) {
+                            const int ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
+                            a += in[((n * g.H + ih) * g.W + iw) * g.C + cin + ci] *
+                                 w[(((int64_t)oc * Cg + ci) * K + kh) * K + kw];
+                        }
+                if (clamp) a = a > lo ? a : lo, a = a < hi ? a : hi;
+                out[(r * g.OW + ow) * g.OC + oc] = a;
+            }
+        }
+    }
+}
+
+static void grouped_backward_data(float *din, const float *dy, const float *w, ConvGeometry g, int groups) {
+    const int Cg = g.C / groups, Mg = g.OC / groups, K = g.K;
+    const int64_t rows = (int64_t)g.N * g.H;
+#pragma omp parallel for schedule(static) if (rows * g.W * g.C * Mg * K * K > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t n = r / g.H;
+        const int ih = (int)(r % g.H);
+        for (int iw = 0; iw < g.W; iw++)
+            for (int c = 0; c < g.C; c++) {
+                const int oc0 = c / Cg * Mg, ci = c % Cg;
+                float a = 0.0f;
+                for (int kh = 0; kh < K; kh++) {
+                    const int y = ih + g.pad - kh;
+                    if (y < 0 || y % g.stride || y / g.stride >= g.OH) continue;
+                    for (int kw = 0; kw < K; kw++) {
+                        const int x = iw + g.pad - kw;
+                        if (x < 0 || x % g.stride || x / g.stride >= g.OW) continue;
+                        const int64_t o = ((n * g.OH + y / g.stride) * g.OW + x / g.stride) * g.OC;
+                        for (int m = 0; m < Mg; m++)
+                            a += dy[o + oc0 + m] * w[(((int64_t)(oc0 + m) * Cg + ci) * K + kh) * K + kw];
+                    }
+                }
+                din[(r * g.W + iw) * g.C + c] = a;
+            }
+    }
+}
+
+// The weight gradient's elements e = (oc, ci, kh, kw) in blocks, each block's row sums
+// and their sums on the stack.
+static void grouped_backward_weight(float *dw, const float *dy, const float *in, ConvGeometry g, int groups) {
+    enum { BLOCK = 4096 };
+    const int Cg = g.C / groups, Mg = g.OC / groups, K = g.K, KK = K * K;
+    const int64_t E = (int64_t)g.OC * Cg * KK, blocks = (E + BLOCK - 1) / BLOCK;
+#pragma omp parallel for schedule(static) if (blocks > 1 && (int64_t)g.N * g.OH * g.OW * E > PAR_MIN)
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t e0 = b * BLOCK, ne = E - e0 < BLOCK ? E - e0 : BLOCK;
+        float s[BLOCK], rs[BLOCK];
+        memset(s, 0, (size_t)ne * sizeof(float));
+        for (int64_t r = 0; r < (int64_t)g.N * g.OH; r++) {
+            const int64_t n = r / g.OH;
+            const int oh = (int)(r % g.OH);
+            memset(rs, 0, (size_t)ne * sizeof(float));
+            for (int ow = 0; ow < g.OW; ow++)
+                for (int64_t j = 0; j < ne; j++) {
+                    const int64_t e = e0 + j;
+                    const int kw = (int)(e % K), kh = (int)(e / K % K), ci = (int)(e / KK % Cg);
+                    const int oc = (int)(e / ((int64_t)KK * Cg));
+                    const int ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
+                    if (ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) continue;
+                    rs[j] += dy[(r * g.OW + ow) * g.OC + oc] * in[((n * g.H + ih) * g.W + iw) * g.C + oc / Mg * Cg + ci];
+                }
+            for (int64_t j = 0; j < ne; j++) s[j] += rs[j];
+        }
+        for (int64_t j = 0; j < ne; j++) dw[e0 + j] += s[j];
+    }
+}
+
+static void cpu_conv_grouped_forward(float *out, const float *in, const float *w, const float *bias,
+                                     ConvGeometry g, int groups, Activation act) {
+    if (dw_fast(g, groups)) dw_forward(out, in, w, bias, g, act);
+    else grouped_forward(out, in, w, bias, g, groups, act);
+}
+
+static void cpu_conv_grouped_backward_data(float *din, const float *dy, const float *w, ConvGeometry g,
+                                           int groups) {
+    if (dw_fast(g, groups)) dw_backward_data(din, dy, w, g);
+    else grouped_backward_data(din, dy, w, g, groups);
+}
+
+static void cpu_conv_grouped_backward_weight(float *dw, float *scratch, const float *dy, const float *in,
+                                             ConvGeometry g, int groups) {
+    if (dw_fast(g, groups)) dw_backward_weight(dw, dy, in, g);
+    else grouped_backward_weight(dw, dy, in, g, groups);
+}
+
+static int64_t cpu_conv_grouped_scratch_floats(ConvGeometry g, int groups) { return 0; }
+
 // ---- elementwise and reductions -------------------------------------------------------------
 
 static void cpu_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
@@ -1722,6 +2076,10 @@ const Kernels CPU_KERNEL_SET = {
     .col2im = cpu_col2im,
     .conv_direct_forward = cpu_conv_direct_forward,
     .conv_direct_backward = cpu_conv_direct_backward,
+    .conv_grouped_forward = cpu_conv_grouped_forward,
+    .conv_grouped_backward_data = cpu_conv_grouped_backward_data,
+    .conv_grouped_backward_weight = cpu_conv_grouped_backward_weight,
+    .conv_grouped_scratch_floats = cpu_conv_grouped_scratch_floats,
     .bias_act_forward = cpu_bias_act_forward,
     .bias_act_backward = cpu_bias_act_backward,
     .relu_forward = cpu_relu_forward,

@@ -48,6 +48,22 @@ static inline int64_t winograd_stride(int64_t rows, int cols) {
     return (rows * cols + 1023) / 1024 * 1024 + 16;
 }
 
+// The clamp [*lo, *hi] that activation act applies to a value (v = v > lo ? v : lo, then
+// v < hi ? v : hi: a NaN becomes lo, as ReLU's rule), or false where act leaves values as
+// they are. Kernels that fuse an activation into their output (conv_grouped_forward) take
+// it from here: a new clamp is one more case.
+HOST_DEVICE static inline bool act_clamp(Activation act, float *lo, float *hi) {
+    switch (act) {
+    case ACT_RELU:
+        *lo = 0.0f, *hi = INFINITY;
+        return true;
+    case ACT_NONE:
+    case ACT_COUNT:
+        break;
+    }
+    return false;
+}
+
 #define SUMSQ_BLOCK 4096  // Kernels.sum_squares's blocks
 
 // AdamW's hyperparameters, as PyTorch holds them (Python floats: double).
@@ -260,6 +276,27 @@ typedef struct Kernels {
     void (*conv_direct_backward)(float *din, float *dw, float *dbias, float *partial,
                                  const float *dout, const float *in, const float *out,
                                  const float *w, ConvGeometry g, Activation act);
+
+    // ---- grouped convolution (nn/conv_grouped.c): depthwise when groups = C ----------
+    // ConvGeometry g in `groups` groups (C and OC multiples of it): output channel oc reads
+    // the Cg = C / groups input channels of its group oc / (OC / groups); w (OC, Cg, K, K),
+    // PyTorch's layout. in (N, H, W, C), out (N, OH, OW, OC); zero padding. Every sum below
+    // runs over the taps inside the image only (the padding's zeros add nothing).
+    // out = the clamp of act (act_clamp) of (bias, or 0, + the sum over (ci, kh, kw), in that
+    // order, of in * w), each product and sum rounded apart (no FMA); bias may be NULL.
+    void (*conv_grouped_forward)(float *out, const float *in, const float *w, const float *bias,
+                                 ConvGeometry g, int groups, Activation act);
+    // din (N, H, W, C) = for each input element the sum over (kh, kw), then over its
+    // group's output channels in order, of dy * w (overwritten; 0 where no window reaches).
+    // dy (N, OH, OW, OC) is the gradient of the convolution's output before any activation.
+    void (*conv_grouped_backward_data)(float *din, const float *dy, const float *w, ConvGeometry g,
+                                       int groups);
+    // dw (OC, Cg, K, K) += s, s = the sum over the output rows (n, oh) in order, from 0, of
+    // each row's sum over ow in order, from 0, of dy x patch. scratch: device memory of
+    // conv_grouped_scratch_floats(g, groups) floats (a GPU's row sums; none on the CPU).
+    void (*conv_grouped_backward_weight)(float *dw, float *scratch, const float *dy, const float *in,
+                                         ConvGeometry g, int groups);
+    int64_t (*conv_grouped_scratch_floats)(ConvGeometry g, int groups);
 
     // ---- elementwise and reductions ----------------------------------------------------
     // out (rows, cols) = act(out + bias), in place; bias (cols) may be NULL.

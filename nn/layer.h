@@ -210,6 +210,9 @@ extern const LayerOps *const layer_types[];
 extern const int layer_ntypes;
 const LayerOps *layer_type(const char *section);
 
+// A [conv] section with groups > 1 (nn/conv_grouped.c): conv_ops's create hands it over.
+int conv_grouped_create(Layer **out, const LayerArgs *a, Error *err);
+
 // Frees a layer and its children.
 void layer_free(Layer *l);
 // ops->workspace_bytes(l, k, N), or 0 for a layer without one.

@@ -157,6 +157,23 @@ static void replay_conv_direct_backward(float *din, float *dw, float *dbias, flo
         for (int64_t i = 0; i < (int64_t)g.N * g.H * g.W * g.C; i++)
             conv_direct_din_at(i, din, dout, out, w, g, act == ACT_RELU);
 }
+static void replay_conv_grouped_forward(float *out, const float *in, const float *w, const float *bias,
+                                        ConvGeometry g, int groups, Activation act) {
+    float lo = 0.0f, hi = 0.0f;
+    const bool clamp = act_clamp(act, &lo, &hi);
+    for (int64_t i = 0; i < (int64_t)g.N * g.OH * g.OW * g.OC; i++)
+        conv_grouped_forward_at(i, out, in, w, bias, g, groups, clamp, lo, hi);
+}
+static void replay_conv_grouped_backward_data(float *din, const float *dy, const float *w, ConvGeometry g,
+                                              int groups) {
+    for (int64_t i = 0; i < (int64_t)g.N * g.H * g.W * g.C; i++) conv_grouped_din_at(i, din, dy, w, g, groups);
+}
+static void replay_conv_grouped_backward_weight(float *dw, float *scratch, const float *dy, const float *in,
+                                                ConvGeometry g, int groups) {
+    const int64_t rows = (int64_t)g.N * g.OH, E = (int64_t)g.OC * (g.C / groups) * g.K * g.K;
+    for (int64_t j = 0; j < rows * E; j++) conv_grouped_rows_at(j, scratch, dy, in, g, groups);
+    for (int64_t e = 0; e < E && rows > 0; e++) conv_grouped_reduce_at(e, dw, scratch, rows, E);
+}
 static void replay_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
                                  Activation act) {
     if (!bias && act != ACT_RELU) return;
@@ -445,6 +462,10 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->im2col = replay_im2col, k->col2im = replay_col2im, k->bias_act_forward = replay_bias_act_forward;
     k->conv_direct_forward = replay_conv_direct_forward;
     k->conv_direct_backward = replay_conv_direct_backward;
+    k->conv_grouped_forward = replay_conv_grouped_forward;
+    k->conv_grouped_backward_data = replay_conv_grouped_backward_data;
+    k->conv_grouped_backward_weight = replay_conv_grouped_backward_weight;
+    k->conv_grouped_scratch_floats = cuda_conv_grouped_scratch_floats;
     k->bias_act_backward = replay_bias_act_backward;
     k->relu_forward = replay_relu_forward, k->relu_backward = replay_relu_backward;
     k->add_act = replay_add_act;
