@@ -93,7 +93,7 @@ BINS      := $(BIN_DIR)train $(BIN_DIR)ckpt
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all run test test-arch deps-arch test-gpu test-gpu-replay gpu-debs bench deps deps-test deps-bench deps-fuzz fuzz data photos clean
+.PHONY: all run test test-arch deps-arch test-gpu test-gpu-replay gpu-debs bench bench-depthwise deps deps-test deps-bench deps-fuzz fuzz data photos clean
 all: $(BINS) $(CUDA_LIB)
 
 # Objects record the compiler and flags that made them: a change of CC, ARCH or CFLAGS
@@ -270,9 +270,13 @@ gpu-debs:
 	sh gpu/fetch_debs.sh gpu/debs
 
 bench: deps-bench
-	$(MAKE) all $(BUILD)/bench/sgemm $(BUILD)/bench/make_folders
+	$(MAKE) all $(BUILD)/bench/sgemm $(BUILD)/bench/make_folders $(BUILD)/bench/depthwise
 	sh bench/run.sh
 	sh bench/resnet_bench.sh
+
+# The depthwise convolution's bytes/s against the machine's memory bandwidth (bench/depthwise.c).
+bench-depthwise: $(BUILD)/bench/depthwise
+	$(BUILD)/bench/depthwise $(or $(THREADS),2)
 
 clean:
 	rm -rf build $(BINS) libcnn_cuda.so

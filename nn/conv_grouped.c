@@ -89,8 +89,9 @@ fail:
 static float *cg_bias(const ConvGrouped *c) { return c->bias ? c->base.params[1].data : NULL; }
 static float *cg_dbias(const ConvGrouped *c) { return c->bias ? c->base.grads[1] : NULL; }  // NULL when frozen
 
-// Workspace: each share's scratch for the backend's weight-gradient kernel (none on the
-// CPU), then, with several shares, each one's weight gradient.
+// Workspace: with several shares, each one's weight gradient (kept from a pass's first call
+// to its last, so first: where it lies does not depend on the call's images), then each
+// share's scratch for the backend's weight-gradient kernel (none on the CPU).
 typedef struct CgSpace {
     float *scratch, *parts;
     int shards;
@@ -102,8 +103,8 @@ static CgSpace cg_space(const ConvGrouped *c, const Kernels *k, void *workspace,
     const int share = (N + w.shards - 1) / w.shards;
     w.scratch_floats = (k->conv_grouped_scratch_floats(cg_geometry(c, share), c->groups) + 15) / 16 * 16;
     w.part_floats = w.shards > 1 ? cg_part_floats(c) : 0;
-    w.scratch = workspace;
-    w.parts = workspace ? w.scratch + w.shards * w.scratch_floats : NULL;
+    w.parts = workspace;
+    w.scratch = workspace ? w.parts + w.shards * w.part_floats : NULL;
     return w;
 }
 

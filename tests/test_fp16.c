@@ -417,6 +417,23 @@ static const char *acc_resnet =
     "[linear]\nname = fc\noutputs = 10\n"
     "[log_softmax]\n";
 
+// Depthwise convolutions (nn/conv_grouped.c): one with batchnorm and ReLU, as MobileNetV2
+// has them, and one with two filters per channel, a bias and a ReLU of its own.
+static const char *acc_mobile =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[conv]\nname = dw\nfilters = 4\nsize = 3\nstride = 2\npad = 1\ngroups = 4\nbias = 0\n"
+    "[batchnorm]\nname = dw_bn\nactivation = relu\n"
+    "[global_avgpool]\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 10\n"
+    "[log_softmax]\n";
+static const char *acc_depthwise =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nactivation = relu\n"
+    "[conv]\nname = dw\nfilters = 8\nsize = 3\nstride = 2\npad = 1\ngroups = 4\nactivation = relu\n"
+    "[flatten]\n"
+    "[linear]\nname = fc\noutputs = 10\n"
+    "[log_softmax]\n";
+
 enum { ACC_B = 16, ACC_K = 4, ACC_PIX = 100 };
 static const Shape acc_shape = {.c = 1, .h = 10, .w = 10};
 
@@ -481,6 +498,7 @@ static double expect_accumulation(const char *text, DType precision, double tol,
 // Issue 5's criterion: without dropout, relative 1e-5 (fp32 sums in another order: ~1e-7).
 static void test_accumulate_fp32(void **state) {
     expect_accumulation(acc_net, DT_F32, 1e-5, "fp32, no dropout");
+    expect_accumulation(acc_depthwise, DT_F32, 1e-5, "fp32, depthwise");
 }
 
 // With dropout the masks are keyed by each sample's place in the batch (sample0), so the
@@ -505,17 +523,18 @@ static void test_accumulate_fp32_dropout(void **state) {
 static void test_accumulate_fp16(void **state) {
     expect_accumulation(acc_net, DT_F16, 1e-4, "fp16, no dropout");
     expect_accumulation(acc_dropout_net, DT_F16, 1e-4, "fp16, dropout");
+    expect_accumulation(acc_depthwise, DT_F16, 1e-4, "fp16, depthwise");
 }
 
 // Batchnorm under accumulation: each micro-batch is normalised by its own statistics (as in
 // PyTorch, and unlike one big batch), so accumulate = 4 is the sum of 4 batches of 4 run
 // separately, with the loss averaged over all 16; the running statistics move once per
-// micro-batch (num_batches_tracked 4).
-static void test_accumulate_batchnorm(void **state) {
+// micro-batch (num_batches_tracked 4). On the small ResNet and on the depthwise net.
+static void expect_accumulation_batchnorm(const char *text, const char *what) {
     int64_t n1, n4;
     double l1, l4;
-    float *g16 = acc_grads(acc_resnet, DT_F32, ACC_B, false, &n1, &l1);
-    float *g4 = acc_grads(acc_resnet, DT_F32, ACC_B / ACC_K, false, &n4, &l4);
+    float *g16 = acc_grads(text, DT_F32, ACC_B, false, &n1, &l1);
+    float *g4 = acc_grads(text, DT_F32, ACC_B / ACC_K, false, &n4, &l4);
     float *sum = calloc((size_t)n1, sizeof *sum);
     assert_non_null(sum);
     float x[ACC_B * ACC_PIX];
@@ -525,7 +544,7 @@ static void test_accumulate_batchnorm(void **state) {
     int64_t tracked = -1;
     for (int m0 = 0; m0 < ACC_B; m0 += M) {  // each micro-batch on a fresh network
         Net net;
-        make_net(&net, acc_resnet, acc_shape, 10, M, DT_F32);
+        make_net(&net, text, acc_shape, 10, M, DT_F32);
         Error err = {{0}};
         assert_int_equal(net_init_params(&net, 3, &err), 0);
         memcpy(net.input_buf, x + m0 * ACC_PIX, (size_t)M * ACC_PIX * sizeof(float));
@@ -539,14 +558,14 @@ static void test_accumulate_batchnorm(void **state) {
     }
     const double rel_sum = rel_norm_diff(g4, sum, n1, NULL, NULL);
     const double rel_big = rel_norm_diff(g4, g16, n1, NULL, NULL);
-    print_message("batchnorm, accumulate 4 vs 4 separate micro-batches: relative %.3g; vs one "
-                  "batch of 16: %.3g (different statistics)\n", rel_sum, rel_big);
+    print_message("%s: batchnorm, accumulate 4 vs 4 separate micro-batches: relative %.3g; vs one "
+                  "batch of 16: %.3g (different statistics)\n", what, rel_sum, rel_big);
     assert_true(rel_sum <= 1e-5);
     assert_true(rel_big > 1e-3);
 
     // The running statistics of accumulate = 4: 4 updates.
     Net net;
-    make_net(&net, acc_resnet, acc_shape, 10, M, DT_F32);
+    make_net(&net, text, acc_shape, 10, M, DT_F32);
     Error err = {{0}};
     assert_int_equal(net_init_params(&net, 3, &err), 0);
     for (int m0 = 0; m0 < ACC_B; m0 += M) {
@@ -557,6 +576,11 @@ static void test_accumulate_batchnorm(void **state) {
     assert_int_equal(tracked, ACC_K);
     net_free(&net);
     free(g16), free(g4), free(sum);
+}
+
+static void test_accumulate_batchnorm(void **state) {
+    expect_accumulation_batchnorm(acc_resnet, "resnet");
+    expect_accumulation_batchnorm(acc_mobile, "depthwise + batchnorm + relu");
 }
 
 // ---- 4. fp16 against fp32 ---------------------------------------------------------------------
@@ -664,6 +688,15 @@ static void test_fp16_against_fp32(void **state) {
     assert_false(fs.flag);
     assert_true(rel_norm_diff(fs.grads, f.grads, f.nparams, NULL, NULL) <= 1e-6);
     run_free(&f), run_free(&h), run_free(&hs), run_free(&fs);
+    // Depthwise convolutions with batchnorm, and with two filters per channel.
+    const char *dw_nets[] = {acc_mobile, acc_depthwise};
+    for (int i = 0; i < 2; i++) {
+        f = run_once(dw_nets[i], acc_shape, 10, DT_F32, N, x, y, 1.0f, false);
+        h = run_once(dw_nets[i], acc_shape, 10, DT_F16, N, x, y, 1.0f, false);
+        assert_true(all_finite(h.grads, h.nparams));
+        expect_close_to_fp32(&h, &f, i ? "fp16 vs fp32, depthwise x2 + relu" : "fp16 vs fp32, depthwise + batchnorm");
+        run_free(&f), run_free(&h);
+    }
 }
 
 // A loss scale of 2^30 makes the loss gradient 2^30/16 = 6.7e7: beyond fp16's 65504, so

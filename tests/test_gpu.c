@@ -244,6 +244,8 @@ static void test_backend(void **state) {
         (void *)k->winograd_output, (void *)k->winograd_output_backward,
         (void *)k->winograd_weights, (void *)k->winograd_weights_backward,
         (void *)k->col2im, (void *)k->conv_direct_forward, (void *)k->conv_direct_backward,
+        (void *)k->conv_grouped_forward, (void *)k->conv_grouped_backward_data,
+        (void *)k->conv_grouped_backward_weight, (void *)k->conv_grouped_scratch_floats,
         (void *)k->bias_act_forward, (void *)k->bias_act_backward, (void *)k->relu_forward, (void *)k->relu_backward,
         (void *)k->maxpool_forward, (void *)k->maxpool_backward, (void *)k->dropout_forward,
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
@@ -589,6 +591,64 @@ static void test_conv_direct(void **state) {
             buf_free(in), buf_free(w), buf_free(bias), buf_free(out), buf_free(dout), buf_free(din);
             buf_free(dw), buf_free(db), buf_free(partial);
             free(x), free(wt), free(b), free(dy), free(dw0), free(db0), free(hc), free(hg);
+        }
+}
+
+// The grouped convolution, bit-exact: forward (with and without bias, each activation),
+// the input gradient, and the weight gradient accumulated twice (the GPU's row sums added in
+// the CPU's order). Depthwise with one filter per channel takes the CPU's vector kernels
+// (43 channels: vectors of 32 and 8 and 3 left), the rest its plain loops.
+static void test_conv_grouped(void **state) {
+    NEED_GPU();
+    rng_seed(19);
+    static const struct { ConvGeometry g; int groups; } cases[] = {
+        {{2, 7, 6, 43, 3, 1, 1, 7, 6, 43}, 43},
+        {{3, 9, 8, 43, 3, 2, 1, 5, 4, 43}, 43},
+        {{2, 8, 7, 16, 3, 2, 0, 3, 3, 16}, 16},
+        {{1, 7, 7, 9, 5, 1, 2, 7, 7, 9}, 9},
+        {{2, 6, 5, 5, 3, 1, 1, 6, 5, 10}, 5},   // a multiplier of 2
+        {{2, 6, 6, 8, 3, 2, 1, 3, 3, 12}, 4},   // 4 groups of 2 channels, 3 filters each
+        {{1, 5, 5, 8, 1, 1, 0, 5, 5, 8}, 2},
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++)
+        for (int act = 0; act < ACT_COUNT; act++) {
+            const ConvGeometry g = cases[t].g;
+            const int groups = cases[t].groups;
+            const int64_t nin = (int64_t)g.N * g.H * g.W * g.C, nout = (int64_t)g.N * g.OH * g.OW * g.OC;
+            const int64_t nw = (int64_t)g.OC * (g.C / groups) * g.K * g.K;
+            float *x = rand_floats_zeros(nin), *wt = rand_floats(nw, -0.5f, 0.5f), *b = rand_floats(g.OC, -0.5f, 0.5f),
+                  *dy = rand_floats_zeros(nout), *dw0 = rand_floats(nw, -1, 1);
+            const int64_t scratch_c = C->conv_grouped_scratch_floats(g, groups),
+                          scratch_g = G->conv_grouped_scratch_floats(g, groups);
+            Buf in = buf_from(x, nin * 4), w = buf_from(wt, nw * 4), bias = buf_from(b, g.OC * 4),
+                out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4), din = buf_poison(nin * 4),
+                dw = buf_from(dw0, nw * 4),
+                scratch = {dev_alloc(C, (scratch_c + 1) * 4), dev_alloc(G, (scratch_g + 1) * 4), 0};
+            const int64_t most = nout > nin ? nout : nin;
+            float *hc = xmalloc(most * 4), *hg = xmalloc(most * 4);
+            char what[160], msg[200];
+            snprintf(what, sizeof what, "N=%d H=%d W=%d C=%d K=%d stride=%d pad=%d OC=%d groups=%d act=%s", g.N,
+                     g.H, g.W, g.C, g.K, g.stride, g.pad, g.OC, groups, activation_names[act]);
+            BOTH(k->conv_grouped_forward(P(out), P(in), P(w), NULL, g, groups, (Activation)act));
+            buf_fetch(out, hc, hg);
+            snprintf(msg, sizeof msg, "conv_grouped_forward no bias %s", what);
+            expect_same_f32(hc, hg, nout, msg);
+            BOTH(k->conv_grouped_forward(P(out), P(in), P(w), P(bias), g, groups, (Activation)act));
+            buf_fetch(out, hc, hg);
+            snprintf(msg, sizeof msg, "conv_grouped_forward %s", what);
+            expect_same_f32(hc, hg, nout, msg);
+            BOTH(k->conv_grouped_backward_data(P(din), P(dout), P(w), g, groups));
+            buf_fetch(din, hc, hg);
+            snprintf(msg, sizeof msg, "conv_grouped_backward_data %s", what);
+            expect_same_f32(hc, hg, nin, msg);
+            for (int twice = 0; twice < 2; twice++)
+                BOTH(k->conv_grouped_backward_weight(P(dw), P(scratch), P(dout), P(in), g, groups));
+            buf_fetch(dw, hc, hg);
+            snprintf(msg, sizeof msg, "conv_grouped_backward_weight %s", what);
+            expect_same_f32(hc, hg, nw, msg);
+            buf_free(in), buf_free(w), buf_free(bias), buf_free(out), buf_free(dout), buf_free(din);
+            buf_free(dw), buf_free(scratch);
+            free(x), free(wt), free(b), free(dy), free(dw0), free(hc), free(hg);
         }
 }
 
@@ -1375,12 +1435,16 @@ static const char *step_cfg =
     "[dropout]\np = 0.5\n"
     "[linear]\nname = fc2\noutputs = 5\n"
     "[log_softmax]\n";
-// A small ResNet: stem, an identity and a downsampling block, pooling.
+// A small ResNet: stem, an identity block, a depthwise convolution with its batchnorm
+// (MobileNet's; not right after the stem's batchnorm, whose weight it would leave without a
+// gradient: batchnorm undoes a channel's scale), a downsampling block, pooling.
 static const char *step_resnet_cfg =
     "[conv]\nname = conv1\nfilters = 6\nsize = 3\npad = 1\nbias = 0\n"
     "[batchnorm]\nname = bn1\nactivation = relu\n"
     "[maxpool]\nname = maxpool\nsize = 3\nstride = 2\npad = 1\n"
     "[residual]\nname = layer1.0\nfilters = 6\n"
+    "[conv]\nname = dw\nfilters = 6\nsize = 3\npad = 1\ngroups = 6\nbias = 0\n"
+    "[batchnorm]\nname = dw_bn\nactivation = relu\n"
     "[residual]\nname = layer2.0\nfilters = 8\nstride = 2\n"
     "[global_avgpool]\nname = avgpool\n[flatten]\n"
     "[linear]\nname = fc\noutputs = 5\n"
@@ -1947,6 +2011,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemm_reduced),
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_conv_direct),
+        cmocka_unit_test(test_conv_grouped),
         cmocka_unit_test(test_winograd),
         cmocka_unit_test(test_bias_act),
         cmocka_unit_test(test_relu),

@@ -100,6 +100,7 @@ struct Case {
     int K, stride, pad;  // conv and pooling
     bool relu;           // conv, linear and batchnorm with activation = relu
     bool nobias;         // conv with bias = 0
+    int groups;          // conv: channel groups (1 or 0: none)
     RefFwd ref;
     RefBwd refb;  // analytic double backward, or NULL
     bool fd;      // check against finite differences (small cases only)
@@ -492,6 +493,29 @@ static void conv_ref(const Case *c, double *out) {
     for (int64_t i = 0; i < c->nout && c->relu; i++) out[i] = out[i] < 0 ? 0 : out[i];
 }
 
+// Grouped convolution as PyTorch defines it, by its own loops: output channel oc reads the
+// C / G input channels from (oc / (OC / G)) * C / G on; w (OC, C / G, K, K).
+static void grouped_ref(const Case *c, double *out) {
+    const Shape in = c->l->in, o = c->l->out;
+    const int K = c->K, S = c->stride, P = c->pad, Cg = in.c / c->groups, Mg = o.c / c->groups;
+    for (int n = 0; n < c->N; n++)
+        for (int oh = 0; oh < o.h; oh++)
+            for (int ow = 0; ow < o.w; ow++)
+                for (int oc = 0; oc < o.c; oc++) {
+                    double s = c->nobias ? 0.0 : c->w[1][oc];
+                    for (int ci = 0; ci < Cg; ci++)
+                        for (int kh = 0; kh < K; kh++)
+                            for (int kw = 0; kw < K; kw++) {
+                                const int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                                if (ih < 0 || ih >= in.h || iw < 0 || iw >= in.w) continue;
+                                s += c->x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + oc / Mg * Cg + ci] *
+                                     c->w[0][((oc * Cg + ci) * K + kh) * K + kw];
+                            }
+                    const double v = c->relu && s < 0 ? 0 : s;
+                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc] = v;
+                }
+}
+
 // The adjoint of conv_ref's loops, written out: dz = R masked by relu; db = sum dz;
 // dw[oc,c,kh,kw] = sum dz * x; dx[pixel] = sum dz * w.
 static void conv_ref_backward(const Case *c, const double *R, double *dx, double **dw) {
@@ -836,6 +860,154 @@ static void test_conv_chunked_batch(void **state) {
     // 69,120 inputs would take too long; the reference backward is checked against them
     // in the small cases).
     check_conv(&s, false, 70);
+}
+
+// ---- grouped and depthwise conv -------------------------------------------------------------
+
+typedef struct GroupSpec {
+    int N, C, H, W, OC, K, stride, pad, groups;
+    bool relu, nobias;
+} GroupSpec;
+
+static void grouped_text(char *text, size_t n, const GroupSpec *s) {
+    snprintf(text, n, "[conv]\nname = features.2.conv.1.0\nfilters = %d\nsize = %d\nstride = %d\npad = %d\n"
+             "activation = %s\nbias = %d\ngroups = %d\n", s->OC, s->K, s->stride, s->pad,
+             s->relu ? "relu" : "none", !s->nobias, s->groups);
+}
+
+static void check_grouped(const GroupSpec *s, bool fd, uint64_t seed) {
+    char text[256];
+    grouped_text(text, sizeof text, s);
+    Case c;
+    case_init(&c, &conv_ops, text, (Shape){.c = s->C, .h = s->H, .w = s->W}, s->N);
+    assert_string_equal(c.l->ops->type, "conv");
+    assert_int_equal(c.l->out.c, s->OC);
+    assert_int_equal(c.l->out.h, (s->H + 2 * s->pad - s->K) / s->stride + 1);
+    assert_int_equal(c.l->out.w, (s->W + 2 * s->pad - s->K) / s->stride + 1);
+    assert_int_equal(c.l->nparams, s->nobias ? 1 : 2);
+    // PyTorch's names and shapes: weight (OC, C / groups, K, K).
+    assert_string_equal(c.l->params[0].name, "features.2.conv.1.0.weight");
+    assert_int_equal(c.l->params[0].ndim, 4);
+    assert_int_equal(c.l->params[0].shape[0], s->OC);
+    assert_int_equal(c.l->params[0].shape[1], s->C / s->groups);
+    assert_int_equal(c.l->params[0].shape[2], s->K);
+    assert_int_equal(c.l->params[0].shape[3], s->K);
+    assert_int_equal(c.l->fan_in, s->C / s->groups * s->K * s->K);
+    if (!s->nobias) assert_string_equal(c.l->params[1].name, "features.2.conv.1.0.bias");
+    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu, c.nobias = s->nobias;
+    c.groups = s->groups;
+    c.ref = grouped_ref;
+    c.fd = fd;
+    case_fill_away_from_kinks(&c, seed, fd ? 1e-4 : 1e-6);
+    check_forward(&c);
+    check_backward(&c);
+    case_free(&c);
+}
+
+// Depthwise (groups = C): the CPU's channel-last kernels for one filter per channel, with
+// channel counts that take their vectors of 32 and 8 channels and the scalar rest (43 =
+// 32 + 8 + 3), stride 1 and 2, odd extents (the unread last row and column of a stride-2
+// window), bias or none, ReLU or none; a multiplier of 2 (filters = 2C) and a 5x5 window.
+static void test_conv_depthwise(void **state) {
+    check_grouped(&(GroupSpec){.N = 2, .C = 43, .H = 7, .W = 6, .OC = 43, .K = 3, .stride = 1, .pad = 1,
+                               .groups = 43, .nobias = true}, true, 90);
+    check_grouped(&(GroupSpec){.N = 2, .C = 43, .H = 7, .W = 8, .OC = 43, .K = 3, .stride = 2, .pad = 1,
+                               .groups = 43, .relu = true}, true, 91);
+    check_grouped(&(GroupSpec){.N = 3, .C = 8, .H = 8, .W = 7, .OC = 8, .K = 3, .stride = 2, .pad = 0,
+                               .groups = 8, .relu = false}, true, 92);
+    check_grouped(&(GroupSpec){.N = 2, .C = 5, .H = 6, .W = 5, .OC = 10, .K = 3, .stride = 1, .pad = 1,
+                               .groups = 5, .relu = true}, true, 93);
+    check_grouped(&(GroupSpec){.N = 2, .C = 6, .H = 7, .W = 7, .OC = 12, .K = 3, .stride = 2, .pad = 1,
+                               .groups = 6, .nobias = true}, true, 94);
+    check_grouped(&(GroupSpec){.N = 2, .C = 9, .H = 9, .W = 8, .OC = 9, .K = 5, .stride = 1, .pad = 2,
+                               .groups = 9, .relu = true}, true, 95);
+    // A MobileNetV2 block's shape, smaller: the forward against the reference and the
+    // backward's contract (finite differences over 75,000 inputs would take too long; the
+    // small cases check the gradients of the same kernels).
+    check_grouped(&(GroupSpec){.N = 4, .C = 96, .H = 14, .W = 14, .OC = 96, .K = 3, .stride = 1, .pad = 1,
+                               .groups = 96, .nobias = true}, false, 96);
+}
+
+// Groups of several channels: 2 and 4 groups, with as many and with more filters than
+// input channels, stride 2.
+static void test_conv_grouped(void **state) {
+    check_grouped(&(GroupSpec){.N = 2, .C = 4, .H = 6, .W = 5, .OC = 6, .K = 3, .stride = 1, .pad = 1,
+                               .groups = 2, .relu = true}, true, 100);
+    check_grouped(&(GroupSpec){.N = 2, .C = 8, .H = 7, .W = 6, .OC = 8, .K = 3, .stride = 2, .pad = 1,
+                               .groups = 4, .nobias = true}, true, 101);
+    check_grouped(&(GroupSpec){.N = 2, .C = 8, .H = 5, .W = 5, .OC = 12, .K = 1, .stride = 1, .pad = 0,
+                               .groups = 4}, true, 102);
+}
+
+// Errors name the key: groups must divide both channel counts, and `algorithm` is conv's.
+static void test_conv_grouped_errors(void **state) {
+    const struct { const char *text; const char *says; } bad[] = {
+        {"[conv]\nfilters = 6\nsize = 3\ngroups = 4\n", "groups = 4 must divide the input channels (8) and filters (6)"},
+        {"[conv]\nfilters = 8\nsize = 3\ngroups = 3\n", "groups = 3 must divide"},
+        {"[conv]\nfilters = 8\nsize = 3\ngroups = 8\nalgorithm = winograd\n", "algorithm = winograd is for groups = 1"},
+        {"[conv]\nfilters = 8\nsize = 3\ngroups = 0\n", "groups"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        Cfg cfg;
+        Error err = {{0}};
+        if (cfg_parse(&cfg, bad[i].text, "<test>", &err)) fail_msg("cfg_parse: %s", err.msg);
+        Layer *l = NULL;
+        const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = {.c = 8, .h = 6, .w = 6}};
+        assert_int_equal(conv_ops.create(&l, &a, &err), -1);
+        if (!strstr(err.msg, bad[i].says)) fail_msg("'%s' does not say '%s'", err.msg, bad[i].says);
+        cfg_free(&cfg);
+    }
+}
+
+// Forward and din do not depend on the thread count (each output is its own sum); the
+// weight gradient's shares do, and a given count repeats its bits. 1 thread and 2 against
+// each other and themselves, through the layer.
+static void test_conv_grouped_threads(void **state) {
+    const GroupSpec s = {.N = 5, .C = 40, .H = 9, .W = 9, .OC = 40, .K = 3, .stride = 1, .pad = 1, .groups = 40,
+                         .relu = true};
+    char text[256];
+    grouped_text(text, sizeof text, &s);
+    float *out[3], *din[3], *dw[3];
+    for (int run = 0; run < 3; run++) {
+        cpu_set_threads(run == 0 ? 1 : 2);
+        Case c;
+        case_init(&c, &conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W}, s.N);
+        case_fill(&c, 110);
+        LayerCtx ctx = case_ctx(&c);
+        case_forward(&c, &ctx, c.out, c.in);
+        out[run] = xmalloc((size_t)c.nout * sizeof(float));
+        memcpy(out[run], c.out, (size_t)c.nout * sizeof(float));
+        memcpy(c.dout, c.rf, (size_t)c.nout * sizeof(float));
+        memset(c.g[0], 0, (size_t)c.np[0] * sizeof(float));
+        memset(c.g[1], 0, (size_t)c.np[1] * sizeof(float));
+        case_backward(&c, &ctx, c.din, c.dout);
+        din[run] = xmalloc((size_t)c.nin * sizeof(float));
+        memcpy(din[run], c.din, (size_t)c.nin * sizeof(float));
+        dw[run] = xmalloc((size_t)c.np[0] * sizeof(float));
+        memcpy(dw[run], c.g[0], (size_t)c.np[0] * sizeof(float));
+        const int64_t nout = c.nout, nin = c.nin, nw = c.np[0];
+        case_free(&c);
+        if (run == 0) continue;
+        assert_memory_equal(out[0], out[run], (size_t)nout * sizeof(float));
+        assert_memory_equal(din[0], din[run], (size_t)nin * sizeof(float));
+        if (run == 2) assert_memory_equal(dw[1], dw[2], (size_t)nw * sizeof(float));
+    }
+    cpu_set_threads(2);
+    for (int run = 0; run < 3; run++) free(out[run]), free(din[run]), free(dw[run]);
+}
+
+// The workspace: each share's weight gradient (2 shares, the suite's 2 threads), rounded to
+// 16 floats; nothing else on the CPU.
+static void test_conv_grouped_workspace(void **state) {
+    const GroupSpec s = {.N = 8, .C = 30, .H = 10, .W = 10, .OC = 30, .K = 3, .stride = 1, .pad = 1, .groups = 30};
+    char text[256];
+    grouped_text(text, sizeof text, &s);
+    Layer *l = layer_from_text(&conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W});
+    assert_int_equal(cpu_kernels()->shard_count(), 2);
+    assert_int_equal(l->ops->workspace_bytes(l, cpu_kernels(), s.N), 2 * 272 * sizeof(float));  // 270 -> 272
+    assert_int_equal(l->ops->din_over_in(l), true);
+    assert_int_equal(l->ops->backward_reads(l), BACKWARD_READS_IN);
+    layer_free(l);
 }
 
 // im2col and col2im on their own, against direct loops: im2col exactly (it only copies),
@@ -1615,6 +1787,11 @@ int main(void) {
         cmocka_unit_test(test_conv_unused_border),
         cmocka_unit_test(test_conv_chunked_batch),
         cmocka_unit_test(test_conv_winograd),
+        cmocka_unit_test(test_conv_depthwise),
+        cmocka_unit_test(test_conv_grouped),
+        cmocka_unit_test(test_conv_grouped_errors),
+        cmocka_unit_test(test_conv_grouped_threads),
+        cmocka_unit_test(test_conv_grouped_workspace),
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_relu),

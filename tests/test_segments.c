@@ -41,6 +41,20 @@ static const char *resnet =
     "[global_avgpool]\nname = avgpool\n[flatten]\n"
     "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
 
+// MobileNetV2's pieces: a stem, an inverted residual's depthwise convolution (stride 2)
+// with batchnorm and ReLU, a pointwise projection, a depthwise convolution with two filters
+// per channel and a ReLU of its own, pooling and a classifier.
+static const char *mobile =
+    "[conv]\nname = features.0.0\nfilters = 8\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = features.0.1\nactivation = relu\n"
+    "[conv]\nname = features.1.conv.0.0\nfilters = 8\nsize = 3\nstride = 2\npad = 1\ngroups = 8\nbias = 0\n"
+    "[batchnorm]\nname = features.1.conv.0.1\nactivation = relu\n"
+    "[conv]\nname = features.1.conv.1\nfilters = 6\nsize = 1\nbias = 0\n"
+    "[batchnorm]\nname = features.1.conv.2\n"
+    "[conv]\nname = dw2\nfilters = 12\nsize = 3\npad = 1\ngroups = 6\nactivation = relu\n"
+    "[global_avgpool]\n[flatten]\n"
+    "[linear]\nname = classifier\noutputs = classes\n[log_softmax]\n";
+
 // A deep plain net with dropout between convolutions (so that masks are recomputed inside
 // segments) and a standalone relu.
 static char deep_net[8192];
@@ -259,6 +273,22 @@ static void test_resnet_fp16_bitwise(void **state) {
     net_free(&probe);
     cfg_free(&cfg);
     expect_equal_gradients(resnet, in, 9, DT_F16);
+}
+
+// Depthwise convolutions (nn/conv_grouped.c) under checkpointing: each share's weight
+// gradient summed over a pass and added in share order, recomputation, fp16 chunks (at
+// 3x120x120 the stem's outputs make chunks of several samples).
+static void test_mobile_bitwise(void **state) {
+    expect_equal_gradients(mobile, (Shape){.c = 3, .h = 11, .w = 10}, 6, DT_F32);
+    const Shape in = {.c = 3, .h = 120, .w = 120};
+    Net probe;
+    Cfg cfg;
+    build(&probe, &cfg, mobile, in, 7, 0, DT_F16);
+    const int chunk = exec_chunk(&probe.exec, probe.layers[0], 7);
+    net_free(&probe);
+    cfg_free(&cfg);
+    assert_true(chunk > 1 && chunk < 7);
+    expect_equal_gradients(mobile, in, 7, DT_F16);
 }
 
 // Compressed activations: the records live from the forward (or recomputation) that
@@ -782,6 +812,7 @@ int main(void) {
         cmocka_unit_test(test_fp16_bitwise),
         cmocka_unit_test(test_resnet_bitwise),
         cmocka_unit_test(test_resnet_fp16_bitwise),
+        cmocka_unit_test(test_mobile_bitwise),
         cmocka_unit_test(test_byte_input_bitwise),
         cmocka_unit_test(test_compressed_bitwise),
         cmocka_unit_test(test_deep_cfg_saving),
