@@ -12,6 +12,7 @@
 // decision 16); with several shares each sums its own weight gradient over the pass, and
 // the last call of the pass adds them in share order: the bits depend on the thread count
 // alone.
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,12 +121,13 @@ typedef struct CgPass {
     float *out, *din, *dy;
     const float *in;
     bool first;  // backward: the pass's first call (the shares' sums start from zero)
+    int chunk;   // backward: images a chunk (cg_chunk)
 } CgPass;
 
 static void cg_forward_shard(void *arg, int s, int64_t lo, int64_t hi) {
     const CgPass *p = arg;
     const Layer *l = &p->c->base;
-    if (hi == lo) return;
+    if (hi == lo) return;  // fewer images than shares
     p->k->conv_grouped_forward(p->out + lo * shape_numel(l->out), p->in + lo * shape_numel(l->in),
                                l->params[0].data, cg_bias(p->c), cg_geometry(p->c, (int)(hi - lo)),
                                p->c->groups, p->c->act);
@@ -137,8 +139,9 @@ static void cg_forward(Layer *l, const LayerCtx *ctx, float *out, const float *i
     ctx->k->shards(N, cg_forward_shard, &p);
 }
 
-// A share's weight gradient (into its part, or the layer's with one share), then its
-// input gradient: it reads its images' input before it writes their din.
+// A share's images a chunk at a time: their weight gradient (into the share's part, or the
+// layer's with one share), then their input gradient (each chunk's input is read before
+// its din is written).
 static void cg_backward_shard(void *arg, int s, int64_t lo, int64_t hi) {
     const CgPass *p = arg;
     const Layer *l = &p->c->base;
@@ -148,13 +151,25 @@ static void cg_backward_shard(void *arg, int s, int64_t lo, int64_t hi) {
         dw = p->w.parts + s * p->w.part_floats;
         if (p->first) k->zero(dw, (size_t)p->w.part_floats * sizeof(float));
     }
-    if (hi == lo) return;
-    const ConvGeometry g = cg_geometry(p->c, (int)(hi - lo));
-    const float *dy = p->dy + lo * shape_numel(l->out);
-    if (dw)
-        k->conv_grouped_backward_weight(dw, p->w.scratch + s * p->w.scratch_floats, dy,
-                                        p->in + lo * shape_numel(l->in), g, p->c->groups);
-    if (p->din) k->conv_grouped_backward_data(p->din + lo * shape_numel(l->in), dy, l->params[0].data, g, p->c->groups);
+    for (int64_t n0 = lo; n0 < hi; n0 += p->chunk) {
+        const int n = (int)(hi - n0 < p->chunk ? hi - n0 : p->chunk);
+        const ConvGeometry g = cg_geometry(p->c, n);
+        const float *dy = p->dy + n0 * shape_numel(l->out);
+        if (dw)
+            k->conv_grouped_backward_weight(dw, p->w.scratch + s * p->w.scratch_floats, dy,
+                                            p->in + n0 * shape_numel(l->in), g, p->c->groups);
+        if (p->din)
+            k->conv_grouped_backward_data(p->din + n0 * shape_numel(l->in), dy, l->params[0].data, g, p->c->groups);
+    }
+}
+
+// Images a chunk of backward: as many as the table's chunk_bytes hold of their output
+// gradient and input (at least one), so that the input gradient reads the output gradient
+// from the caches where the weight gradient left it.
+static int cg_chunk(const ConvGrouped *c, const Kernels *k) {
+    const size_t per_image = (size_t)(shape_numel(c->base.out) + shape_numel(c->base.in)) * sizeof(float);
+    const size_t n = k->chunk_bytes / per_image;
+    return n < 1 ? 1 : n > INT_MAX ? INT_MAX : (int)n;
 }
 
 // dout becomes dy = dout * act'(out) in place (the bias's gradient summed with it), then
@@ -165,7 +180,7 @@ static void cg_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout, 
     const Kernels *k = ctx->k;
     k->bias_act_backward(cg_dbias(c), dout, out, (int64_t)N * l->out.h * l->out.w, c->filters, c->act);
     CgPass p = {.c = c, .k = k, .w = cg_space(c, k, ctx->workspace, N), .din = din, .dy = dout, .in = in,
-                .first = !ctx->after_first};
+                .first = !ctx->after_first, .chunk = cg_chunk(c, k)};
     k->shards(N, cg_backward_shard, &p);
     if (l->grads[0] && p.w.shards > 1 && !ctx->before_last)
         k->add_parts(l->grads[0], p.w.parts, p.w.shards, tensor_numel(&l->params[0]), p.w.part_floats);
