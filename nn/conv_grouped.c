@@ -99,10 +99,15 @@ typedef struct CgSpace {
     int64_t scratch_floats, part_floats;
 } CgSpace;
 
+static int cg_chunk(const ConvGrouped *c, const Kernels *k);
+
+// The workspace's layout for calls of at most N images on k (workspace NULL: the sizes
+// alone). A share's kernels see a chunk of its images at a time.
 static CgSpace cg_space(const ConvGrouped *c, const Kernels *k, void *workspace, int N) {
     CgSpace w = {.shards = k->shard_count()};
-    const int share = (N + w.shards - 1) / w.shards;
-    w.scratch_floats = (k->conv_grouped_scratch_floats(cg_geometry(c, share), c->groups) + 15) / 16 * 16;
+    const int share = (N + w.shards - 1) / w.shards, chunk = cg_chunk(c, k);
+    w.scratch_floats =
+        (k->conv_grouped_scratch_floats(cg_geometry(c, share < chunk ? share : chunk), c->groups) + 15) / 16 * 16;
     w.part_floats = w.shards > 1 ? cg_part_floats(c) : 0;
     w.parts = workspace;
     w.scratch = workspace ? w.parts + w.shards * w.part_floats : NULL;

@@ -516,6 +516,36 @@ static void grouped_ref(const Case *c, double *out) {
                 }
 }
 
+// The adjoint of grouped_ref's loops, as conv_ref_backward's.
+static void grouped_ref_backward(const Case *c, const double *R, double *dx, double **dw) {
+    const Shape in = c->l->in, o = c->l->out;
+    const int K = c->K, S = c->stride, P = c->pad, Cg = in.c / c->groups, Mg = o.c / c->groups;
+    double *y = xmalloc((size_t)c->nout * sizeof(double));
+    grouped_ref(c, y);
+    memset(dx, 0, (size_t)c->nin * sizeof(double));
+    memset(dw[0], 0, (size_t)c->np[0] * sizeof(double));
+    if (!c->nobias) memset(dw[1], 0, (size_t)c->np[1] * sizeof(double));
+    for (int n = 0; n < c->N; n++)
+        for (int oh = 0; oh < o.h; oh++)
+            for (int ow = 0; ow < o.w; ow++)
+                for (int oc = 0; oc < o.c; oc++) {
+                    const int64_t oi = (((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc;
+                    const double dz = c->relu && y[oi] <= 0 ? 0 : R[oi];
+                    if (!c->nobias) dw[1][oc] += dz;
+                    for (int ci = 0; ci < Cg; ci++)
+                        for (int kh = 0; kh < K; kh++)
+                            for (int kw = 0; kw < K; kw++) {
+                                const int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                                if (ih < 0 || ih >= in.h || iw < 0 || iw >= in.w) continue;
+                                const int64_t xi = (((int64_t)n * in.h + ih) * in.w + iw) * in.c + oc / Mg * Cg + ci;
+                                const int wi = ((oc * Cg + ci) * K + kh) * K + kw;
+                                dw[0][wi] += dz * c->x[xi];
+                                dx[xi] += dz * c->w[0][wi];
+                            }
+                }
+    free(y);
+}
+
 // The adjoint of conv_ref's loops, written out: dz = R masked by relu; db = sum dz;
 // dw[oc,c,kh,kw] = sum dz * x; dx[pixel] = sum dz * w.
 static void conv_ref_backward(const Case *c, const double *R, double *dx, double **dw) {
@@ -897,6 +927,7 @@ static void check_grouped(const GroupSpec *s, bool fd, uint64_t seed) {
     c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu, c.nobias = s->nobias;
     c.groups = s->groups;
     c.ref = grouped_ref;
+    c.refb = grouped_ref_backward;
     c.fd = fd;
     case_fill_away_from_kinks(&c, seed, fd ? 1e-4 : 1e-6);
     check_forward(&c);
@@ -921,11 +952,15 @@ static void test_conv_depthwise(void **state) {
                                .groups = 6, .nobias = true}, true, 94);
     check_grouped(&(GroupSpec){.N = 2, .C = 9, .H = 9, .W = 8, .OC = 9, .K = 5, .stride = 1, .pad = 2,
                                .groups = 9, .relu = true}, true, 95);
-    // A MobileNetV2 block's shape, smaller: the forward against the reference and the
-    // backward's contract (finite differences over 75,000 inputs would take too long; the
-    // small cases check the gradients of the same kernels).
+    // Larger, against the reference backward alone (finite differences would take too long;
+    // the small cases check the reference against them): a MobileNetV2 block's shape, and
+    // one whose images are each a chunk of backward (2 * 64 x 48 x 48 floats of input and
+    // output gradient per image, past the CPU's 2 MB chunk_bytes), 3 chunks in each of the
+    // 2 threads' shares, the weight gradient summed over them.
     check_grouped(&(GroupSpec){.N = 4, .C = 96, .H = 14, .W = 14, .OC = 96, .K = 3, .stride = 1, .pad = 1,
                                .groups = 96, .nobias = true}, false, 96);
+    check_grouped(&(GroupSpec){.N = 6, .C = 64, .H = 48, .W = 48, .OC = 64, .K = 3, .stride = 2, .pad = 1,
+                               .groups = 64, .relu = true}, false, 97);
 }
 
 // Groups of several channels: 2 and 4 groups, with as many and with more filters than
