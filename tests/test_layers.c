@@ -37,8 +37,8 @@
 #define FD_H 1e-6
 #define FWD_TOL 1e-5   // forward: max abs error / max |reference|
 #define GRAD_TOL 1e-4  // backward: max abs error / max(1, max |gradient|)
-#define MAXNODES 8
-#define MAXP 16  // parameter tensors of a layer and its children
+#define MAXNODES 16
+#define MAXP 24  // parameter tensors of a layer and its children
 
 // The CPU table's chunk_bytes (nn/cpu_kernels.c): the im2col workspace of one chunk of
 // images; the workspace tests check that the table says so.
@@ -625,6 +625,47 @@ static void residual_ref(const Case *c, double *out) {
     for (int64_t i = 0; i < no; i++) out[i] += s[i];
     relu_d(out, no);
     free(a), free(b), free(s);
+}
+
+// torchvision's Bottleneck: relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x)),
+// conv1 and conv3 1x1, conv2 3x3 with the stride; the shortcut a 1x1 convolution with the
+// stride and a batchnorm when it has 12 tensors, else the identity.
+static void bottleneck_ref(const Case *c, double *out) {
+    const Shape in = c->l->in, o = c->l->out;
+    const Shape m1 = {.c = o.c / 4, .h = in.h, .w = in.w}, m2 = {.c = o.c / 4, .h = o.h, .w = o.w};
+    const int64_t no = c->nout, rows1 = (int64_t)c->N * in.h * in.w, rows = no / o.c;
+    const size_t big = (size_t)(no > rows1 * m1.c ? no : rows1 * m1.c);
+    double *a = xmalloc(big * sizeof(double)), *b = xmalloc(big * sizeof(double));
+    double *s = xmalloc((size_t)no * sizeof(double));
+    conv_d(a, c->x, c->w[0], NULL, c->N, in, m1, 1, 1, 0);
+    bn_d(b, a, c->w[1], c->w[2], rows1, m1.c, true, NULL, NULL);
+    conv_d(a, b, c->w[3], NULL, c->N, m1, m2, 3, c->stride, 1);
+    bn_d(b, a, c->w[4], c->w[5], rows, m2.c, true, NULL, NULL);
+    conv_d(a, b, c->w[6], NULL, c->N, m2, o, 1, 1, 0);
+    bn_d(out, a, c->w[7], c->w[8], rows, o.c, false, NULL, NULL);
+    if (c->nt == 12) {
+        conv_d(a, c->x, c->w[9], NULL, c->N, in, o, 1, c->stride, 0);
+        bn_d(s, a, c->w[10], c->w[11], rows, o.c, false, NULL, NULL);
+    } else {
+        memcpy(s, c->x, (size_t)no * sizeof(double));
+    }
+    for (int64_t i = 0; i < no; i++) out[i] += s[i];
+    relu_d(out, no);
+    free(a), free(b), free(s);
+}
+
+// A general [block] without a shortcut's layers: body conv 3x3 (pad 1, with a bias) and
+// batchnorm with a ReLU, then a 1x1 convolution; out = body(x) + x, no activation.
+static void block_ref(const Case *c, double *out) {
+    const Shape in = c->l->in;
+    const Shape m = {.c = c->t[0]->shape[0], .h = in.h, .w = in.w};
+    const int64_t no = c->nout, rows = no / in.c;
+    double *a = xmalloc((size_t)(rows * m.c) * sizeof(double)), *b = xmalloc((size_t)(rows * m.c) * sizeof(double));
+    conv_d(a, c->x, c->w[0], c->w[1], c->N, in, m, 3, 1, 1);
+    bn_d(b, a, c->w[2], c->w[3], rows, m.c, true, NULL, NULL);
+    conv_d(out, b, c->w[4], NULL, c->N, m, in, 1, 1, 0);
+    for (int64_t i = 0; i < no; i++) out[i] += c->x[i];
+    free(a), free(b);
 }
 
 // PyTorch's flatten of (N, C, H, W): out[n, (c*H + h)*W + w] = x[n, h, w, c].
@@ -1230,6 +1271,91 @@ static void check_residual(int N, int C, int H, int W, int filters, int stride, 
     case_free(&c);
 }
 
+static void check_block_fd(Case *c, uint64_t seed) {
+    c->fd = true;
+    double *z = xmalloc((size_t)c->nout * sizeof(double));
+    for (int tries = 0;; tries++) {  // no ReLU input within reach of a finite-difference step
+        assert_true(tries < 100);
+        case_fill(c, seed + (uint64_t)tries);
+        g_kink_margin = INFINITY;
+        c->ref(c, z);
+        if (g_kink_margin > 1e-4) break;
+    }
+    free(z);
+    check_forward(c);
+    check_backward(c);
+}
+
+static void check_bottleneck(int N, int C, int H, int W, int planes, int stride, int nt, uint64_t seed) {
+    char text[160];
+    snprintf(text, sizeof text, "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = %d\n"
+             "stride = %d\n", planes, stride);
+    Case c;
+    case_init(&c, &residual_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
+    static const char *const names[] = {
+        "layer1.0.conv1.weight", "layer1.0.bn1.weight", "layer1.0.bn1.bias",
+        "layer1.0.conv2.weight", "layer1.0.bn2.weight", "layer1.0.bn2.bias",
+        "layer1.0.conv3.weight", "layer1.0.bn3.weight", "layer1.0.bn3.bias",
+        "layer1.0.downsample.0.weight", "layer1.0.downsample.1.weight", "layer1.0.downsample.1.bias"};
+    assert_int_equal(c.nt, nt);
+    for (int j = 0; j < nt; j++) assert_string_equal(c.t[j]->name, names[j]);
+    assert_string_equal(c.l->children[5]->buffers[0].name, "layer1.0.bn3.running_mean");
+    assert_int_equal(c.l->out.c, 4 * planes);
+    assert_int_equal(c.l->out.h, (H + 2 - 3) / stride + 1);
+    c.stride = stride;
+    c.ref = bottleneck_ref;
+    check_block_fd(&c, seed);
+    case_free(&c);
+}
+
+// The general block: the same bits whether written out or made by [residual]; members named
+// under the block, by their place where they have no name; errors for lists that cannot be.
+static void test_block(void **state) {
+    check_bottleneck(2, 3, 4, 4, 2, 1, 12, 350);  // 3 channels into 8: downsample
+    check_bottleneck(2, 8, 5, 4, 2, 2, 12, 351);  // stride 2
+    check_bottleneck(2, 8, 4, 3, 2, 1, 9, 352);   // identity shortcut
+
+    Case c;
+    case_init(&c, &block_ops,
+              "[block]\nname = blk\n[conv]\nfilters = 5\nsize = 3\npad = 1\n[batchnorm]\nactivation = relu\n"
+              "[conv]\nname = proj\nfilters = 3\nsize = 1\nbias = 0\n[end]\n",
+              (Shape){.c = 3, .h = 4, .w = 3}, 2);
+    static const char *const names[] = {"blk.0.weight", "blk.0.bias", "blk.1.weight", "blk.1.bias",
+                                        "blk.proj.weight"};
+    assert_int_equal(c.nt, 5);
+    for (int j = 0; j < 5; j++) assert_string_equal(c.t[j]->name, names[j]);
+    c.ref = block_ref;
+    check_block_fd(&c, 353);
+    case_free(&c);
+
+    static const struct {
+        const char *text, *says;
+    } bad[] = {
+        {"[block]\n[conv]\nfilters = 3\nsize = 1\n", "has no [end]"},
+        {"[block]\n[end]\n", "has no body"},
+        {"[block]\n[conv]\nfilters = 4\nsize = 1\n[end]\n", "cannot add"},
+        {"[block]\nadd = 0\n[conv]\nfilters = 4\nsize = 1\n[shortcut]\n[conv]\nfilters = 4\nsize = 1\n[end]\n",
+         "nothing would read it"},
+        {"[block]\n[conv]\nfilters = 3\nsize = 1\n[shortcut]\n[end]\n", "no layers after it"},
+        {"[block]\n[conv]\nfilters = 3\nsize = 1\n[shortcut]\n[shortcut]\n[conv]\nfilters = 3\nsize = 1\n[end]\n",
+         "a second [shortcut]"},
+        {"[block]\nadd = auto\nactivation = relu\n[conv]\nfilters = 4\nsize = 1\n[end]\n", "adds nothing"},
+        {"[block]\n[train]\n[end]\n", "inside the [block]"},
+        {"[block]\n[pool]\n[end]\n", "unknown section [pool]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        Cfg cfg;
+        Error err = {{0}};
+        assert_int_equal(cfg_parse(&cfg, bad[i].text, "t.cfg", &err), 0);
+        Layer *l = NULL;
+        const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = {.c = 3, .h = 4, .w = 4}};
+        assert_int_equal(block_ops.create(&l, &a, &err), -1);
+        if (!strstr(err.msg, bad[i].says)) fail_msg("%s: %s", bad[i].text, err.msg);
+        assert_non_null(strstr(err.msg, "t.cfg:"));
+        cfg_free(&cfg);
+    }
+}
+
 static void test_residual(void **state) {
     check_residual(2, 3, 4, 4, 3, 1, "auto", 6, 340);  // identity shortcut
     check_residual(2, 3, 5, 4, 4, 2, "auto", 9, 341);  // stride 2 and more channels: downsample
@@ -1624,6 +1750,7 @@ int main(void) {
         cmocka_unit_test(test_global_avgpool),
         cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_block),
         cmocka_unit_test(test_batchnorm_sums_chunked),
         cmocka_unit_test(test_flatten_permutation),
         cmocka_unit_test(test_log_softmax),

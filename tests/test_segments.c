@@ -535,7 +535,7 @@ static void flat_costs(CostTable *t, const Cfg *cfg, Shape in) {
     if (net_create(&net, cfg, in, 10, &opt, cpu_kernels(), &err) || cost_init(t, &net, &err)) fail_msg("%s", err.msg);
     for (int i = 0; i < t->nlayers; i++)
         for (int k = 0; k < CALL_SWEEP_FORWARD; k++)
-            if (net.modules[i]->ops != &residual_ops)
+            if (!net.modules[i]->ops->expand)
                 t->call[i][k] = (CallCost){.calls_at = {1}, .fixed = 1e-5, .per = 1e-6};
     t->value = (CallCost){.calls_at = {1}, .fixed = 1e-6, .per = 1e-9};
     net_free(&net);
