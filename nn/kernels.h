@@ -19,8 +19,24 @@
 #include "quant.h"
 #include "scaler.h"
 
-typedef enum Activation { ACT_NONE, ACT_RELU, ACT_COUNT } Activation;
-extern const char *const activation_names[ACT_COUNT];
+typedef enum Activation { ACT_NONE, ACT_RELU, ACT_RELU6, ACT_COUNT } Activation;
+extern const char *const activation_names[ACT_COUNT];  // "none", "relu", "relu6"
+
+// The activations, one definition for the CPU, the CUDA kernels and their host replay.
+// ReLU max(x, 0); ReLU6 min(max(x, 0), 6), PyTorch's nn.ReLU6 (Hardtanh(0, 6)). A NaN gives
+// 0 with both (x > 0 is false), as ReLU's x > 0 ? x : 0 always has.
+// (Selects, not branches: the CPU's loops over them vectorise.)
+HOST_DEVICE static inline float act_apply(Activation act, float x) {
+    const float relu = x > 0.0f ? x : 0.0f, relu6 = relu > 6.0f ? 6.0f : relu;
+    return act == ACT_NONE ? x : act == ACT_RELU ? relu : relu6;
+}
+// Whether the gradient passes: act'(x) = 1, read from the output y = act(x) or from x (the
+// same set: y is 0 iff x <= 0, and 6 iff x >= 6). ReLU where y > 0 (+inf included, as
+// PyTorch's threshold_backward); ReLU6 where 0 < y < 6 (hardtanh_backward: 0 at x <= 0 and
+// at x >= 6); a NaN never; no activation always.
+HOST_DEVICE static inline bool act_passes(Activation act, float y) {
+    return (act == ACT_NONE) | ((y > 0.0f) & ((act == ACT_RELU) | (y < 6.0f)));
+}
 
 // A convolution over N images (H, W, C) -> (OH, OW, OC), K x K windows.
 typedef struct ConvGeometry {
@@ -269,9 +285,10 @@ typedef struct Kernels {
     // output; then, if dbias is non-NULL, dbias (cols) += the column sums of the result.
     void (*bias_act_backward)(float *dbias, float *dout, const float *y, int64_t rows, int cols,
                               Activation act);
-    // out = max(in, 0); din = dout * (out > 0) (din may be dout).
-    void (*relu_forward)(float *out, const float *in, int64_t n);
-    void (*relu_backward)(float *din, const float *dout, const float *out, int64_t n);
+    // out = act(in) for act ACT_RELU or ACT_RELU6 (act_apply); din = dout where act_passes(out),
+    // else 0 (din may be dout).
+    void (*relu_forward)(float *out, const float *in, int64_t n, Activation act);
+    void (*relu_backward)(float *din, const float *dout, const float *out, int64_t n, Activation act);
     // out = act(a + b) (out may be a or b): a residual block's sum.
     void (*add_act)(float *out, const float *a, const float *b, int64_t n, Activation act);
 

@@ -6,8 +6,9 @@
 #include <string.h>
 
 const LayerOps *const layer_types[] = {
-    &conv_ops,           &linear_ops,  &batchnorm_ops, &relu_ops,     &maxpool_ops, &avgpool_ops,
-    &global_avgpool_ops, &dropout_ops, &flatten_ops,   &block_ops,    &residual_ops, &log_softmax_ops};
+    &conv_ops,           &linear_ops,   &batchnorm_ops, &relu_ops,    &relu6_ops,
+    &maxpool_ops,        &avgpool_ops,  &global_avgpool_ops, &dropout_ops, &flatten_ops,
+    &block_ops,          &residual_ops, &log_softmax_ops};
 const int layer_ntypes = sizeof layer_types / sizeof layer_types[0];
 
 const LayerOps *layer_type(const char *section) {

@@ -211,8 +211,8 @@ struct Layer {
 };
 
 // The layer types, in the order of --help.
-extern const LayerOps conv_ops, linear_ops, batchnorm_ops, relu_ops, maxpool_ops, avgpool_ops,
-    global_avgpool_ops, dropout_ops, flatten_ops, block_ops, residual_ops, log_softmax_ops;
+extern const LayerOps conv_ops, linear_ops, batchnorm_ops, relu_ops, relu6_ops, maxpool_ops,
+    avgpool_ops, global_avgpool_ops, dropout_ops, flatten_ops, block_ops, residual_ops, log_softmax_ops;
 extern const LayerOps *const layer_types[];
 extern const int layer_ntypes;
 const LayerOps *layer_type(const char *section);

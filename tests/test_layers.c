@@ -9,7 +9,7 @@
 //             din, dW, db equal central finite differences of L computed on the double
 //             reference (h = 1e-6, so the differences are exact to ~1e-9 for these
 //             piecewise-linear or smooth functions) within 1e-4 * max(1, max|grad|);
-//             inputs are kept away from the kinks of relu and max;
+//             inputs are kept away from the kinks of relu (and relu6's at 6) and max;
 //   contract  parameter gradients accumulate (a second backward doubles them), din is
 //             overwritten (a second backward over garbage gives the same bits), and
 //             din = NULL still gives the parameter gradients.
@@ -98,7 +98,8 @@ struct Case {
     const Tensor *t[MAXP];
     int64_t nin, nout, np[MAXP];
     int K, stride, pad;  // conv and pooling
-    bool relu;           // conv, linear and batchnorm with activation = relu
+    bool relu;           // conv, linear and batchnorm with activation = relu (or relu6)
+    bool relu6;          // with relu: activation = relu6, clipped at 6 as well
     bool nobias;         // conv with bias = 0
     RefFwd ref;
     RefBwd refb;  // analytic double backward, or NULL
@@ -240,20 +241,47 @@ static void case_fill(Case *c, uint64_t seed) {
     case_sync(c);
 }
 
+// The activation of a case, and its reference in double: relu6 clips at 0 and at 6.
+static Activation case_act(const Case *c) { return c->relu6 ? ACT_RELU6 : c->relu ? ACT_RELU : ACT_NONE; }
+static double act_ref(Activation act, double z) {
+    if (act != ACT_NONE && z < 0) return 0;
+    return act == ACT_RELU6 && z > 6 ? 6 : z;
+}
+// Whether the gradient passes at pre-activation z: PyTorch's rule, ReLU where z > 0, ReLU6
+// where 0 < z < 6.
+static bool act_ref_passes(Activation act, double z) {
+    return act == ACT_NONE || (z > 0 && (act == ACT_RELU || z < 6));
+}
+
+// For relu6, the first parameter tensor (the weights; batchnorm's gamma) is scaled by this,
+// so that pre-activations land below 0, between 0 and 6, and above 6.
+#define RELU6_SPREAD 4.0f
+
 // For layers with a relu activation: refills until no pre-activation lies within margin of
-// 0, so that neither float rounding nor a step of FD_H crosses the kink.
+// 0 (nor of 6 with relu6, where some must lie on each side of both kinks), so that neither
+// float rounding nor a step of FD_H crosses a kink.
 static void case_fill_away_from_kinks(Case *c, uint64_t seed, double margin) {
     double *z = xmalloc((size_t)c->nout * sizeof(double));
     for (int tries = 0;; tries++) {
         assert_true(tries < 100);
         case_fill(c, seed + (uint64_t)tries);
         if (!c->relu) break;
-        c->relu = false;
+        if (c->relu6) {
+            for (int64_t i = 0; i < c->np[0]; i++) c->p[0][i] *= RELU6_SPREAD;
+            case_sync(c);
+        }
+        const bool relu6 = c->relu6;
+        c->relu = c->relu6 = false;
         c->ref(c, z);
-        c->relu = true;
+        c->relu = true, c->relu6 = relu6;
         double m = INFINITY;
-        for (int64_t i = 0; i < c->nout; i++) m = fmin(m, fabs(z[i]));
-        if (m >= margin) break;
+        int64_t below = 0, between = 0, above = 0;
+        for (int64_t i = 0; i < c->nout; i++) {
+            m = fmin(m, fabs(z[i]));
+            if (relu6) m = fmin(m, fabs(z[i] - 6));
+            below += z[i] < 0, between += z[i] > 0 && z[i] < 6, above += z[i] > 6;
+        }
+        if (m >= margin && (!relu6 || (below && between && above))) break;
     }
     free(z);
 }
@@ -489,10 +517,11 @@ static void conv_d(double *out, const double *x, const double *w, const double *
 static void conv_ref(const Case *c, double *out) {
     conv_d(out, c->x, c->w[0], c->nobias ? NULL : c->w[1], c->N, c->l->in, c->l->out, c->K,
            c->stride, c->pad);
-    for (int64_t i = 0; i < c->nout && c->relu; i++) out[i] = out[i] < 0 ? 0 : out[i];
+    for (int64_t i = 0; i < c->nout; i++) out[i] = act_ref(case_act(c), out[i]);
 }
 
-// The adjoint of conv_ref's loops, written out: dz = R masked by relu; db = sum dz;
+// The adjoint of conv_ref's loops, written out: dz = R masked by the activation (read from
+// its output y: relu6's y is 0 or 6 exactly where z is on a flat side); db = sum dz;
 // dw[oc,c,kh,kw] = sum dz * x; dx[pixel] = sum dz * w.
 static void conv_ref_backward(const Case *c, const double *R, double *dx, double **dw) {
     const Shape in = c->l->in, o = c->l->out;
@@ -507,7 +536,7 @@ static void conv_ref_backward(const Case *c, const double *R, double *dx, double
             for (int ow = 0; ow < o.w; ow++)
                 for (int oc = 0; oc < o.c; oc++) {
                     const int64_t oi = (((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc;
-                    const double dz = c->relu && y[oi] <= 0 ? 0 : R[oi];
+                    const double dz = act_ref_passes(case_act(c), y[oi]) ? R[oi] : 0;
                     if (!c->nobias) dw[1][oc] += dz;
                     for (int ch = 0; ch < in.c; ch++)
                         for (int kh = 0; kh < K; kh++)
@@ -530,7 +559,7 @@ static void linear_ref(const Case *c, double *out) {
         for (int o = 0; o < O; o++) {
             double s = c->w[1][o];
             for (int i = 0; i < I; i++) s += c->x[(int64_t)n * I + i] * c->w[0][(int64_t)o * I + i];
-            out[(int64_t)n * O + o] = c->relu && s < 0 ? 0 : s;
+            out[(int64_t)n * O + o] = act_ref(case_act(c), s);
         }
 }
 
@@ -603,6 +632,7 @@ static void bn_d(double *out, const double *x, const double *g, const double *b,
 
 static void bn_ref(const Case *c, double *out) {
     bn_d(out, c->x, c->w[0], c->w[1], c->nin / c->l->in.c, c->l->in.c, c->relu, NULL, NULL);
+    for (int64_t i = 0; i < c->nout && c->relu6; i++) out[i] = act_ref(ACT_RELU6, out[i]);
 }
 
 // torchvision's BasicBlock (nn/residual.c) from the double parameters in state_dict order:
@@ -699,13 +729,14 @@ static void log_softmax_ref(const Case *c, double *out) {
 typedef struct ConvSpec {
     int N, C, H, W, OC, K, stride, pad;
     bool relu, nobias;
+    bool relu6;             // activation = relu6 (relu need not be set)
     const char *algorithm;  // NULL: auto
 } ConvSpec;
 
 static void conv_text(char *text, size_t n, const ConvSpec *s) {
     snprintf(text, n, "[conv]\nname = c\nfilters = %d\nsize = %d\nstride = %d\npad = %d\n"
              "activation = %s\nbias = %d\nalgorithm = %s\n", s->OC, s->K, s->stride, s->pad,
-             s->relu ? "relu" : "none", !s->nobias, s->algorithm ? s->algorithm : "auto");
+             s->relu6 ? "relu6" : s->relu ? "relu" : "none", !s->nobias, s->algorithm ? s->algorithm : "auto");
 }
 
 static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
@@ -728,7 +759,8 @@ static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
         assert_string_equal(c.l->params[1].name, "c.bias");
         assert_int_equal(c.l->params[1].shape[0], s->OC);
     }
-    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu, c.nobias = s->nobias;
+    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu || s->relu6, c.nobias = s->nobias;
+    c.relu6 = s->relu6;
     c.ref = conv_ref;
     c.refb = conv_ref_backward;
     c.fd = fd;
@@ -768,6 +800,25 @@ static void test_conv_pointwise(void **state) {
                            .pad = 0, .relu = true}, true, 30);
     check_conv(&(ConvSpec){.N = 3, .C = 4, .H = 2, .W = 5, .OC = 2, .K = 1, .stride = 1,
                            .pad = 0, .relu = false}, true, 31);
+}
+
+// activation = relu6 on every path: the direct kernels (their vector blocks of 32 and 8 and
+// the scalar remainder), im2col + GEMM, the pointwise 1x1, Winograd, without bias.
+static void test_conv_relu6(void **state) {
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
+                           .pad = 1, .relu6 = true}, true, 90);
+    check_conv(&(ConvSpec){.N = 1, .C = 1, .H = 8, .W = 6, .OC = 40, .K = 3, .stride = 1,
+                           .pad = 1, .relu6 = true}, true, 91);
+    check_conv(&(ConvSpec){.N = 1, .C = 3, .H = 7, .W = 7, .OC = 13, .K = 3, .stride = 1,
+                           .pad = 0, .relu6 = true}, false, 92);
+    check_conv(&(ConvSpec){.N = 2, .C = 4, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
+                           .pad = 1, .relu6 = true}, true, 93);
+    check_conv(&(ConvSpec){.N = 2, .C = 5, .H = 4, .W = 3, .OC = 3, .K = 1, .stride = 1,
+                           .pad = 0, .relu6 = true}, true, 94);
+    check_conv(&(ConvSpec){.N = 2, .C = 5, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 1,
+                           .pad = 1, .relu6 = true, .algorithm = "winograd"}, true, 95);
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 6, .W = 5, .OC = 3, .K = 3, .stride = 1,
+                           .pad = 1, .relu6 = true, .nobias = true}, true, 96);
 }
 
 static void test_conv_1x1_strided_and_padded(void **state) {
@@ -928,10 +979,10 @@ static void test_im2col_col2im(void **state) {
 
 // ---- linear ----------------------------------------------------------------------------------
 
-static void check_linear(int N, int I, int O, bool relu, uint64_t seed) {
+static void check_linear(int N, int I, int O, Activation act, uint64_t seed) {
     char text[160];
     snprintf(text, sizeof text, "[linear]\nname = fc\noutputs = %d\nactivation = %s\n", O,
-             relu ? "relu" : "none");
+             activation_names[act]);
     Case c;
     case_init(&c, &linear_ops, text, (Shape){.c = I, .h = 1, .w = 1}, N);
     assert_int_equal(c.l->out.c, O);
@@ -942,7 +993,7 @@ static void check_linear(int N, int I, int O, bool relu, uint64_t seed) {
     assert_int_equal(c.l->params[0].shape[0], O);  // PyTorch's (OUT, IN)
     assert_int_equal(c.l->params[0].shape[1], I);
     assert_string_equal(c.l->params[1].name, "fc.bias");
-    c.relu = relu;
+    c.relu = act != ACT_NONE, c.relu6 = act == ACT_RELU6;
     c.ref = linear_ref;
     c.fd = true;
     case_fill_away_from_kinks(&c, seed, 1e-4);
@@ -952,10 +1003,12 @@ static void check_linear(int N, int I, int O, bool relu, uint64_t seed) {
 }
 
 static void test_linear(void **state) {
-    check_linear(3, 7, 5, false, 100);
-    check_linear(4, 9, 6, true, 101);
-    check_linear(1, 1, 1, false, 102);
-    check_linear(5, 40, 3, true, 103);
+    check_linear(3, 7, 5, ACT_NONE, 100);
+    check_linear(4, 9, 6, ACT_RELU, 101);
+    check_linear(1, 1, 1, ACT_NONE, 102);
+    check_linear(5, 40, 3, ACT_RELU, 103);
+    check_linear(4, 9, 6, ACT_RELU6, 104);  // MobileNetV2's classifier activation
+    check_linear(6, 40, 9, ACT_RELU6, 105);
 }
 
 // ---- relu, maxpool, flatten, log_softmax ----------------------------------------------------
@@ -976,6 +1029,68 @@ static void test_relu(void **state) {
         assert_true(c.out[i] == (c.in[i] > 0 ? c.in[i] : 0.0f));
     check_backward(&c);
     case_free(&c);
+}
+
+static void relu6_ref(const Case *c, double *out) {
+    for (int64_t i = 0; i < c->nout; i++) out[i] = act_ref(ACT_RELU6, c->x[i]);
+}
+
+// [relu6], PyTorch's nn.ReLU6: inputs 0.2 apart over [-12, 12], at least 0.1 from 0 and 6.
+static void test_relu6(void **state) {
+    Case c;
+    case_init(&c, &relu6_ops, "[relu6]\n", (Shape){.c = 3, .h = 4, .w = 5}, 2);
+    assert_string_equal(c.l->name, "relu61");  // the default name: type and count
+    assert_int_equal(c.l->nparams, 0);
+    rng_seed(201);
+    fill_distinct(c.in, c.nin);
+    for (int64_t i = 0; i < c.nin; i++) c.in[i] *= 20;
+    fill_uniform(c.rf, c.nout, -1, 1);
+    case_sync(&c);
+    c.ref = relu6_ref;
+    c.fd = true;
+    check_forward(&c);
+    for (int64_t i = 0; i < c.nout; i++)  // exact, not just close
+        assert_true(c.out[i] == (c.in[i] > 6 ? 6.0f : c.in[i] > 0 ? c.in[i] : 0.0f));
+    check_backward(&c);
+    case_free(&c);
+}
+
+// The activations' elementwise kernels at and around the kinks: forward exactly clamp(x),
+// NaN to 0 as ReLU's; the gradient PyTorch's hardtanh_backward (0 at x <= 0 and x >= 6),
+// read from the output; add_act and the in-place mask that a sum's backward uses.
+static void test_relu6_kernels(void **state) {
+    const Kernels *k = cpu_kernels();
+    enum { N = 203 };  // vector blocks and a remainder
+    float x[N], a[N], y[N], s[N], d[N], din[N];
+    const float special[] = {0.0f, -0.0f, 6.0f, 5.9999995f, 6.0000005f, 1e-30f, -1e-30f,
+                             INFINITY, -INFINITY, NAN, 3.0f, 12.0f, -2.0f};
+    rng_seed(202);
+    for (int i = 0; i < N; i++) {
+        x[i] = i < (int)(sizeof special / sizeof *special) ? special[i] : frand(-10, 10);
+        a[i] = frand(-4, 4);
+        d[i] = frand(-1, 1);
+    }
+    for (int act = ACT_RELU; act < ACT_COUNT; act++) {
+        const float top = act == ACT_RELU6 ? 6.0f : INFINITY;
+        k->relu_forward(y, x, N, (Activation)act);
+        for (int i = 0; i < N; i++) s[i] = x[i] - a[i];
+        k->add_act(s, s, a, N, (Activation)act);  // in place: act(x - a + a)
+        for (int i = 0; i < N; i++) {
+            const float want = x[i] > 0 ? (x[i] < top ? x[i] : top) : 0.0f;
+            if (memcmp(&y[i], &want, 4)) fail_msg("%s forward of %g: %g, want %g", activation_names[act], x[i], y[i], want);
+            const float v = (x[i] - a[i]) + a[i], wv = v > 0 ? (v < top ? v : top) : 0.0f;
+            if (memcmp(&s[i], &wv, 4)) fail_msg("add_act %s at %d: %g, want %g", activation_names[act], i, s[i], wv);
+        }
+        k->relu_backward(din, d, y, N, (Activation)act);
+        memcpy(s, d, sizeof d);
+        k->bias_act_backward(NULL, s, y, N, 1, (Activation)act);  // in place, as a sum's backward
+        for (int i = 0; i < N; i++) {
+            const bool pass = x[i] > 0 && (act == ACT_RELU || x[i] < 6);
+            const float want = pass ? d[i] : 0.0f;
+            if (memcmp(&din[i], &want, 4) || memcmp(&s[i], &want, 4))
+                fail_msg("%s backward at x = %g: %g and %g, want %g", activation_names[act], x[i], din[i], s[i], want);
+        }
+    }
 }
 
 static void check_pool(const LayerOps *ops, int N, int C, int H, int W, int K, int S, int P,
@@ -1082,9 +1197,9 @@ static void test_global_avgpool(void **state) {
 
 // ---- batchnorm ----------------------------------------------------------------------------------
 
-static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed) {
+static void check_batchnorm(int N, int C, int H, int W, Activation act, uint64_t seed) {
     char text[96];
-    snprintf(text, sizeof text, "[batchnorm]\nname = bn\nactivation = %s\n", relu ? "relu" : "none");
+    snprintf(text, sizeof text, "[batchnorm]\nname = bn\nactivation = %s\n", activation_names[act]);
     Case c;
     case_init(&c, &batchnorm_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
     Layer *l = c.l;
@@ -1102,7 +1217,7 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     float *rm = l->buffers[0].data, *rv = l->buffers[1].data;
     int64_t *tracked = l->buffers[2].data;
     for (int ch = 0; ch < C; ch++) assert_true(rm[ch] == 0.0f && rv[ch] == 1.0f);
-    c.relu = relu;
+    c.relu = act != ACT_NONE, c.relu6 = act == ACT_RELU6;
     c.ref = bn_ref;
     c.fd = true;
     case_fill_away_from_kinks(&c, seed, 1e-4);
@@ -1134,8 +1249,8 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     assert_true(rm[0] == rm0 && rv[0] == rv0 && *tracked == 1);
     for (int64_t i = 0; i < c.nin; i++) {
         const int ch = (int)(i % C);
-        double want = (2 * c.x[i] + 1 - mean[ch]) / sqrt(var[ch] * (rows - 1) / rows + 1e-5) * c.w[0][ch] + c.w[1][ch];
-        if (relu && want < 0) want = 0;
+        const double want = act_ref(act, (2 * c.x[i] + 1 - mean[ch]) / sqrt(var[ch] * (rows - 1) / rows + 1e-5) *
+                                                 c.w[0][ch] + c.w[1][ch]);
         if (!(fabs(out2[i] - want) <= 1e-4 * fmax(1, fabs(want))))
             fail_msg("recomputed output %lld: %g, want %g", (long long)i, out2[i], want);
     }
@@ -1147,8 +1262,7 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     assert_true(rm[0] == rm0 && rv[0] == rv0 && *tracked == 1);
     for (int64_t i = 0; i < c.nin; i++) {
         const int ch = (int)(i % C);
-        double want = (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch];
-        if (relu && want < 0) want = 0;
+        const double want = act_ref(act, (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch]);
         if (!(fabs(out2[i] - want) <= 1e-5 * fmax(1, fabs(want))))
             fail_msg("evaluation output %lld: %g, want %g", (long long)i, out2[i], want);
     }
@@ -1178,8 +1292,8 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     for (int64_t i = 0; i < c.nin; i++) {
         const int ch = (int)(i % C);
         const double z = (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch];
-        const double want = relu && z <= 0 ? 0 : c.R[i] * c.w[0][ch] / sqrt((double)rv[ch] + 1e-5);
-        if (!(fabs(c.out[i] - (relu && z < 0 ? 0 : z)) <= 1e-5 * fmax(1, fabs(z))))
+        const double want = act_ref_passes(act, z) ? c.R[i] * c.w[0][ch] / sqrt((double)rv[ch] + 1e-5) : 0;
+        if (!(fabs(c.out[i] - act_ref(act, z)) <= 1e-5 * fmax(1, fabs(z))))
             fail_msg("frozen output %lld: %g, want %g", (long long)i, c.out[i], z);
         if (!(fabs(din[i] - want) <= 1e-5 * fmax(1, fabs(want))))
             fail_msg("frozen din %lld: %g, want %g", (long long)i, din[i], want);
@@ -1228,10 +1342,12 @@ static void test_batchnorm_sums_chunked(void **state) {
 }
 
 static void test_batchnorm(void **state) {
-    check_batchnorm(4, 3, 3, 2, false, 330);  // BatchNorm2d: statistics over samples and pixels
-    check_batchnorm(3, 5, 2, 2, true, 331);   // with a ReLU after it
-    check_batchnorm(6, 4, 1, 1, false, 332);  // BatchNorm1d, after a linear layer
-    check_batchnorm(2, 70, 2, 3, true, 333);  // more channels than the kernels' blocks of 64
+    check_batchnorm(4, 3, 3, 2, ACT_NONE, 330);  // BatchNorm2d: statistics over samples and pixels
+    check_batchnorm(3, 5, 2, 2, ACT_RELU, 331);  // with a ReLU after it
+    check_batchnorm(6, 4, 1, 1, ACT_NONE, 332);  // BatchNorm1d, after a linear layer
+    check_batchnorm(2, 70, 2, 3, ACT_RELU, 333); // more channels than the kernels' blocks of 64
+    check_batchnorm(3, 5, 2, 2, ACT_RELU6, 334); // MobileNetV2's BN + ReLU6
+    check_batchnorm(2, 70, 2, 3, ACT_RELU6, 335);
 }
 
 // ---- residual blocks -----------------------------------------------------------------------
@@ -1735,6 +1851,7 @@ int main(void) {
         cmocka_unit_test(test_conv_c1_no_activation),
         cmocka_unit_test(test_conv_direct_vector_blocks),
         cmocka_unit_test(test_conv_pointwise),
+        cmocka_unit_test(test_conv_relu6),
         cmocka_unit_test(test_conv_1x1_strided_and_padded),
         cmocka_unit_test(test_conv_k5_pad2),
         cmocka_unit_test(test_conv_without_bias),
@@ -1744,6 +1861,8 @@ int main(void) {
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_relu),
+        cmocka_unit_test(test_relu6),
+        cmocka_unit_test(test_relu6_kernels),
         cmocka_unit_test(test_maxpool),
         cmocka_unit_test(test_maxpool_ties),
         cmocka_unit_test(test_avgpool),
