@@ -511,7 +511,7 @@ static void test_accumulate_fp16(void **state) {
 // PyTorch, and unlike one big batch), so accumulate = 4 is the sum of 4 batches of 4 run
 // separately, with the loss averaged over all 16; the running statistics move once per
 // micro-batch (num_batches_tracked 4).
-static void test_accumulate_batchnorm(void **state) {
+static void expect_accumulate_batchnorm(const char *acc_resnet) {
     int64_t n1, n4;
     double l1, l4;
     float *g16 = acc_grads(acc_resnet, DT_F32, ACC_B, false, &n1, &l1);
@@ -557,6 +557,22 @@ static void test_accumulate_batchnorm(void **state) {
     assert_int_equal(tracked, ACC_K);
     net_free(&net);
     free(g16), free(g4), free(sum);
+}
+
+// The same with torchvision's other blocks: a Bottleneck with its downsample and an
+// InvertedResidual (expansion, depthwise 3x3, ReLU6, linear projection, the identity added).
+static const char *acc_blocks =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 2\nstride = 2\n"
+    "[residual]\nname = features.2\nblock = inverted\nexpand = 3\nfilters = 8\n"
+    "[global_avgpool]\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 10\n"
+    "[log_softmax]\n";
+
+static void test_accumulate_batchnorm(void **state) {
+    expect_accumulate_batchnorm(acc_resnet);
+    expect_accumulate_batchnorm(acc_blocks);
 }
 
 // ---- 4. fp16 against fp32 ---------------------------------------------------------------------

@@ -41,6 +41,21 @@ static const char *resnet =
     "[global_avgpool]\nname = avgpool\n[flatten]\n"
     "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
 
+// torchvision's other blocks and a written-out one: a Bottleneck with a downsample, an
+// identity Bottleneck, a [block] whose body ends in a dropout and whose shortcut is an
+// average pooling, with a ReLU on the sum.
+static const char *blocks_net =
+    "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 3\nstride = 2\n"
+    "[residual]\nname = layer1.1\nblock = bottleneck\nfilters = 3\n"
+    "[block]\nname = mix\nactivation = relu\n"
+    "[conv]\nfilters = 12\nsize = 3\nstride = 2\npad = 1\n[batchnorm]\nactivation = relu\n"
+    "[conv]\nfilters = 12\nsize = 1\n[dropout]\np = 0.2\n"
+    "[shortcut]\n[avgpool]\nsize = 2\n[end]\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
+
 // A deep plain net with dropout between convolutions (so that masks are recomputed inside
 // segments) and a standalone relu.
 static char deep_net[8192];
@@ -245,6 +260,11 @@ static void test_fp16_bitwise(void **state) {
 
 static void test_resnet_bitwise(void **state) {
     expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_F32);
+}
+
+static void test_blocks_bitwise(void **state) {
+    expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_F32);
+    expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_F16);
 }
 
 // fp16 runs every layer over chunks of samples through the fp32 scratch, batchnorm's
@@ -781,6 +801,7 @@ int main(void) {
         cmocka_unit_test(test_deep_network_bitwise),
         cmocka_unit_test(test_fp16_bitwise),
         cmocka_unit_test(test_resnet_bitwise),
+        cmocka_unit_test(test_blocks_bitwise),
         cmocka_unit_test(test_resnet_fp16_bitwise),
         cmocka_unit_test(test_byte_input_bitwise),
         cmocka_unit_test(test_compressed_bitwise),
