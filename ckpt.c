@@ -374,7 +374,7 @@ static char **cfg_layer_names(const char *file, int *n) {
         names = calloc((size_t)cfg.nsections + 1, sizeof *names);
         for (int i = 0; names && i < cfg.nsections; i++) {
             const CfgSection *s = &cfg.sections[i];
-            if (!strcmp(s->name, "train") || !strcmp(s->name, "data")) continue;
+            if (!layer_is_section(s)) continue;
             names[i] = malloc(LAYER_NAME_MAX);
             if (names[i]) layer_section_name(&cfg, s, names[i], LAYER_NAME_MAX);
         }

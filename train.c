@@ -103,7 +103,7 @@ static void cfg_lines(FILE *f, const Cfg *cfg) {
         const CfgEntry *name = cfg_entry(s, "name");
         char label[160];
         if (!strcmp(s->name, "train") || !strcmp(s->name, "data")) snprintf(label, sizeof label, "%s", s->name);
-        else if (name) snprintf(label, sizeof label, "%.150s", name->value);
+        else if (name) layer_section_name(cfg, s, label, sizeof label);  // a block's member under its block
         else snprintf(label, sizeof label, "[%.100s] #%d", s->name, i + 1);
         for (int j = 0; j < s->nentries; j++)
             if (!per_process(s->name, s->entries[j].key))

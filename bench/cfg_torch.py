@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-LAYERS = ("conv", "linear", "batchnorm", "relu", "maxpool", "avgpool", "global_avgpool",
+LAYERS = ("conv", "linear", "batchnorm", "relu", "relu6", "maxpool", "avgpool", "global_avgpool",
           "dropout", "flatten", "residual", "log_softmax")
 
 
@@ -61,16 +61,18 @@ class BasicBlock(nn.Module):
         return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
 
 
-class Act(nn.Module):
-    """A layer followed by cnn.c's `activation` (relu or none)."""
+ACTIVATIONS = {"none": lambda x: x, "relu": F.relu, "relu6": F.relu6}
 
-    def __init__(self, layer, relu):
+
+class Act(nn.Module):
+    """A layer followed by cnn.c's `activation` (none, relu or relu6)."""
+
+    def __init__(self, layer, act):
         super().__init__()
-        self.layer, self.relu = layer, relu
+        self.layer, self.act = layer, ACTIVATIONS[act]
 
     def forward(self, x):
-        x = self.layer(x)
-        return F.relu(x) if self.relu else x
+        return self.act(self.layer(x))
 
 
 class Func(nn.Module):
@@ -118,25 +120,25 @@ def build(sections, in_shape, classes, seed):
             raise ValueError(f"cfg_torch: unknown section [{name}]")
         counts[name] = counts.get(name, 0) + 1
         path = keys.get("name", f"{name}{counts[name]}")
-        relu = keys.get("activation", "none") == "relu"
+        act = keys.get("activation", "none")
         if name == "conv":
             k, s, p = int(keys["size"]), int(keys.get("stride", 1)), int(keys.get("pad", 0))
             f = int(keys["filters"])
             conv = nn.Conv2d(c, f, k, s, p, bias=keys.get("bias", "1") != "0")
             _attach(net, path, conv)
-            m = Act(conv, relu)
+            m = Act(conv, act)
             c, h, w = f, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
         elif name == "linear":
             out = classes if keys["outputs"] == "classes" else int(keys["outputs"])
             lin = nn.Linear(c, out)
             _attach(net, path, lin)
-            m = Act(lin, relu)
+            m = Act(lin, act)
             c = out
         elif name == "batchnorm":
             cls = nn.BatchNorm1d if flat else nn.BatchNorm2d
             bn = cls(c, eps=float(keys.get("eps", 1e-5)), momentum=float(keys.get("momentum", 0.1)))
             _attach(net, path, bn)
-            m = Act(bn, relu)
+            m = Act(bn, act)
         elif name == "residual":
             f, s = int(keys["filters"]), int(keys.get("stride", 1))
             ds = keys.get("downsample", "auto")
@@ -154,6 +156,8 @@ def build(sections, in_shape, classes, seed):
             h = w = 1
         elif name == "relu":
             m = nn.ReLU()
+        elif name == "relu6":
+            m = nn.ReLU6()
         elif name == "dropout":
             m = nn.Dropout(float(keys.get("p", 0.5)))
         elif name == "flatten":

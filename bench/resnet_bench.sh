@@ -1,8 +1,9 @@
 #!/bin/sh
 # make bench, deep networks (issue 15): cnn.c against PyTorch (Debian's python3-torch,
 # bench/resnet_torch.py) on the same cores in the same run, for models/deep.cfg,
-# models/resnet-small.cfg at 64x64 RGB and models/resnet18.cfg at 224x224 (torchvision's
-# resnet18 on PyTorch's side), plain and with activation checkpointing, fp32 and fp16.
+# models/resnet-small.cfg at 64x64 RGB and models/resnet18.cfg, resnet34.cfg, resnet50.cfg
+# and mobilenet_v2.cfg at 224x224 (torchvision's models on PyTorch's side), plain and with
+# activation checkpointing, fp32 and fp16.
 #   THREADS=2 ROUNDS=3 ROWS="resnet-small:64" sh bench/resnet_bench.sh
 # ROWS picks rows by name:batch (all of them by default). Each cnn.c run trains two epochs
 # of STEPS batches of a folder of Fashion-MNIST PNGs resized to the row's size (decoded
@@ -21,11 +22,15 @@ set -e
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-3}
-# name:batch cfg channels size steps [torchvision]
+# name:batch cfg channels size steps [torchvision [sgd]] (sgd: the cfg's optimizer is SGD
+# with momentum, and PyTorch's is too)
 ALL="deep:64 models/deep.cfg 1 28 20
 resnet-small:64 models/resnet-small.cfg 3 64 10
 resnet18:16 models/resnet18.cfg 3 224 4 torchvision
-resnet18:32 models/resnet18.cfg 3 224 3 torchvision"
+resnet18:32 models/resnet18.cfg 3 224 3 torchvision
+resnet34:32 models/resnet34.cfg 3 224 2 torchvision
+resnet50:16 models/resnet50.cfg 3 224 2 torchvision
+mobilenet_v2:32 models/mobilenet_v2.cfg 3 224 3 torchvision sgd"
 ROWS=${ROWS:-$(echo "$ALL" | cut -d' ' -f1)}
 VARIANTS=${VARIANTS:-fp32:none fp16:none fp32:sqrt fp16:sqrt}
 OUT=bench/out/resnet
@@ -42,6 +47,7 @@ cnn() {  # row precision checkpoint round
     set -- $(row "$1") "$2" "$3" "$4"
     name=$1 cfg=$2 ch=$3 size=$4 steps=$5; shift 5
     [ "$1" = torchvision ] && shift
+    [ "$1" = sgd ] && shift
     batch=${name#*:} p=$1 c=$2 r=$3
     folder=$OUT/png28_$((steps * batch))
     [ -d "$folder" ] || build/bench/make_folders "$folder" png28 $((steps * batch)) > /dev/null
@@ -57,6 +63,7 @@ torch() {  # row checkpoint round
     set -- $(row "$1") "$2" "$3"
     name=$1 cfg=$2 ch=$3 size=$4 steps=$5; shift 5
     tv=; [ "$1" = torchvision ] && tv=--torchvision && shift
+    [ "$1" = sgd ] && tv="$tv --sgd" && shift
     seg=1; [ "$1" = sqrt ] && seg=sqrt
     run="$OUT/runs/torch-${name%:*}-${name#*:}-$1-$2.json"
     /usr/bin/python3 bench/resnet_torch.py "$cfg" $tv --channels "$ch" --size "$size" \

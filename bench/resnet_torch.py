@@ -6,8 +6,10 @@ on the CPU and prints images/s, peak RSS and the GEMM work of a step.
                   [--torchvision] [--sgd]
 
 The network is CFG's, built by bench/cfg_torch.py (the same layers, names and
-initialisation as cnn.c), or with --torchvision torchvision.models.resnet18(num_classes=10)
-(its in-place ReLUs keep less than cfg_torch's, so it is PyTorch at its leanest); the
+initialisation as cnn.c), or with --torchvision torchvision's model of CFG's name
+(torchvision.models.resnet18(num_classes=10) for models/resnet18.cfg; also resnet34,
+resnet50 and mobilenet_v2: its in-place ReLUs keep less than cfg_torch's, so it is
+PyTorch at its leanest); the
 recipe is cnn.c's: NLL loss of log_softmax, mean over the batch, the cfg's Adadelta
 (lr 1.0, rho 0.9, eps 1e-6), or with --sgd SGD with momentum 0.9 (lr 0.01), which keeps
 one state tensor per parameter where Adadelta keeps two. The data is one fixed batch of random normal images of
@@ -47,10 +49,13 @@ def layers_of(args):
     if args.torchvision:
         import torchvision
         torch.manual_seed(1)
-        m = torchvision.models.resnet18(num_classes=10)
-        return [m.conv1, m.bn1, m.relu, m.maxpool, m.layer1[0], m.layer1[1], m.layer2[0],
-                m.layer2[1], m.layer3[0], m.layer3[1], m.layer4[0], m.layer4[1], m.avgpool,
-                nn.Flatten(), m.fc, cfg_torch.Func(lambda x: F.log_softmax(x, dim=1))]
+        name = os.path.splitext(os.path.basename(args.cfg))[0]
+        m = getattr(torchvision.models, name)(num_classes=10)
+        log_softmax = cfg_torch.Func(lambda x: F.log_softmax(x, dim=1))
+        if name.startswith("resnet"):
+            return [m.conv1, m.bn1, m.relu, m.maxpool, *m.layer1, *m.layer2, *m.layer3,
+                    *m.layer4, m.avgpool, nn.Flatten(), m.fc, log_softmax]
+        return [*m.features, nn.AdaptiveAvgPool2d(1), nn.Flatten(), *m.classifier, log_softmax]
     net = cfg_torch.build(cfg_torch.parse(open(args.cfg).read()), (args.channels, args.size, args.size), 10, 1)
     return [m for _, m in net.order]
 

@@ -367,19 +367,19 @@ __host__ __device__ static inline float conv_direct_tap(const float *in, int64_t
 
 // dout * act'(out) at element e of the output.
 __host__ __device__ static inline float conv_direct_dy(const float *dout, const float *out,
-                                                       int64_t e, bool relu) {
-    return relu && !(out[e] > 0.0f) ? 0.0f : dout[e];
+                                                       int64_t e, Activation act) {
+    return act == ACT_NONE || act_passes(act, out[e]) ? dout[e] : 0.0f;  // out NULL: none
 }
 
 // out element i = (pixel r, oc): act(bias + the sum over the patch of in * w).
 __host__ __device__ static inline void conv_direct_forward_at(int64_t i, float *out, const float *in,
                                                               const float *w, const float *bias,
-                                                              ConvGeometry g, bool relu) {
+                                                              ConvGeometry g, Activation act) {
     const int taps = g.C * g.K * g.K, oc = (int)(i % g.OC);
     const int64_t r = i / g.OC;
     float a = bias ? bias[oc] : 0.0f;
     for (int t = 0; t < taps; t++) a = add_rn(a, mul_rn(conv_direct_tap(in, r, t, g), w[oc * taps + t]));
-    out[i] = relu ? (a > 0.0f ? a : 0.0f) : a;
+    out[i] = act_apply(act, a);
 }
 
 // partial element j = (block b, t, oc), t = taps standing for the bias: the sum over the
@@ -387,7 +387,7 @@ __host__ __device__ static inline void conv_direct_forward_at(int64_t i, float *
 __host__ __device__ static inline void conv_direct_partial_at(int64_t j, float *partial,
                                                               const float *dout, const float *in,
                                                               const float *out, ConvGeometry g,
-                                                              bool relu) {
+                                                              Activation act) {
     const int taps = g.C * g.K * g.K;
     const int64_t part_floats = (int64_t)(taps + 1) * g.OC, e = j % part_floats;
     const int b = (int)(j / part_floats), t = (int)(e / g.OC), oc = (int)(e % g.OC);
@@ -395,7 +395,7 @@ __host__ __device__ static inline void conv_direct_partial_at(int64_t j, float *
     const int64_t r0 = b * per < rows ? b * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
     float a = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
-        const float dy = conv_direct_dy(dout, out, r * g.OC + oc, relu);
+        const float dy = conv_direct_dy(dout, out, r * g.OC + oc, act);
         a = add_rn(a, t < taps ? mul_rn(conv_direct_tap(in, r, t, g), dy) : dy);
     }
     partial[j] = a;
@@ -415,7 +415,7 @@ __host__ __device__ static inline void conv_direct_reduce_at(int64_t e, float *d
 // din element i = (n, ih, iw, c): what its windows send back, over (kh, kw) then oc.
 __host__ __device__ static inline void conv_direct_din_at(int64_t i, float *din, const float *dout,
                                                           const float *out, const float *w,
-                                                          ConvGeometry g, bool relu) {
+                                                          ConvGeometry g, Activation act) {
     const int c = (int)(i % g.C);
     const int64_t q = i / g.C;
     const int iw = (int)(q % g.W), ih = (int)(q / g.W % g.H);
@@ -429,7 +429,7 @@ __host__ __device__ static inline void conv_direct_din_at(int64_t i, float *din,
             if (x < 0 || x % g.stride || ow >= g.OW) continue;
             const int64_t o = ((n * g.OH + oh) * g.OW + ow) * g.OC;
             for (int oc = 0; oc < g.OC; oc++)
-                acc = add_rn(acc, mul_rn(conv_direct_dy(dout, out, o + oc, relu),
+                acc = add_rn(acc, mul_rn(conv_direct_dy(dout, out, o + oc, act),
                                          w[((oc * g.C + c) * g.K + kh) * g.K + kw]));
         }
     }
@@ -445,12 +445,11 @@ __host__ __device__ static inline void grouped_taps(int o, int stride, int pad, 
     *b = H - i0 < K ? H - i0 : K;
 }
 
-// out element i = (pixel r, oc): the clamp of (bias + the sum over (ci, kh, kw) inside the
-// image of in * w).
+// out element i = (pixel r, oc): act(bias + the sum over (ci, kh, kw) inside the image of
+// in * w).
 __host__ __device__ static inline void conv_grouped_forward_at(int64_t i, float *out, const float *in,
                                                                const float *w, const float *bias,
-                                                               ConvGeometry g, int groups, bool clamp,
-                                                               float lo, float hi) {
+                                                               ConvGeometry g, int groups, Activation act) {
     const int Cg = g.C / groups, Mg = g.OC / groups, oc = (int)(i % g.OC), cin = oc / Mg * Cg;
     const int64_t r = i / g.OC;
     const int ow = (int)(r % g.OW), oh = (int)(r / g.OW % g.OH);
@@ -466,8 +465,7 @@ __host__ __device__ static inline void conv_grouped_forward_at(int64_t i, float 
                 a = add_rn(a, mul_rn(in[((n * g.H + ih) * g.W + iw) * g.C + cin + ci],
                                      w[(((int64_t)oc * Cg + ci) * g.K + kh) * g.K + kw]));
             }
-    if (clamp) a = a > lo ? a : lo, a = a < hi ? a : hi;
-    out[i] = a;
+    out[i] = act_apply(act, a);
 }
 
 // din element i = (n, ih, iw, c): over (kh, kw), then the group's output channels, dy * w.
@@ -522,17 +520,16 @@ __host__ __device__ static inline void conv_grouped_reduce_at(int64_t e, float *
 }
 
 __host__ __device__ static inline void bias_act_at(int64_t i, float *out, const float *bias,
-                                                   int cols, bool relu) {
+                                                   int cols, Activation act) {
     float v = out[i];
     if (bias) v += bias[i % cols];
-    if (relu) v = v > 0.0f ? v : 0.0f;
-    out[i] = v;
+    out[i] = act_apply(act, v);
 }
 
-// din = y > 0 ? dout : 0, where y is ReLU's output (din may be dout).
+// din = act_passes(y) ? dout : 0, where y is the activation's output (din may be dout).
 __host__ __device__ static inline void relu_backward_at(int64_t i, float *din, const float *dout,
-                                                        const float *y) {
-    din[i] = y[i] > 0.0f ? dout[i] : 0.0f;
+                                                        const float *y, Activation act) {
+    din[i] = act_passes(act, y[i]) ? dout[i] : 0.0f;
 }
 
 // add_parts: the parts in order, then onto dst (the CPU's order).
@@ -543,8 +540,9 @@ __host__ __device__ static inline void add_parts_at(int64_t i, float *dst, const
     dst[i] += sum;
 }
 
-__host__ __device__ static inline void relu_forward_at(int64_t i, float *out, const float *in) {
-    out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+__host__ __device__ static inline void relu_forward_at(int64_t i, float *out, const float *in,
+                                                       Activation act) {
+    out[i] = act_apply(act, in[i]);
 }
 
 // The rows [*a, *b) of window o inside the image (padding excluded), as the CPU has them.
@@ -653,9 +651,8 @@ __host__ __device__ static inline void global_avgpool_backward_at(int64_t i, flo
 }
 
 __host__ __device__ static inline void add_act_at(int64_t i, float *out, const float *a,
-                                                  const float *b, bool relu) {
-    const float v = add_rn(a[i], b[i]);
-    out[i] = relu && !(v > 0.0f) ? 0.0f : v;
+                                                  const float *b, Activation act) {
+    out[i] = act_apply(act, add_rn(a[i], b[i]));
 }
 
 // ---- batchnorm: the CPU's per-element arithmetic; its sums in another fixed order ----
@@ -668,10 +665,10 @@ struct BnChannels {
 // dy = dout * act'(z) at element e of channel c, z the forward's pre-activation recomputed
 // from x exactly as bn_forward_at computes it.
 __host__ __device__ static inline float bn_dy(const float *dout, const float *x, BnChannels s,
-                                              int64_t e, int c, bool relu) {
-    if (!relu) return dout[e];
+                                              int64_t e, int c, Activation act) {
+    if (act == ACT_NONE) return dout[e];
     const float z = add_rn(mul_rn(sub_rn(x[e], s.mean[c]), mul_rn(s.invstd[c], s.gamma[c])), s.beta[c]);
-    return z > 0.0f ? dout[e] : 0.0f;
+    return act_passes(act, z) ? dout[e] : 0.0f;
 }
 
 // Channel c's statistics from the sums, in double as the CPU computes them.
@@ -700,20 +697,20 @@ __host__ __device__ static inline void bn_eval_stats_at(int c, float *mean, floa
 __host__ __device__ static inline void bn_forward_at(int64_t i, float *out, const float *x,
                                                      const float *mean, const float *invstd,
                                                      const float *gamma, const float *beta, int C,
-                                                     bool relu) {
+                                                     Activation act) {
     const int c = (int)(i % C);
     const float v = add_rn(mul_rn(sub_rn(x[i], mean[c]), mul_rn(invstd[c], gamma[c])), beta[c]);
-    out[i] = relu && !(v > 0.0f) ? 0.0f : v;
+    out[i] = act_apply(act, v);
 }
 
 __host__ __device__ static inline void bn_backward_at(int64_t i, float *din, const float *dout,
                                                       const float *x, BnChannels s,
                                                       const double *acc, int C, int64_t count,
-                                                      bool relu) {
+                                                      Activation act) {
     const int c = (int)(i % C);
     const float a = (float)(acc[c] / (double)count), b = (float)(acc[C + c] / (double)count);
     const float xhat = mul_rn(sub_rn(x[i], s.mean[c]), s.invstd[c]);
-    din[i] = mul_rn(sub_rn(sub_rn(bn_dy(dout, x, s, i, c, relu), a), mul_rn(xhat, b)),
+    din[i] = mul_rn(sub_rn(sub_rn(bn_dy(dout, x, s, i, c, act), a), mul_rn(xhat, b)),
                     mul_rn(s.gamma[c], s.invstd[c]));
 }
 
@@ -1153,22 +1150,22 @@ static void cuda_col2im(float *din, const float *col, int N, int H, int W, int C
 }
 
 __global__ void conv_direct_forward_kernel(float *out, const float *in, const float *w,
-                                           const float *bias, ConvGeometry g, bool relu,
+                                           const float *bias, ConvGeometry g, Activation act,
                                            int64_t total) {
-    GRID_LOOP(i, total) conv_direct_forward_at(i, out, in, w, bias, g, relu);
+    GRID_LOOP(i, total) conv_direct_forward_at(i, out, in, w, bias, g, act);
 }
 __global__ void conv_direct_partial_kernel(float *partial, const float *dout, const float *in,
-                                           const float *out, ConvGeometry g, bool relu,
+                                           const float *out, ConvGeometry g, Activation act,
                                            int64_t total) {
-    GRID_LOOP(j, total) conv_direct_partial_at(j, partial, dout, in, out, g, relu);
+    GRID_LOOP(j, total) conv_direct_partial_at(j, partial, dout, in, out, g, act);
 }
 __global__ void conv_direct_reduce_kernel(float *dw, float *dbias, const float *partial,
                                           ConvGeometry g, int64_t total) {
     GRID_LOOP(e, total) conv_direct_reduce_at(e, dw, dbias, partial, g);
 }
 __global__ void conv_direct_din_kernel(float *din, const float *dout, const float *out,
-                                       const float *w, ConvGeometry g, bool relu, int64_t total) {
-    GRID_LOOP(i, total) conv_direct_din_at(i, din, dout, out, w, g, relu);
+                                       const float *w, ConvGeometry g, Activation act, int64_t total) {
+    GRID_LOOP(i, total) conv_direct_din_at(i, din, dout, out, w, g, act);
 }
 
 static void cuda_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
@@ -1176,7 +1173,7 @@ static void cuda_conv_direct_forward(float *out, const float *in, const float *w
     const int64_t total = (int64_t)cg.N * cg.OH * cg.OW * cg.OC;
     if (total <= 0) return;
     conv_direct_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        out, in, w, bias, cg, act == ACT_RELU, total);
+        out, in, w, bias, cg, act, total);
     LAUNCH_CHECK();
 }
 
@@ -1185,12 +1182,11 @@ static void cuda_conv_direct_forward(float *out, const float *in, const float *w
 static void cuda_conv_direct_backward(float *din, float *dw, float *dbias, float *partial,
                                       const float *dout, const float *in, const float *out,
                                       const float *w, ConvGeometry cg, Activation act) {
-    const bool relu = act == ACT_RELU;
     const int64_t parts = conv_direct_partial_floats(cg), params = parts / CONV_DIRECT_PARTS;
     if (parts <= 0) return;
     if (dw) {  // NULL: a frozen layer
         conv_direct_partial_kernel<<<blocks_for(parts), THREADS, 0, g.stream>>>(partial, dout, in,
-                                                                                 out, cg, relu, parts);
+                                                                                 out, cg, act, parts);
         LAUNCH_CHECK();
         conv_direct_reduce_kernel<<<blocks_for(params), THREADS, 0, g.stream>>>(dw, dbias, partial,
                                                                                 cg, params);
@@ -1198,15 +1194,14 @@ static void cuda_conv_direct_backward(float *din, float *dw, float *dbias, float
     }
     const int64_t total = (int64_t)cg.N * cg.H * cg.W * cg.C;
     if (!din || total <= 0) return;
-    conv_direct_din_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dout, out, w, cg, relu,
+    conv_direct_din_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(din, dout, out, w, cg, act,
                                                                         total);
     LAUNCH_CHECK();
 }
 
 __global__ void conv_grouped_forward_kernel(float *out, const float *in, const float *w, const float *bias,
-                                            ConvGeometry g, int groups, bool clamp, float lo, float hi,
-                                            int64_t total) {
-    GRID_LOOP(i, total) conv_grouped_forward_at(i, out, in, w, bias, g, groups, clamp, lo, hi);
+                                            ConvGeometry g, int groups, Activation act, int64_t total) {
+    GRID_LOOP(i, total) conv_grouped_forward_at(i, out, in, w, bias, g, groups, act);
 }
 __global__ void conv_grouped_din_kernel(float *din, const float *dy, const float *w, ConvGeometry g, int groups,
                                         int64_t total) {
@@ -1224,10 +1219,8 @@ static void cuda_conv_grouped_forward(float *out, const float *in, const float *
                                       ConvGeometry cg, int groups, Activation act) {
     const int64_t total = (int64_t)cg.N * cg.OH * cg.OW * cg.OC;
     if (total <= 0) return;
-    float lo = 0.0f, hi = 0.0f;
-    const bool clamp = act_clamp(act, &lo, &hi);
-    conv_grouped_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, in, w, bias, cg, groups, clamp,
-                                                                             lo, hi, total);
+    conv_grouped_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, in, w, bias, cg, groups, act,
+                                                                             total);
     LAUNCH_CHECK();
 }
 
@@ -1255,32 +1248,32 @@ static void cuda_conv_grouped_backward_weight(float *dw, float *scratch, const f
     LAUNCH_CHECK();
 }
 
-__global__ void bias_act_kernel(float *out, const float *bias, int cols, bool relu, int64_t total) {
-    GRID_LOOP(i, total) bias_act_at(i, out, bias, cols, relu);
+__global__ void bias_act_kernel(float *out, const float *bias, int cols, Activation act, int64_t total) {
+    GRID_LOOP(i, total) bias_act_at(i, out, bias, cols, act);
 }
 
 static void cuda_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
                                   Activation act) {
     const int64_t total = rows * cols;
-    if (total <= 0 || (!bias && act != ACT_RELU)) return;
-    bias_act_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, bias, cols,
-                                                                 act == ACT_RELU, total);
+    if (total <= 0 || (!bias && act == ACT_NONE)) return;
+    bias_act_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, bias, cols, act, total);
     LAUNCH_CHECK();
 }
 
 __global__ void add_parts_kernel(float *dst, const float *parts, int count, int64_t n, int64_t stride) {
     GRID_LOOP(i, n) add_parts_at(i, dst, parts, count, stride);
 }
-__global__ void relu_forward_kernel(float *out, const float *in, int64_t n) {
-    GRID_LOOP(i, n) relu_forward_at(i, out, in);
+__global__ void relu_forward_kernel(float *out, const float *in, Activation act, int64_t n) {
+    GRID_LOOP(i, n) relu_forward_at(i, out, in, act);
 }
-__global__ void relu_backward_kernel(float *din, const float *dout, const float *y, int64_t n) {
-    GRID_LOOP(i, n) relu_backward_at(i, din, dout, y);
+__global__ void relu_backward_kernel(float *din, const float *dout, const float *y, Activation act,
+                                     int64_t n) {
+    GRID_LOOP(i, n) relu_backward_at(i, din, dout, y, act);
 }
 
 static void cuda_act_backward(float *dout, const float *y, int64_t n, Activation act) {
-    if (act != ACT_RELU || n <= 0) return;
-    relu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dout, dout, y, n);
+    if (act == ACT_NONE || n <= 0) return;
+    relu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dout, dout, y, act, n);
     LAUNCH_CHECK();
 }
 
@@ -1296,15 +1289,16 @@ static void cuda_add_parts(float *dst, const float *parts, int count, int64_t n,
     LAUNCH_CHECK();
 }
 
-static void cuda_relu_forward(float *out, const float *in, int64_t n) {
+static void cuda_relu_forward(float *out, const float *in, int64_t n, Activation act) {
     if (n <= 0) return;
-    relu_forward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+    relu_forward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, act, n);
     LAUNCH_CHECK();
 }
 
-static void cuda_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
+static void cuda_relu_backward(float *din, const float *dout, const float *out, int64_t n,
+                               Activation act) {
     if (n <= 0) return;
-    relu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(din, dout, out, n);
+    relu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(din, dout, out, act, n);
     LAUNCH_CHECK();
 }
 
@@ -1475,13 +1469,13 @@ static void cuda_global_avgpool_backward(float *din, const float *dout, int N, i
     LAUNCH_CHECK();
 }
 
-__global__ void add_act_kernel(float *out, const float *a, const float *b, bool relu, int64_t n) {
-    GRID_LOOP(i, n) add_act_at(i, out, a, b, relu);
+__global__ void add_act_kernel(float *out, const float *a, const float *b, Activation act, int64_t n) {
+    GRID_LOOP(i, n) add_act_at(i, out, a, b, act);
 }
 
 static void cuda_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
     if (n <= 0) return;
-    add_act_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, a, b, act == ACT_RELU, n);
+    add_act_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, a, b, act, n);
     LAUNCH_CHECK();
 }
 
@@ -1493,7 +1487,7 @@ static void cuda_add_act(float *out, const float *a, const float *b, int64_t n, 
 // (Deterministic; the CPU sums in other blocks, so the two differ by double rounding.)
 __host__ __device__ static inline void bn_lane_sums(const float *x, const float *dout, BnChannels s,
                                                     int64_t r0, int64_t r1, int C, int c, int lane,
-                                                    bool relu, double *s1, double *s2) {
+                                                    Activation act, double *s1, double *s2) {
     double a = 0.0, b = 0.0;
     for (int64_t r = r0 + lane; r < r1; r += BB_ROWS) {
         const int64_t e = r * C + c;
@@ -1502,7 +1496,7 @@ __host__ __device__ static inline void bn_lane_sums(const float *x, const float 
             a = dadd_rn(a, v);
             b = dadd_rn(b, dmul_rn(v, v));
         } else {
-            const float dy = bn_dy(dout, x, s, e, c, relu);
+            const float dy = bn_dy(dout, x, s, e, c, act);
             const float xhat = mul_rn(sub_rn(x[e], s.mean[c]), s.invstd[c]);
             a = dadd_rn(a, (double)dy);
             b = dadd_rn(b, dmul_rn((double)dy, (double)xhat));
@@ -1529,7 +1523,7 @@ __host__ __device__ static inline void bn_unit_rows(int64_t u, int64_t sample_ro
 // acc, else it writes them to unit_part for bn_units_kernel.
 __global__ void __launch_bounds__(BB_COLS * BB_ROWS)
 bn_sums_kernel(double *acc, double *unit_part, const float *x, const float *dout, BnChannels s,
-               int64_t sample_rows, int64_t u0, int nu, int C, bool relu) {
+               int64_t sample_rows, int64_t u0, int nu, int C, Activation act) {
     __shared__ double p1[BB_ROWS][BB_COLS + 1], p2[BB_ROWS][BB_COLS + 1];
     const int tx = threadIdx.x, ty = threadIdx.y, j = blockIdx.y;
     int64_t r0, r1;
@@ -1537,7 +1531,7 @@ bn_sums_kernel(double *acc, double *unit_part, const float *x, const float *dout
     for (int c0 = blockIdx.x * BB_COLS; c0 < C; c0 += gridDim.x * BB_COLS) {
         const int c = c0 + tx;
         double a = 0.0, b = 0.0;
-        if (c < C) bn_lane_sums(x, dout, s, r0, r1, C, c, ty, relu, &a, &b);
+        if (c < C) bn_lane_sums(x, dout, s, r0, r1, C, c, ty, act, &a, &b);
         p1[ty][tx] = a, p2[ty][tx] = b;
         __syncthreads();
         for (int half = BB_ROWS / 2; half > 0; half /= 2) {
@@ -1577,7 +1571,7 @@ __host__ __device__ static inline int bn_units_a_launch(int C) {
 }
 
 static void bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s, int64_t rows,
-                           int64_t sample_rows, int C, bool relu) {
+                           int64_t sample_rows, int C, Activation act) {
     if (rows <= 0 || C <= 0 || sample_rows <= 0) return;
     const int col_blocks = (C + BB_COLS - 1) / BB_COLS;
     const unsigned blocks = (unsigned)(col_blocks < g.sms * 8 ? col_blocks : g.sms * 8);
@@ -1586,7 +1580,7 @@ static void bn_column_sums(double *acc, const float *x, const float *dout, BnCha
     for (int64_t u0 = 0; u0 < units; u0 += bn_units_a_launch(C)) {
         const int nu = (int)(units - u0 < bn_units_a_launch(C) ? units - u0 : bn_units_a_launch(C));
         bn_sums_kernel<<<dim3(blocks, (unsigned)nu), dim3(BB_COLS, BB_ROWS), 0, g.stream>>>(
-            acc, part, x, dout, s, sample_rows, u0, nu, C, relu);
+            acc, part, x, dout, s, sample_rows, u0, nu, C, act);
         LAUNCH_CHECK();
         if (nu > 1) {
             bn_units_kernel<<<blocks_for(2 * (int64_t)C), THREADS, 0, g.stream>>>(acc, part, nu, C);
@@ -1596,14 +1590,13 @@ static void bn_column_sums(double *acc, const float *x, const float *dout, BnCha
 }
 
 static void cuda_bn_sums(double *acc, const float *x, int64_t rows, int64_t sample_rows, int C) {
-    bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, false);
+    bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, ACT_NONE);
 }
 
 static void cuda_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
                                   const float *invstd, const float *gamma, const float *beta,
                                   int64_t rows, int64_t sample_rows, int C, Activation act) {
-    bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C,
-                   act == ACT_RELU);
+    bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C, act);
 }
 
 __global__ void bn_batch_stats_kernel(float *mean, float *invstd, float *running_mean,
@@ -1617,14 +1610,14 @@ __global__ void bn_eval_stats_kernel(float *mean, float *invstd, const float *ru
     GRID_LOOP(c, (int64_t)C) bn_eval_stats_at((int)c, mean, invstd, running_mean, running_var, eps);
 }
 __global__ void bn_forward_kernel(float *out, const float *x, const float *mean, const float *invstd,
-                                  const float *gamma, const float *beta, int C, bool relu,
+                                  const float *gamma, const float *beta, int C, Activation act,
                                   int64_t total) {
-    GRID_LOOP(i, total) bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, relu);
+    GRID_LOOP(i, total) bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, act);
 }
 __global__ void bn_backward_kernel(float *din, const float *dout, const float *x, BnChannels s,
-                                   const double *acc, int C, int64_t count, bool relu,
+                                   const double *acc, int C, int64_t count, Activation act,
                                    int64_t total) {
-    GRID_LOOP(i, total) bn_backward_at(i, din, dout, x, s, acc, C, count, relu);
+    GRID_LOOP(i, total) bn_backward_at(i, din, dout, x, s, acc, C, count, act);
 }
 __global__ void bn_param_grads_kernel(float *dgamma, float *dbeta, const double *acc, int C) {
     GRID_LOOP(c, (int64_t)C) bn_param_grads_at((int)c, dgamma, dbeta, acc, C);
@@ -1654,7 +1647,7 @@ static void cuda_bn_forward(float *out, const float *x, const float *mean, const
     const int64_t total = rows * C;
     if (total <= 0) return;
     bn_forward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(out, x, mean, invstd, gamma, beta,
-                                                                   C, act == ACT_RELU, total);
+                                                                   C, act, total);
     LAUNCH_CHECK();
 }
 
@@ -1664,7 +1657,7 @@ static void cuda_bn_backward(float *din, const float *dout, const float *x, cons
     const int64_t total = rows * C;
     if (total <= 0) return;
     bn_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        din, dout, x, BnChannels{mean, invstd, gamma, beta}, acc, C, count, act == ACT_RELU, total);
+        din, dout, x, BnChannels{mean, invstd, gamma, beta}, acc, C, count, act, total);
     LAUNCH_CHECK();
 }
 

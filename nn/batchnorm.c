@@ -31,7 +31,7 @@ static const CfgKey batchnorm_keys[] = {
     {"name", "batchnorm<k>", "module name, as in PyTorch's state_dict (bn1, ...)"},
     {"eps", "1e-5", "added to the variance"},
     {"momentum", "0.1", "running statistics: running = (1 - momentum) * running + momentum * batch"},
-    {"activation", "none", "none or relu, applied to the output"},
+    {"activation", "none", "none, relu or relu6 (min(max(x, 0), 6)), applied to the output"},
 };
 
 static int batchnorm_create(Layer **out, const LayerArgs *a, Error *err) {

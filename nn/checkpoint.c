@@ -1104,7 +1104,7 @@ static int rename_cfg(const char *text, const char *in, const RenameRule *rules,
     if (!names) goto done;
     for (int i = 0; i < cfg.nsections; i++) {
         CfgSection *s = &cfg.sections[i];
-        if (!strcmp(s->name, "train") || !strcmp(s->name, "data")) continue;
+        if (!layer_is_section(s)) continue;
         char old[LAYER_NAME_MAX];
         layer_section_name(&cfg, s, old, sizeof old);
         char tmp[TENSOR_NAME_MAX];
@@ -1128,7 +1128,20 @@ static int rename_cfg(const char *text, const char *in, const RenameRule *rules,
                 goto done;
             }
         if (strcmp(old, tmp)) {
-            if (cfg_set(s, "name", tmp, err)) goto done;
+            // A block's member keeps its name under its block's: the part after it.
+            const CfgSection *b = layer_section_block(&cfg, s);
+            const char *set = tmp;
+            if (b) {
+                const char *under = names[b - cfg.sections];
+                const size_t nb = strlen(under);
+                if (strncmp(tmp, under, nb) || tmp[nb] != '.') {
+                    err_set(err, "%s: renaming layer '%s' of its cfg (line %d) gives '%s', which is not "
+                            "under its block's new name '%s'", in, old, s->line, tmp, under);
+                    goto done;
+                }
+                set = tmp + nb + 1;
+            }
+            if (cfg_set(s, "name", set, err)) goto done;
             changed++;
         }
     }

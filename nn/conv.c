@@ -38,7 +38,7 @@ static const CfgKey conv_keys[] = {
     {"stride", "1", "stride"},
     {"pad", "0", "zero padding on each side"},
     {"bias", "1", "1: a learned bias per filter; 0: none (before a batchnorm, as ResNets do)"},
-    {"activation", "none", "none or relu, applied to the output"},
+    {"activation", "none", "none, relu or relu6 (min(max(x, 0), 6)), applied to the output"},
     {"algorithm", "auto", "auto, gemm (im2col + GEMM) or winograd (3x3 stride 1 only)"},
     {"groups", "1", "channel groups (C and filters multiples of it): output channel o reads the input "
                     "channels of group o / (filters / groups); groups = C is depthwise"},

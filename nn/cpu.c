@@ -18,8 +18,8 @@
 #include "kernels.h"
 #include "quant.h"
 
-const char *const activation_names[ACT_COUNT] = {"none", "relu"};
-static_assert(ACT_COUNT == 2, "activation_names must list every Activation");
+const char *const activation_names[ACT_COUNT] = {"none", "relu", "relu6"};
+static_assert(ACT_COUNT == 3, "activation_names must list every Activation");
 
 extern const Kernels cpu_kernels_portable;
 #if defined(__x86_64__)

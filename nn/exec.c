@@ -230,7 +230,7 @@ void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t val
                        Activation act) {
     if (act == ACT_NONE) return;
     if (!exec_f16(ctx) && out.kind != STORED_PACKED) {
-        ctx->k->relu_backward(dout.p, dout.p, out.p, N * values);
+        ctx->k->relu_backward(dout.p, dout.p, out.p, N * values, act);
         return;
     }
     const int chunk = slot_chunk(ctx->exec, values, N);
@@ -238,7 +238,7 @@ void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t val
         const int n = chunk_len(chunk, n0, N);
         const float *y = view(ctx, out, values, n0, n, 1);
         float *dy = view(ctx, dout, values, n0, n, 2);
-        ctx->k->relu_backward(dy, dy, y, n * values);
+        ctx->k->relu_backward(dy, dy, y, n * values, act);
         if (dout.kind != STORED_F32) store(ctx, dout.p, dy, values, n0, n);
     }
 }

@@ -73,7 +73,7 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
 // out = act(a + b) over N samples of `values` each (out may be a or b).
 void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t values, int N,
                   Activation act);
-// dout *= act'(out), in place (ReLU: where out > 0).
+// dout *= act'(out), in place (act_passes: ReLU where out > 0, ReLU6 where 0 < out < 6).
 void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
                        Activation act);
 

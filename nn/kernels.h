@@ -19,8 +19,24 @@
 #include "quant.h"
 #include "scaler.h"
 
-typedef enum Activation { ACT_NONE, ACT_RELU, ACT_COUNT } Activation;
-extern const char *const activation_names[ACT_COUNT];
+typedef enum Activation { ACT_NONE, ACT_RELU, ACT_RELU6, ACT_COUNT } Activation;
+extern const char *const activation_names[ACT_COUNT];  // "none", "relu", "relu6"
+
+// The activations, one definition for the CPU, the CUDA kernels and their host replay.
+// ReLU max(x, 0); ReLU6 min(max(x, 0), 6), PyTorch's nn.ReLU6 (Hardtanh(0, 6)). A NaN gives
+// 0 with both (x > 0 is false), as ReLU's x > 0 ? x : 0 always has.
+// (Selects, not branches: the CPU's loops over them vectorise.)
+HOST_DEVICE static inline float act_apply(Activation act, float x) {
+    const float relu = x > 0.0f ? x : 0.0f, relu6 = relu > 6.0f ? 6.0f : relu;
+    return act == ACT_NONE ? x : act == ACT_RELU ? relu : relu6;
+}
+// Whether the gradient passes: act'(x) = 1, read from the output y = act(x) or from x (the
+// same set: y is 0 iff x <= 0, and 6 iff x >= 6). ReLU where y > 0 (+inf included, as
+// PyTorch's threshold_backward); ReLU6 where 0 < y < 6 (hardtanh_backward: 0 at x <= 0 and
+// at x >= 6); a NaN never; no activation always.
+HOST_DEVICE static inline bool act_passes(Activation act, float y) {
+    return (act == ACT_NONE) | ((y > 0.0f) & ((act == ACT_RELU) | (y < 6.0f)));
+}
 
 // A convolution over N images (H, W, C) -> (OH, OW, OC), K x K windows.
 typedef struct ConvGeometry {
@@ -46,22 +62,6 @@ static inline int64_t winograd_tiles(ConvGeometry g) {
 // ran 2.5x slower than its im2col).
 static inline int64_t winograd_stride(int64_t rows, int cols) {
     return (rows * cols + 1023) / 1024 * 1024 + 16;
-}
-
-// The clamp [*lo, *hi] that activation act applies to a value (v = v > lo ? v : lo, then
-// v < hi ? v : hi: a NaN becomes lo, as ReLU's rule), or false where act leaves values as
-// they are. Kernels that fuse an activation into their output (conv_grouped_forward) take
-// it from here: a new clamp is one more case.
-HOST_DEVICE static inline bool act_clamp(Activation act, float *lo, float *hi) {
-    switch (act) {
-    case ACT_RELU:
-        *lo = 0.0f, *hi = INFINITY;
-        return true;
-    case ACT_NONE:
-    case ACT_COUNT:
-        break;
-    }
-    return false;
 }
 
 #define SUMSQ_BLOCK 4096  // Kernels.sum_squares's blocks
@@ -282,8 +282,8 @@ typedef struct Kernels {
     // the Cg = C / groups input channels of its group oc / (OC / groups); w (OC, Cg, K, K),
     // PyTorch's layout. in (N, H, W, C), out (N, OH, OW, OC); zero padding. Every sum below
     // runs over the taps inside the image only (the padding's zeros add nothing).
-    // out = the clamp of act (act_clamp) of (bias, or 0, + the sum over (ci, kh, kw), in that
-    // order, of in * w), each product and sum rounded apart (no FMA); bias may be NULL.
+    // out = act_apply(act, bias, or 0, + the sum over (ci, kh, kw), in that order, of
+    // in * w), each product and sum rounded apart (no FMA); bias may be NULL.
     void (*conv_grouped_forward)(float *out, const float *in, const float *w, const float *bias,
                                  ConvGeometry g, int groups, Activation act);
     // din (N, H, W, C) = for each input element the sum over (kh, kw), then over its
@@ -306,9 +306,10 @@ typedef struct Kernels {
     // output; then, if dbias is non-NULL, dbias (cols) += the column sums of the result.
     void (*bias_act_backward)(float *dbias, float *dout, const float *y, int64_t rows, int cols,
                               Activation act);
-    // out = max(in, 0); din = dout * (out > 0) (din may be dout).
-    void (*relu_forward)(float *out, const float *in, int64_t n);
-    void (*relu_backward)(float *din, const float *dout, const float *out, int64_t n);
+    // out = act(in) for act ACT_RELU or ACT_RELU6 (act_apply); din = dout where act_passes(out),
+    // else 0 (din may be dout).
+    void (*relu_forward)(float *out, const float *in, int64_t n, Activation act);
+    void (*relu_backward)(float *din, const float *dout, const float *out, int64_t n, Activation act);
     // out = act(a + b) (out may be a or b): a residual block's sum.
     void (*add_act)(float *out, const float *a, const float *b, int64_t n, Activation act);
 

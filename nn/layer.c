@@ -6,8 +6,9 @@
 #include <string.h>
 
 const LayerOps *const layer_types[] = {
-    &conv_ops,           &linear_ops,  &batchnorm_ops, &relu_ops,     &maxpool_ops, &avgpool_ops,
-    &global_avgpool_ops, &dropout_ops, &flatten_ops,   &residual_ops, &log_softmax_ops};
+    &conv_ops,           &linear_ops,   &batchnorm_ops, &relu_ops,    &relu6_ops,
+    &maxpool_ops,        &avgpool_ops,  &global_avgpool_ops, &dropout_ops, &flatten_ops,
+    &block_ops,          &residual_ops, &log_softmax_ops};
 const int layer_ntypes = sizeof layer_types / sizeof layer_types[0];
 
 const LayerOps *layer_type(const char *section) {
@@ -111,33 +112,127 @@ void *layer_alloc(size_t size, const LayerOps *ops, const LayerArgs *a, Error *e
     l->ops = ops;
     l->in = a->in;
     l->out = a->in;
-    layer_section_name(a->cfg, a->s, l->name, sizeof l->name);
+    char name[2 * LAYER_NAME_MAX];
+    layer_section_name(a->cfg, a->s, name, sizeof name);
+    snprintf(l->name, sizeof l->name, "%.*s", LAYER_NAME_MAX - 1, name);
     const CfgEntry *e = cfg_entry(a->s, "name");
     const char *why = e ? layer_name_problem(e->value) : NULL;
+    if (!why && strlen(name) >= LAYER_NAME_MAX) why = "with its block's name before it, it is longer than a layer name may be";
     if (why) {
-        err_set(err, "%s:%d: [%s] name '%.100s': %s", a->cfg->path, e->line ? e->line : a->s->line,
-                a->s->name, e->value, why);
+        err_set(err, "%s:%d: [%s] name '%.100s': %s", a->cfg->path, e && e->line ? e->line : a->s->line,
+                a->s->name, e ? e->value : name, why);
         free(l);
         return NULL;
     }
     return l;
 }
 
-void layer_section_name(const Cfg *cfg, const CfgSection *s, char *name, size_t size) {
-    const CfgEntry *e = cfg_entry(s, "name");
-    if (e) {
-        snprintf(name, size, "%s", e->value);
-        return;
+// The markers of a [block]'s member list (nn/block.c): not layers themselves.
+static bool is_marker(const CfgSection *s) {
+    return !strcmp(s->name, BLOCK_SHORTCUT) || !strcmp(s->name, BLOCK_END);
+}
+
+bool layer_is_section(const CfgSection *s) {
+    return strcmp(s->name, "train") && strcmp(s->name, "data") && !is_marker(s);
+}
+
+// Walks the sections up to s, keeping the stack of [block]s open there: each one's full
+// name and how many members of its body and its shortcut came so far. Returns the depth at
+// s (its enclosing blocks: frames[0..depth)) and writes s's full name.
+typedef struct BlockFrame {
+    char name[LAYER_NAME_MAX];
+    const CfgSection *s;
+    int body, shortcut;  // members so far
+    bool in_shortcut;
+} BlockFrame;
+
+static int walk_to(const Cfg *cfg, const CfgSection *s, BlockFrame *frames, char *name, size_t size) {
+    int depth = 0;
+    for (const CfgSection *t = cfg->sections; t < cfg->sections + cfg->nsections; t++) {
+        if (!strcmp(t->name, "train") || !strcmp(t->name, "data")) continue;
+        if (!strcmp(t->name, BLOCK_END)) {
+            if (depth > 0) depth--;
+            continue;
+        }
+        if (!strcmp(t->name, BLOCK_SHORTCUT)) {
+            if (depth > 0) frames[depth - 1].in_shortcut = true;
+            continue;
+        }
+        char full[2 * LAYER_NAME_MAX];  // too long for a name: layer_alloc says so
+        const CfgEntry *e = cfg_entry(t, "name");
+        if (depth == 0) {
+            if (e) {
+                snprintf(full, sizeof full, "%s", e->value);
+            } else {  // the type and its count among the top-level sections so far
+                int count = 0, d = 0;
+                for (const CfgSection *u = cfg->sections; u <= t; u++) {
+                    if (!strcmp(u->name, BLOCK_END)) {
+                        if (d > 0) d--;
+                        continue;
+                    }
+                    if (d == 0 && !strcmp(u->name, t->name)) count++;
+                    if (!strcmp(u->name, BLOCK_TYPE)) d++;
+                }
+                snprintf(full, sizeof full, "%s%d", t->name, count);
+            }
+        } else {  // a member: named under its block, by default as nn.Sequential numbers them
+            BlockFrame *f = &frames[depth - 1];
+            char rel[LAYER_NAME_MAX];
+            if (e) snprintf(rel, sizeof rel, "%s", e->value);
+            else if (f->in_shortcut) snprintf(rel, sizeof rel, "downsample.%d", f->shortcut);
+            else snprintf(rel, sizeof rel, "%d", f->body);
+            f->in_shortcut ? f->shortcut++ : f->body++;
+            snprintf(full, sizeof full, "%s.%s", f->name, rel);
+        }
+        if (t == s) {
+            snprintf(name, size, "%s", full);
+            return depth;
+        }
+        if (!strcmp(t->name, BLOCK_TYPE) && depth < BLOCK_MAX_DEPTH) {
+            frames[depth] = (BlockFrame){.s = t};
+            snprintf(frames[depth].name, sizeof frames[depth].name, "%.*s", LAYER_NAME_MAX - 1, full);
+            depth++;
+        }
     }
-    int count = 0;
-    for (const CfgSection *t = cfg->sections; t <= s; t++) count += strcmp(t->name, s->name) == 0;
-    snprintf(name, size, "%s%d", s->name, count);
+    snprintf(name, size, "%s", s->name);  // s is not in cfg
+    return 0;
+}
+
+void layer_section_name(const Cfg *cfg, const CfgSection *s, char *name, size_t size) {
+    BlockFrame frames[BLOCK_MAX_DEPTH];
+    walk_to(cfg, s, frames, name, size);
+}
+
+const CfgSection *layer_section_block(const Cfg *cfg, const CfgSection *s) {
+    BlockFrame frames[BLOCK_MAX_DEPTH];
+    char name[LAYER_NAME_MAX];
+    const int depth = walk_to(cfg, s, frames, name, sizeof name);
+    return depth ? frames[depth - 1].s : NULL;
+}
+
+int layer_section_extent(const Cfg *cfg, const CfgSection *s, Error *err) {
+    if (is_marker(s))
+        return err_set(err, "%s:%d: [%s] outside a [%s]: it %s", cfg->path, s->line, s->name, BLOCK_TYPE,
+                       !strcmp(s->name, BLOCK_END) ? "closes a block's member list"
+                                                   : "separates a block's body from its shortcut");
+    if (strcmp(s->name, BLOCK_TYPE)) return 1;
+    int depth = 0;
+    for (const CfgSection *t = s; t < cfg->sections + cfg->nsections; t++) {
+        if (!strcmp(t->name, "train") || !strcmp(t->name, "data"))
+            return err_set(err, "%s:%d: [%s] inside the [%s] of line %d: close the block with [%s] first",
+                           cfg->path, t->line, t->name, BLOCK_TYPE, s->line, BLOCK_END);
+        if (!strcmp(t->name, BLOCK_TYPE) && ++depth > BLOCK_MAX_DEPTH)
+            return err_set(err, "%s:%d: blocks nest deeper than %d", cfg->path, t->line, BLOCK_MAX_DEPTH);
+        if (!strcmp(t->name, BLOCK_END) && --depth == 0) return (int)(t - s) + 1;
+    }
+    return err_set(err, "%s:%d: [%s] has no [%s] after its members", cfg->path, s->line, BLOCK_TYPE,
+                   BLOCK_END);
 }
 
 CfgSection *layer_find_section(const Cfg *cfg, const char *name) {
     for (int i = 0; i < cfg->nsections; i++) {
         CfgSection *s = &cfg->sections[i];
-        if (!strcmp(s->name, "train") || !strcmp(s->name, "data")) continue;
+        if (!layer_is_section(s)) continue;
         char n[LAYER_NAME_MAX];
         layer_section_name(cfg, s, n, sizeof n);
         if (strcmp(n, name) == 0) return s;

@@ -28,6 +28,13 @@
 #define LAYER_MAX_BUFFERS 3
 #define LAYER_NAME_MAX 64
 
+// The general block's sections (nn/block.c): [block] opens its member list, [shortcut]
+// starts the shortcut's members, [end] closes it.
+#define BLOCK_TYPE "block"
+#define BLOCK_SHORTCUT "shortcut"
+#define BLOCK_END "end"
+#define BLOCK_MAX_DEPTH 8
+
 enum { BACKWARD_READS_IN = 1, BACKWARD_READS_OUT = 2 };
 
 typedef struct Exec Exec;  // nn/exec.h
@@ -204,8 +211,8 @@ struct Layer {
 };
 
 // The layer types, in the order of --help.
-extern const LayerOps conv_ops, linear_ops, batchnorm_ops, relu_ops, maxpool_ops, avgpool_ops,
-    global_avgpool_ops, dropout_ops, flatten_ops, residual_ops, log_softmax_ops;
+extern const LayerOps conv_ops, linear_ops, batchnorm_ops, relu_ops, relu6_ops, maxpool_ops,
+    avgpool_ops, global_avgpool_ops, dropout_ops, flatten_ops, block_ops, residual_ops, log_softmax_ops;
 extern const LayerOps *const layer_types[];
 extern const int layer_ntypes;
 const LayerOps *layer_type(const char *section);
@@ -239,8 +246,17 @@ unsigned layer_reads_out(const Layer *l);
 // [conv] section). Names are PyTorch module paths: parts of letters, digits and '_'
 // joined by '.'.
 void *layer_alloc(size_t size, const LayerOps *ops, const LayerArgs *a, Error *err);
-// The name of the layer that section s makes: its `name` key, or type + count ("conv2").
+// The name of the layer that section s makes: its `name` key, or type + count ("conv2");
+// a block's member is named under its block (nn/block.c): "layer1.0" + "." + its `name`
+// key, or its place (body: "0", "1", ...; shortcut: "downsample.0", ...).
 void layer_section_name(const Cfg *cfg, const CfgSection *s, char *name, size_t size);
+// Whether section s makes a layer: not [train], [data] nor a block's markers.
+bool layer_is_section(const CfgSection *s);
+// The [block] section whose members s is one of, or NULL for a top-level layer.
+const CfgSection *layer_section_block(const Cfg *cfg, const CfgSection *s);
+// Sections that the layer of section s spans: 1, or a [block] through its [end]; -1 with
+// err for a [block] without its [end] or a marker outside a block.
+int layer_section_extent(const Cfg *cfg, const CfgSection *s, Error *err);
 // The layer section whose layer is called `name`, or NULL.
 CfgSection *layer_find_section(const Cfg *cfg, const char *name);
 // Why `name` cannot name a layer ("it is empty", ...), or NULL if it can.

@@ -14,7 +14,7 @@ typedef struct Linear {
 static const CfgKey linear_keys[] = {
     {"name", "linear<k>", "module name, as in PyTorch's state_dict (fc1, ...)"},
     {"outputs", NULL, "output features; `classes`: the data's class count"},
-    {"activation", "none", "none or relu, applied to the output"},
+    {"activation", "none", "none, relu or relu6 (min(max(x, 0), 6)), applied to the output"},
 };
 
 static int linear_create(Layer **out, const LayerArgs *a, Error *err) {

@@ -24,10 +24,6 @@ size_t mem_plan_on(const MemPlan *p, const Kernels *k) {
 // Blocks are carved in 64-byte aligned pieces.
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static bool is_layer_section(const CfgSection *s) {
-    return strcmp(s->name, "train") != 0 && strcmp(s->name, "data") != 0;
-}
-
 static int count_modules(const Layer *l) {
     int n = 1;
     for (int i = 0; i < l->nchildren; i++) n += count_modules(l->children[i]);
@@ -42,8 +38,15 @@ static void add_modules(Net *net, Layer *l) {
 }
 
 static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, Error *err) {
+    // The top-level layers: a [block]'s members are its own.
     int n = 0;
-    for (int i = 0; i < cfg->nsections; i++) n += is_layer_section(&cfg->sections[i]);
+    for (int i = 0; i < cfg->nsections; i++) {
+        if (!strcmp(cfg->sections[i].name, "train") || !strcmp(cfg->sections[i].name, "data")) continue;
+        const int extent = layer_section_extent(cfg, &cfg->sections[i], err);
+        if (extent < 0) return -1;
+        n++;
+        i += extent - 1;
+    }
     if (n == 0)
         return err_set(err, "%s: no layer sections: the network needs at least [flatten], "
                             "[linear] and [log_softmax]", cfg->path);
@@ -57,7 +60,8 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
     const CfgSection *last = NULL;
     for (int i = 0; i < cfg->nsections; i++) {
         const CfgSection *s = &cfg->sections[i];
-        if (!is_layer_section(s)) continue;
+        if (!layer_is_section(s)) continue;
+        i += layer_section_extent(cfg, s, err) - 1;
         const LayerOps *ops = layer_type(s->name);
         if (!ops) {
             char known[512] = "";
@@ -68,14 +72,15 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
                     s->line, s->name, known);
             goto done;
         }
-        if (ops->expand && net->nlayers == 0) {
+        Layer *l = NULL;
+        const LayerArgs args = {.cfg = cfg, .s = s, .in = shape, .classes = classes};
+        if (ops->create(&l, &args, err)) goto done;
+        if (l->ops->expand && net->nlayers == 0) {
+            layer_free(l);
             err_set(err, "%s:%d: [%s] is the first layer: a block needs a layer before it (a "
                          "stem such as [conv] + [batchnorm])", cfg->path, s->line, s->name);
             goto done;
         }
-        Layer *l = NULL;
-        const LayerArgs args = {.cfg = cfg, .s = s, .in = shape, .classes = classes};
-        if (ops->create(&l, &args, err)) goto done;
         from[net->nlayers] = s;
         net->layers[net->nlayers++] = l;
         net->nmodules += count_modules(l);

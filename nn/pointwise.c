@@ -1,5 +1,5 @@
-// pointwise.c: the layers without parameters that keep the sample count: relu, dropout,
-// flatten, log_softmax.
+// pointwise.c: the layers without parameters that keep the sample count: relu, relu6,
+// dropout, flatten, log_softmax.
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,18 +15,35 @@ static int plain_create(Layer **out, const LayerOps *ops, const LayerArgs *a, Er
     return 0;
 }
 
-// ---- relu -------------------------------------------------------------------------------------
+// ---- relu, relu6 -------------------------------------------------------------------------------
+
+// The two share their code: the activation is the layer's type (nn.ReLU, nn.ReLU6).
+static Activation relu_act(const Layer *l) { return l->ops == &relu6_ops ? ACT_RELU6 : ACT_RELU; }
 
 static int relu_create(Layer **out, const LayerArgs *a, Error *err) {
     return plain_create(out, &relu_ops, a, err);
 }
+static int relu6_create(Layer **out, const LayerArgs *a, Error *err) {
+    return plain_create(out, &relu6_ops, a, err);
+}
 static void relu_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
-    ctx->k->relu_forward(out, in, N * shape_numel(l->in));
+    ctx->k->relu_forward(out, in, N * shape_numel(l->in), relu_act(l));
 }
 static void relu_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout,
                           const float *in, const float *out, int N) {
-    if (din) ctx->k->relu_backward(din, dout, out, N * shape_numel(l->in));
+    if (din) ctx->k->relu_backward(din, dout, out, N * shape_numel(l->in), relu_act(l));
 }
+const LayerOps relu6_ops = {
+    .type = "relu6",
+    .summary = "min(max(x, 0), 6), elementwise (PyTorch ReLU6)",
+    .keys = name_only_keys,
+    .nkeys = 1,
+    .create = relu6_create,
+    .forward = relu_forward,
+    .backward = relu_backward,
+    .backward_in_place = true,
+    .backward_reads = layer_reads_out,
+};
 const LayerOps relu_ops = {
     .type = "relu",
     .summary = "max(x, 0), elementwise",

@@ -144,11 +144,11 @@ static void w_bias_act_backward(float *dbias, float *dout, const float *y, int64
                                 Activation act) {
     TIMED(K_BIAS_ACT, P.inner->bias_act_backward(dbias, dout, y, rows, cols, act));
 }
-static void w_relu_forward(float *out, const float *in, int64_t n) {
-    TIMED(K_BIAS_ACT, P.inner->relu_forward(out, in, n));
+static void w_relu_forward(float *out, const float *in, int64_t n, Activation act) {
+    TIMED(K_BIAS_ACT, P.inner->relu_forward(out, in, n, act));
 }
-static void w_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
-    TIMED(K_BIAS_ACT, P.inner->relu_backward(din, dout, out, n));
+static void w_relu_backward(float *din, const float *dout, const float *out, int64_t n, Activation act) {
+    TIMED(K_BIAS_ACT, P.inner->relu_backward(din, dout, out, n, act));
 }
 static void w_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
     TIMED(K_BIAS_ACT, P.inner->add_act(out, a, b, n, act));

@@ -578,8 +578,20 @@ static void expect_accumulation_batchnorm(const char *text, const char *what) {
     free(g16), free(g4), free(sum);
 }
 
+// The same with torchvision's other blocks: a Bottleneck with its downsample and an
+// InvertedResidual (expansion, depthwise 3x3, ReLU6, linear projection, the identity added).
+static const char *acc_blocks =
+    "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 2\nstride = 2\n"
+    "[residual]\nname = features.2\nblock = inverted\nexpand = 3\nfilters = 8\n"
+    "[global_avgpool]\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = 10\n"
+    "[log_softmax]\n";
+
 static void test_accumulate_batchnorm(void **state) {
     expect_accumulation_batchnorm(acc_resnet, "resnet");
+    expect_accumulation_batchnorm(acc_blocks, "bottleneck and inverted residual");
     expect_accumulation_batchnorm(acc_mobile, "depthwise + batchnorm + relu");
 }
 

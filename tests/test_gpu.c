@@ -103,6 +103,14 @@ static float *rand_floats_zeros(int64_t n) {
     return p;
 }
 
+// For ReLU6 (act), values spread over [-8, 8] with exact 6s and their neighbours among them,
+// for both sides of the kink at 6; other activations keep [-1, 1].
+static void spread_for(Activation act, float *p, int64_t n) {
+    if (act != ACT_RELU6) return;
+    static const float at6[] = {6.0f, 5.9999995f, 6.0000005f};
+    for (int64_t i = 0; i < n; i++) p[i] = i % 61 < 3 ? at6[i % 61] : p[i] * 8.0f;
+}
+
 static void *xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     assert_non_null(p);
@@ -322,7 +330,7 @@ static void test_64bit_sizes(void **state) {
     const int64_t at[] = {0, ((int64_t)1 << 31) - WIN / 2, n - WIN};
     float *h = rand_floats(WIN, -1, 1), *back = xmalloc(WIN * sizeof *back);
     for (int j = 0; j < 3; j++) G->upload(d + at[j], h, WIN * sizeof *h);
-    G->relu_forward(d, d, n);  // in place
+    G->relu_forward(d, d, n, ACT_RELU);  // in place
     ScalerState st = {.scale = 0.5}, *dst = dev_alloc(G, sizeof st);
     G->upload(dst, &st, sizeof st);
     G->unscale_check(d, n, dst);
@@ -549,6 +557,7 @@ static void test_conv_direct(void **state) {
             float *x = rand_floats_zeros(nin), *wt = rand_floats(g.OC * taps, -0.5f, 0.5f),
                   *b = rand_floats(g.OC, -0.5f, 0.5f), *dy = rand_floats_zeros(nout),
                   *dw0 = rand_floats(g.OC * taps, -1, 1), *db0 = rand_floats(g.OC, -1, 1);
+            spread_for((Activation)act, x, nin);
             Buf in = buf_from(x, nin * 4), w = buf_from(wt, g.OC * taps * 4), bias = buf_from(b, g.OC * 4),
                 out = buf_poison(nout * 4), dout = buf_from(dy, nout * 4), din = buf_poison(nin * 4),
                 dw = buf_from(dw0, g.OC * taps * 4), db = buf_from(db0, g.OC * 4),
@@ -663,6 +672,7 @@ static void test_bias_act(void **state) {
             for (int with_bias = 0; with_bias < 2; with_bias++) {
                 const int64_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
                 float *x = rand_floats_zeros(n), *b = rand_floats(cols, -0.5f, 0.5f);
+                spread_for((Activation)act, x, n);
                 Buf out = buf_from(x, n * 4), bias = buf_from(b, cols * 4);
                 BOTH(k->bias_act_forward(P(out), with_bias ? P(bias) : NULL, rows, (int)cols,
                                          (Activation)act));
@@ -681,19 +691,25 @@ static void test_relu(void **state) {
     NEED_GPU();
     rng_seed(5);
     const int64_t n = 300007;
-    float *x = rand_floats_zeros(n), *dy = rand_floats(n, -1, 1);
-    x[5] = NAN, x[6] = -NAN, x[7] = INFINITY, x[8] = -INFINITY;
-    Buf in = buf_from(x, n * 4), out = buf_poison(n * 4), dout = buf_from(dy, n * 4),
-        din = buf_poison(n * 4);
-    BOTH(k->relu_forward(P(out), P(in), n));
-    BOTH(k->relu_backward(P(din), P(dout), P(out), n));
-    float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
-    buf_fetch(out, hc, hg);
-    expect_same_f32(hc, hg, n, "relu_forward");
-    buf_fetch(din, hc, hg);
-    expect_same_f32(hc, hg, n, "relu_backward");
-    buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
-    free(x), free(dy), free(hc), free(hg);
+    for (int act = ACT_RELU; act < ACT_COUNT; act++) {
+        float *x = rand_floats_zeros(n), *dy = rand_floats(n, -1, 1);
+        spread_for((Activation)act, x, n);
+        x[5] = NAN, x[6] = -NAN, x[7] = INFINITY, x[8] = -INFINITY;
+        Buf in = buf_from(x, n * 4), out = buf_poison(n * 4), dout = buf_from(dy, n * 4),
+            din = buf_poison(n * 4);
+        BOTH(k->relu_forward(P(out), P(in), n, (Activation)act));
+        BOTH(k->relu_backward(P(din), P(dout), P(out), n, (Activation)act));
+        float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
+        char what[64];
+        buf_fetch(out, hc, hg);
+        snprintf(what, sizeof what, "relu_forward %s", activation_names[act]);
+        expect_same_f32(hc, hg, n, what);
+        buf_fetch(din, hc, hg);
+        snprintf(what, sizeof what, "relu_backward %s", activation_names[act]);
+        expect_same_f32(hc, hg, n, what);
+        buf_free(in), buf_free(out), buf_free(dout), buf_free(din);
+        free(x), free(dy), free(hc), free(hg);
+    }
 }
 
 // add_parts: the same order of additions on both, so the same bits; 1 to 5 parts apart
@@ -723,6 +739,7 @@ static void test_bias_act_backward(void **state) {
             const int64_t rows = shapes[s][0], n = rows * shapes[s][1];
             const int cols = shapes[s][1];
             float *dy = rand_floats(n, -1, 1), *y = rand_floats_zeros(n), *db0 = rand_floats(cols, -1, 1);
+            spread_for((Activation)act, y, n);
             y[0] = NAN;
             Buf dout = buf_from(dy, n * 4), out = buf_from(y, n * 4), db = buf_from(db0, cols * 4);
             BOTH(k->bias_act_backward(P(db), P(dout), P(out), rows, cols, (Activation)act));  // accumulates
@@ -801,6 +818,7 @@ static void test_add_act(void **state) {
     rng_seed(8);
     const int64_t n = 100003;
     float *a = rand_floats_zeros(n), *b = rand_floats_zeros(n);
+    spread_for(ACT_RELU6, a, n);  // sums on both sides of 6 (and of 0) for every activation
     a[3] = NAN, b[4] = INFINITY;
     for (int act = 0; act < ACT_COUNT; act++) {
         Buf ba = buf_from(a, n * 4), bb = buf_from(b, n * 4), out = buf_poison(n * 4);
@@ -808,9 +826,12 @@ static void test_add_act(void **state) {
         BOTH(k->add_act(P(ba), P(ba), P(bb), n, (Activation)act));  // in place
         float *hc = xmalloc(n * 4), *hg = xmalloc(n * 4);
         buf_fetch(out, hc, hg);
-        expect_same_f32(hc, hg, n, act ? "add_act relu" : "add_act");
+        char what[64];
+        snprintf(what, sizeof what, "add_act %s", activation_names[act]);
+        expect_same_f32(hc, hg, n, what);
         buf_fetch(ba, hc, hg);
-        expect_same_f32(hc, hg, n, act ? "add_act relu in place" : "add_act in place");
+        snprintf(what, sizeof what, "add_act %s in place", activation_names[act]);
+        expect_same_f32(hc, hg, n, what);
         buf_free(ba), buf_free(bb), buf_free(out);
         free(hc), free(hg);
     }
@@ -911,6 +932,7 @@ static void test_batchnorm(void **state) {
             const int Cc = shapes[t][1];
             float *x = rand_floats(n, -2, 3), *dy = rand_floats_zeros(n);
             float *gamma = rand_floats(Cc, 0.5f, 1.5f), *beta = rand_floats(Cc, -0.5f, 0.5f);
+            for (int c = 0; c < Cc && act == ACT_RELU6; c++) gamma[c] *= 4;  // z = xhat * gamma + beta past 6
             float *rm = rand_floats(Cc, -0.1f, 0.1f), *rv = rand_floats(Cc, 0.5f, 1.5f);
             float *dg0 = rand_floats(Cc, -1, 1), *db0 = rand_floats(Cc, -1, 1);
             char what[112];

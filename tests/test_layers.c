@@ -9,7 +9,7 @@
 //             din, dW, db equal central finite differences of L computed on the double
 //             reference (h = 1e-6, so the differences are exact to ~1e-9 for these
 //             piecewise-linear or smooth functions) within 1e-4 * max(1, max|grad|);
-//             inputs are kept away from the kinks of relu and max;
+//             inputs are kept away from the kinks of relu (and relu6's at 6) and max;
 //   contract  parameter gradients accumulate (a second backward doubles them), din is
 //             overwritten (a second backward over garbage gives the same bits), and
 //             din = NULL still gives the parameter gradients.
@@ -37,8 +37,8 @@
 #define FD_H 1e-6
 #define FWD_TOL 1e-5   // forward: max abs error / max |reference|
 #define GRAD_TOL 1e-4  // backward: max abs error / max(1, max |gradient|)
-#define MAXNODES 8
-#define MAXP 16  // parameter tensors of a layer and its children
+#define MAXNODES 16
+#define MAXP 24  // parameter tensors of a layer and its children
 
 // The CPU table's chunk_bytes (nn/cpu_kernels.c): the im2col workspace of one chunk of
 // images; the workspace tests check that the table says so.
@@ -98,7 +98,8 @@ struct Case {
     const Tensor *t[MAXP];
     int64_t nin, nout, np[MAXP];
     int K, stride, pad;  // conv and pooling
-    bool relu;           // conv, linear and batchnorm with activation = relu
+    bool relu;           // conv, linear and batchnorm with activation = relu (or relu6)
+    bool relu6;          // with relu: activation = relu6, clipped at 6 as well
     bool nobias;         // conv with bias = 0
     int groups;          // conv: channel groups (1 or 0: none)
     RefFwd ref;
@@ -241,20 +242,47 @@ static void case_fill(Case *c, uint64_t seed) {
     case_sync(c);
 }
 
+// The activation of a case, and its reference in double: relu6 clips at 0 and at 6.
+static Activation case_act(const Case *c) { return c->relu6 ? ACT_RELU6 : c->relu ? ACT_RELU : ACT_NONE; }
+static double act_ref(Activation act, double z) {
+    if (act != ACT_NONE && z < 0) return 0;
+    return act == ACT_RELU6 && z > 6 ? 6 : z;
+}
+// Whether the gradient passes at pre-activation z: PyTorch's rule, ReLU where z > 0, ReLU6
+// where 0 < z < 6.
+static bool act_ref_passes(Activation act, double z) {
+    return act == ACT_NONE || (z > 0 && (act == ACT_RELU || z < 6));
+}
+
+// For relu6, the first parameter tensor (the weights; batchnorm's gamma) is scaled by this,
+// so that pre-activations land below 0, between 0 and 6, and above 6.
+#define RELU6_SPREAD 4.0f
+
 // For layers with a relu activation: refills until no pre-activation lies within margin of
-// 0, so that neither float rounding nor a step of FD_H crosses the kink.
+// 0 (nor of 6 with relu6, where some must lie on each side of both kinks), so that neither
+// float rounding nor a step of FD_H crosses a kink.
 static void case_fill_away_from_kinks(Case *c, uint64_t seed, double margin) {
     double *z = xmalloc((size_t)c->nout * sizeof(double));
     for (int tries = 0;; tries++) {
         assert_true(tries < 100);
         case_fill(c, seed + (uint64_t)tries);
         if (!c->relu) break;
-        c->relu = false;
+        if (c->relu6) {
+            for (int64_t i = 0; i < c->np[0]; i++) c->p[0][i] *= RELU6_SPREAD;
+            case_sync(c);
+        }
+        const bool relu6 = c->relu6;
+        c->relu = c->relu6 = false;
         c->ref(c, z);
-        c->relu = true;
+        c->relu = true, c->relu6 = relu6;
         double m = INFINITY;
-        for (int64_t i = 0; i < c->nout; i++) m = fmin(m, fabs(z[i]));
-        if (m >= margin) break;
+        int64_t below = 0, between = 0, above = 0;
+        for (int64_t i = 0; i < c->nout; i++) {
+            m = fmin(m, fabs(z[i]));
+            if (relu6) m = fmin(m, fabs(z[i] - 6));
+            below += z[i] < 0, between += z[i] > 0 && z[i] < 6, above += z[i] > 6;
+        }
+        if (m >= margin && (!relu6 || (below && between && above))) break;
     }
     free(z);
 }
@@ -490,7 +518,7 @@ static void conv_d(double *out, const double *x, const double *w, const double *
 static void conv_ref(const Case *c, double *out) {
     conv_d(out, c->x, c->w[0], c->nobias ? NULL : c->w[1], c->N, c->l->in, c->l->out, c->K,
            c->stride, c->pad);
-    for (int64_t i = 0; i < c->nout && c->relu; i++) out[i] = out[i] < 0 ? 0 : out[i];
+    for (int64_t i = 0; i < c->nout; i++) out[i] = act_ref(case_act(c), out[i]);
 }
 
 // Grouped convolution as PyTorch defines it, by its own loops: output channel oc reads the
@@ -511,8 +539,7 @@ static void grouped_ref(const Case *c, double *out) {
                                 s += c->x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + oc / Mg * Cg + ci] *
                                      c->w[0][((oc * Cg + ci) * K + kh) * K + kw];
                             }
-                    const double v = c->relu && s < 0 ? 0 : s;
-                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc] = v;
+                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc] = act_ref(case_act(c), s);
                 }
 }
 
@@ -530,7 +557,7 @@ static void grouped_ref_backward(const Case *c, const double *R, double *dx, dou
             for (int ow = 0; ow < o.w; ow++)
                 for (int oc = 0; oc < o.c; oc++) {
                     const int64_t oi = (((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc;
-                    const double dz = c->relu && y[oi] <= 0 ? 0 : R[oi];
+                    const double dz = act_ref_passes(case_act(c), y[oi]) ? R[oi] : 0;
                     if (!c->nobias) dw[1][oc] += dz;
                     for (int ci = 0; ci < Cg; ci++)
                         for (int kh = 0; kh < K; kh++)
@@ -546,7 +573,8 @@ static void grouped_ref_backward(const Case *c, const double *R, double *dx, dou
     free(y);
 }
 
-// The adjoint of conv_ref's loops, written out: dz = R masked by relu; db = sum dz;
+// The adjoint of conv_ref's loops, written out: dz = R masked by the activation (read from
+// its output y: relu6's y is 0 or 6 exactly where z is on a flat side); db = sum dz;
 // dw[oc,c,kh,kw] = sum dz * x; dx[pixel] = sum dz * w.
 static void conv_ref_backward(const Case *c, const double *R, double *dx, double **dw) {
     const Shape in = c->l->in, o = c->l->out;
@@ -561,7 +589,7 @@ static void conv_ref_backward(const Case *c, const double *R, double *dx, double
             for (int ow = 0; ow < o.w; ow++)
                 for (int oc = 0; oc < o.c; oc++) {
                     const int64_t oi = (((int64_t)n * o.h + oh) * o.w + ow) * o.c + oc;
-                    const double dz = c->relu && y[oi] <= 0 ? 0 : R[oi];
+                    const double dz = act_ref_passes(case_act(c), y[oi]) ? R[oi] : 0;
                     if (!c->nobias) dw[1][oc] += dz;
                     for (int ch = 0; ch < in.c; ch++)
                         for (int kh = 0; kh < K; kh++)
@@ -584,7 +612,7 @@ static void linear_ref(const Case *c, double *out) {
         for (int o = 0; o < O; o++) {
             double s = c->w[1][o];
             for (int i = 0; i < I; i++) s += c->x[(int64_t)n * I + i] * c->w[0][(int64_t)o * I + i];
-            out[(int64_t)n * O + o] = c->relu && s < 0 ? 0 : s;
+            out[(int64_t)n * O + o] = act_ref(case_act(c), s);
         }
 }
 
@@ -657,6 +685,7 @@ static void bn_d(double *out, const double *x, const double *g, const double *b,
 
 static void bn_ref(const Case *c, double *out) {
     bn_d(out, c->x, c->w[0], c->w[1], c->nin / c->l->in.c, c->l->in.c, c->relu, NULL, NULL);
+    for (int64_t i = 0; i < c->nout && c->relu6; i++) out[i] = act_ref(ACT_RELU6, out[i]);
 }
 
 // torchvision's BasicBlock (nn/residual.c) from the double parameters in state_dict order:
@@ -679,6 +708,47 @@ static void residual_ref(const Case *c, double *out) {
     for (int64_t i = 0; i < no; i++) out[i] += s[i];
     relu_d(out, no);
     free(a), free(b), free(s);
+}
+
+// torchvision's Bottleneck: relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x)),
+// conv1 and conv3 1x1, conv2 3x3 with the stride; the shortcut a 1x1 convolution with the
+// stride and a batchnorm when it has 12 tensors, else the identity.
+static void bottleneck_ref(const Case *c, double *out) {
+    const Shape in = c->l->in, o = c->l->out;
+    const Shape m1 = {.c = o.c / 4, .h = in.h, .w = in.w}, m2 = {.c = o.c / 4, .h = o.h, .w = o.w};
+    const int64_t no = c->nout, rows1 = (int64_t)c->N * in.h * in.w, rows = no / o.c;
+    const size_t big = (size_t)(no > rows1 * m1.c ? no : rows1 * m1.c);
+    double *a = xmalloc(big * sizeof(double)), *b = xmalloc(big * sizeof(double));
+    double *s = xmalloc((size_t)no * sizeof(double));
+    conv_d(a, c->x, c->w[0], NULL, c->N, in, m1, 1, 1, 0);
+    bn_d(b, a, c->w[1], c->w[2], rows1, m1.c, true, NULL, NULL);
+    conv_d(a, b, c->w[3], NULL, c->N, m1, m2, 3, c->stride, 1);
+    bn_d(b, a, c->w[4], c->w[5], rows, m2.c, true, NULL, NULL);
+    conv_d(a, b, c->w[6], NULL, c->N, m2, o, 1, 1, 0);
+    bn_d(out, a, c->w[7], c->w[8], rows, o.c, false, NULL, NULL);
+    if (c->nt == 12) {
+        conv_d(a, c->x, c->w[9], NULL, c->N, in, o, 1, c->stride, 0);
+        bn_d(s, a, c->w[10], c->w[11], rows, o.c, false, NULL, NULL);
+    } else {
+        memcpy(s, c->x, (size_t)no * sizeof(double));
+    }
+    for (int64_t i = 0; i < no; i++) out[i] += s[i];
+    relu_d(out, no);
+    free(a), free(b), free(s);
+}
+
+// A general [block] without a shortcut's layers: body conv 3x3 (pad 1, with a bias) and
+// batchnorm with a ReLU, then a 1x1 convolution; out = body(x) + x, no activation.
+static void block_ref(const Case *c, double *out) {
+    const Shape in = c->l->in;
+    const Shape m = {.c = c->t[0]->shape[0], .h = in.h, .w = in.w};
+    const int64_t no = c->nout, rows = no / in.c;
+    double *a = xmalloc((size_t)(rows * m.c) * sizeof(double)), *b = xmalloc((size_t)(rows * m.c) * sizeof(double));
+    conv_d(a, c->x, c->w[0], c->w[1], c->N, in, m, 3, 1, 1);
+    bn_d(b, a, c->w[2], c->w[3], rows, m.c, true, NULL, NULL);
+    conv_d(out, b, c->w[4], NULL, c->N, m, in, 1, 1, 0);
+    for (int64_t i = 0; i < no; i++) out[i] += c->x[i];
+    free(a), free(b);
 }
 
 // PyTorch's flatten of (N, C, H, W): out[n, (c*H + h)*W + w] = x[n, h, w, c].
@@ -712,13 +782,14 @@ static void log_softmax_ref(const Case *c, double *out) {
 typedef struct ConvSpec {
     int N, C, H, W, OC, K, stride, pad;
     bool relu, nobias;
+    bool relu6;             // activation = relu6 (relu need not be set)
     const char *algorithm;  // NULL: auto
 } ConvSpec;
 
 static void conv_text(char *text, size_t n, const ConvSpec *s) {
     snprintf(text, n, "[conv]\nname = c\nfilters = %d\nsize = %d\nstride = %d\npad = %d\n"
              "activation = %s\nbias = %d\nalgorithm = %s\n", s->OC, s->K, s->stride, s->pad,
-             s->relu ? "relu" : "none", !s->nobias, s->algorithm ? s->algorithm : "auto");
+             s->relu6 ? "relu6" : s->relu ? "relu" : "none", !s->nobias, s->algorithm ? s->algorithm : "auto");
 }
 
 static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
@@ -741,7 +812,8 @@ static void check_conv(const ConvSpec *s, bool fd, uint64_t seed) {
         assert_string_equal(c.l->params[1].name, "c.bias");
         assert_int_equal(c.l->params[1].shape[0], s->OC);
     }
-    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu, c.nobias = s->nobias;
+    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu || s->relu6, c.nobias = s->nobias;
+    c.relu6 = s->relu6;
     c.ref = conv_ref;
     c.refb = conv_ref_backward;
     c.fd = fd;
@@ -781,6 +853,25 @@ static void test_conv_pointwise(void **state) {
                            .pad = 0, .relu = true}, true, 30);
     check_conv(&(ConvSpec){.N = 3, .C = 4, .H = 2, .W = 5, .OC = 2, .K = 1, .stride = 1,
                            .pad = 0, .relu = false}, true, 31);
+}
+
+// activation = relu6 on every path: the direct kernels (their vector blocks of 32 and 8 and
+// the scalar remainder), im2col + GEMM, the pointwise 1x1, Winograd, without bias.
+static void test_conv_relu6(void **state) {
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
+                           .pad = 1, .relu6 = true}, true, 90);
+    check_conv(&(ConvSpec){.N = 1, .C = 1, .H = 8, .W = 6, .OC = 40, .K = 3, .stride = 1,
+                           .pad = 1, .relu6 = true}, true, 91);
+    check_conv(&(ConvSpec){.N = 1, .C = 3, .H = 7, .W = 7, .OC = 13, .K = 3, .stride = 1,
+                           .pad = 0, .relu6 = true}, false, 92);
+    check_conv(&(ConvSpec){.N = 2, .C = 4, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
+                           .pad = 1, .relu6 = true}, true, 93);
+    check_conv(&(ConvSpec){.N = 2, .C = 5, .H = 4, .W = 3, .OC = 3, .K = 1, .stride = 1,
+                           .pad = 0, .relu6 = true}, true, 94);
+    check_conv(&(ConvSpec){.N = 2, .C = 5, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 1,
+                           .pad = 1, .relu6 = true, .algorithm = "winograd"}, true, 95);
+    check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 6, .W = 5, .OC = 3, .K = 3, .stride = 1,
+                           .pad = 1, .relu6 = true, .nobias = true}, true, 96);
 }
 
 static void test_conv_1x1_strided_and_padded(void **state) {
@@ -897,12 +988,13 @@ static void test_conv_chunked_batch(void **state) {
 typedef struct GroupSpec {
     int N, C, H, W, OC, K, stride, pad, groups;
     bool relu, nobias;
+    bool relu6;  // activation = relu6 (relu need not be set)
 } GroupSpec;
 
 static void grouped_text(char *text, size_t n, const GroupSpec *s) {
     snprintf(text, n, "[conv]\nname = features.2.conv.1.0\nfilters = %d\nsize = %d\nstride = %d\npad = %d\n"
              "activation = %s\nbias = %d\ngroups = %d\n", s->OC, s->K, s->stride, s->pad,
-             s->relu ? "relu" : "none", !s->nobias, s->groups);
+             s->relu6 ? "relu6" : s->relu ? "relu" : "none", !s->nobias, s->groups);
 }
 
 static void check_grouped(const GroupSpec *s, bool fd, uint64_t seed) {
@@ -924,8 +1016,8 @@ static void check_grouped(const GroupSpec *s, bool fd, uint64_t seed) {
     assert_int_equal(c.l->params[0].shape[3], s->K);
     assert_int_equal(c.l->fan_in, s->C / s->groups * s->K * s->K);
     if (!s->nobias) assert_string_equal(c.l->params[1].name, "features.2.conv.1.0.bias");
-    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu, c.nobias = s->nobias;
-    c.groups = s->groups;
+    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.relu = s->relu || s->relu6, c.relu6 = s->relu6;
+    c.nobias = s->nobias, c.groups = s->groups;
     c.ref = grouped_ref;
     c.refb = grouped_ref_backward;
     c.fd = fd;
@@ -938,7 +1030,8 @@ static void check_grouped(const GroupSpec *s, bool fd, uint64_t seed) {
 // Depthwise (groups = C): the CPU's channel-last kernels for one filter per channel, with
 // channel counts that take their vectors of 32 and 8 channels and the scalar rest (43 =
 // 32 + 8 + 3), stride 1 and 2, odd extents (the unread last row and column of a stride-2
-// window), bias or none, ReLU or none; a multiplier of 2 (filters = 2C) and a 5x5 window.
+// window), bias or none, ReLU, ReLU6 or none; a multiplier of 2 (filters = 2C) and a 5x5
+// window.
 static void test_conv_depthwise(void **state) {
     check_grouped(&(GroupSpec){.N = 2, .C = 43, .H = 7, .W = 6, .OC = 43, .K = 3, .stride = 1, .pad = 1,
                                .groups = 43, .nobias = true}, true, 90);
@@ -952,6 +1045,10 @@ static void test_conv_depthwise(void **state) {
                                .groups = 6, .nobias = true}, true, 94);
     check_grouped(&(GroupSpec){.N = 2, .C = 9, .H = 9, .W = 8, .OC = 9, .K = 5, .stride = 1, .pad = 2,
                                .groups = 9, .relu = true}, true, 95);
+    check_grouped(&(GroupSpec){.N = 2, .C = 43, .H = 6, .W = 7, .OC = 43, .K = 3, .stride = 1, .pad = 1,
+                               .groups = 43, .relu6 = true}, true, 98);
+    check_grouped(&(GroupSpec){.N = 2, .C = 5, .H = 6, .W = 5, .OC = 10, .K = 3, .stride = 2, .pad = 1,
+                               .groups = 5, .relu6 = true}, true, 99);
     // Larger, against the reference backward alone (finite differences would take too long;
     // the small cases check the reference against them): a MobileNetV2 block's shape, and
     // one whose images are each a chunk of backward (2 * 64 x 48 x 48 floats of input and
@@ -1094,10 +1191,10 @@ static void test_im2col_col2im(void **state) {
 
 // ---- linear ----------------------------------------------------------------------------------
 
-static void check_linear(int N, int I, int O, bool relu, uint64_t seed) {
+static void check_linear(int N, int I, int O, Activation act, uint64_t seed) {
     char text[160];
     snprintf(text, sizeof text, "[linear]\nname = fc\noutputs = %d\nactivation = %s\n", O,
-             relu ? "relu" : "none");
+             activation_names[act]);
     Case c;
     case_init(&c, &linear_ops, text, (Shape){.c = I, .h = 1, .w = 1}, N);
     assert_int_equal(c.l->out.c, O);
@@ -1108,7 +1205,7 @@ static void check_linear(int N, int I, int O, bool relu, uint64_t seed) {
     assert_int_equal(c.l->params[0].shape[0], O);  // PyTorch's (OUT, IN)
     assert_int_equal(c.l->params[0].shape[1], I);
     assert_string_equal(c.l->params[1].name, "fc.bias");
-    c.relu = relu;
+    c.relu = act != ACT_NONE, c.relu6 = act == ACT_RELU6;
     c.ref = linear_ref;
     c.fd = true;
     case_fill_away_from_kinks(&c, seed, 1e-4);
@@ -1118,10 +1215,12 @@ static void check_linear(int N, int I, int O, bool relu, uint64_t seed) {
 }
 
 static void test_linear(void **state) {
-    check_linear(3, 7, 5, false, 100);
-    check_linear(4, 9, 6, true, 101);
-    check_linear(1, 1, 1, false, 102);
-    check_linear(5, 40, 3, true, 103);
+    check_linear(3, 7, 5, ACT_NONE, 100);
+    check_linear(4, 9, 6, ACT_RELU, 101);
+    check_linear(1, 1, 1, ACT_NONE, 102);
+    check_linear(5, 40, 3, ACT_RELU, 103);
+    check_linear(4, 9, 6, ACT_RELU6, 104);  // MobileNetV2's classifier activation
+    check_linear(6, 40, 9, ACT_RELU6, 105);
 }
 
 // ---- relu, maxpool, flatten, log_softmax ----------------------------------------------------
@@ -1142,6 +1241,68 @@ static void test_relu(void **state) {
         assert_true(c.out[i] == (c.in[i] > 0 ? c.in[i] : 0.0f));
     check_backward(&c);
     case_free(&c);
+}
+
+static void relu6_ref(const Case *c, double *out) {
+    for (int64_t i = 0; i < c->nout; i++) out[i] = act_ref(ACT_RELU6, c->x[i]);
+}
+
+// [relu6], PyTorch's nn.ReLU6: inputs 0.2 apart over [-12, 12], at least 0.1 from 0 and 6.
+static void test_relu6(void **state) {
+    Case c;
+    case_init(&c, &relu6_ops, "[relu6]\n", (Shape){.c = 3, .h = 4, .w = 5}, 2);
+    assert_string_equal(c.l->name, "relu61");  // the default name: type and count
+    assert_int_equal(c.l->nparams, 0);
+    rng_seed(201);
+    fill_distinct(c.in, c.nin);
+    for (int64_t i = 0; i < c.nin; i++) c.in[i] *= 20;
+    fill_uniform(c.rf, c.nout, -1, 1);
+    case_sync(&c);
+    c.ref = relu6_ref;
+    c.fd = true;
+    check_forward(&c);
+    for (int64_t i = 0; i < c.nout; i++)  // exact, not just close
+        assert_true(c.out[i] == (c.in[i] > 6 ? 6.0f : c.in[i] > 0 ? c.in[i] : 0.0f));
+    check_backward(&c);
+    case_free(&c);
+}
+
+// The activations' elementwise kernels at and around the kinks: forward exactly clamp(x),
+// NaN to 0 as ReLU's; the gradient PyTorch's hardtanh_backward (0 at x <= 0 and x >= 6),
+// read from the output; add_act and the in-place mask that a sum's backward uses.
+static void test_relu6_kernels(void **state) {
+    const Kernels *k = cpu_kernels();
+    enum { N = 203 };  // vector blocks and a remainder
+    float x[N], a[N], y[N], s[N], d[N], din[N];
+    const float special[] = {0.0f, -0.0f, 6.0f, 5.9999995f, 6.0000005f, 1e-30f, -1e-30f,
+                             INFINITY, -INFINITY, NAN, 3.0f, 12.0f, -2.0f};
+    rng_seed(202);
+    for (int i = 0; i < N; i++) {
+        x[i] = i < (int)(sizeof special / sizeof *special) ? special[i] : frand(-10, 10);
+        a[i] = frand(-4, 4);
+        d[i] = frand(-1, 1);
+    }
+    for (int act = ACT_RELU; act < ACT_COUNT; act++) {
+        const float top = act == ACT_RELU6 ? 6.0f : INFINITY;
+        k->relu_forward(y, x, N, (Activation)act);
+        for (int i = 0; i < N; i++) s[i] = x[i] - a[i];
+        k->add_act(s, s, a, N, (Activation)act);  // in place: act(x - a + a)
+        for (int i = 0; i < N; i++) {
+            const float want = x[i] > 0 ? (x[i] < top ? x[i] : top) : 0.0f;
+            if (memcmp(&y[i], &want, 4)) fail_msg("%s forward of %g: %g, want %g", activation_names[act], x[i], y[i], want);
+            const float v = (x[i] - a[i]) + a[i], wv = v > 0 ? (v < top ? v : top) : 0.0f;
+            if (memcmp(&s[i], &wv, 4)) fail_msg("add_act %s at %d: %g, want %g", activation_names[act], i, s[i], wv);
+        }
+        k->relu_backward(din, d, y, N, (Activation)act);
+        memcpy(s, d, sizeof d);
+        k->bias_act_backward(NULL, s, y, N, 1, (Activation)act);  // in place, as a sum's backward
+        for (int i = 0; i < N; i++) {
+            const bool pass = x[i] > 0 && (act == ACT_RELU || x[i] < 6);
+            const float want = pass ? d[i] : 0.0f;
+            if (memcmp(&din[i], &want, 4) || memcmp(&s[i], &want, 4))
+                fail_msg("%s backward at x = %g: %g and %g, want %g", activation_names[act], x[i], din[i], s[i], want);
+        }
+    }
 }
 
 static void check_pool(const LayerOps *ops, int N, int C, int H, int W, int K, int S, int P,
@@ -1248,9 +1409,9 @@ static void test_global_avgpool(void **state) {
 
 // ---- batchnorm ----------------------------------------------------------------------------------
 
-static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed) {
+static void check_batchnorm(int N, int C, int H, int W, Activation act, uint64_t seed) {
     char text[96];
-    snprintf(text, sizeof text, "[batchnorm]\nname = bn\nactivation = %s\n", relu ? "relu" : "none");
+    snprintf(text, sizeof text, "[batchnorm]\nname = bn\nactivation = %s\n", activation_names[act]);
     Case c;
     case_init(&c, &batchnorm_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
     Layer *l = c.l;
@@ -1268,7 +1429,7 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     float *rm = l->buffers[0].data, *rv = l->buffers[1].data;
     int64_t *tracked = l->buffers[2].data;
     for (int ch = 0; ch < C; ch++) assert_true(rm[ch] == 0.0f && rv[ch] == 1.0f);
-    c.relu = relu;
+    c.relu = act != ACT_NONE, c.relu6 = act == ACT_RELU6;
     c.ref = bn_ref;
     c.fd = true;
     case_fill_away_from_kinks(&c, seed, 1e-4);
@@ -1300,8 +1461,8 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     assert_true(rm[0] == rm0 && rv[0] == rv0 && *tracked == 1);
     for (int64_t i = 0; i < c.nin; i++) {
         const int ch = (int)(i % C);
-        double want = (2 * c.x[i] + 1 - mean[ch]) / sqrt(var[ch] * (rows - 1) / rows + 1e-5) * c.w[0][ch] + c.w[1][ch];
-        if (relu && want < 0) want = 0;
+        const double want = act_ref(act, (2 * c.x[i] + 1 - mean[ch]) / sqrt(var[ch] * (rows - 1) / rows + 1e-5) *
+                                                 c.w[0][ch] + c.w[1][ch]);
         if (!(fabs(out2[i] - want) <= 1e-4 * fmax(1, fabs(want))))
             fail_msg("recomputed output %lld: %g, want %g", (long long)i, out2[i], want);
     }
@@ -1313,8 +1474,7 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     assert_true(rm[0] == rm0 && rv[0] == rv0 && *tracked == 1);
     for (int64_t i = 0; i < c.nin; i++) {
         const int ch = (int)(i % C);
-        double want = (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch];
-        if (relu && want < 0) want = 0;
+        const double want = act_ref(act, (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch]);
         if (!(fabs(out2[i] - want) <= 1e-5 * fmax(1, fabs(want))))
             fail_msg("evaluation output %lld: %g, want %g", (long long)i, out2[i], want);
     }
@@ -1344,8 +1504,8 @@ static void check_batchnorm(int N, int C, int H, int W, bool relu, uint64_t seed
     for (int64_t i = 0; i < c.nin; i++) {
         const int ch = (int)(i % C);
         const double z = (c.x[i] - rm[ch]) / sqrt((double)rv[ch] + 1e-5) * c.w[0][ch] + c.w[1][ch];
-        const double want = relu && z <= 0 ? 0 : c.R[i] * c.w[0][ch] / sqrt((double)rv[ch] + 1e-5);
-        if (!(fabs(c.out[i] - (relu && z < 0 ? 0 : z)) <= 1e-5 * fmax(1, fabs(z))))
+        const double want = act_ref_passes(act, z) ? c.R[i] * c.w[0][ch] / sqrt((double)rv[ch] + 1e-5) : 0;
+        if (!(fabs(c.out[i] - act_ref(act, z)) <= 1e-5 * fmax(1, fabs(z))))
             fail_msg("frozen output %lld: %g, want %g", (long long)i, c.out[i], z);
         if (!(fabs(din[i] - want) <= 1e-5 * fmax(1, fabs(want))))
             fail_msg("frozen din %lld: %g, want %g", (long long)i, din[i], want);
@@ -1394,10 +1554,12 @@ static void test_batchnorm_sums_chunked(void **state) {
 }
 
 static void test_batchnorm(void **state) {
-    check_batchnorm(4, 3, 3, 2, false, 330);  // BatchNorm2d: statistics over samples and pixels
-    check_batchnorm(3, 5, 2, 2, true, 331);   // with a ReLU after it
-    check_batchnorm(6, 4, 1, 1, false, 332);  // BatchNorm1d, after a linear layer
-    check_batchnorm(2, 70, 2, 3, true, 333);  // more channels than the kernels' blocks of 64
+    check_batchnorm(4, 3, 3, 2, ACT_NONE, 330);  // BatchNorm2d: statistics over samples and pixels
+    check_batchnorm(3, 5, 2, 2, ACT_RELU, 331);  // with a ReLU after it
+    check_batchnorm(6, 4, 1, 1, ACT_NONE, 332);  // BatchNorm1d, after a linear layer
+    check_batchnorm(2, 70, 2, 3, ACT_RELU, 333); // more channels than the kernels' blocks of 64
+    check_batchnorm(3, 5, 2, 2, ACT_RELU6, 334); // MobileNetV2's BN + ReLU6
+    check_batchnorm(2, 70, 2, 3, ACT_RELU6, 335);
 }
 
 // ---- residual blocks -----------------------------------------------------------------------
@@ -1435,6 +1597,91 @@ static void check_residual(int N, int C, int H, int W, int filters, int stride, 
     check_forward(&c);
     check_backward(&c);
     case_free(&c);
+}
+
+static void check_block_fd(Case *c, uint64_t seed) {
+    c->fd = true;
+    double *z = xmalloc((size_t)c->nout * sizeof(double));
+    for (int tries = 0;; tries++) {  // no ReLU input within reach of a finite-difference step
+        assert_true(tries < 100);
+        case_fill(c, seed + (uint64_t)tries);
+        g_kink_margin = INFINITY;
+        c->ref(c, z);
+        if (g_kink_margin > 1e-4) break;
+    }
+    free(z);
+    check_forward(c);
+    check_backward(c);
+}
+
+static void check_bottleneck(int N, int C, int H, int W, int planes, int stride, int nt, uint64_t seed) {
+    char text[160];
+    snprintf(text, sizeof text, "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = %d\n"
+             "stride = %d\n", planes, stride);
+    Case c;
+    case_init(&c, &residual_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
+    static const char *const names[] = {
+        "layer1.0.conv1.weight", "layer1.0.bn1.weight", "layer1.0.bn1.bias",
+        "layer1.0.conv2.weight", "layer1.0.bn2.weight", "layer1.0.bn2.bias",
+        "layer1.0.conv3.weight", "layer1.0.bn3.weight", "layer1.0.bn3.bias",
+        "layer1.0.downsample.0.weight", "layer1.0.downsample.1.weight", "layer1.0.downsample.1.bias"};
+    assert_int_equal(c.nt, nt);
+    for (int j = 0; j < nt; j++) assert_string_equal(c.t[j]->name, names[j]);
+    assert_string_equal(c.l->children[5]->buffers[0].name, "layer1.0.bn3.running_mean");
+    assert_int_equal(c.l->out.c, 4 * planes);
+    assert_int_equal(c.l->out.h, (H + 2 - 3) / stride + 1);
+    c.stride = stride;
+    c.ref = bottleneck_ref;
+    check_block_fd(&c, seed);
+    case_free(&c);
+}
+
+// The general block: the same bits whether written out or made by [residual]; members named
+// under the block, by their place where they have no name; errors for lists that cannot be.
+static void test_block(void **state) {
+    check_bottleneck(2, 3, 4, 4, 2, 1, 12, 350);  // 3 channels into 8: downsample
+    check_bottleneck(2, 8, 5, 4, 2, 2, 12, 351);  // stride 2
+    check_bottleneck(2, 8, 4, 3, 2, 1, 9, 352);   // identity shortcut
+
+    Case c;
+    case_init(&c, &block_ops,
+              "[block]\nname = blk\n[conv]\nfilters = 5\nsize = 3\npad = 1\n[batchnorm]\nactivation = relu\n"
+              "[conv]\nname = proj\nfilters = 3\nsize = 1\nbias = 0\n[end]\n",
+              (Shape){.c = 3, .h = 4, .w = 3}, 2);
+    static const char *const names[] = {"blk.0.weight", "blk.0.bias", "blk.1.weight", "blk.1.bias",
+                                        "blk.proj.weight"};
+    assert_int_equal(c.nt, 5);
+    for (int j = 0; j < 5; j++) assert_string_equal(c.t[j]->name, names[j]);
+    c.ref = block_ref;
+    check_block_fd(&c, 353);
+    case_free(&c);
+
+    static const struct {
+        const char *text, *says;
+    } bad[] = {
+        {"[block]\n[conv]\nfilters = 3\nsize = 1\n", "has no [end]"},
+        {"[block]\n[end]\n", "has no body"},
+        {"[block]\n[conv]\nfilters = 4\nsize = 1\n[end]\n", "cannot add"},
+        {"[block]\nadd = 0\n[conv]\nfilters = 4\nsize = 1\n[shortcut]\n[conv]\nfilters = 4\nsize = 1\n[end]\n",
+         "nothing would read it"},
+        {"[block]\n[conv]\nfilters = 3\nsize = 1\n[shortcut]\n[end]\n", "no layers after it"},
+        {"[block]\n[conv]\nfilters = 3\nsize = 1\n[shortcut]\n[shortcut]\n[conv]\nfilters = 3\nsize = 1\n[end]\n",
+         "a second [shortcut]"},
+        {"[block]\nadd = auto\nactivation = relu\n[conv]\nfilters = 4\nsize = 1\n[end]\n", "adds nothing"},
+        {"[block]\n[train]\n[end]\n", "inside the [block]"},
+        {"[block]\n[pool]\n[end]\n", "unknown section [pool]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        Cfg cfg;
+        Error err = {{0}};
+        assert_int_equal(cfg_parse(&cfg, bad[i].text, "t.cfg", &err), 0);
+        Layer *l = NULL;
+        const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = {.c = 3, .h = 4, .w = 4}};
+        assert_int_equal(block_ops.create(&l, &a, &err), -1);
+        if (!strstr(err.msg, bad[i].says)) fail_msg("%s: %s", bad[i].text, err.msg);
+        assert_non_null(strstr(err.msg, "t.cfg:"));
+        cfg_free(&cfg);
+    }
 }
 
 static void test_residual(void **state) {
@@ -1816,6 +2063,7 @@ int main(void) {
         cmocka_unit_test(test_conv_c1_no_activation),
         cmocka_unit_test(test_conv_direct_vector_blocks),
         cmocka_unit_test(test_conv_pointwise),
+        cmocka_unit_test(test_conv_relu6),
         cmocka_unit_test(test_conv_1x1_strided_and_padded),
         cmocka_unit_test(test_conv_k5_pad2),
         cmocka_unit_test(test_conv_without_bias),
@@ -1830,12 +2078,15 @@ int main(void) {
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_linear),
         cmocka_unit_test(test_relu),
+        cmocka_unit_test(test_relu6),
+        cmocka_unit_test(test_relu6_kernels),
         cmocka_unit_test(test_maxpool),
         cmocka_unit_test(test_maxpool_ties),
         cmocka_unit_test(test_avgpool),
         cmocka_unit_test(test_global_avgpool),
         cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_block),
         cmocka_unit_test(test_batchnorm_sums_chunked),
         cmocka_unit_test(test_flatten_permutation),
         cmocka_unit_test(test_log_softmax),

@@ -55,6 +55,21 @@ static const char *mobile =
     "[global_avgpool]\n[flatten]\n"
     "[linear]\nname = classifier\noutputs = classes\n[log_softmax]\n";
 
+// torchvision's other blocks and a written-out one: a Bottleneck with a downsample, an
+// identity Bottleneck, a [block] whose body ends in a dropout and whose shortcut is an
+// average pooling, with a ReLU on the sum.
+static const char *blocks_net =
+    "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nbias = 0\n"
+    "[batchnorm]\nname = bn1\nactivation = relu\n"
+    "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 3\nstride = 2\n"
+    "[residual]\nname = layer1.1\nblock = bottleneck\nfilters = 3\n"
+    "[block]\nname = mix\nactivation = relu\n"
+    "[conv]\nfilters = 12\nsize = 3\nstride = 2\npad = 1\n[batchnorm]\nactivation = relu\n"
+    "[conv]\nfilters = 12\nsize = 1\n[dropout]\np = 0.2\n"
+    "[shortcut]\n[avgpool]\nsize = 2\n[end]\n"
+    "[global_avgpool]\nname = avgpool\n[flatten]\n"
+    "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n";
+
 // A deep plain net with dropout between convolutions (so that masks are recomputed inside
 // segments) and a standalone relu.
 static char deep_net[8192];
@@ -259,6 +274,11 @@ static void test_fp16_bitwise(void **state) {
 
 static void test_resnet_bitwise(void **state) {
     expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_F32);
+}
+
+static void test_blocks_bitwise(void **state) {
+    expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_F32);
+    expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_F16);
 }
 
 // fp16 runs every layer over chunks of samples through the fp32 scratch, batchnorm's
@@ -565,7 +585,7 @@ static void flat_costs(CostTable *t, const Cfg *cfg, Shape in) {
     if (net_create(&net, cfg, in, 10, &opt, cpu_kernels(), &err) || cost_init(t, &net, &err)) fail_msg("%s", err.msg);
     for (int i = 0; i < t->nlayers; i++)
         for (int k = 0; k < CALL_SWEEP_FORWARD; k++)
-            if (net.modules[i]->ops != &residual_ops)
+            if (!net.modules[i]->ops->expand)
                 t->call[i][k] = (CallCost){.calls_at = {1}, .fixed = 1e-5, .per = 1e-6};
     t->value = (CallCost){.calls_at = {1}, .fixed = 1e-6, .per = 1e-9};
     net_free(&net);
@@ -811,6 +831,7 @@ int main(void) {
         cmocka_unit_test(test_deep_network_bitwise),
         cmocka_unit_test(test_fp16_bitwise),
         cmocka_unit_test(test_resnet_bitwise),
+        cmocka_unit_test(test_blocks_bitwise),
         cmocka_unit_test(test_resnet_fp16_bitwise),
         cmocka_unit_test(test_mobile_bitwise),
         cmocka_unit_test(test_byte_input_bitwise),

@@ -1,31 +1,37 @@
 #!/usr/bin/python3
-"""torchvision's ResNet-18 as the reference of tests/test_torchvision.c.
+"""torchvision's models as the reference of tests/test_torchvision.c.
 
-  torchvision_reference.py make DIR
-      torchvision.models.resnet18(num_classes=10) after torch.manual_seed(0), with its
+MODEL: resnet18, resnet34, resnet50 or mobilenet_v2 (its classifier's dropout set to 0 for
+the training forward, as the test sets its cfg's).
+
+  torchvision_reference.py make DIR MODEL
+      torchvision.models.MODEL(num_classes=10) after torch.manual_seed(0), with its
       batchnorm weights, biases and running statistics drawn at random (fresh ones are 1,
       0, 0 and 1, which would test nothing), and N = 2 random images. Writes, as plain
       safetensors (no metadata, as PyTorch users save them):
         DIR/weights.safetensors    its state_dict
-        DIR/input.safetensors      x_eval (N, 3, 224, 224) and x_train (N, 3, 128, 128)
+        DIR/input.safetensors      x_eval (N, 3, 224, 224) and x_train (N, 3, S, S)
                                    F32, labels (N) I64
         DIR/reference.safetensors  eval_logits (N, 10): model.eval() on x_eval;
                                    train_logits (N, 10): model.train() on x_train;
                                    grad.<name>: the gradient of every parameter of the
                                    mean cross-entropy of the training forward;
-                                   after.<name>: every buffer after that forward
-      The gradient of a ReLU network jumps where an input to a ReLU crosses 0, and a
-      batchnorm spreads such a jump over its whole channel: two float implementations
-      then differ by far more than rounding. So x_train is the first of 32 seeds whose
-      training forward keeps every ReLU input at least 1e-5 from 0 (about 10 times the
-      difference of the two forwards), at 128x128 where such seeds exist; the message
-      says how far.
-  torchvision_reference.py check DIR CHECKPOINT LOGITS
+                                   after.<name>: every buffer after that forward;
+                                   step.<name>: every parameter after one step of
+                                   SGD(lr=0.1, momentum=0.9, weight_decay=1e-4)
+      The gradient of a ReLU network jumps where an input to a ReLU crosses 0 (a ReLU6's,
+      0 or 6), and a batchnorm spreads such a jump over its whole channel: two float
+      implementations then differ by far more than rounding. So x_train is the first of
+      32 seeds whose training forward keeps every such input at least 1e-5 from its kinks
+      (about 10 times the difference of the two forwards), at a size S where such seeds
+      exist (128 for resnet18, smaller for the larger networks); the message says how far.
+  torchvision_reference.py check DIR MODEL CHECKPOINT LOGITS
       Loads a plain state_dict that cnn.c wrote (./ckpt export of a checkpoint: no
-      metadata, no optimizer state) as is into resnet18 with load_state_dict(strict=True), evaluates x_train of DIR/input.safetensors and
+      metadata, no optimizer state) as is into MODEL with load_state_dict(strict=True),
+      evaluates x_train of DIR/input.safetensors and
       compares its logits with LOGITS (a safetensors file holding "logits", cnn.c's
       evaluation of the same images). Prints the largest difference; exits 1 if it
-      exceeds 1e-4 or a prediction differs.
+      exceeds 1e-4 of the largest logit (or of 1) or a prediction differs.
 
 Exit status 3: torch or torchvision is not installed (the test skips).
 """
@@ -48,36 +54,52 @@ import st_torch  # noqa: E402
 
 N = 2
 MARGIN = 1e-5
+TRAIN_SIZE = {"resnet18": 128, "resnet34": 96, "resnet50": 64, "mobilenet_v2": 64}
 
 
-def model():
-    """resnet18 with batchnorm weights in [0.5, 1.5), biases in [1, 2) (so that fewer ReLU
-    inputs lie near 0) and random running statistics."""
+def model(name):
+    """The model with batchnorm weights in [0.5, 1.5), biases in [1, 2) (so that fewer ReLU
+    inputs lie near 0) and running statistics of its own activations: the averages of
+    training forwards of random images, so that an evaluation keeps the activations near
+    their training scale, as in a trained network (random statistics let them grow layer
+    after layer, to logits of thousands in resnet50)."""
     torch.manual_seed(0)
-    m = torchvision.models.resnet18(num_classes=10)
+    m = getattr(torchvision.models, name)(num_classes=10)
     g = torch.Generator().manual_seed(1)
+    bns = [mod for mod in m.modules() if isinstance(mod, torch.nn.BatchNorm2d)]
     with torch.no_grad():
+        for mod in bns:
+            c = mod.num_features
+            mod.weight.copy_(torch.rand(c, generator=g) + 0.5)
+            mod.bias.copy_(torch.rand(c, generator=g) + 1.0)
+            mod.reset_running_stats()
+            mod.momentum = None  # a cumulative average
         for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                c = mod.num_features
-                mod.weight.copy_(torch.rand(c, generator=g) + 0.5)
-                mod.bias.copy_(torch.rand(c, generator=g) + 1.0)
-                mod.running_mean.copy_(torch.rand(c, generator=g) * 0.2 - 0.1)
-                mod.running_var.copy_(torch.rand(c, generator=g) + 0.5)
-                mod.num_batches_tracked.fill_(7)
+            if isinstance(mod, torch.nn.Dropout):
+                mod.p = 0.0
+        m.train()
+        for _ in range(2):
+            m(torch.randn(4, 3, 112, 112, generator=g))
+        for mod in bns:
+            mod.momentum = 0.1
+            mod.num_batches_tracked.fill_(7)
     return m
 
 
-def relu_margin(m, x):
-    """The smallest |input| of any ReLU in a training forward of a copy of m on x."""
+def kink_margin(m, x):
+    """The smallest distance of any ReLU's input from 0 (a ReLU6's from 0 and 6) in a
+    training forward of a copy of m on x."""
     m = copy.deepcopy(m)
     m.train()
     smallest = [float("inf")]
 
     def hook(mod, inp, out):
-        smallest[0] = min(smallest[0], float(inp[0].detach().abs().min()))
+        d = inp[0].detach().abs()
+        if isinstance(mod, torch.nn.ReLU6):
+            d = torch.minimum(d, (inp[0].detach() - 6).abs())
+        smallest[0] = min(smallest[0], float(d.min()))
     for mod in m.modules():
-        if isinstance(mod, torch.nn.ReLU):
+        if isinstance(mod, (torch.nn.ReLU, torch.nn.ReLU6)):
             mod.inplace = False
             mod.register_forward_hook(hook)
     with torch.no_grad():
@@ -85,20 +107,22 @@ def relu_margin(m, x):
     return smallest[0]
 
 
-def make(out):
+def make(out, name):
     torch.set_num_threads(2)
-    m = model()
+    m = model(name)
     st_torch.write(os.path.join(out, "weights.safetensors"), m.state_dict())
     x_eval = torch.randn(N, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    size = TRAIN_SIZE[name]
     for seed in range(32):
-        x = torch.randn(N, 3, 128, 128, generator=torch.Generator().manual_seed(100 + seed))
-        margin = relu_margin(m, x)
+        x = torch.randn(N, 3, size, size, generator=torch.Generator().manual_seed(100 + seed))
+        margin = kink_margin(m, x)
         if margin >= MARGIN:
             break
     else:
-        sys.exit(f"torchvision_reference: no input of 32 keeps the ReLU inputs {MARGIN} from 0")
-    print(f"torchvision_reference: training input seed {100 + seed}: every ReLU input is at "
-          f"least {margin:.3g} from 0")
+        sys.exit(f"torchvision_reference: {name}: no input of 32 keeps the ReLU inputs {MARGIN} "
+                 "from their kinks")
+    print(f"torchvision_reference: {name}: training input {size}x{size} seed {100 + seed}: every "
+          f"ReLU input is at least {margin:.3g} from its kinks")
     labels = torch.tensor([3, 8])
     st_torch.write(os.path.join(out, "input.safetensors"),
                    {"x_eval": x_eval, "x_train": x, "labels": labels})
@@ -110,19 +134,22 @@ def make(out):
     logits = m(x)
     F.cross_entropy(logits, labels).backward()
     ref["train_logits"] = logits.detach()
-    for name, p in m.named_parameters():
-        ref["grad." + name] = p.grad
-    for name, b in m.named_buffers():
-        ref["after." + name] = b
+    for pname, p in m.named_parameters():
+        ref["grad." + pname] = p.grad.clone()
+    for bname, b in m.named_buffers():
+        ref["after." + bname] = b.clone()
+    torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4).step()
+    for pname, p in m.named_parameters():
+        ref["step." + pname] = p.detach().clone()
     st_torch.write(os.path.join(out, "reference.safetensors"), ref)
 
 
-def check(out, checkpoint, logits_path):
+def check(out, name, checkpoint, logits_path):
     state, meta = st_torch.read(checkpoint)
     if meta:
         print(f"torchvision: {checkpoint} has metadata {sorted(meta)}: not a plain state_dict")
         return 1
-    m = torchvision.models.resnet18(num_classes=10)
+    m = getattr(torchvision.models, name)(num_classes=10)
     m.load_state_dict(state, strict=True)
     m.eval()
     x = st_torch.read(os.path.join(out, "input.safetensors"))[0]["x_train"]
@@ -130,18 +157,19 @@ def check(out, checkpoint, logits_path):
         logits = m(x)
     theirs = st_torch.read(logits_path)[0]["logits"]
     diff = (logits - theirs).abs().max().item()
+    big = max(1.0, logits.abs().max().item())
     same = bool((logits.argmax(1) == theirs.argmax(1)).all())
-    print(f"torchvision: {checkpoint} loaded as is with strict=True ({len(state)} tensors); "
-          f"eval logits max |torchvision - cnn.c| = {diff:.3g}; "
-          f"predictions {'equal' if same else 'DIFFER'}")
-    return 0 if diff <= 1e-4 and same else 1
+    print(f"torchvision: {name}: {checkpoint} loaded as is with strict=True ({len(state)} "
+          f"tensors); eval logits max |torchvision - cnn.c| = {diff:.3g} (logits up to "
+          f"{big:.3g}); predictions {'equal' if same else 'DIFFER'}")
+    return 0 if diff <= 1e-4 * big and same else 1
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "make":
-        make(sys.argv[2])
-    elif len(sys.argv) == 5 and sys.argv[1] == "check":
-        sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4]))
+    if len(sys.argv) == 4 and sys.argv[1] == "make" and sys.argv[3] in TRAIN_SIZE:
+        make(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 6 and sys.argv[1] == "check" and sys.argv[3] in TRAIN_SIZE:
+        sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

@@ -145,24 +145,22 @@ static void replay_col2im(float *din, const float *col, int N, int H, int W, int
 static void replay_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
                                        ConvGeometry g, Activation act) {
     for (int64_t i = 0; i < (int64_t)g.N * g.OH * g.OW * g.OC; i++)
-        conv_direct_forward_at(i, out, in, w, bias, g, act == ACT_RELU);
+        conv_direct_forward_at(i, out, in, w, bias, g, act);
 }
 static void replay_conv_direct_backward(float *din, float *dw, float *dbias, float *partial,
                                         const float *dout, const float *in, const float *out,
                                         const float *w, ConvGeometry g, Activation act) {
     const int64_t parts = conv_direct_partial_floats(g);
-    for (int64_t j = 0; j < parts && dw; j++) conv_direct_partial_at(j, partial, dout, in, out, g, act == ACT_RELU);
+    for (int64_t j = 0; j < parts && dw; j++) conv_direct_partial_at(j, partial, dout, in, out, g, act);
     for (int64_t e = 0; e < parts / CONV_DIRECT_PARTS && dw; e++) conv_direct_reduce_at(e, dw, dbias, partial, g);
     if (din)
         for (int64_t i = 0; i < (int64_t)g.N * g.H * g.W * g.C; i++)
-            conv_direct_din_at(i, din, dout, out, w, g, act == ACT_RELU);
+            conv_direct_din_at(i, din, dout, out, w, g, act);
 }
 static void replay_conv_grouped_forward(float *out, const float *in, const float *w, const float *bias,
                                         ConvGeometry g, int groups, Activation act) {
-    float lo = 0.0f, hi = 0.0f;
-    const bool clamp = act_clamp(act, &lo, &hi);
     for (int64_t i = 0; i < (int64_t)g.N * g.OH * g.OW * g.OC; i++)
-        conv_grouped_forward_at(i, out, in, w, bias, g, groups, clamp, lo, hi);
+        conv_grouped_forward_at(i, out, in, w, bias, g, groups, act);
 }
 static void replay_conv_grouped_backward_data(float *din, const float *dy, const float *w, ConvGeometry g,
                                               int groups) {
@@ -176,18 +174,18 @@ static void replay_conv_grouped_backward_weight(float *dw, float *scratch, const
 }
 static void replay_bias_act_forward(float *out, const float *bias, int64_t rows, int cols,
                                  Activation act) {
-    if (!bias && act != ACT_RELU) return;
-    for (int64_t i = 0; i < rows * cols; i++) bias_act_at(i, out, bias, cols, act == ACT_RELU);
+    if (!bias && act == ACT_NONE) return;
+    for (int64_t i = 0; i < rows * cols; i++) bias_act_at(i, out, bias, cols, act);
 }
 // The column sums' slab scratch (SLAB_SCRATCH_BYTES, as the backend's).
 static double replay_slabs[SLAB_SCRATCH_BYTES / sizeof(double)];
 
-// The kernels' algorithm: ReLU's gradient in place, then for each slab the same lane sums
+// The kernels' algorithm: the activation's gradient in place, then for each slab the same lane sums
 // and the bias kernel's tree over them, and the slabs added in order.
 static void replay_bias_act_backward(float *dbias, float *dout, const float *y, int64_t rows, int cols,
                                      Activation act) {
-    if (act == ACT_RELU)
-        for (int64_t i = 0; i < rows * cols; i++) relu_backward_at(i, dout, dout, y);
+    if (act != ACT_NONE)
+        for (int64_t i = 0; i < rows * cols; i++) relu_backward_at(i, dout, dout, y, act);
     if (!dbias || rows <= 0) return;
     const int slabs = slab_count(rows, cols, sizeof(float));
     float *slab_part = (float *)replay_slabs;
@@ -207,11 +205,12 @@ static void replay_bias_act_backward(float *dbias, float *dout, const float *y, 
 static void replay_add_parts(float *dst, const float *parts, int count, int64_t n, int64_t stride) {
     for (int64_t i = 0; i < n; i++) add_parts_at(i, dst, parts, count, stride);
 }
-static void replay_relu_forward(float *out, const float *in, int64_t n) {
-    for (int64_t i = 0; i < n; i++) relu_forward_at(i, out, in);
+static void replay_relu_forward(float *out, const float *in, int64_t n, Activation act) {
+    for (int64_t i = 0; i < n; i++) relu_forward_at(i, out, in, act);
 }
-static void replay_relu_backward(float *din, const float *dout, const float *out, int64_t n) {
-    for (int64_t i = 0; i < n; i++) relu_backward_at(i, din, dout, out);
+static void replay_relu_backward(float *din, const float *dout, const float *out, int64_t n,
+                                 Activation act) {
+    for (int64_t i = 0; i < n; i++) relu_backward_at(i, din, dout, out, act);
 }
 static void replay_maxpool_forward(float *out, uint8_t *argmax, const float *in, int N, int H, int W,
                                    int C, int K, int stride, int pad, int OH, int OW) {
@@ -240,12 +239,12 @@ static void replay_global_avgpool_backward(float *din, const float *dout, int N,
     for (int64_t i = 0; i < (int64_t)N * HW * C; i++) global_avgpool_backward_at(i, din, dout, HW, C);
 }
 static void replay_add_act(float *out, const float *a, const float *b, int64_t n, Activation act) {
-    for (int64_t i = 0; i < n; i++) add_act_at(i, out, a, b, act == ACT_RELU);
+    for (int64_t i = 0; i < n; i++) add_act_at(i, out, a, b, act);
 }
 // The kernels' algorithm: for each unit of each sample the same lane sums and the same
 // tree per channel, and the units added in order, as many at a time as a launch takes.
 static void replay_bn_column_sums(double *acc, const float *x, const float *dout, BnChannels s,
-                                  int64_t rows, int64_t sample_rows, int C, bool relu) {
+                                  int64_t rows, int64_t sample_rows, int C, Activation act) {
     if (rows <= 0 || sample_rows <= 0) return;
     const int64_t units = rows / sample_rows * bn_unit_count(sample_rows);
     for (int64_t u0 = 0; u0 < units; u0 += bn_units_a_launch(C)) {
@@ -256,7 +255,7 @@ static void replay_bn_column_sums(double *acc, const float *x, const float *dout
                 int64_t r0, r1;
                 bn_unit_rows(u0 + j, sample_rows, &r0, &r1);
                 for (int ty = 0; ty < BB_ROWS; ty++)
-                    bn_lane_sums(x, dout, s, r0, r1, C, c, ty, relu, &p1[ty], &p2[ty]);
+                    bn_lane_sums(x, dout, s, r0, r1, C, c, ty, act, &p1[ty], &p2[ty]);
                 for (int half = BB_ROWS / 2; half > 0; half /= 2)
                     for (int ty = 0; ty < half; ty++) p1[ty] += p1[ty + half], p2[ty] += p2[ty + half];
                 if (nu == 1) {
@@ -272,13 +271,12 @@ static void replay_bn_column_sums(double *acc, const float *x, const float *dout
     }
 }
 static void replay_bn_sums(double *acc, const float *x, int64_t rows, int64_t sample_rows, int C) {
-    replay_bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, false);
+    replay_bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, ACT_NONE);
 }
 static void replay_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
                                     const float *invstd, const float *gamma, const float *beta,
                                     int64_t rows, int64_t sample_rows, int C, Activation act) {
-    replay_bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C,
-                          act == ACT_RELU);
+    replay_bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C, act);
 }
 static void replay_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
                                   const double *acc, int C, int64_t count, double eps,
@@ -294,14 +292,14 @@ static void replay_bn_forward(float *out, const float *x, const float *mean, con
                               const float *gamma, const float *beta, int64_t rows, int C,
                               Activation act) {
     for (int64_t i = 0; i < rows * C; i++)
-        bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, act == ACT_RELU);
+        bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, act);
 }
 static void replay_bn_backward(float *din, const float *dout, const float *x, const float *mean,
                                const float *invstd, const float *gamma, const float *beta,
                                const double *acc, int64_t rows, int C, int64_t count,
                                Activation act) {
     const BnChannels s = {mean, invstd, gamma, beta};
-    for (int64_t i = 0; i < rows * C; i++) bn_backward_at(i, din, dout, x, s, acc, C, count, act == ACT_RELU);
+    for (int64_t i = 0; i < rows * C; i++) bn_backward_at(i, din, dout, x, s, acc, C, count, act);
 }
 static void replay_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
     for (int c = 0; c < C; c++) bn_param_grads_at(c, dgamma, dbeta, acc, C);
