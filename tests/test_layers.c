@@ -737,6 +737,60 @@ static void bottleneck_ref(const Case *c, double *out) {
     free(a), free(b), free(s);
 }
 
+static void relu6_d(double *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        g_kink_margin = fmin(g_kink_margin, fmin(fabs(v[i]), fabs(v[i] - 6)));
+        v[i] = act_ref(ACT_RELU6, v[i]);
+    }
+}
+
+// Depthwise 3x3 convolution, padded by 1, without bias: w (C, 1, 3, 3).
+static void depthwise_d(double *out, const double *x, const double *w, int N, Shape in, Shape o, int S) {
+    for (int n = 0; n < N; n++)
+        for (int oh = 0; oh < o.h; oh++)
+            for (int ow = 0; ow < o.w; ow++)
+                for (int ch = 0; ch < o.c; ch++) {
+                    double sum = 0;
+                    for (int kh = 0; kh < 3; kh++)
+                        for (int kw = 0; kw < 3; kw++) {
+                            const int ih = oh * S - 1 + kh, iw = ow * S - 1 + kw;
+                            if (ih < 0 || ih >= in.h || iw < 0 || iw >= in.w) continue;
+                            sum += x[(((int64_t)n * in.h + ih) * in.w + iw) * in.c + ch] * w[(ch * 3 + kh) * 3 + kw];
+                        }
+                    out[(((int64_t)n * o.h + oh) * o.w + ow) * o.c + ch] = sum;
+                }
+}
+
+// MobileNetV2's InvertedResidual: with an expansion (9 tensors) conv.0 1x1 to the hidden
+// width with its batchnorm and ReLU6, else (6 tensors) none; the depthwise 3x3 with the
+// stride, its batchnorm and ReLU6; the linear 1x1 projection and its batchnorm; plus x
+// where the shapes agree.
+static void inverted_ref(const Case *c, double *out) {
+    const Shape in = c->l->in, o = c->l->out;
+    const bool expands = c->nt == 9;
+    const int hidden = expands ? (int)c->t[0]->shape[0] : in.c;
+    const Shape h1 = {.c = hidden, .h = in.h, .w = in.w}, h2 = {.c = hidden, .h = o.h, .w = o.w};
+    const int64_t rows1 = (int64_t)c->N * in.h * in.w, rows2 = (int64_t)c->N * o.h * o.w;
+    double *a = xmalloc((size_t)(rows1 * hidden) * sizeof(double)), *b = xmalloc((size_t)(rows1 * hidden) * sizeof(double));
+    const double *x = c->x;
+    int t = 0;
+    if (expands) {
+        conv_d(a, x, c->w[0], NULL, c->N, in, h1, 1, 1, 0);
+        bn_d(b, a, c->w[1], c->w[2], rows1, hidden, false, NULL, NULL);
+        relu6_d(b, rows1 * hidden);
+        x = b, t = 3;
+    }
+    depthwise_d(a, x, c->w[t], c->N, h1, h2, c->stride);
+    double *d = xmalloc((size_t)(rows2 * hidden) * sizeof(double));
+    bn_d(d, a, c->w[t + 1], c->w[t + 2], rows2, hidden, false, NULL, NULL);
+    relu6_d(d, rows2 * hidden);
+    conv_d(a, d, c->w[t + 3], NULL, c->N, h2, o, 1, 1, 0);
+    bn_d(out, a, c->w[t + 4], c->w[t + 5], rows2, o.c, false, NULL, NULL);
+    if (c->stride == 1 && in.c == o.c)
+        for (int64_t i = 0; i < c->nout; i++) out[i] += c->x[i];
+    free(a), free(b), free(d);
+}
+
 // A general [block] without a shortcut's layers: body conv 3x3 (pad 1, with a bias) and
 // batchnorm with a ReLU, then a 1x1 convolution; out = body(x) + x, no activation.
 static void block_ref(const Case *c, double *out) {
@@ -1599,12 +1653,18 @@ static void check_residual(int N, int C, int H, int W, int filters, int stride, 
     case_free(&c);
 }
 
-static void check_block_fd(Case *c, uint64_t seed) {
+// Finite differences through a block, its batchnorms' gammas scaled by gamma_spread (so
+// that ReLU6 inputs land on both sides of 6 too).
+static void check_block_fd(Case *c, uint64_t seed, float gamma_spread) {
     c->fd = true;
     double *z = xmalloc((size_t)c->nout * sizeof(double));
     for (int tries = 0;; tries++) {  // no ReLU input within reach of a finite-difference step
         assert_true(tries < 100);
         case_fill(c, seed + (uint64_t)tries);
+        for (int j = 0; j < c->nt; j++)
+            if (c->t[j]->ndim == 1 && strstr(c->t[j]->name, ".weight"))
+                for (int64_t i = 0; i < c->np[j]; i++) c->p[j][i] *= gamma_spread;
+        case_sync(c);
         g_kink_margin = INFINITY;
         c->ref(c, z);
         if (g_kink_margin > 1e-4) break;
@@ -1632,8 +1692,39 @@ static void check_bottleneck(int N, int C, int H, int W, int planes, int stride,
     assert_int_equal(c.l->out.h, (H + 2 - 3) / stride + 1);
     c.stride = stride;
     c.ref = bottleneck_ref;
-    check_block_fd(&c, seed);
+    check_block_fd(&c, seed, 1);
     case_free(&c);
+}
+
+static void check_inverted(int N, int C, int H, int W, int filters, double expand, int stride,
+                           const char *const *names, int nt, uint64_t seed) {
+    char text[200];
+    snprintf(text, sizeof text, "[residual]\nname = features.2\nblock = inverted\nexpand = %g\n"
+             "filters = %d\nstride = %d\n", expand, filters, stride);
+    Case c;
+    case_init(&c, &residual_ops, text, (Shape){.c = C, .h = H, .w = W}, N);
+    assert_int_equal(c.nt, nt);
+    for (int j = 0; j < nt; j++) assert_string_equal(c.t[j]->name, names[j]);
+    assert_int_equal(c.l->out.c, filters);
+    assert_int_equal(c.l->out.h, (H + 2 - 3) / stride + 1);
+    c.stride = stride;
+    c.ref = inverted_ref;
+    check_block_fd(&c, seed, RELU6_SPREAD);
+    case_free(&c);
+}
+
+static void test_inverted_residual(void **state) {
+    static const char *const expanded[] = {
+        "features.2.conv.0.0.weight", "features.2.conv.0.1.weight", "features.2.conv.0.1.bias",
+        "features.2.conv.1.0.weight", "features.2.conv.1.1.weight", "features.2.conv.1.1.bias",
+        "features.2.conv.2.weight", "features.2.conv.3.weight", "features.2.conv.3.bias"};
+    static const char *const unexpanded[] = {
+        "features.2.conv.0.0.weight", "features.2.conv.0.1.weight", "features.2.conv.0.1.bias",
+        "features.2.conv.1.weight", "features.2.conv.2.weight", "features.2.conv.2.bias"};
+    check_inverted(2, 4, 5, 4, 4, 2, 1, expanded, 9, 360);    // the identity added
+    check_inverted(2, 4, 5, 5, 6, 3, 2, expanded, 9, 361);    // stride 2: nothing added
+    check_inverted(2, 3, 4, 4, 5, 1.5, 1, expanded, 9, 362);  // hidden round(4.5) = 4 (even)
+    check_inverted(2, 4, 4, 3, 4, 1, 1, unexpanded, 6, 363);  // expand 1, as features.1
 }
 
 // The general block: the same bits whether written out or made by [residual]; members named
@@ -1653,7 +1744,7 @@ static void test_block(void **state) {
     assert_int_equal(c.nt, 5);
     for (int j = 0; j < 5; j++) assert_string_equal(c.t[j]->name, names[j]);
     c.ref = block_ref;
-    check_block_fd(&c, 353);
+    check_block_fd(&c, 353, 1);
     case_free(&c);
 
     static const struct {
@@ -2087,6 +2178,7 @@ int main(void) {
         cmocka_unit_test(test_batchnorm),
         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_block),
+        cmocka_unit_test(test_inverted_residual),
         cmocka_unit_test(test_batchnorm_sums_chunked),
         cmocka_unit_test(test_flatten_permutation),
         cmocka_unit_test(test_log_softmax),

@@ -56,13 +56,14 @@ static const char *mobile =
     "[linear]\nname = classifier\noutputs = classes\n[log_softmax]\n";
 
 // torchvision's other blocks and a written-out one: a Bottleneck with a downsample, an
-// identity Bottleneck, a [block] whose body ends in a dropout and whose shortcut is an
+// identity Bottleneck, an InvertedResidual with its identity (ReLU6, depthwise), a [block] whose body ends in a dropout and whose shortcut is an
 // average pooling, with a ReLU on the sum.
 static const char *blocks_net =
     "[conv]\nname = conv1\nfilters = 8\nsize = 3\npad = 1\nbias = 0\n"
     "[batchnorm]\nname = bn1\nactivation = relu\n"
     "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 3\nstride = 2\n"
     "[residual]\nname = layer1.1\nblock = bottleneck\nfilters = 3\n"
+    "[residual]\nname = features.1\nblock = inverted\nexpand = 2\nfilters = 12\n"
     "[block]\nname = mix\nactivation = relu\n"
     "[conv]\nfilters = 12\nsize = 3\nstride = 2\npad = 1\n[batchnorm]\nactivation = relu\n"
     "[conv]\nfilters = 12\nsize = 1\n[dropout]\np = 0.2\n"
