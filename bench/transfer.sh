@@ -12,7 +12,8 @@
 # MODEL picks another network, with its head (HEAD, for init_skip), the layers FREEZE
 # keeps, and ARGS for keys of every run; MobileNetV2 on the 28x28 images (one channel):
 #   MODEL=mobilenet_v2 HEAD=classifier FREEZE=features.0,features.1,features.2,features.3 \
-#   ARGS="width=28 height=28 channels=1 mean=0.2860 std=0.3530 flip=0" sh bench/transfer.sh
+#   ARGS="width=28 height=28 channels=1 mean=0.2860 std=0.3530 flip=0 val_split=0" \
+#   sh bench/transfer.sh
 set -e
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-resnet-small}
