@@ -836,8 +836,16 @@ static inline int dw_reach(int i, int stride, int pad, int K, int O, int *k, int
     return n;
 }
 
-// din = the sum over (kh, kw) of dy * w, one input pixel's nb channels at a time; dy's
-// pixel (oh, ow) of tap (kh, kw) at dy + ohs[i] * orow + ows[j] * C.
+// Taps (kh or kw) of input position i at stride 1 whose output i + pad - k lies inside
+// [0, O): [*a, *b).
+static inline void dw_taps_back(int i, int pad, int K, int O, int *a, int *b) {
+    *a = imax(0, i + pad - O + 1), *b = imin(K, i + pad + 1);
+}
+
+// din = the sum over (kh, kw) of dy * w, one input pixel's nb channels at a time. At
+// stride 1 the forward's pixel loop with dy's steps negated: tap (kh, kw) reads dy's pixel
+// (ih + pad - kh, iw + pad - kw), so kh and kw ascend as elsewhere (the same sums in the
+// same order). Otherwise dy's pixel (oh, ow) of tap (kh, kw) at dy + ohs[i] * orow + ows[j] * C.
 static void dw_backward_data(float *din, const float *dy, const float *w, ConvGeometry g) {
     const int C = g.C, K = g.K, KK = K * K, nbm = dw_block(g);
     const int64_t rows = (int64_t)g.N * g.H, orow = (int64_t)g.OW * C;
@@ -845,6 +853,28 @@ static void dw_backward_data(float *din, const float *dy, const float *w, ConvGe
     for (int c0 = 0; c0 < C; c0 += nbm) {
         const int nb = imin(nbm, C - c0);
         dw_transpose(wt, w, c0, nb, KK);
+        if (g.stride == 1) {
+#pragma omp parallel for schedule(static) if (rows * g.W * nb * KK > PAR_MIN)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t n = r / g.H;
+                const int ih = (int)(r % g.H);
+                int kh0, kh1;
+                dw_taps_back(ih, g.pad, K, g.OH, &kh0, &kh1);
+                const float *img = dy + n * g.OH * orow + c0;
+                for (int iw = 0; iw < g.W; iw++) {
+                    int kw0, kw1;
+                    dw_taps_back(iw, g.pad, K, g.OW, &kw0, &kw1);
+                    if (kh1 <= kh0 || kw1 <= kw0) {  // no output reaches it
+                        memset(din + (r * g.W + iw) * C + c0, 0, (size_t)nb * sizeof(float));
+                        continue;
+                    }
+                    const float *d = img + (int64_t)(ih + g.pad - kh0) * orow + (int64_t)(iw + g.pad - kw0) * C;
+                    dw_forward_pixel(din + (r * g.W + iw) * C + c0, d, wt + (kh0 * K + kw0) * nb, NULL, nb, -C,
+                                     -orow, K, kh1 - kh0, kw1 - kw0, ACT_NONE);
+                }
+            }
+            continue;
+        }
 #pragma omp parallel for schedule(static) if (rows * g.W * nb * KK > PAR_MIN)
         for (int64_t r = 0; r < rows; r++) {
             const int64_t n = r / g.H;
@@ -898,9 +928,65 @@ static inline void dw_span(int k, int stride, int pad, int H, int O, int *a, int
     if (*b < *a) *b = *a;
 }
 
+#ifdef __AVX2__
+// One output pixel's share of a 3x3 row's sums, 8 channels: a[kh * 3 + kw] += dy * the
+// pixel's tap (kh, kw), for the taps inside the image (kh in [kh0, kh1), kw in [kw0, kw1));
+// tap (kh, kw) at x + xo + kh * row + kw * C. Constant bounds fold the tests away.
+static inline __attribute__((always_inline)) void dw_weight_pixel3(__m256 a[9], const float *dp, const float *x,
+                                                                   int64_t xo, int64_t row, int C, int kh0,
+                                                                   int kh1, int kw0, int kw1) {
+    const __m256 d = _mm256_loadu_ps(dp);
+    for (int kh = 0; kh < 3; kh++)
+        for (int kw = 0; kw < 3; kw++)
+            if (kh >= kh0 && kh < kh1 && kw >= kw0 && kw < kw1)
+                a[kh * 3 + kw] = _mm256_add_ps(a[kh * 3 + kw],
+                                               _mm256_mul_ps(d, _mm256_loadu_ps(x + xo + kh * row + (int64_t)kw * C)));
+}
+
+// A 3x3 output row's sums for 8 channels at a time, the 9 taps' sums in registers over
+// the row, each over its pixels in ow order from 0 (as dw_backward_weight's loop sums them),
+// then added to s (9, nb); returns the channels done (a multiple of 8). d: the row's dy at
+// its first pixel, x: the input's channel c0 of image n, ih0 = oh * stride - pad.
+static int dw_weight_row3(float *s, const float *d, const float *x, ConvGeometry g, int ih0, int kh0, int kh1,
+                          int nb) {
+    const int C = g.C, S = g.stride;
+    const int64_t row = (int64_t)g.W * C;
+    // Pixels with all three kw inside: [i0, i1); the others at either end.
+    const int hi = g.W - 3 + g.pad;  // ow * S <= hi
+    const int i0 = imin(g.OW, (g.pad + S - 1) / S), i1 = hi < 0 ? i0 : imax(i0, imin(g.OW, hi / S + 1));
+    const bool rows3 = kh0 == 0 && kh1 == 3;
+    int c = 0;
+    for (; c + 8 <= nb; c += 8) {
+        __m256 a[9];
+        for (int t = 0; t < 9; t++) a[t] = _mm256_setzero_ps();
+        const int64_t x0 = (int64_t)ih0 * row + c;  // tap (0, 0) of pixel ow at x0 + (ow * S - pad) * C
+        for (int ow = 0; ow < i0; ow++) {
+            int kw0, kw1;
+            dw_taps(ow, S, g.pad, 3, g.W, &kw0, &kw1);
+            dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, kw0, kw1);
+        }
+        if (rows3)
+            for (int ow = i0; ow < i1; ow++)
+                dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, 0, 3, 0, 3);
+        else
+            for (int ow = i0; ow < i1; ow++)
+                dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, 0, 3);
+        for (int ow = i1; ow < g.OW; ow++) {
+            int kw0, kw1;
+            dw_taps(ow, S, g.pad, 3, g.W, &kw0, &kw1);
+            dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, kw0, kw1);
+        }
+        for (int t = 0; t < 9; t++) _mm256_storeu_ps(s + t * nb + c, _mm256_add_ps(_mm256_loadu_ps(s + t * nb + c), a[t]));
+    }
+    return c;
+}
+#endif
+
 // dw += the rows' sums, a block of channels at a time: for each output row, each tap's sum
-// over the row's pixels (those whose tap lies inside the image: a span of ow) from 0, 32
-// channels in 4 vectors at once, added to the block's sums s (K * K, nb) from 0.
+// over the row's pixels (those whose tap lies inside the image: a span of ow) from 0, added
+// to the block's sums s (K * K, nb) from 0. With AVX2 and 3x3 windows 8 channels' 9 sums
+// at a time in registers (dw_weight_row3); otherwise, and for the channels left over, a
+// tap at a time, 32 channels in 4 vectors at once.
 static void dw_backward_weight(float *dw, const float *dy, const float *in, ConvGeometry g) {
     const int C = g.C, K = g.K, KK = K * K, nbm = dw_block(g), blocks = (C + nbm - 1) / nbm;
     const int64_t row = (int64_t)g.W * C;
@@ -919,7 +1005,12 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
             int kh0, kh1;
             dw_taps(oh, g.stride, g.pad, K, g.H, &kh0, &kh1);
             const float *d = dy + r * g.OW * C + c0;
-            for (int kh = 0; kh < K; kh++)
+            int cv = 0;  // channels done
+#ifdef __AVX2__
+            if (K == 3)
+                cv = dw_weight_row3(s, d, in + n * g.H * row + c0, g, oh * g.stride - g.pad, kh0, kh1, nb);
+#endif
+            for (int kh = 0; kh < K && cv < nb; kh++)
                 for (int kw = 0; kw < K; kw++) {
                     float *st = s + (kh * K + kw) * nb;
                     const bool inside = kh >= kh0 && kh < kh1;  // this row's tap row is in the image
@@ -929,7 +1020,7 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
                     const float *x = a < e ? in + (n * g.H + oh * g.stride - g.pad + kh) * row +
                                                  (int64_t)(a * g.stride - g.pad + kw) * C + c0
                                            : in;
-                    int c = 0;
+                    int c = cv;
 #ifdef __AVX2__
                     for (; c + 32 <= nb; c += 32) {
                         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
