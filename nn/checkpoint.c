@@ -1100,13 +1100,17 @@ static int rename_cfg(const char *text, const char *in, const RenameRule *rules,
     Cfg cfg;
     if (cfg_parse(&cfg, text, label, err)) return -1;
     int rc = -1, changed = 0;
+    // Every layer's name before (olds) and after (names) the renaming, all taken before any
+    // section changes: a block member's name follows its block's.
     char(*names)[TENSOR_NAME_MAX] = xcalloc((size_t)cfg.nsections, sizeof *names, err);
-    if (!names) goto done;
+    char(*olds)[LAYER_NAME_MAX] = names ? xcalloc((size_t)cfg.nsections, sizeof *olds, err) : NULL;
+    if (!olds) goto done;
+    for (int i = 0; i < cfg.nsections; i++)
+        if (layer_is_section(&cfg.sections[i])) layer_section_name(&cfg, &cfg.sections[i], olds[i], sizeof olds[i]);
     for (int i = 0; i < cfg.nsections; i++) {
         CfgSection *s = &cfg.sections[i];
         if (!layer_is_section(s)) continue;
-        char old[LAYER_NAME_MAX];
-        layer_section_name(&cfg, s, old, sizeof old);
+        const char *old = olds[i];
         char tmp[TENSOR_NAME_MAX];
         const char *why = NULL;
         if (rename_layer(old, strlen(old), rules, nrules, mode, tmp, sizeof tmp))
@@ -1127,23 +1131,29 @@ static int rename_cfg(const char *text, const char *in, const RenameRule *rules,
                         in, names[i], cfg.sections[j].line, s->line);
                 goto done;
             }
-        if (strcmp(old, tmp)) {
-            // A block's member keeps its name under its block's: the part after it.
-            const CfgSection *b = layer_section_block(&cfg, s);
-            const char *set = tmp;
-            if (b) {
-                const char *under = names[b - cfg.sections];
-                const size_t nb = strlen(under);
-                if (strncmp(tmp, under, nb) || tmp[nb] != '.') {
-                    err_set(err, "%s: renaming layer '%s' of its cfg (line %d) gives '%s', which is not "
-                            "under its block's new name '%s'", in, old, s->line, tmp, under);
-                    goto done;
-                }
-                set = tmp + nb + 1;
+    }
+    for (int i = 0; i < cfg.nsections; i++) {
+        CfgSection *s = &cfg.sections[i];
+        if (!layer_is_section(s)) continue;
+        // A block's member keeps its name under its block's: the part after it.
+        const CfgSection *b = layer_section_block(&cfg, s);
+        const char *set = names[i];
+        if (b) {
+            const char *under = names[b - cfg.sections];
+            const size_t nb = strlen(under);
+            if (strncmp(names[i], under, nb) || names[i][nb] != '.') {
+                err_set(err, "%s: renaming layer '%s' of its cfg (line %d) gives '%s', which is not "
+                        "under its block's new name '%s' (a prefix rule renames a block with its "
+                        "members)", in, olds[i], s->line, names[i], under);
+                goto done;
             }
-            if (cfg_set(s, "name", set, err)) goto done;
-            changed++;
+            set = names[i] + nb + 1;
+            if (!strcmp(olds[i], names[i]) && !strcmp(olds[b - cfg.sections], under)) continue;
+        } else if (!strcmp(olds[i], names[i])) {
+            continue;
         }
+        if (cfg_set(s, "name", set, err)) goto done;
+        changed++;
     }
     if (changed) {
         *out = cfg_to_text(&cfg, err);
@@ -1152,6 +1162,7 @@ static int rename_cfg(const char *text, const char *in, const RenameRule *rules,
     rc = 0;
 done:
     free(names);
+    free(olds);
     cfg_free(&cfg);
     return rc;
 }
