@@ -892,6 +892,60 @@ static void test_rename_modes(void **state) {
     checkpoint_info_free(&info);
 }
 
+// A cfg with a [block]: its members' names follow the block's (a prefix or a whole-name
+// rule on the block renames them with it, and the renamed file loads into the network its
+// stored cfg makes); a rule that would take a member out of its block is refused.
+static void test_rename_block(void **state) {
+    static const char *text =
+        "[train]\nbatch = 4\n\n[conv]\nname = stem\nfilters = 3\nsize = 3\npad = 1\n"
+        "[block]\nname = layer1.0\nactivation = relu\n"
+        "[conv]\nname = conv1\nfilters = 3\nsize = 3\npad = 1\nbias = 0\n"
+        "[batchnorm]\nactivation = relu6\n[conv]\nfilters = 3\nsize = 3\npad = 1\ngroups = 3\n[end]\n"
+        "[global_avgpool]\n[flatten]\n[linear]\nname = fc\noutputs = 5\n[log_softmax]\n";
+    Net a;
+    make_net_text(&a, text);
+    fill_random(&a, 21);
+    save("block.safetensors", &a, text);
+    float *ha = snapshot(&a);
+    const RenameRule r = {"layer1.0", "stage1.0"};
+    const RenameMode modes[2] = {RENAME_PREFIX, RENAME_WHOLE};
+    for (int m = 0; m < 2; m++) {
+        Error err = {{0}};
+        int renamed = -1;
+        if (rename_file("block.safetensors", "block-r.safetensors", modes[m], 1, &r, &renamed, &err))
+            fail_msg("%s", err.msg);
+        // conv1's weight, the batchnorm's weight and bias, the depthwise conv's weight and
+        // bias, each with Adadelta's 2 states (15), and the batchnorm's 3 buffers.
+        assert_int_equal(renamed, 18);
+        CheckpointInfo info;
+        if (checkpoint_read_info(path("block-r.safetensors"), &info, NULL, &err)) fail_msg("%s", err.msg);
+        Cfg cfg;
+        if (cfg_parse(&cfg, info.cfg_text, "stored", &err)) fail_msg("%s", err.msg);
+        assert_non_null(layer_find_section(&cfg, "stage1.0.conv1"));
+        assert_non_null(layer_find_section(&cfg, "stage1.0.2"));
+        Net b;
+        const NetOptions opts = net_options();
+        if (net_create(&b, &cfg, INPUT, CLASSES, &opts, cpu_kernels(), &err) ||
+            checkpoint_load_weights(path("block-r.safetensors"), &b, NULL, 0, &err))
+            fail_msg("%s", err.msg);
+        float *hb = snapshot(&b);
+        assert_memory_equal(ha, hb, (size_t)a.nparams * sizeof(float));
+        free(hb);
+        net_free(&b);
+        cfg_free(&cfg);
+        checkpoint_info_free(&info);
+        remove(path("block-r.safetensors"));
+    }
+    const RenameRule out = {"layer1.0.conv1", "conv9"};
+    Error err = {{0}};
+    int renamed = -1;
+    assert_int_equal(rename_file("block.safetensors", "block-x.safetensors", RENAME_PREFIX, 1, &out, &renamed, &err), -1);
+    assert_non_null(strstr(err.msg, "not under its block's new name 'layer1.0'"));
+    assert_false(exists(path("block-x.safetensors")));
+    free(ha);
+    net_free(&a);
+}
+
 // checkpoint_rename_key: the layer part only, every occurrence, rules in order.
 static void test_rename_key(void **state) {
     char out[TENSOR_NAME_MAX];
@@ -1439,7 +1493,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bad_info),          cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_f16_weights),       cmocka_unit_test(test_rename),
         cmocka_unit_test(test_rename_two_layers), cmocka_unit_test(test_rename_refusals),
-        cmocka_unit_test(test_rename_modes),      cmocka_unit_test(test_rename_key),
+        cmocka_unit_test(test_rename_modes),
+        cmocka_unit_test(test_rename_block),      cmocka_unit_test(test_rename_key),
         cmocka_unit_test(test_ckpt_tool),         cmocka_unit_test(test_batchnorm_round_trip),
         cmocka_unit_test(test_plain_state_dict),  cmocka_unit_test(test_init_skip),
         cmocka_unit_test(test_export),
