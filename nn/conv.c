@@ -90,12 +90,7 @@ static int conv_chunk(const Conv *c, const Kernels *k, int N) {
     return chunk < (size_t)N ? (int)chunk : N;
 }
 
-static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
-    int64_t groups;
-    if (cfg_int(a->cfg, a->s, "groups", "1", 1, 1 << 20, &groups, err)) return -1;
-    if (groups > 1) return conv_grouped_create(out, a, err);  // nn/conv_grouped.c
-    Conv *c = layer_alloc(sizeof *c, &conv_ops, a, err);
-    if (!c) return -1;
+int conv_window(const LayerArgs *a, const char *name, ConvWindow *w, Error *err) {
     const Cfg *cfg = a->cfg;
     const CfgSection *s = a->s;
     const Shape in = a->in;
@@ -105,10 +100,31 @@ static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
         cfg_int(cfg, s, "stride", "1", 1, 1024, &stride, err) ||
         cfg_int(cfg, s, "pad", "0", 0, 1024, &pad, err) ||
         cfg_int(cfg, s, "bias", "1", 0, 1, &bias, err) ||
-        layer_activation(a, &c->act, err))
-        goto fail;
-    c->filters = (int)filters, c->size = (int)size, c->stride = (int)stride, c->pad = (int)pad;
-    c->bias = bias != 0;
+        layer_activation(a, &w->act, err))
+        return -1;
+    w->filters = (int)filters, w->size = (int)size, w->stride = (int)stride, w->pad = (int)pad;
+    w->bias = bias != 0;
+    if (in.h + 2 * w->pad < w->size || in.w + 2 * w->pad < w->size)
+        return err_set(err, "%s:%d: [conv] %s: kernel size %d does not fit its input %dx%d (pad %d)",
+                       cfg->path, s->line, name, w->size, in.h, in.w, w->pad);
+    w->out = (Shape){.c = w->filters, .h = (in.h + 2 * w->pad - w->size) / w->stride + 1,
+                     .w = (in.w + 2 * w->pad - w->size) / w->stride + 1};
+    return 0;
+}
+
+static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
+    int64_t groups;
+    if (cfg_int(a->cfg, a->s, "groups", "1", 1, 1 << 20, &groups, err)) return -1;
+    if (groups > 1) return conv_grouped_create(out, a, err);  // nn/conv_grouped.c
+    Conv *c = layer_alloc(sizeof *c, &conv_ops, a, err);
+    if (!c) return -1;
+    const Cfg *cfg = a->cfg;
+    const CfgSection *s = a->s;
+    const Shape in = a->in;
+    ConvWindow w;
+    if (conv_window(a, c->base.name, &w, err)) goto fail;
+    c->filters = w.filters, c->size = w.size, c->stride = w.stride, c->pad = w.pad;
+    c->bias = w.bias, c->act = w.act;
     int algorithm;
     if (cfg_choice(cfg, s, "algorithm", "auto", conv_algorithm_names, CONV_ALGORITHMS, &algorithm, err))
         goto fail;
@@ -118,14 +134,7 @@ static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
                 cfg->path, s->line, c->base.name, c->size, c->stride);
         goto fail;
     }
-    const int OH = (in.h + 2 * c->pad - c->size) / c->stride + 1;
-    const int OW = (in.w + 2 * c->pad - c->size) / c->stride + 1;
-    if (in.h + 2 * c->pad < c->size || in.w + 2 * c->pad < c->size) {
-        err_set(err, "%s:%d: [conv] %s: kernel size %d does not fit its input %dx%d (pad %d)",
-                cfg->path, s->line, c->base.name, c->size, in.h, in.w, c->pad);
-        goto fail;
-    }
-    c->base.out = (Shape){.c = c->filters, .h = OH, .w = OW};
+    c->base.out = w.out;
     if (c->algorithm == CONV_AUTO) c->algorithm = conv_auto_algorithm(c);
     layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, in.c, c->size, c->size}, INIT_WEIGHT);
     if (c->bias) layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters}, INIT_BIAS);

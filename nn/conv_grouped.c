@@ -46,17 +46,12 @@ int conv_grouped_create(Layer **out, const LayerArgs *a, Error *err) {
     const Cfg *cfg = a->cfg;
     const CfgSection *s = a->s;
     const Shape in = a->in;
-    int64_t filters, size, stride, pad, bias, groups;
-    if (cfg_int(cfg, s, "filters", NULL, 1, 1 << 20, &filters, err) ||
-        cfg_int(cfg, s, "size", NULL, 1, 1024, &size, err) ||
-        cfg_int(cfg, s, "stride", "1", 1, 1024, &stride, err) ||
-        cfg_int(cfg, s, "pad", "0", 0, 1024, &pad, err) ||
-        cfg_int(cfg, s, "bias", "1", 0, 1, &bias, err) ||
-        cfg_int(cfg, s, "groups", "1", 1, 1 << 20, &groups, err) ||
-        layer_activation(a, &c->act, err))
+    ConvWindow w;
+    int64_t groups;
+    if (conv_window(a, c->base.name, &w, err) || cfg_int(cfg, s, "groups", "1", 1, 1 << 20, &groups, err))
         goto fail;
-    c->filters = (int)filters, c->size = (int)size, c->stride = (int)stride, c->pad = (int)pad;
-    c->groups = (int)groups, c->bias = bias != 0;
+    c->filters = w.filters, c->size = w.size, c->stride = w.stride, c->pad = w.pad;
+    c->groups = (int)groups, c->bias = w.bias, c->act = w.act;
     const CfgEntry *alg = cfg_entry(s, "algorithm");
     if (alg && strcmp(alg->value, "auto") != 0) {
         err_set(err, "%s:%d: [conv] %s: algorithm = %s is for groups = 1; a grouped convolution (groups = %d) "
@@ -69,13 +64,7 @@ int conv_grouped_create(Layer **out, const LayerArgs *a, Error *err) {
                 cfg->path, s->line, c->base.name, c->groups, in.c, c->filters);
         goto fail;
     }
-    if (in.h + 2 * c->pad < c->size || in.w + 2 * c->pad < c->size) {
-        err_set(err, "%s:%d: [conv] %s: kernel size %d does not fit its input %dx%d (pad %d)",
-                cfg->path, s->line, c->base.name, c->size, in.h, in.w, c->pad);
-        goto fail;
-    }
-    c->base.out = (Shape){.c = c->filters, .h = (in.h + 2 * c->pad - c->size) / c->stride + 1,
-                          .w = (in.w + 2 * c->pad - c->size) / c->stride + 1};
+    c->base.out = w.out;
     const int cg = in.c / c->groups;
     layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, cg, c->size, c->size}, INIT_WEIGHT);
     if (c->bias) layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters}, INIT_BIAS);

@@ -219,6 +219,15 @@ const LayerOps *layer_type(const char *section);
 
 // A [conv] section with groups > 1 (nn/conv_grouped.c): conv_ops's create hands it over.
 int conv_grouped_create(Layer **out, const LayerArgs *a, Error *err);
+// The keys a [conv] section's two forms share (nn/conv.c), read from a's section and
+// checked against its input (`name` for messages); out: the output's shape.
+typedef struct ConvWindow {
+    int filters, size, stride, pad;
+    bool bias;
+    Activation act;
+    Shape out;
+} ConvWindow;
+int conv_window(const LayerArgs *a, const char *name, ConvWindow *w, Error *err);
 
 // Frees a layer and its children.
 void layer_free(Layer *l);
