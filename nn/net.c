@@ -767,12 +767,17 @@ static int buffer_spans(Net *net, Error *err) {
     free(net->spans);
     net->spans = xcalloc((size_t)sb.n + 1, sizeof *net->spans, err);
     if (!net->spans) goto done;
+    for (int k = 0; k < sb.n; k++) net->bufs[sb.owner[k]].nspans++;
     int m = 0;
+    for (int b = 0; b < nb; b++) net->bufs[b].span0 = m, m += net->bufs[b].nspans, net->bufs[b].nspans = 0;
+    for (int k = 0; k < sb.n; k++) {  // each buffer's spans closed in time order, kept so
+        ActBuffer *a = &net->bufs[sb.owner[k]];
+        net->spans[a->span0 + a->nspans++] = sb.closed[k];
+    }
     for (int b = 0; b < nb; b++) {
-        net->bufs[b].span0 = m;
-        for (int k = 0; k < sb.n; k++)
-            if (sb.owner[k] == b) net->spans[m++] = sb.closed[k];
-        net->bufs[b].nspans = m - net->bufs[b].span0;
+        ActBuffer *a = &net->bufs[b];
+        a->first = a->nspans ? net->spans[a->span0].from : 0;
+        a->last = a->nspans ? net->spans[a->span0 + a->nspans - 1].to : -1;
     }
     net->nspans = m;
     rc = 0;
@@ -781,32 +786,39 @@ done:
     return rc;
 }
 
-static bool buffers_meet(const Net *net, const ActBuffer *a, const ActBuffer *b) {
-    for (int i = 0; i < a->nspans; i++)
-        for (int j = 0; j < b->nspans; j++) {
-            const ActSpan x = net->spans[a->span0 + i], y = net->spans[b->span0 + j];
-            if (x.from <= y.to && y.from <= x.to) return true;
-        }
+// Whether buffers x and y are live at some event both.
+static bool buffers_meet(const Net *net, const ActBuffer *x, const ActBuffer *y) {
+    if (x->last < y->first || y->last < x->first) return false;
+    const ActSpan *u = &net->spans[x->span0], *v = &net->spans[y->span0];
+    for (int i = 0, j = 0; i < x->nspans && j < y->nspans;) {  // both in time order
+        if (u[i].from <= v[j].to && v[j].from <= u[i].to) return true;
+        if (u[i].to < v[j].to) i++;
+        else j++;
+    }
     return false;
 }
 
 // Whether buffer b is live at event t.
 bool net_buffer_live(const Net *net, int b, int t) {
     const ActBuffer *a = &net->bufs[b];
+    if (t < a->first || t > a->last) return false;
     for (int i = 0; i < a->nspans; i++)
         if (net->spans[a->span0 + i].from <= t && t <= net->spans[a->span0 + i].to) return true;
     return false;
 }
 
-// The events over which buffer b holds something, and its first.
-static int buffer_events(const Net *net, int b, int *first) {
-    int n = 0, f = INT32_MAX;
-    for (int i = 0; i < net->bufs[b].nspans; i++) {
-        const ActSpan x = net->spans[net->bufs[b].span0 + i];
-        n += x.to - x.from + 1;
-        if (x.from < f) f = x.from;
-    }
-    *first = f;
+// The lengths of buffer b's spans, summed (an event where one span ends and the next
+// begins counts twice), and the events at which it holds something (counted once).
+static int buffer_span_events(const Net *net, int b) {
+    const ActSpan *x = &net->spans[net->bufs[b].span0];
+    int n = 0;
+    for (int i = 0; i < net->bufs[b].nspans; i++) n += x[i].to - x[i].from + 1;
+    return n;
+}
+static int buffer_live_events(const Net *net, int b) {
+    const ActSpan *x = &net->spans[net->bufs[b].span0];
+    int n = buffer_span_events(net, b);
+    for (int i = 1; i < net->bufs[b].nspans; i++) n -= x[i].from <= x[i - 1].to ? x[i - 1].to - x[i].from + 1 : 0;
     return n;
 }
 
@@ -836,6 +848,16 @@ static size_t place_in_order(Net *net, const int *order, int used, int *placed) 
     return top;
 }
 
+typedef struct Keyed {
+    double key;
+    int id;
+} Keyed;
+
+static int cmp_keyed(const void *a, const void *b) {  // largest key first; ties by id
+    const Keyed *x = a, *y = b;
+    return x->key != y->key ? (x->key < y->key ? 1 : -1) : (x->id > y->id) - (x->id < y->id);
+}
+
 // Places every used buffer (bytes > 0) greedily (TFLite's memory planner's placement: each
 // at the lowest offset where it overlaps no placed buffer live with it), in each of a few
 // orders: largest first; largest over the most events first (bytes x events); the earliest
@@ -845,26 +867,23 @@ static size_t place_in_order(Net *net, const int *order, int used, int *placed) 
 static int place_buffers(Net *net, Error *err) {
     const int nb = net->nbufs;
     int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
-    double *key = xcalloc((size_t)nb, sizeof *key, err);
+    Keyed *keyed = xcalloc((size_t)nb, sizeof *keyed, err);
     size_t *best = xcalloc((size_t)nb, sizeof *best, err);
     int rc = -1;
-    if (!order || !placed || !key || !best) goto done;
+    if (!order || !placed || !keyed || !best) goto done;
     size_t top = SIZE_MAX;
     for (int strategy = 0; strategy < 3; strategy++) {
         int used = 0;
         for (int b = 0; b < nb; b++) {
             if (!net->bufs[b].bytes) continue;
-            int first;
-            const int events = buffer_events(net, b, &first);
             const double bytes = (double)net->bufs[b].bytes;
-            key[b] = strategy == 0 ? bytes : strategy == 1 ? bytes * events : -(double)first * 1e15 + bytes;
-            order[used++] = b;
+            keyed[used++] = (Keyed){strategy == 0   ? bytes
+                                    : strategy == 1 ? bytes * buffer_span_events(net, b)
+                                                    : -(double)net->bufs[b].first * 1e15 + bytes,
+                                    b};
         }
-        for (int a = 1; a < used; a++)  // by key, largest first; ties in id order
-            for (int c = a; c > 0 && key[order[c]] > key[order[c - 1]]; c--) {
-                const int t = order[c];
-                order[c] = order[c - 1], order[c - 1] = t;
-            }
+        qsort(keyed, (size_t)used, sizeof *keyed, cmp_keyed);
+        for (int k = 0; k < used; k++) order[k] = keyed[k].id;
         const size_t end = place_in_order(net, order, used, placed);
         if (end < top) {
             top = end;
@@ -881,7 +900,7 @@ static int place_buffers(Net *net, Error *err) {
         }
     rc = 0;
 done:
-    free(order), free(placed), free(key), free(best);
+    free(order), free(placed), free(keyed), free(best);
     return rc;
 }
 
@@ -1024,10 +1043,8 @@ static void net_layout_buffers(Net *net, char *base) {
 // The bytes live at each event, summed over the step: a plan's second measure, so that of
 // two cuts with the same block the one that holds less for less long is taken.
 static double plan_area(const Net *net) {
-    double area = 0;
-    for (int t = 0; t <= net->nevents; t++)
-        for (int b = 0; b < net->nbufs; b++)
-            if (net->bufs[b].bytes && net_buffer_live(net, b, t)) area += (double)net->bufs[b].bytes;
+    double area = 0;  // whole numbers below 2^53: the same in any order
+    for (int b = 0; b < net->nbufs; b++) area += (double)net->bufs[b].bytes * buffer_live_events(net, b);
     return area;
 }
 
@@ -1051,19 +1068,28 @@ typedef struct SegCost {
 
 static size_t seg_scratch(const SegCost *c, int s, int e) { return c->scratch[s * (c->n + 1) + e]; }
 
+// The limits on a segment's scratch whose cuts net_segments plans (distinct ones, spread
+// over those some cut meets): with all of them, no shipped model's block came out smaller
+// (resnet18/34/50, mobilenet_v2, deep, resnet-small; sqrt, fp16, 4 segments).
+enum { SEG_LIMITS = 64 };
+
 // The fewest kept bytes over exactly S segments whose scratch is at most limit (SIZE_MAX
 // if none); first[] gets the cut. dp is (S + 1) * (n + 1) sums and from the same of
-// arg-mins.
-static size_t seg_fit(const SegCost *c, int S, size_t limit, size_t *dp, int *from, int *first) {
+// arg-mins; lo (n + 1) ints.
+static size_t seg_fit(const SegCost *c, int S, size_t limit, size_t *dp, int *from, int *lo, int *first) {
     const int n = c->n;
     for (int k = 0; k <= S; k++)
         for (int j = 0; j <= n; j++) dp[k * (n + 1) + j] = SIZE_MAX;
     dp[0] = 0;
+    for (int j = 1; j <= n; j++) {  // a segment's scratch shrinks as its start moves up
+        lo[j] = j;
+        while (lo[j] > 0 && seg_scratch(c, lo[j] - 1, j) <= limit) lo[j]--;
+    }
     for (int k = 1; k <= S; k++)
         for (int j = k; j <= n; j++)
-            for (int i = k - 1; i < j; i++) {
+            for (int i = lo[j] > k - 1 ? lo[j] : k - 1; i < j; i++) {  // the segments i .. j-1 that fit
                 const size_t before = dp[(k - 1) * (n + 1) + i];
-                if (before == SIZE_MAX || seg_scratch(c, i, j) > limit) continue;
+                if (before == SIZE_MAX) continue;
                 const size_t v = before + c->kept[j];
                 if (v < dp[k * (n + 1) + j]) dp[k * (n + 1) + j] = v, from[k * (n + 1) + j] = i;
             }
@@ -1072,6 +1098,68 @@ static size_t seg_fit(const SegCost *c, int S, size_t limit, size_t *dp, int *fr
     first[S] = n;
     for (int k = S; k > 0; k--) first[k - 1] = from[k * (n + 1) + first[k]];
     return best;
+}
+
+// The plans of the cuts tried so far, so that none is planned twice (a cut's plan is the
+// same every time): open addressing on a hash of the cut.
+typedef struct CutMemo {
+    int width;            // ints a cut (segments + 1)
+    size_t n, cap;        // cuts stored; slots (a power of two, more than twice n)
+    int *cuts;            // (cap / 2) x width
+    size_t *activations;  // (cap / 2) each cut's activation block
+    double *area;         // (cap / 2) and plan_area
+    size_t *slot;         // (cap) an index into the above plus one; 0: empty
+} CutMemo;
+
+static size_t cut_hash(const int *cut, int width) {
+    uint64_t h = 1469598103934665603u;  // FNV-1a over the ints
+    for (int i = 0; i < width; i++) h = (h ^ (uint32_t)cut[i]) * 1099511628211u;
+    return (size_t)h;
+}
+
+static size_t *memo_find(const CutMemo *m, const int *cut) {
+    size_t i = cut_hash(cut, m->width) & (m->cap - 1);
+    for (; m->slot[i]; i = (i + 1) & (m->cap - 1))
+        if (!memcmp(&m->cuts[(m->slot[i] - 1) * (size_t)m->width], cut, (size_t)m->width * sizeof *cut)) break;
+    return &m->slot[i];
+}
+
+static int memo_grow(CutMemo *m, Error *err) {
+    const size_t cap = m->cap ? 2 * m->cap : 1024, half = cap / 2;
+    int *cuts = realloc(m->cuts, half * (size_t)m->width * sizeof *cuts);
+    if (cuts) m->cuts = cuts;
+    size_t *acts = realloc(m->activations, half * sizeof *acts);
+    if (acts) m->activations = acts;
+    double *area = realloc(m->area, half * sizeof *area);
+    if (area) m->area = area;
+    size_t *slot = xcalloc(cap, sizeof *slot, err);
+    if (!cuts || !acts || !area || !slot) {
+        free(slot);
+        if (!err->msg[0]) err_set(err, "out of host memory planning the checkpoint segments");
+        return -1;
+    }
+    free(m->slot);
+    m->slot = slot, m->cap = cap;
+    for (size_t k = 0; k < m->n; k++) *memo_find(m, &m->cuts[k * (size_t)m->width]) = k + 1;
+    return 0;
+}
+
+static void memo_free(CutMemo *m) { free(m->cuts), free(m->activations), free(m->area), free(m->slot); }
+
+// The activation block and plan_area of the segments starting at cut[0 .. S], planned once
+// per cut.
+static int plan_cut(Net *net, CutMemo *m, const int *cut, size_t *activations, double *area, Error *err) {
+    if (2 * (m->n + 1) > m->cap && memo_grow(m, err)) return -1;
+    size_t *slot = memo_find(m, cut);
+    if (!*slot) {
+        memcpy(net->seg_first, cut, (size_t)m->width * sizeof *cut);
+        if (net_plan_activations(net, err)) return -1;
+        memcpy(&m->cuts[m->n * (size_t)m->width], cut, (size_t)m->width * sizeof *cut);
+        m->activations[m->n] = net->plan.activations, m->area[m->n] = plan_area(net);
+        *slot = ++m->n;
+    }
+    *activations = m->activations[*slot - 1], *area = m->area[*slot - 1];
+    return 0;
 }
 
 static int cmp_size(const void *a, const void *b) {
@@ -1098,11 +1186,12 @@ static int net_segments(Net *net, int segments, Error *err) {
     size_t *out = xcalloc((size_t)n, sizeof *out, err), *kept = xcalloc((size_t)n + 1, sizeof *kept, err);
     size_t *scratch = xcalloc(square, sizeof *scratch, err);
     size_t *limits = xcalloc(npairs, sizeof *limits, err), *dp = xcalloc(cells, sizeof *dp, err);
-    int *reach = xcalloc((size_t)n, sizeof *reach, err);
+    int *reach = xcalloc((size_t)n, sizeof *reach, err), *lo = xcalloc((size_t)n + 1, sizeof *lo, err);
     int *from = xcalloc(cells, sizeof *from, err), *cut = xcalloc((size_t)S + 1, sizeof *cut, err);
     int *best_cut = xcalloc((size_t)S + 1, sizeof *best_cut, err);
+    CutMemo memo = {.width = S + 1};
     int rc = -1;
-    if (!out || !kept || !scratch || !limits || !dp || !reach || !from || !cut || !best_cut) goto done;
+    if (!out || !kept || !scratch || !limits || !dp || !reach || !lo || !from || !cut || !best_cut) goto done;
     for (int p = 0; p < n; p++) {
         out[p] = align64(B * (size_t)shape_numel(net->nodes[p].out) * (p == last ? sizeof(float) : es));
         reach[p] = p == last ? n : last_consumer(net, p);  // crosses the cuts in (p, reach[p]]
@@ -1121,28 +1210,41 @@ static int net_segments(Net *net, int segments, Error *err) {
     for (int s = 0; s < n; s++)
         for (int e = s + 1; e <= n; e++) limits[m++] = seg_scratch(&c, s, e);
     qsort(limits, m, sizeof *limits, cmp_size);
-    size_t best = SIZE_MAX;
-    double best_area = INFINITY;
+    size_t distinct = 0;
+    for (size_t t = 0; t < m; t++)
+        if (!t || limits[t] != limits[t - 1]) limits[distinct++] = limits[t];
+    size_t feasible = 0, hi = distinct;  // the smallest limit some cut meets (they grow with it)
+    while (feasible < hi) {
+        const size_t mid = feasible + (hi - feasible) / 2;
+        if (seg_fit(&c, S, limits[mid], dp, from, lo, cut) == SIZE_MAX) feasible = mid + 1;
+        else hi = mid;
+    }
+    m = distinct - feasible;
+    if (m > SEG_LIMITS) {  // spread by rank from the smallest feasible to the largest
+        for (size_t t = 0; t < SEG_LIMITS; t++) limits[t] = limits[feasible + t * (m - 1) / (SEG_LIMITS - 1)];
+        m = SEG_LIMITS;
+    } else {
+        memmove(limits, limits + feasible, m * sizeof *limits);
+    }
+    size_t best = SIZE_MAX, activations;
+    double best_area = INFINITY, area;
     for (size_t t = 0; t < m; t++) {
-        if ((t && limits[t] == limits[t - 1]) || seg_fit(&c, S, limits[t], dp, from, cut) == SIZE_MAX ||
-            (best != SIZE_MAX && !memcmp(cut, best_cut, ((size_t)S + 1) * sizeof *cut)))
-            continue;
-        memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
-        if (net_plan_activations(net, err)) goto done;
-        const double area = plan_area(net);
-        if (net->plan.activations < best || (net->plan.activations == best && area < best_area)) {
-            best = net->plan.activations, best_area = area;
+        if (seg_fit(&c, S, limits[t], dp, from, lo, cut) == SIZE_MAX) continue;
+        if (plan_cut(net, &memo, cut, &activations, &area, err)) goto done;
+        if (activations < best || (activations == best && area < best_area)) {
+            best = activations, best_area = area;
             memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
         }
     }
-    // Then moves single cuts anywhere (a cut taken out, one put in at another node) while
-    // that shrinks the block: plans are cheap (resnet18: 51 nodes, 7 segments, some hundreds
-    // of plans in 0.1 s), and the best cuts of a segment of large tensors often lie several
-    // nodes from the model's.
-    for (bool moved = true; moved;) {
-        moved = false;
+    // Then moves single cuts (a cut taken out, one put in at another node) while that
+    // shrinks the block (or keeps it and shortens what is live): between its neighbours
+    // while that finds one, then anywhere for a smaller block (where one is found, back to
+    // the neighbours), so the cut it stops at has no smaller block by any single move. The
+    // best cuts of a segment of large tensors often lie several nodes from the model's.
+    for (bool wide = false;;) {
+        bool moved = false;
         for (int k = 1; k < S; k++)
-            for (int at = 1; at < n; at++) {
+            for (int at = wide ? 1 : best_cut[k - 1] + 1; at < (wide ? n : best_cut[k + 1]); at++) {
                 bool taken = false;
                 for (int m = 1; m < S; m++) taken |= best_cut[m] == at;
                 if (taken) continue;
@@ -1152,22 +1254,22 @@ static int net_segments(Net *net, int segments, Error *err) {
                     if (at < best_cut[m] && (w == 0 || cut[w - 1] < at)) cut[w++] = at;
                     cut[w++] = best_cut[m];
                 }
-                memcpy(net->seg_first, cut, ((size_t)S + 1) * sizeof *cut);
-                if (net_plan_activations(net, err)) goto done;
-                if (net->plan.activations > best) continue;
-                const double area = plan_area(net);
-                if (net->plan.activations < best || area < best_area) {
-                    best = net->plan.activations, best_area = area;
+                if (plan_cut(net, &memo, cut, &activations, &area, err)) goto done;
+                if (activations < best || (!wide && activations == best && area < best_area)) {
+                    best = activations, best_area = area;
                     memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
                     moved = true;
                 }
             }
+        if (!moved && wide) break;
+        wide = !moved;
     }
     memcpy(net->seg_first, best_cut, ((size_t)S + 1) * sizeof *cut);
     rc = net_plan_activations(net, err);
 done:
-    free(out), free(kept), free(scratch), free(limits), free(dp), free(reach), free(from), free(cut);
+    free(out), free(kept), free(scratch), free(limits), free(dp), free(reach), free(lo), free(from), free(cut);
     free(best_cut);
+    memo_free(&memo);
     return rc;
 }
 

@@ -125,7 +125,8 @@ typedef struct ActSpan {
 } ActSpan;
 typedef struct ActBuffer {
     size_t offset, bytes;  // in the activation block; bytes 0: not used
-    int span0, nspans;     // its spans: spans[span0 .. span0 + nspans)
+    int span0, nspans;     // its spans: spans[span0 .. span0 + nspans), in time order
+    int first, last;       // the first event of its first span and the last of its last
 } ActBuffer;
 
 // The activation buffers of a node (ids of Net.bufs; -1: none): its output (a sum's may
