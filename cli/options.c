@@ -17,8 +17,11 @@ const CfgKey train_keys[] = {
     {"fused_update", "0", "1: each layer's optimizer update runs during backward once its "
                           "gradient is complete, so the gradient memory holds a layer's at a "
                           "time, not all of them; the same bits (fp32, accumulate = 1)"},
+    {"recompute_1x1", "0", "1: a block's 1x1 convolutions that do not narrow (a Bottleneck's conv3, "
+                           "an InvertedResidual's expansion) are computed again in backward "
+                           "instead of kept; the same bits, for a GEMM more"},
     {"memory", "", "a budget (512M, 2G, ...): when the run does not fit, the fastest plan of "
-                   "the fused update, checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
+                   "the fused update, recompute_1x1, checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
                    "of a few steps; fp16, micro-batches under batchnorm and compressed optimizer "
                    "state or activations only with auto_fp16, auto_microbatch and auto_compress"},
     {"auto_fp16", "0", "1: memory may also switch precision to fp16 (a different result)"},
@@ -373,14 +376,15 @@ static int read_precision(Options *o, const Cfg *cfg, const CfgSection *t, const
     return 0;
 }
 
-// The memory savers (checkpoint, fused_update, compress, memory and what it may choose, tf32) and
+// The memory savers (checkpoint, fused_update, recompute_1x1, compress, memory and what it may choose, tf32) and
 // the combinations that cannot hold; after read_precision and read_optimizer.
 static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
                        Error *err) {
     const char *checkpoint, *memory;
-    int64_t fused_update, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
+    int64_t fused_update, recompute_1x1, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
     if (cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
         cfg_int(cfg, t, "fused_update", "0", 0, 1, &fused_update, err) ||
+        cfg_int(cfg, t, "recompute_1x1", "0", 0, 1, &recompute_1x1, err) ||
         cfg_int(cfg, t, "compress", "0", 0, 8, &compress, err) ||
         read_names(cfg, t, "compress_skip", &o->compress_skip, err) ||
         cfg_str(cfg, t, "memory", "", &memory, err) ||
@@ -396,6 +400,7 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
                        cfg_path, (long long)compress);
     o->compress = (int)compress;
     o->fused_update = fused_update != 0;
+    o->recompute_1x1 = recompute_1x1 != 0;
     o->auto_fp16 = (int)auto_fp16;
     o->auto_microbatch = (int)auto_microbatch;
     o->auto_compress = (int)auto_compress;

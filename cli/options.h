@@ -26,6 +26,7 @@ typedef struct Options {
     int64_t save_every, stop_after;
     int segments;        // NetOptions.segments
     bool fused_update;   // NetOptions.fused_update (fp32 and accumulate = 1 only)
+    bool recompute_1x1;  // NetOptions.recompute_1x1
     int compress;        // NetOptions.compress: 0, or 2, 4, 8 bits
     NameList compress_skip;
     size_t memory;       // budget in bytes; 0 = none

@@ -13,11 +13,11 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
     fprintf(f, ", \"probe_seconds\": %.2f, \"probe_steps\": %d, \"plans\": [", r->probe, r->probe_steps);
     for (int i = 0; i < r->n; i++) {
         const FitChoice *c = &r->plans[i];
-        fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"fused_update\": %s, \"accumulate\": %d, "
+        fprintf(f, "%s{\"segments\": %d, \"sweep\": %s, \"fused_update\": %s, \"recompute_1x1\": %s, \"accumulate\": %d, "
                    "\"precision\": \"%s\", \"optimizer_state\": \"%s\", \"compress\": %d, \"bytes\": %zu, "
                    "\"fits\": %s, \"exact\": %s, \"seconds\": ",
                 i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false",
-                c->net.fused_update ? "true" : "false", c->accumulate,
+                c->net.fused_update ? "true" : "false", c->net.recompute_1x1 ? "true" : "false", c->accumulate,
                 c->net.precision == DT_F16 ? "fp16" : "fp32", state_format_names[c->net.opt_format],
                 c->net.compress, mem_plan_on(&c->plan, k),
                 c->fits ? "true" : "false", c->exact ? "true" : "false");
@@ -37,11 +37,12 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
     const size_t need = mem_plan_on(p, k);
     if (json) {
         printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"grads_unfused\": %zu, "
-               "\"fused_update\": %s, \"optimizer\": %zu, \"optimizer_state\": \"%s\", "
+               "\"fused_update\": %s, \"recompute_1x1\": %d, \"optimizer\": %zu, \"optimizer_state\": \"%s\", "
                "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
                "\"compress\": %d, \"activations_compressed\": %zu, \"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"exchange\": %zu, \"total\": %zu, "
                "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
-               k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false", p->optimizer,
+               k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false",
+               net->recompute_1x1 ? net->widening_1x1 : 0, p->optimizer,
                state_format_names[format],
                p->buffers, p->activations, p->act_kept, bits, p->act_packed, p->workspace, p->threads, p->loader,
                p->exchange, mem_plan_total(p), need, baseline);
@@ -116,6 +117,7 @@ static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
     int n = c->net.segments ? snprintf(buf, cap, "checkpoint = %d segments with sweeps", c->net.segments)
                             : snprintf(buf, cap, "no checkpointing");
     if (c->net.fused_update) n += snprintf(buf + n, cap - (size_t)n, ", fused update");
+    if (c->net.recompute_1x1) n += snprintf(buf + n, cap - (size_t)n, ", 1x1 convolutions recomputed");
     if (c->accumulate > 1)
         n += snprintf(buf + n, cap - (size_t)n, ", accumulate = %d (micro-batch %d)", c->accumulate, c->net.batch);
     if (c->net.precision == DT_F16) n += snprintf(buf + n, cap - (size_t)n, ", fp16");

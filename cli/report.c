@@ -27,6 +27,7 @@ void report_header(const Run *r, int accumulate) {
     printf(", %s", net->precision == DT_F16 ? "fp16 activations" : "fp32");
     if (net->nsegments > 1) printf(", %d checkpoint segments", net->nsegments);
     if (net->fused_update) printf(", fused update");
+    if (net->recompute_1x1 && net->widening_1x1) printf(", %d 1x1 convolutions recomputed", net->widening_1x1);
     if (net->opt_format != STATE_F32)
         printf(", %s optimizer state (changes the result)", state_format_names[net->opt_format]);
     if (net->exec.pack_bits) printf(", %d-bit activations for backward (changes the result)", net->exec.pack_bits);

@@ -7,14 +7,14 @@
 #include "../nn/checkpoint.h"
 
 // Keys that may change when a run resumes: they leave its numbers as they were (threads
-// and device change the rounding, not the arithmetic; checkpointing and the fused update
-// change where memory goes, not a bit, and the gradient sum's buckets when it is summed;
+// and device change the rounding, not the arithmetic; checkpointing, the fused update and
+// recompute_1x1 change where memory goes, not a bit, and the gradient sum's buckets when it is summed;
 // epochs and patience when it ends).
 static bool resume_may_change(const char *section, const char *key) {
     static const char *const train[] = {"epochs", "save", "save_every", "stop_after", "threads",
                                         "device", "profile", "resume", "resume_force", "init",
-                                        "init_skip", "checkpoint", "fused_update", "patience",
-                                        "bucket_mb"};
+                                        "init_skip", "checkpoint", "fused_update", "recompute_1x1",
+                                        "patience", "bucket_mb"};
     static const char *const data[] = {"workers", "prefetch", "cache"};
     const bool is_train = !strcmp(section, "train"), is_data = !strcmp(section, "data");
     const char *const *keys = is_train ? train : data;

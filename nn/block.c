@@ -23,7 +23,12 @@
 // inside a block (what residual.c hand-coded for BasicBlock): a batchnorm between two
 // convolutions, and the shortcut's 1x1 convolution, are jit: cheap to compute again from
 // an output the network keeps anyway (the convolution's before it; the block's input),
-// so backward recomputes them where it reads them instead of keeping them.
+// so backward recomputes them where it reads them instead of keeping them. With
+// NetOptions.recompute_1x1 (`recompute_1x1 = 1`) so is a body's 1x1 convolution that does
+// not narrow (a Bottleneck's conv3, an InvertedResidual's expansion) whose output only the
+// batchnorm after it reads: its input is kept anyway (its weight gradient reads it), and
+// recomputing costs a GEMM of C_in products for each value not kept: a saver, at 10-20% of
+// a step, not the rule.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,13 +170,22 @@ static bool is_pointwise_conv(const Layer *l) {
     return is_conv(l) && l->params[0].ndim == 4 && l->params[0].shape[2] == 1 && l->params[0].shape[3] == 1;
 }
 
+// A body's 1x1 convolution that does not narrow, and whose output only the batchnorm after
+// it reads.
+static bool widening_1x1(const Block *b, int i) {
+    Layer *const *m = b->base.children;
+    return i + 1 < b->nbody && is_pointwise_conv(m[i]) && m[i]->in.c <= m[i]->out.c &&
+           m[i + 1]->ops == &batchnorm_ops;
+}
+
 // The rule of recomputation inside a block: which members are cheap to compute again from
 // an input the network keeps anyway (see the top of this file).
-static bool member_jit(const Block *b, int i) {
+static bool member_jit(const Block *b, int i, const NodeList *nl) {
     Layer *const *m = b->base.children;
     if (i < b->nbody)
-        return m[i]->ops == &batchnorm_ops && i > 0 && i + 1 < b->nbody && is_conv(m[i - 1]) &&
-               !m[i - 1]->ops->expand && is_conv(m[i + 1]);
+        return (m[i]->ops == &batchnorm_ops && i > 0 && i + 1 < b->nbody && is_conv(m[i - 1]) &&
+                !m[i - 1]->ops->expand && is_conv(m[i + 1])) ||
+               (nl->recompute_1x1 && widening_1x1(b, i));
     return i == b->nbody && i + 1 < b->base.nchildren && is_pointwise_conv(m[i]);
 }
 
@@ -181,7 +195,8 @@ static int block_expand(Layer *l, NodeList *nl, int in, Error *err) {
     for (int i = 0; i < l->nchildren; i++) {
         Layer *m = l->children[i];
         int *at = i < b->nbody ? &body : &shortcut;
-        *at = m->ops->expand ? m->ops->expand(m, nl, *at, err) : node_leaf(nl, m, *at, member_jit(b, i), err);
+        nl->widening_1x1 += widening_1x1(b, i);
+        *at = m->ops->expand ? m->ops->expand(m, nl, *at, err) : node_leaf(nl, m, *at, member_jit(b, i, nl), err);
         if (*at < 0) return -1;
     }
     return b->add ? node_sum(nl, body, shortcut, b->act, err) : body;

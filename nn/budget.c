@@ -35,6 +35,7 @@ static int list_add(List *l, const FitChoice *c, Error *err) {
     for (int i = 0; i < l->n; i++)  // the same plan twice (the configured segments)
         if (l->p[i].accumulate == c->accumulate && l->p[i].net.segments == c->net.segments &&
             l->p[i].net.precision == c->net.precision && l->p[i].net.fused_update == c->net.fused_update &&
+            l->p[i].net.recompute_1x1 == c->net.recompute_1x1 &&
             l->p[i].net.opt_format == c->net.opt_format && l->p[i].net.compress == c->net.compress)
             return 0;
     if (l->n == l->cap) {
@@ -50,26 +51,29 @@ static int list_add(List *l, const FitChoice *c, Error *err) {
 // Every segment count for one precision and micro-batch count: none, then 2, 3, 4, 6,
 // round(sqrt(nodes)) and twice that (and the configured), each with its sweeps, and each
 // without and with the fused update where it may run (one fp32 batch; only with it when
-// the run asks for it); `exact` says whether they change nothing but rounding. Returns the
-// plans added that fit, or -1.
+// the run asks for it), and without and with recompute_1x1 where the network has such
+// convolutions (only with it when the run asks for it); `exact` says whether they change
+// nothing but rounding. Returns the plans added that fit, or -1.
 static int add_segmentings(const BudgetQuery *q, List *l, NetOptions opt, int accumulate, int nodes,
-                           bool exact, Error *err) {
+                           bool widening_1x1, bool exact, Error *err) {
     const int r = (int)lround(sqrt((double)nodes));
     const int counts[] = {q->base.segments, 0, 2, 3, 4, 6, r, 2 * r};
     const bool fusable = accumulate == 1 && opt.precision == DT_F32 && !q->all_grads;
     int fit = 0;
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
-        for (int fused = q->base.fused_update && fusable; fused <= fusable; fused++) {
-            int S = counts[i] == NET_SEGMENTS_SQRT ? r : counts[i];
-            if (S == 1) S = 0;
-            if (S > nodes) continue;
-            FitChoice c = {.net = opt, .accumulate = accumulate, .exact = exact};
-            c.net.segments = S;
-            c.net.sweep = S != 0 || opt.compress;  // compression's stem runs as a sweep
-            c.net.fused_update = fused;
-            if (plan_of(q, &c, err) || list_add(l, &c, err)) return -1;
-            fit += c.fits;
-        }
+        for (int fused = q->base.fused_update && fusable; fused <= fusable; fused++)
+            for (int re = q->base.recompute_1x1; re <= (q->base.recompute_1x1 || widening_1x1); re++) {
+                int S = counts[i] == NET_SEGMENTS_SQRT ? r : counts[i];
+                if (S == 1) S = 0;
+                if (S > nodes) continue;
+                FitChoice c = {.net = opt, .accumulate = accumulate, .exact = exact};
+                c.net.segments = S;
+                c.net.sweep = S != 0 || opt.compress;  // compression's stem runs as a sweep
+                c.net.fused_update = fused;
+                c.net.recompute_1x1 = re;
+                if (plan_of(q, &c, err) || list_add(l, &c, err)) return -1;
+                fit += c.fits;
+            }
     return fit;
 }
 
@@ -83,14 +87,14 @@ int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err) {
     probe.net.batch = q->batch / q->base_accumulate;
     if (net_create(&net, q->cfg, q->input, q->classes, &probe.net, q->k, err)) return -1;
     const int nodes = net.nnodes;
-    const bool coupled = net_batch_coupled(&net);
+    const bool coupled = net_batch_coupled(&net), widening_1x1 = net.widening_1x1 > 0;
     net_free(&net);
     int fit = 0;
     // The exact plans: the configured precision; micro-batches where they change nothing
     // but rounding.
     for (int acc = q->base_accumulate; acc <= q->batch; acc++) {
         if (q->batch % acc || (acc > q->base_accumulate && coupled)) continue;
-        const int f = add_segmentings(q, &l, q->base, acc, nodes, true, err);
+        const int f = add_segmentings(q, &l, q->base, acc, nodes, widening_1x1, true, err);
         if (f < 0) goto fail;
         fit += f;
     }
@@ -117,7 +121,7 @@ int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err) {
                     if (q->batch % acc || (same && (acc == q->base_accumulate || !coupled || !q->leave.microbatch)) ||
                         (!same && acc > q->base_accumulate && coupled && !q->leave.microbatch))
                         continue;
-                    const int f2 = add_segmentings(q, &l, opt, acc, nodes, false, err);
+                    const int f2 = add_segmentings(q, &l, opt, acc, nodes, widening_1x1, false, err);
                     if (f2 < 0) goto fail;
                     lossy_fit += f2;
                 }

@@ -78,7 +78,8 @@ typedef struct NetNode {
     Shape out;
     bool jit;         // cheap to recompute: its output is not kept for backward but computed
                       // again from its input where a backward reads it (a batchnorm between
-                      // two convolutions, a 1x1 downsampling convolution)
+                      // two convolutions, a 1x1 downsampling convolution; with
+                      // NetOptions.recompute_1x1 a block's widening 1x1 convolutions)
     int top;          // the top-level layer it is part of
     bool virt;        // F16, set by the schedule: a jit leaf whose output is never stored;
                       // its one reader, a leaf, computes it a chunk at a time from its
@@ -92,6 +93,8 @@ typedef struct NodeList {
     int n, cap;
     Shape input;  // of NODE_INPUT
     int top;      // the top-level layer being expanded
+    bool recompute_1x1;  // NetOptions.recompute_1x1: a block's widening 1x1 convolutions are jit
+    int widening_1x1;    // those a block found (jit or not)
 } NodeList;
 // Appends a leaf node running l on node in's output; its index, or -1 with err.
 int node_leaf(NodeList *nl, Layer *l, int in, bool jit, Error *err);

@@ -155,7 +155,7 @@ static int call_samples(const Net *net, const Layer *l) {
 
 // Appends the nodes of every top-level layer: a leaf is its own node, a container expands.
 static int net_build_nodes(Net *net, Error *err) {
-    NodeList nl = {.input = net->input};
+    NodeList nl = {.input = net->input, .recompute_1x1 = net->recompute_1x1};
     int prev = NODE_INPUT;
     for (int t = 0; t < net->nlayers; t++) {
         Layer *l = net->layers[t];
@@ -168,6 +168,7 @@ static int net_build_nodes(Net *net, Error *err) {
     }
     net->nodes = nl.node;
     net->nnodes = nl.n;
+    net->widening_1x1 = nl.widening_1x1;
     return 0;
 }
 
@@ -1372,6 +1373,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         goto fail;
     }
     net->fused_update = opt->fused_update;
+    net->recompute_1x1 = opt->recompute_1x1;
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
         net_compress_nodes(net, cfg, opt, err) ||
         (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||

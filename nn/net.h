@@ -88,6 +88,11 @@ typedef struct NetOptions {
     // sweep's members' together), which the hook zeroes after the update for the next
     // node's backward.
     bool fused_update;
+    // A block's 1x1 convolutions that do not narrow (a Bottleneck's conv3, an
+    // InvertedResidual's expansion), whose output only the batchnorm after them reads, are
+    // jit: recomputed from their input (which backward keeps anyway) where batchnorm's
+    // backward reads them, instead of kept: the same bits, for a GEMM more (nn/block.c).
+    bool recompute_1x1;
     // Compressed activations (nn/quant.h): 0, or 2, 4 or 8: what a backward reads of a
     // node's output (a convolution's input, a ReLU's output) is kept as codes of that
     // many bits, stochastically rounded, while forward reads the exact values: the output
@@ -178,6 +183,8 @@ typedef struct Net {
     int ntrained_modules;  // modules that train (layer_trains): the hook's calls in a step
     bool fused_update;     // NetOptions.fused_update: the gradient block holds one node's
                            // modules' gradients at a time (net_create lays them out)
+    bool recompute_1x1;    // NetOptions.recompute_1x1
+    int widening_1x1;      // the 1x1 convolutions it makes jit (whether or not it is set)
     // Called by net_backward after each node's backward for each of its trained modules
     // (GradHook); ready NULL: none. The trainer sets it for the fused update; the network
     // never calls the optimizer itself.

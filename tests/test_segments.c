@@ -98,6 +98,7 @@ static bool g_bytes;
 // compressing network is built with sweeps, as the trainer builds it, with or without
 // segments, so that the plain and checkpointed runs have the same nodes.
 static int g_compress;
+static bool g_recompute_1x1;  // NetOptions.recompute_1x1
 
 static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int segments,
                   DType precision) {
@@ -105,7 +106,8 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
     if (cfg_parse(cfg, text, "test.cfg", &err)) fail_msg("%s", err.msg);
     const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
                             .sweep = segments != 0 || g_compress, .sweep_bytes = g_sweep_bytes,
-                            .input_bytes = g_bytes, .compress = g_compress};
+                            .input_bytes = g_bytes, .compress = g_compress,
+                            .recompute_1x1 = g_recompute_1x1};
     if (net_create(net, cfg, in, 10, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
 }
@@ -280,6 +282,41 @@ static void test_resnet_bitwise(void **state) {
 static void test_blocks_bitwise(void **state) {
     expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_F32);
     expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_F16);
+}
+
+// recompute_1x1: the Bottlenecks' conv3 (3 -> 12 channels) and the InvertedResidual's
+// expansion (12 -> 24) are computed again in backward (not the narrowing conv1s and
+// projection, nor mix's 1x1, which a dropout reads): fewer bytes kept, and the same
+// gradients and statistics as without it, plain and under every checkpointing, in fp32
+// and fp16.
+static void test_recompute_1x1_bitwise(void **state) {
+    const Shape in = {.c = 3, .h = 12, .w = 12};
+    for (int p = 0; p < 2; p++) {
+        const DType precision = p ? DT_F16 : DT_F32;
+        Net kept, again;
+        Cfg c0, c1;
+        build(&kept, &c0, blocks_net, in, 6, 0, precision);
+        g_recompute_1x1 = true;
+        build(&again, &c1, blocks_net, in, 6, 0, precision);
+        assert_int_equal(again.widening_1x1, 3);
+        int jit = 0;
+        for (int j = 0; j < again.nnodes; j++) jit += again.nodes[j].jit - kept.nodes[j].jit;
+        assert_int_equal(jit, 3);
+        print_message("recompute_1x1 (%s): kept for backward %zu -> %zu bytes\n", p ? "fp16" : "fp32",
+                      kept.plan.act_kept, again.plan.act_kept);
+        assert_true(again.plan.act_kept < kept.plan.act_kept);
+        net_free(&kept), net_free(&again);
+        cfg_free(&c0), cfg_free(&c1);
+        StepResult with = train_step(blocks_net, in, 6, 0, precision);
+        g_recompute_1x1 = false;
+        StepResult without = train_step(blocks_net, in, 6, 0, precision);
+        assert_memory_equal(with.grads, without.grads, without.grad_bytes);
+        assert_memory_equal(with.buffers, without.buffers, without.buffer_bytes);
+        step_result_free(&with), step_result_free(&without);
+        g_recompute_1x1 = true;
+        expect_equal_gradients(blocks_net, in, 6, precision);
+        g_recompute_1x1 = false;
+    }
 }
 
 // fp16 runs every layer over chunks of samples through the fp32 scratch, batchnorm's
@@ -833,6 +870,7 @@ int main(void) {
         cmocka_unit_test(test_fp16_bitwise),
         cmocka_unit_test(test_resnet_bitwise),
         cmocka_unit_test(test_blocks_bitwise),
+        cmocka_unit_test(test_recompute_1x1_bitwise),
         cmocka_unit_test(test_resnet_fp16_bitwise),
         cmocka_unit_test(test_mobile_bitwise),
         cmocka_unit_test(test_byte_input_bitwise),
