@@ -726,6 +726,7 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
 
 #define DW_MAX_K 7             // the depthwise kernels' largest window
 #define DW_BLOCK_FLOATS 16384  // their transposed weight (or gradient) block: 64 KB
+#define DW_ROW_SUMS_CHANNELS 224  // dw_weight_row3's channels: its 9 sums of each, 8 KB, in L1
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
@@ -929,10 +930,60 @@ static inline void dw_span(int k, int stride, int pad, int H, int O, int *a, int
 }
 
 #ifdef __AVX2__
+// One output pixel's share of a 3x3 row's sums, nv channels (a multiple of 8): r[(kh * 3 +
+// kw) * nv + c] += dy[c] * the pixel's tap (kh, kw)[c], for the taps inside the image (kh
+// in [kh0, kh1), kw in [kw0, kw1)); tap (kh, kw) at x + kh * row + kw * C. Constant bounds
+// fold the tests away.
+static inline __attribute__((always_inline)) void dw_weight_pixel3(float *r, const float *dp, const float *x,
+                                                                   int64_t row, int C, int nv, int kh0,
+                                                                   int kh1, int kw0, int kw1) {
+    for (int c = 0; c < nv; c += 8) {
+        const __m256 d = _mm256_loadu_ps(dp + c);
+        for (int kh = 0; kh < 3; kh++)
+            for (int kw = 0; kw < 3; kw++)
+                if (kh >= kh0 && kh < kh1 && kw >= kw0 && kw < kw1) {
+                    float *rp = r + (kh * 3 + kw) * nv + c;
+                    _mm256_storeu_ps(rp, _mm256_add_ps(_mm256_loadu_ps(rp),
+                                                       _mm256_mul_ps(d, _mm256_loadu_ps(x + kh * row + (int64_t)kw * C + c))));
+                }
+    }
+}
+
+// A 3x3 output row's sums at stride 1 for the block's channels in multiples of 8 (nv, at
+// most DW_ROW_SUMS_CHANNELS): the 9 taps' sums over the row in r (9, nv), each over its
+// pixels in ow order from 0 (as dw_backward_weight's loop sums them), then added to s (9,
+// nb); returns the channels done (nv). Pixel by pixel, every channel at once, so the input
+// and dy are read in the order they lie, and r stays in L1. d: the row's dy at its first
+// pixel, x: the input's channel c0 of image n, ih0 = oh - pad.
+static int dw_weight_row3(float *s, float *r, const float *d, const float *x, ConvGeometry g, int ih0, int kh0,
+                          int kh1, int nb) {
+    const int C = g.C, nv = nb / 8 * 8;
+    const int64_t row = (int64_t)g.W * C;
+    const int i0 = imin(g.OW, g.pad), i1 = imax(i0, imin(g.OW, g.W - 2 + g.pad));  // all three kw inside
+    const bool rows3 = kh0 == 0 && kh1 == 3;
+    memset(r, 0, (size_t)9 * nv * sizeof(float));
+    const float *x0 = x + (int64_t)ih0 * row;  // tap (0, 0) of pixel ow at x0 + (ow - pad) * C
+    for (int ow = 0; ow < g.OW; ow++) {
+        const float *dp = d + (int64_t)ow * C, *xp = x0 + (int64_t)(ow - g.pad) * C;
+        if (ow >= i0 && ow < i1) {
+            if (rows3) dw_weight_pixel3(r, dp, xp, row, C, nv, 0, 3, 0, 3);
+            else dw_weight_pixel3(r, dp, xp, row, C, nv, kh0, kh1, 0, 3);
+        } else {
+            int kw0, kw1;
+            dw_taps(ow, 1, g.pad, 3, g.W, &kw0, &kw1);
+            dw_weight_pixel3(r, dp, xp, row, C, nv, kh0, kh1, kw0, kw1);
+        }
+    }
+    for (int t = 0; t < 9; t++)
+        for (int c = 0; c < nv; c += 8)
+            _mm256_storeu_ps(s + t * nb + c, _mm256_add_ps(_mm256_loadu_ps(s + t * nb + c), _mm256_loadu_ps(r + t * nv + c)));
+    return nv;
+}
+
 // One output pixel's share of a 3x3 row's sums, 8 channels: a[kh * 3 + kw] += dy * the
 // pixel's tap (kh, kw), for the taps inside the image (kh in [kh0, kh1), kw in [kw0, kw1));
 // tap (kh, kw) at x + xo + kh * row + kw * C. Constant bounds fold the tests away.
-static inline __attribute__((always_inline)) void dw_weight_pixel3(__m256 a[9], const float *dp, const float *x,
+static inline __attribute__((always_inline)) void dw_weight_pixel3_regs(__m256 a[9], const float *dp, const float *x,
                                                                    int64_t xo, int64_t row, int C, int kh0,
                                                                    int kh1, int kw0, int kw1) {
     const __m256 d = _mm256_loadu_ps(dp);
@@ -947,7 +998,7 @@ static inline __attribute__((always_inline)) void dw_weight_pixel3(__m256 a[9], 
 // the row, each over its pixels in ow order from 0 (as dw_backward_weight's loop sums them),
 // then added to s (9, nb); returns the channels done (a multiple of 8). d: the row's dy at
 // its first pixel, x: the input's channel c0 of image n, ih0 = oh * stride - pad.
-static int dw_weight_row3(float *s, const float *d, const float *x, ConvGeometry g, int ih0, int kh0, int kh1,
+static int dw_weight_row3_regs(float *s, const float *d, const float *x, ConvGeometry g, int ih0, int kh0, int kh1,
                           int nb) {
     const int C = g.C, S = g.stride;
     const int64_t row = (int64_t)g.W * C;
@@ -963,30 +1014,34 @@ static int dw_weight_row3(float *s, const float *d, const float *x, ConvGeometry
         for (int ow = 0; ow < i0; ow++) {
             int kw0, kw1;
             dw_taps(ow, S, g.pad, 3, g.W, &kw0, &kw1);
-            dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, kw0, kw1);
+            dw_weight_pixel3_regs(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, kw0, kw1);
         }
         if (rows3)
             for (int ow = i0; ow < i1; ow++)
-                dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, 0, 3, 0, 3);
+                dw_weight_pixel3_regs(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, 0, 3, 0, 3);
         else
             for (int ow = i0; ow < i1; ow++)
-                dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, 0, 3);
+                dw_weight_pixel3_regs(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, 0, 3);
         for (int ow = i1; ow < g.OW; ow++) {
             int kw0, kw1;
             dw_taps(ow, S, g.pad, 3, g.W, &kw0, &kw1);
-            dw_weight_pixel3(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, kw0, kw1);
+            dw_weight_pixel3_regs(a, d + (int64_t)ow * C + c, x, x0 + (int64_t)(ow * S - g.pad) * C, row, C, kh0, kh1, kw0, kw1);
         }
         for (int t = 0; t < 9; t++) _mm256_storeu_ps(s + t * nb + c, _mm256_add_ps(_mm256_loadu_ps(s + t * nb + c), a[t]));
     }
     return c;
 }
+
 #endif
 
 // dw += the rows' sums, a block of channels at a time: for each output row, each tap's sum
 // over the row's pixels (those whose tap lies inside the image: a span of ow) from 0, added
-// to the block's sums s (K * K, nb) from 0. With AVX2 and 3x3 windows 8 channels' 9 sums
-// at a time in registers (dw_weight_row3); otherwise, and for the channels left over, a
-// tap at a time, 32 channels in 4 vectors at once.
+// to the block's sums s (K * K, nb) from 0. With AVX2 and 3x3 windows: at stride 1 on up
+// to DW_ROW_SUMS_CHANNELS channels pixel by pixel, the row's sums in L1 (dw_weight_row3);
+// otherwise 8 channels' 9 sums at a time in registers (dw_weight_row3_regs: a row's pixels
+// read 8 channels at a time, which stride 2 and wide rows prefer); without, and for the
+// channels left over, a tap at a time, 32 channels in 4 vectors at once. All sum in the
+// same order: the bits do not depend on the path.
 static void dw_backward_weight(float *dw, const float *dy, const float *in, ConvGeometry g) {
     const int C = g.C, K = g.K, KK = K * K, nbm = dw_block(g), blocks = (C + nbm - 1) / nbm;
     const int64_t row = (int64_t)g.W * C;
@@ -1007,8 +1062,12 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
             const float *d = dy + r * g.OW * C + c0;
             int cv = 0;  // channels done
 #ifdef __AVX2__
-            if (K == 3)
-                cv = dw_weight_row3(s, d, in + n * g.H * row + c0, g, oh * g.stride - g.pad, kh0, kh1, nb);
+            if (K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS) {
+                float row_sums[9 * DW_ROW_SUMS_CHANNELS];
+                cv = dw_weight_row3(s, row_sums, d, in + n * g.H * row + c0, g, oh - g.pad, kh0, kh1, nb);
+            } else if (K == 3) {
+                cv = dw_weight_row3_regs(s, d, in + n * g.H * row + c0, g, oh * g.stride - g.pad, kh0, kh1, nb);
+            }
 #endif
             for (int kh = 0; kh < K && cv < nb; kh++)
                 for (int kw = 0; kw < K; kw++) {
