@@ -108,12 +108,27 @@ static int group_setup(void **state) {
             "[global_avgpool]\nname = avgpool\n[flatten]\n"
             "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n",
             dir, dir, dir, dir);
+    if (fclose(f)) return -1;
+    // Two Bottlenecks (conv3 widens 2 -> 8 and 4 -> 16; the conv1s narrow).
+    snprintf(path, sizeof path, "%s/bottleneck.cfg", dir);
+    if (!(f = fopen(path, "w"))) return -1;
+    fprintf(f,
+            "[train]\nepochs = 1\nbatch = 32\nseed = 3\nthreads = 2\n"
+            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
+            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.2\nstd = 0.3\n"
+            "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+            "[batchnorm]\nname = bn1\nactivation = relu\n"
+            "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 2\n"
+            "[residual]\nname = layer2.0\nblock = bottleneck\nfilters = 4\nstride = 2\n"
+            "[global_avgpool]\nname = avgpool\n[flatten]\n"
+            "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n",
+            dir, dir, dir, dir);
     return fclose(f);
 }
 
 static int group_teardown(void **state) { return test_remove_tree(dir); }
 
-static const char *g_cfg;  // the cfg train() runs: net.cfg (each test's start) or resnet.cfg
+static const char *g_cfg;  // the cfg train() runs: net.cfg (each test's start), resnet.cfg or bottleneck.cfg
 
 static int use_net_cfg(void **state) {
     g_cfg = "net.cfg";
@@ -285,6 +300,31 @@ static void test_resnet_resume(void **state) {
     assert_non_null(acc);
     print_message("resnet.cfg, epoch 2: %.14s\n", acc);
     assert_true(atof(acc + 8) > 80.0);
+}
+
+// recompute_1x1 = 1 (the Bottlenecks' conv3 computed again in backward instead of kept)
+// trains to the same bits, may be switched on resume, and the run's first line and the
+// plan say how many convolutions it recomputes.
+static void test_recompute_1x1(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    g_cfg = "bottleneck.cfg";
+    char args[2 * PATH_MAX];
+    snprintf(args, sizeof args, "save=%s/bn-kept", dir);
+    assert_int_equal(train(args), 0);
+    assert_null(strstr(read_output(), "recomputed"));
+    snprintf(args, sizeof args, "recompute_1x1=1 save=%s/bn-again", dir);
+    assert_int_equal(train(args), 0);
+    assert_non_null(strstr(read_output(), ", 2 1x1 convolutions recomputed"));
+    expect_same_tensors("bn-kept/last.safetensors", "bn-again/last.safetensors");
+    snprintf(args, sizeof args, "save=%s/bn-flip stop_after=5", dir);
+    assert_int_equal(train(args), 0);
+    assert_int_equal(run("./train resume=%s/bn-flip/last.safetensors recompute_1x1=1", dir), 0);
+    assert_null(strstr(read_output(), "resume_force"));
+    expect_same_tensors("bn-kept/last.safetensors", "bn-flip/last.safetensors");
+    assert_int_equal(train("--plan --json recompute_1x1=1"), 0);
+    assert_non_null(strstr(read_output(), "\"recompute_1x1\": 2, "));
+    assert_int_equal(train("--plan --json"), 0);
+    assert_non_null(strstr(read_output(), "\"recompute_1x1\": 0, "));
 }
 
 // fused_update = 1 (each module's update during backward) trains to the same bits as the
@@ -1061,6 +1101,7 @@ int main(void) {
         cmocka_unit_test_setup(test_resnet_resume, use_net_cfg),
         cmocka_unit_test_setup(test_resume_alone, use_net_cfg),
         cmocka_unit_test_setup(test_fused_update, use_net_cfg),
+        cmocka_unit_test_setup(test_recompute_1x1, use_net_cfg),
         cmocka_unit_test_setup(test_plain_weights, use_net_cfg),
         cmocka_unit_test_setup(test_eval_and_predict, use_net_cfg),
         cmocka_unit_test_setup(test_eval_val_split, use_net_cfg),
