@@ -75,55 +75,49 @@ static int write_wrong_labels(void) {
     return rc;
 }
 
+// dir/name: a cfg of the test's data and its [train] (epochs as given), then `layers`.
+static int write_cfg(const char *name, int epochs, const char *layers) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "[train]\nepochs = %d\nbatch = 32\nseed = 3\nthreads = 2\n"
+            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
+            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.2\nstd = 0.3\n%s",
+            epochs, dir, dir, dir, dir, layers);
+    return fclose(f);
+}
+
 static int group_setup(void **state) {
     if (test_tmpdir_make(dir, sizeof dir, "test_train")) return -1;
     write_set("train", 600, 1);
     write_set("test", 150, 2);
     if (write_wrong_labels()) return -1;
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/net.cfg", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    fprintf(f,
-            "[train]\nepochs = 2\nbatch = 32\nseed = 3\nthreads = 2\n"
-            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
-            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.2\nstd = 0.3\n"
-            "[conv]\nname = conv1\nfilters = 4\nsize = 3\nactivation = relu\n"
-            "[maxpool]\nsize = 2\n[dropout]\np = 0.25\n[flatten]\n"
-            "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
-            "[linear]\nname = fc2\noutputs = 3\n[log_softmax]\n",
-            dir, dir, dir, dir);
-    if (fclose(f)) return -1;
-    // A small ResNet on the same data: stem, an identity block, a downsampling block.
-    snprintf(path, sizeof path, "%s/resnet.cfg", dir);
-    if (!(f = fopen(path, "w"))) return -1;
-    fprintf(f,
-            "[train]\nepochs = 2\nbatch = 32\nseed = 3\nthreads = 2\n"
-            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
-            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.2\nstd = 0.3\n"
-            "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
-            "[batchnorm]\nname = bn1\nactivation = relu\n"
-            "[residual]\nname = layer1.0\nfilters = 4\n"
-            "[residual]\nname = layer2.0\nfilters = 8\nstride = 2\n"
-            "[global_avgpool]\nname = avgpool\n[flatten]\n"
-            "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n",
-            dir, dir, dir, dir);
-    if (fclose(f)) return -1;
-    // Two Bottlenecks (conv3 widens 2 -> 8 and 4 -> 16; the conv1s narrow).
-    snprintf(path, sizeof path, "%s/bottleneck.cfg", dir);
-    if (!(f = fopen(path, "w"))) return -1;
-    fprintf(f,
-            "[train]\nepochs = 1\nbatch = 32\nseed = 3\nthreads = 2\n"
-            "[data]\ntrain = %s/train-images\ntrain_labels = %s/train-labels\n"
-            "test = %s/test-images\ntest_labels = %s/test-labels\nmean = 0.2\nstd = 0.3\n"
-            "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
-            "[batchnorm]\nname = bn1\nactivation = relu\n"
-            "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 2\n"
-            "[residual]\nname = layer2.0\nblock = bottleneck\nfilters = 4\nstride = 2\n"
-            "[global_avgpool]\nname = avgpool\n[flatten]\n"
-            "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n",
-            dir, dir, dir, dir);
-    return fclose(f);
+    // The seed network; a small ResNet on the same data: stem, an identity block, a
+    // downsampling block; and two Bottlenecks (conv3 widens 2 -> 8 and 4 -> 16; the conv1s
+    // narrow).
+    return write_cfg("net.cfg", 2,
+                     "[conv]\nname = conv1\nfilters = 4\nsize = 3\nactivation = relu\n"
+                     "[maxpool]\nsize = 2\n[dropout]\np = 0.25\n[flatten]\n"
+                     "[linear]\nname = fc1\noutputs = 16\nactivation = relu\n[dropout]\np = 0.5\n"
+                     "[linear]\nname = fc2\noutputs = 3\n[log_softmax]\n") ||
+           write_cfg("resnet.cfg", 2,
+                     "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+                     "[batchnorm]\nname = bn1\nactivation = relu\n"
+                     "[residual]\nname = layer1.0\nfilters = 4\n"
+                     "[residual]\nname = layer2.0\nfilters = 8\nstride = 2\n"
+                     "[global_avgpool]\nname = avgpool\n[flatten]\n"
+                     "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n") ||
+           write_cfg("bottleneck.cfg", 1,
+                     "[conv]\nname = conv1\nfilters = 4\nsize = 3\npad = 1\nbias = 0\n"
+                     "[batchnorm]\nname = bn1\nactivation = relu\n"
+                     "[residual]\nname = layer1.0\nblock = bottleneck\nfilters = 2\n"
+                     "[residual]\nname = layer2.0\nblock = bottleneck\nfilters = 4\nstride = 2\n"
+                     "[global_avgpool]\nname = avgpool\n[flatten]\n"
+                     "[linear]\nname = fc\noutputs = classes\n[log_softmax]\n")
+               ? -1
+               : 0;
 }
 
 static int group_teardown(void **state) { return test_remove_tree(dir); }
