@@ -1,4 +1,4 @@
-// depthwise.c: the depthwise convolution (nn/conv_grouped.c) against this machine's memory
+// depthwise.c: the depthwise convolution (nn/conv_grouped.c) and batchnorm against this machine's memory
 // bandwidth, for `make bench-depthwise`.
 //
 // A 3x3 depthwise convolution does 9 products for every value it reads or writes, so it is
@@ -10,7 +10,11 @@
 // of the triad's bandwidth: forward reads the input and writes the output; backward reads
 // the output gradient and the input and writes the input gradient (what a single pass must
 // move; the kernels move more: backward reads the output gradient twice). Weights and
-// their gradients are a few KB. Best of REPS runs each.
+// their gradients are a few KB. Then batchnorm with ReLU6 (nn/batchnorm.c's kernels) on
+// MobileNetV2's tensors, as bandwidth-bound: forward's compulsory traffic reads the input
+// and writes the output, backward's reads the output gradient and the input and writes the
+// input gradient (the kernels read each twice: the sums, then the elementwise pass). Best
+// of REPS runs each.
 //   build/bench/depthwise [threads]
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +114,40 @@ static void run(const DwShape *s, double bandwidth) {
     layer_free(l);
 }
 
+
+// Batchnorm (+ ReLU6) as training runs it on one of MobileNetV2's tensors: forward (the
+// batch's sums, statistics, the normalisation), backward (the sums, the input gradient).
+static void run_bn(int C, int H, double bandwidth) {
+    const Kernels *k = cpu_kernels();
+    const int64_t rows = (int64_t)BATCH * H * H;
+    const size_t n = (size_t)rows * C;
+    float *x = xalloc(n * 4), *out = xalloc(n * 4), *dout = xalloc(n * 4), *din = xalloc(n * 4);
+    fill(x, n, 3), fill(dout, n, 4);
+    float *ch = xalloc(8 * (size_t)C * 4);
+    double *acc = xalloc(2 * (size_t)C * 8);
+    float *mean = ch, *invstd = ch + C, *gamma = ch + 2 * C, *beta = ch + 3 * C, *rm = ch + 4 * C, *rv = ch + 5 * C;
+    for (int c = 0; c < C; c++) gamma[c] = 1.0f, rv[c] = 1.0f;
+    double fwd = 1e30, bwd = 1e30;
+    for (int r = 0; r < REPS; r++) {
+        double t = now();
+        memset(acc, 0, 2 * (size_t)C * 8);
+        k->bn_sums(acc, x, rows, (int64_t)H * H, C);
+        k->bn_batch_stats(mean, invstd, rm, rv, acc, C, rows, 1e-5, 0.1);
+        k->bn_forward(out, x, mean, invstd, gamma, beta, rows, C, ACT_RELU6);
+        fwd = fmin(fwd, now() - t);
+        t = now();
+        memset(acc, 0, 2 * (size_t)C * 8);
+        k->bn_backward_sums(acc, dout, x, mean, invstd, gamma, beta, rows, (int64_t)H * H, C, ACT_RELU6);
+        k->bn_backward(din, dout, x, mean, invstd, gamma, beta, acc, rows, C, rows, ACT_RELU6);
+        bwd = fmin(bwd, now() - t);
+    }
+    const double fbytes = 8.0 * n, bbytes = 12.0 * n;
+    printf("%4d ch %3dx%-3d           forward %6.2f ms %6.2f GB/s %4.0f%%   backward %6.2f ms %6.2f GB/s %4.0f%%\n",
+           C, H, H, fwd * 1e3, fbytes / fwd / 1e9, 100 * fbytes / fwd / 1e9 / bandwidth,
+           bwd * 1e3, bbytes / bwd / 1e9, 100 * bbytes / bwd / 1e9 / bandwidth);
+    free(x), free(out), free(dout), free(din), free(ch), free(acc);
+}
+
 int main(int argc, char **argv) {
     const int threads = argc > 1 ? atoi(argv[1]) : 2;
     cpu_set_threads(threads > 0 ? threads : 2);
@@ -120,5 +158,8 @@ int main(int argc, char **argv) {
     printf("depthwise 3x3, batch %d, MobileNetV2's shapes at 224 px (%% of the triad's bandwidth):\n", BATCH);
     static const DwShape shapes[] = {{32, 112, 1}, {144, 56, 1}, {144, 56, 2}, {192, 28, 2}, {576, 14, 1}, {960, 7, 1}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run(&shapes[i], triad);
+    printf("batchnorm + ReLU6, batch %d, MobileNetV2's tensors at 224 px:\n", BATCH);
+    static const int bn_shapes[][2] = {{32, 112}, {16, 112}, {96, 112}, {144, 56}, {24, 56}, {192, 28}, {576, 14}, {960, 7}};
+    for (size_t i = 0; i < sizeof bn_shapes / sizeof bn_shapes[0]; i++) run_bn(bn_shapes[i][0], bn_shapes[i][1], triad);
     return 0;
 }

@@ -1426,31 +1426,45 @@ static void cpu_global_avgpool_backward(float *din, const float *dout, int N, in
 // number of threads, and for a batch in one call or in chunks of samples.
 
 #define BN_BLOCK_ROWS 2048  // rows a block of a sample at most
-#define BN_UNITS 64         // sample blocks summed in parallel before they are added
-#define BN_COLS_BLOCK 128
+#define BN_COLS_BLOCK 1024  // channels a pass over the rows at most
+#define BN_PART_SUMS 32768  // a round's partial sums: BN_PART_SUMS / (2 * channels) sample
+                            // blocks summed in parallel before they are added (16 at 1,024)
 
 // What batchnorm's backward reads per channel: the statistics, gamma and beta.
 typedef struct BnChannels {
     const float *mean, *invstd, *gamma, *beta;
 } BnChannels;
 
-// Rows are taken in groups: a layer's channels, when they fit BN_COLS_BLOCK, run over
-// groups of BN_FLAT / C rows as one contiguous run of values (a 16-channel layer's rows
-// alone are too short for the vector loops); wider layers one row of a block of channels
-// at a time.
+// Rows are taken in groups: a layer of up to BN_FLAT / 2 channels runs over groups of
+// BN_FLAT / C rows as one contiguous run of values (a 16-channel layer's rows alone are
+// too short for the vector loops); wider layers one row of a block of up to BN_COLS_BLOCK
+// channels at a time: all of a row's channels where they fit, so that the rows are read
+// once, in the order they lie (in blocks of 128 channels, a 576-channel layer's backward
+// ran at 19% of the memory bandwidth, bench/depthwise.c; a channel's sums and their order
+// do not depend on the block).
 #define BN_FLAT 256
+
+// Where a run's per-value arrays lie in one buffer: the k-th at k * bn_stride(n). They lie
+// next to each other, a cache line apart, not BN_COLS_BLOCK apart: arrays 4 KB apart
+// (and the tensors, page-aligned) make loads wait on stores to the same address bits
+// (narrow layers' backward 1.5x slower).
+#define BN_STRIDE_PAD 16
+static inline int bn_stride(int n) { return n + BN_STRIDE_PAD; }
 
 // The per-channel numbers of a block of nc channels, repeated for the rows of a group and
 // copied to the stack, so that the loops below vectorise: mean, invstd, invstd * gamma (as
 // bn_forward computes it), beta.
 typedef struct BnBlock {
     int nc, rows;  // channels, and rows a group: the run is nc * rows values
-    float mean[BN_FLAT], invstd[BN_FLAT], scale[BN_FLAT], beta[BN_FLAT];
+    float *mean, *invstd, *scale, *beta;  // in v
+    float v[4 * (BN_COLS_BLOCK + BN_STRIDE_PAD)];
 } BnBlock;
 
 static void bn_block(BnBlock *blk, const BnChannels *s, int C, int c0, int nc) {
     blk->nc = nc;
     blk->rows = nc == C && BN_FLAT / C > 1 ? BN_FLAT / C : 1;
+    const int n = bn_stride(nc * blk->rows);
+    blk->mean = blk->v, blk->invstd = blk->v + n, blk->scale = blk->v + 2 * n, blk->beta = blk->v + 3 * n;
     if (!s) return;  // plain sums need no statistics
     for (int t = 0; t < nc * blk->rows; t++) {
         const int c = c0 + t % nc;
@@ -1473,7 +1487,8 @@ static inline void bn_run_terms(double *s1, double *s2, const float *x, const fl
             s2[t] += (double)x[t] * x[t];
         }
     } else if (act != ACT_NONE) {  // the masked dy and xhat first: a loop of floats, then one of doubles
-        float g[BN_FLAT], xhat[BN_FLAT];
+        float gx[2 * (BN_COLS_BLOCK + BN_STRIDE_PAD)];
+        float *g = gx, *xhat = gx + bn_stride(n);
 #pragma omp simd
         for (int t = 0; t < n; t++) {
             const float d = x[t] - blk->mean[t];
@@ -1500,44 +1515,46 @@ static int64_t bn_sample_blocks(int64_t sample_rows) { return (sample_rows + BN_
 // Adds to acc[c] and acc[C + c] the column sums of bn_run_terms over the rows, samples of
 // sample_rows rows. Each block of a sample sums its groups into one partial sum per value
 // of a group (a group's rows are independent chains of adds), then adds a channel's partial
-// sums in row order; the blocks' sums are added to acc in order, BN_UNITS of them computed
+// sums in row order; the blocks' sums are added to acc in order, a round of them computed
 // at a time in parallel. (With the runs as one vector loop: a 16-channel layer's backward
 // sums over 4.2M values with ReLU 2.6 -> 1.85 ms, a 64-channel layer's over 1M 0.67 -> 0.24 ms.)
 static void bn_column_sums(double *acc, int64_t rows, int64_t sample_rows, int C, const float *x,
                            const float *dout, const BnChannels *s, Activation act) {
     const int64_t P = bn_sample_blocks(sample_rows), per = (sample_rows + P - 1) / P;
     const int64_t units = rows / sample_rows * P;
+    double part[BN_PART_SUMS];  // per unit of a round: its nc sums, then its nc sums of squares
     for (int c0 = 0; c0 < C; c0 += BN_COLS_BLOCK) {
-        const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK;
+        const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK, round = BN_PART_SUMS / (2 * nc);
         BnBlock blk;
         bn_block(&blk, dout ? s : NULL, C, c0, nc);
         const int R = blk.rows;
-        double part[BN_UNITS][2][BN_COLS_BLOCK];
-        for (int64_t u0 = 0; u0 < units; u0 += BN_UNITS) {
-            const int nu = (int)(units - u0 < BN_UNITS ? units - u0 : BN_UNITS);
+        for (int64_t u0 = 0; u0 < units; u0 += round) {
+            const int nu = (int)(units - u0 < round ? units - u0 : round);
 #pragma omp parallel for schedule(static) if ((int64_t)nu * per * nc > PAR_MIN)
             for (int u = 0; u < nu; u++) {
                 const int64_t sample = (u0 + u) / P, b = (u0 + u) % P;
                 const int64_t lo = b * per < sample_rows ? b * per : sample_rows;
                 const int64_t hi = (b + 1) * per < sample_rows ? (b + 1) * per : sample_rows;
                 const int64_t r0 = sample * sample_rows + lo, r1 = sample * sample_rows + hi;
-                double s1[BN_FLAT], s2[BN_FLAT];
+                double s[2 * (BN_COLS_BLOCK + BN_STRIDE_PAD)];
+                double *s1 = s, *s2 = s + bn_stride(nc * R);
                 for (int t = 0; t < nc * R; t++) s1[t] = s2[t] = 0.0;
                 for (int64_t r = r0; r < r1; r += R) {
                     const int n = (int)(r1 - r < R ? r1 - r : R) * nc;
                     const int64_t e0 = r * C + c0;
                     bn_run_terms(s1, s2, x + e0, dout ? dout + e0 : NULL, &blk, act, n);
                 }
+                double *pu = part + (size_t)u * 2 * nc;
                 for (int j = 0; j < nc; j++) {
                     double a = 0.0, q = 0.0;
                     for (int g = 0; g < R; g++) a += s1[g * nc + j], q += s2[g * nc + j];
-                    part[u][0][j] = a, part[u][1][j] = q;
+                    pu[j] = a, pu[nc + j] = q;
                 }
             }
             for (int u = 0; u < nu; u++)
                 for (int j = 0; j < nc; j++) {
-                    acc[c0 + j] += part[u][0][j];
-                    acc[C + c0 + j] += part[u][1][j];
+                    acc[c0 + j] += part[(size_t)u * 2 * nc + j];
+                    acc[C + c0 + j] += part[(size_t)u * 2 * nc + nc + j];
                 }
         }
     }
@@ -1602,7 +1619,8 @@ static void cpu_bn_backward(float *din, const float *dout, const float *x, const
         bn_block(&blk, &s, C, c0, nc);
         const int R = blk.rows;
         // per value of a group: its channel's mean of dy, mean of dy * xhat, gamma * invstd
-        float a[BN_FLAT], b[BN_FLAT], k[BN_FLAT];
+        float abk[3 * (BN_COLS_BLOCK + BN_STRIDE_PAD)];
+        float *a = abk, *b = abk + bn_stride(nc * R), *k = abk + 2 * bn_stride(nc * R);
         for (int t = 0; t < nc * R; t++) {
             const int c = c0 + t % nc;
             a[t] = (float)(acc[c] / (double)count);

@@ -12,7 +12,7 @@ typedef enum ProfKind {
     K_IM2COL,
     K_COL2IM,
     K_WINOGRAD,  // Winograd transforms of inputs, outputs and weights, and their adjoints
-    K_DIRECT,    // direct convolution, forward or backward
+    K_DIRECT,    // direct convolution (and grouped or depthwise), forward or backward
     K_BIAS_ACT,  // bias, ReLU (fused or not), their backward
     K_POOL,
     K_NORM,  // batchnorm
@@ -136,6 +136,18 @@ static void w_conv_direct_backward(float *din, float *dw, float *dbias, float *p
                                    const float *in, const float *out, const float *w, ConvGeometry g,
                                    Activation act) {
     TIMED(K_DIRECT, P.inner->conv_direct_backward(din, dw, dbias, partial, dout, in, out, w, g, act));
+}
+static void w_conv_grouped_forward(float *out, const float *in, const float *w, const float *bias,
+                                   ConvGeometry g, int groups, Activation act) {
+    TIMED(K_DIRECT, P.inner->conv_grouped_forward(out, in, w, bias, g, groups, act));
+}
+static void w_conv_grouped_backward_data(float *din, const float *dy, const float *w, ConvGeometry g,
+                                         int groups) {
+    TIMED(K_DIRECT, P.inner->conv_grouped_backward_data(din, dy, w, g, groups));
+}
+static void w_conv_grouped_backward_weight(float *dw, float *scratch, const float *dy, const float *in,
+                                           ConvGeometry g, int groups) {
+    TIMED(K_DIRECT, P.inner->conv_grouped_backward_weight(dw, scratch, dy, in, g, groups));
 }
 static void w_bias_act_forward(float *out, const float *bias, int64_t rows, int cols, Activation act) {
     TIMED(K_BIAS_ACT, P.inner->bias_act_forward(out, bias, rows, cols, act));
@@ -279,6 +291,9 @@ int profile_start(Net *net, Error *err) {
     P.table.winograd_weights_backward = w_winograd_weights_backward;
     P.table.conv_direct_forward = w_conv_direct_forward;
     P.table.conv_direct_backward = w_conv_direct_backward;
+    P.table.conv_grouped_forward = w_conv_grouped_forward;
+    P.table.conv_grouped_backward_data = w_conv_grouped_backward_data;
+    P.table.conv_grouped_backward_weight = w_conv_grouped_backward_weight;
     P.table.bias_act_backward = w_bias_act_backward;
     P.table.relu_forward = w_relu_forward, P.table.relu_backward = w_relu_backward;
     P.table.add_act = w_add_act;

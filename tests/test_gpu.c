@@ -923,9 +923,10 @@ static void test_batchnorm(void **state) {
     NEED_GPU();
     rng_seed(10);
     // rows, C, rows a sample: a sample of 10,000 rows is 10 units of the column sums, the
-    // 70,000 rows of a sample of 70,000 are 69
+    // 70,000 rows of a sample of 70,000 are 69; 576 channels a row at once on the CPU, 1,100
+    // in two blocks
     static const int shapes[][3] = {{1568, 128, 49}, {3, 5, 1}, {401, 70, 401}, {2, 1, 1},
-                                    {40000, 24, 10000}, {70000, 3, 70000}};
+                                    {40000, 24, 10000}, {70000, 3, 70000}, {392, 576, 196}, {98, 1100, 49}};
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++)
         for (int act = 0; act < ACT_COUNT; act++) {
             const int64_t rows = shapes[t][0], n = rows * shapes[t][1], sr = shapes[t][2];
