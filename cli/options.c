@@ -17,9 +17,9 @@ const CfgKey train_keys[] = {
     {"fused_update", "0", "1: each layer's optimizer update runs during backward once its "
                           "gradient is complete, so the gradient memory holds a layer's at a "
                           "time, not all of them; the same bits (fp32, accumulate = 1)"},
-    {"recompute_1x1", "0", "1: a block's 1x1 convolutions that do not narrow (a Bottleneck's conv3, "
+    {"recompute_1x1", "1", "a block's 1x1 convolutions that do not narrow (a Bottleneck's conv3, "
                            "an InvertedResidual's expansion) are computed again in backward "
-                           "instead of kept; the same bits, for a GEMM more"},
+                           "instead of kept: the same bits, for a GEMM more; 0: kept"},
     {"memory", "", "a budget (512M, 2G, ...): when the run does not fit, the fastest plan of "
                    "the fused update, recompute_1x1, checkpoint segments, sweeps and exact micro-batches that does, timed by a probe "
                    "of a few steps; fp16, micro-batches under batchnorm and compressed optimizer "
@@ -384,7 +384,7 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
     int64_t fused_update, recompute_1x1, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
     if (cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
         cfg_int(cfg, t, "fused_update", "0", 0, 1, &fused_update, err) ||
-        cfg_int(cfg, t, "recompute_1x1", "0", 0, 1, &recompute_1x1, err) ||
+        cfg_int(cfg, t, "recompute_1x1", "1", 0, 1, &recompute_1x1, err) ||
         cfg_int(cfg, t, "compress", "0", 0, 8, &compress, err) ||
         read_names(cfg, t, "compress_skip", &o->compress_skip, err) ||
         cfg_str(cfg, t, "memory", "", &memory, err) ||

@@ -296,28 +296,28 @@ static void test_resnet_resume(void **state) {
     assert_true(atof(acc + 8) > 80.0);
 }
 
-// recompute_1x1 = 1 (the Bottlenecks' conv3 computed again in backward instead of kept)
-// trains to the same bits, may be switched on resume, and the run's first line and the
-// plan say how many convolutions it recomputes.
+// recompute_1x1 (the default: the Bottlenecks' conv3 computed again in backward instead
+// of kept) trains to the same bits as recompute_1x1 = 0, may be switched on resume, and the
+// run's first line and the plan say how many convolutions it recomputes.
 static void test_recompute_1x1(void **state) {
     if (access("./train", X_OK) != 0) skip();
     g_cfg = "bottleneck.cfg";
     char args[2 * PATH_MAX];
-    snprintf(args, sizeof args, "save=%s/bn-kept", dir);
+    snprintf(args, sizeof args, "recompute_1x1=0 save=%s/bn-kept", dir);
     assert_int_equal(train(args), 0);
     assert_null(strstr(read_output(), "recomputed"));
-    snprintf(args, sizeof args, "recompute_1x1=1 save=%s/bn-again", dir);
+    snprintf(args, sizeof args, "save=%s/bn-again", dir);
     assert_int_equal(train(args), 0);
     assert_non_null(strstr(read_output(), ", 2 1x1 convolutions recomputed"));
     expect_same_tensors("bn-kept/last.safetensors", "bn-again/last.safetensors");
-    snprintf(args, sizeof args, "save=%s/bn-flip stop_after=5", dir);
+    snprintf(args, sizeof args, "recompute_1x1=0 save=%s/bn-flip stop_after=5", dir);
     assert_int_equal(train(args), 0);
     assert_int_equal(run("./train resume=%s/bn-flip/last.safetensors recompute_1x1=1", dir), 0);
     assert_null(strstr(read_output(), "resume_force"));
     expect_same_tensors("bn-kept/last.safetensors", "bn-flip/last.safetensors");
-    assert_int_equal(train("--plan --json recompute_1x1=1"), 0);
-    assert_non_null(strstr(read_output(), "\"recompute_1x1\": 2, "));
     assert_int_equal(train("--plan --json"), 0);
+    assert_non_null(strstr(read_output(), "\"recompute_1x1\": 2, "));
+    assert_int_equal(train("--plan --json recompute_1x1=0"), 0);
     assert_non_null(strstr(read_output(), "\"recompute_1x1\": 0, "));
 }
 
