@@ -753,6 +753,46 @@ static inline void dw_taps(int o, int stride, int pad, int K, int H, int *a, int
     *a = imax(0, -i0), *b = imin(K, H - i0);
 }
 
+// What the next row of a depthwise loop reads that this row did not (its new input rows,
+// its output gradient's row), fetched into the caches a slice at a time while this row
+// computes, on layers of DW_AHEAD_CHANNELS channels or more: the loops read a row's pixels
+// 8 or 32 channels at a time, C floats apart, which the hardware prefetchers follow badly
+// once pixels lie 1 KB apart (576 channels 14x14 out of the caches: the weight gradient
+// 1.9x faster with it, bench/RESULTS.md; on narrow layers only a cost). A hint: no bit
+// changes.
+#define DW_AHEAD_CHANNELS 256
+typedef struct DwAhead {
+    const char *p[2];
+    int64_t bytes[2], step[2];  // region i: bytes[i] at p[i], step[i] of them a slice
+} DwAhead;
+
+// Region i of a: rows [r0, r1) of `row` floats of the tensor t of `rows` rows, clipped, in
+// `parts` slices; none on a layer of fewer than DW_AHEAD_CHANNELS channels.
+static void dw_ahead_rows(DwAhead *a, int i, const float *t, int64_t rows, int64_t row, int64_t r0, int64_t r1,
+                          int64_t parts, int C) {
+    r0 = r0 < 0 ? 0 : r0, r1 = r1 > rows ? rows : r1;
+    if (C < DW_AHEAD_CHANNELS) r1 = r0;
+    a->p[i] = (const char *)(t + (r0 < rows ? r0 : 0) * row);
+    a->bytes[i] = r1 > r0 ? (r1 - r0) * row * (int64_t)sizeof(float) : 0;
+    a->step[i] = (a->bytes[i] + 64 * parts - 1) / (64 * parts) * 64;
+}
+
+// Slice `part` of a's regions.
+static inline void dw_ahead(const DwAhead *a, int64_t part) {
+    for (int i = 0; i < 2; i++) {
+        const int64_t lo = part * a->step[i], hi = lo + a->step[i] < a->bytes[i] ? lo + a->step[i] : a->bytes[i];
+        for (int64_t o = lo; o < hi; o += 64) __builtin_prefetch(a->p[i] + o);
+    }
+}
+
+// The input rows that output row r + 1 (of N * OH) reads and row r did not, in region i.
+static void dw_ahead_input(DwAhead *a, int i, const float *in, ConvGeometry g, int64_t r, int64_t parts) {
+    const int64_t n = (r + 1) / g.OH, ih0 = (int64_t)((r + 1) % g.OH) * g.stride - g.pad;
+    const int64_t lo = ih0 + g.K - g.stride < 0 ? 0 : ih0 + g.K - g.stride, hi = ih0 + g.K < g.H ? ih0 + g.K : g.H;
+    dw_ahead_rows(a, i, in, (int64_t)g.N * g.H, (int64_t)g.W * g.C, n * g.H + lo, n * g.H + (hi > lo ? hi : lo),
+                  parts, g.C);
+}
+
 #ifdef __AVX2__
 // act_apply on 8 values: max(v, 0) gives 0 for NaN, as its scalar rule does; then
 // min(., 6) for ReLU6.
@@ -814,7 +854,10 @@ static void dw_forward(float *out, const float *in, const float *w, const float 
             int kh0, kh1;
             dw_taps(oh, g.stride, g.pad, K, g.H, &kh0, &kh1);
             const float *img = in + n * g.H * row + c0;
+            DwAhead ahead = {.bytes = {0, 0}};
+            dw_ahead_input(&ahead, 0, in, g, r, g.OW);
             for (int ow = 0; ow < g.OW; ow++) {
+                dw_ahead(&ahead, ow);
                 const int iw0 = ow * g.stride - g.pad;
                 int kw0, kw1;
                 dw_taps(ow, g.stride, g.pad, K, g.W, &kw0, &kw1);
@@ -862,7 +905,11 @@ static void dw_backward_data(float *din, const float *dy, const float *w, ConvGe
                 int kh0, kh1;
                 dw_taps_back(ih, g.pad, K, g.OH, &kh0, &kh1);
                 const float *img = dy + n * g.OH * orow + c0;
+                DwAhead ahead = {.bytes = {0, 0}};  // the dy row that input row ih + 1 reads first
+                dw_ahead_rows(&ahead, 0, dy, (int64_t)g.N * g.OH, orow, n * g.OH + ih + 1 + g.pad,
+                              n * g.OH + ih + 2 + g.pad, g.W, C);
                 for (int iw = 0; iw < g.W; iw++) {
+                    dw_ahead(&ahead, iw);
                     int kw0, kw1;
                     dw_taps_back(iw, g.pad, K, g.OW, &kw0, &kw1);
                     if (kh1 <= kh0 || kw1 <= kw0) {  // no output reaches it
@@ -883,7 +930,11 @@ static void dw_backward_data(float *din, const float *dy, const float *w, ConvGe
             int khs[DW_MAX_K], ohs[DW_MAX_K], kws[DW_MAX_K], ows[DW_MAX_K];
             const int nh = dw_reach(ih, g.stride, g.pad, K, g.OH, khs, ohs);
             const float *d = dy + n * g.OH * orow + c0;
+            DwAhead ahead = {.bytes = {0, 0}};  // the last dy row that input row ih + 1 reaches
+            const int64_t oh_next = (ih + 1 + g.pad) / g.stride;
+            dw_ahead_rows(&ahead, 0, dy, (int64_t)g.N * g.OH, orow, n * g.OH + oh_next, n * g.OH + oh_next + 1, g.W, C);
             for (int iw = 0; iw < g.W; iw++) {
+                dw_ahead(&ahead, iw);
                 const int nw = dw_reach(iw, g.stride, g.pad, K, g.OW, kws, ows);
                 float *o = din + (r * g.W + iw) * C + c0;
                 int c = 0;
@@ -956,7 +1007,7 @@ static inline __attribute__((always_inline)) void dw_weight_pixel3(float *r, con
 // and dy are read in the order they lie, and r stays in L1. d: the row's dy at its first
 // pixel, x: the input's channel c0 of image n, ih0 = oh - pad.
 static int dw_weight_row3(float *s, float *r, const float *d, const float *x, ConvGeometry g, int ih0, int kh0,
-                          int kh1, int nb) {
+                          int kh1, int nb, const DwAhead *ahead) {
     const int C = g.C, nv = nb / 8 * 8;
     const int64_t row = (int64_t)g.W * C;
     const int i0 = imin(g.OW, g.pad), i1 = imax(i0, imin(g.OW, g.W - 2 + g.pad));  // all three kw inside
@@ -964,6 +1015,7 @@ static int dw_weight_row3(float *s, float *r, const float *d, const float *x, Co
     memset(r, 0, (size_t)9 * nv * sizeof(float));
     const float *x0 = x + (int64_t)ih0 * row;  // tap (0, 0) of pixel ow at x0 + (ow - pad) * C
     for (int ow = 0; ow < g.OW; ow++) {
+        dw_ahead(ahead, ow);
         const float *dp = d + (int64_t)ow * C, *xp = x0 + (int64_t)(ow - g.pad) * C;
         if (ow >= i0 && ow < i1) {
             if (rows3) dw_weight_pixel3(r, dp, xp, row, C, nv, 0, 3, 0, 3);
@@ -999,7 +1051,7 @@ static inline __attribute__((always_inline)) void dw_weight_pixel3_regs(__m256 a
 // then added to s (9, nb); returns the channels done (a multiple of 8). d: the row's dy at
 // its first pixel, x: the input's channel c0 of image n, ih0 = oh * stride - pad.
 static int dw_weight_row3_regs(float *s, const float *d, const float *x, ConvGeometry g, int ih0, int kh0, int kh1,
-                          int nb) {
+                          int nb, const DwAhead *ahead) {
     const int C = g.C, S = g.stride;
     const int64_t row = (int64_t)g.W * C;
     // Pixels with all three kw inside: [i0, i1); the others at either end.
@@ -1008,6 +1060,7 @@ static int dw_weight_row3_regs(float *s, const float *d, const float *x, ConvGeo
     const bool rows3 = kh0 == 0 && kh1 == 3;
     int c = 0;
     for (; c + 8 <= nb; c += 8) {
+        dw_ahead(ahead, c / 8);
         __m256 a[9];
         for (int t = 0; t < 9; t++) a[t] = _mm256_setzero_ps();
         const int64_t x0 = (int64_t)ih0 * row + c;  // tap (0, 0) of pixel ow at x0 + (ow * S - pad) * C
@@ -1062,11 +1115,16 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
             const float *d = dy + r * g.OW * C + c0;
             int cv = 0;  // channels done
 #ifdef __AVX2__
+            // slices: a row's pixels (dw_weight_row3), or its blocks of 8 channels
+            const int64_t parts = K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS ? g.OW : nb / 8 + 1;
+            DwAhead ahead;
+            dw_ahead_input(&ahead, 0, in, g, r, parts);
+            dw_ahead_rows(&ahead, 1, dy, (int64_t)g.N * g.OH, (int64_t)g.OW * C, r + 1, r + 2, parts, C);
             if (K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS) {
                 float row_sums[9 * DW_ROW_SUMS_CHANNELS];
-                cv = dw_weight_row3(s, row_sums, d, in + n * g.H * row + c0, g, oh - g.pad, kh0, kh1, nb);
+                cv = dw_weight_row3(s, row_sums, d, in + n * g.H * row + c0, g, oh - g.pad, kh0, kh1, nb, &ahead);
             } else if (K == 3) {
-                cv = dw_weight_row3_regs(s, d, in + n * g.H * row + c0, g, oh * g.stride - g.pad, kh0, kh1, nb);
+                cv = dw_weight_row3_regs(s, d, in + n * g.H * row + c0, g, oh * g.stride - g.pad, kh0, kh1, nb, &ahead);
             }
 #endif
             for (int kh = 0; kh < K && cv < nb; kh++)

@@ -606,7 +606,8 @@ static void test_conv_direct(void **state) {
 // The grouped convolution, bit-exact: forward (with and without bias, each activation),
 // the input gradient, and the weight gradient accumulated twice (the GPU's row sums added in
 // the CPU's order). Depthwise with one filter per channel takes the CPU's vector kernels
-// (43 channels: vectors of 32 and 8 and 3 left), the rest its plain loops.
+// (43 channels: vectors of 32 and 8 and 3 left; 264 and 1,900: the wide layers' paths), the
+// rest its plain loops.
 static void test_conv_grouped(void **state) {
     NEED_GPU();
     rng_seed(19);
@@ -618,6 +619,9 @@ static void test_conv_grouped(void **state) {
         {{2, 6, 5, 5, 3, 1, 1, 6, 5, 10}, 5},   // a multiplier of 2
         {{2, 6, 6, 8, 3, 2, 1, 3, 3, 12}, 4},   // 4 groups of 2 channels, 3 filters each
         {{1, 5, 5, 8, 1, 1, 0, 5, 5, 8}, 2},
+        {{2, 5, 4, 264, 3, 1, 1, 5, 4, 264}, 264},      // wide: 8 channels' sums in registers, rows fetched ahead
+        {{2, 7, 6, 264, 3, 2, 1, 4, 3, 264}, 264},
+        {{1, 3, 3, 1900, 3, 1, 1, 3, 3, 1900}, 1900},  // two blocks of transposed weights
     };
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++)
         for (int act = 0; act < ACT_COUNT; act++) {
