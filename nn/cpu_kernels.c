@@ -755,23 +755,20 @@ static inline void dw_taps(int o, int stride, int pad, int K, int H, int *a, int
 
 // What the next row of a depthwise loop reads that this row did not (its new input rows,
 // its output gradient's row), fetched into the caches a slice at a time while this row
-// computes, on layers of DW_AHEAD_CHANNELS channels or more: the loops read a row's pixels
-// 8 or 32 channels at a time, C floats apart, which the hardware prefetchers follow badly
-// once pixels lie 1 KB apart (576 channels 14x14 out of the caches: the weight gradient
-// 1.9x faster with it, bench/RESULTS.md; on narrow layers only a cost). A hint: no bit
-// changes.
-#define DW_AHEAD_CHANNELS 256
+// computes: the loops read a row's pixels 8 or 32 channels at a time, C floats apart,
+// which the hardware prefetchers follow badly (576 channels 14x14 out of the caches: the
+// weight gradient 1.9x faster with it; 32 channels 112x112 1.4x, bench/RESULTS.md). A
+// hint: no bit changes.
 typedef struct DwAhead {
     const char *p[2];
     int64_t bytes[2], step[2];  // region i: bytes[i] at p[i], step[i] of them a slice
 } DwAhead;
 
 // Region i of a: rows [r0, r1) of `row` floats of the tensor t of `rows` rows, clipped, in
-// `parts` slices; none on a layer of fewer than DW_AHEAD_CHANNELS channels.
+// `parts` slices.
 static void dw_ahead_rows(DwAhead *a, int i, const float *t, int64_t rows, int64_t row, int64_t r0, int64_t r1,
-                          int64_t parts, int C) {
+                          int64_t parts) {
     r0 = r0 < 0 ? 0 : r0, r1 = r1 > rows ? rows : r1;
-    if (C < DW_AHEAD_CHANNELS) r1 = r0;
     a->p[i] = (const char *)(t + (r0 < rows ? r0 : 0) * row);
     a->bytes[i] = r1 > r0 ? (r1 - r0) * row * (int64_t)sizeof(float) : 0;
     a->step[i] = (a->bytes[i] + 64 * parts - 1) / (64 * parts) * 64;
@@ -790,7 +787,7 @@ static void dw_ahead_input(DwAhead *a, int i, const float *in, ConvGeometry g, i
     const int64_t n = (r + 1) / g.OH, ih0 = (int64_t)((r + 1) % g.OH) * g.stride - g.pad;
     const int64_t lo = ih0 + g.K - g.stride < 0 ? 0 : ih0 + g.K - g.stride, hi = ih0 + g.K < g.H ? ih0 + g.K : g.H;
     dw_ahead_rows(a, i, in, (int64_t)g.N * g.H, (int64_t)g.W * g.C, n * g.H + lo, n * g.H + (hi > lo ? hi : lo),
-                  parts, g.C);
+                  parts);
 }
 
 #ifdef __AVX2__
@@ -907,7 +904,7 @@ static void dw_backward_data(float *din, const float *dy, const float *w, ConvGe
                 const float *img = dy + n * g.OH * orow + c0;
                 DwAhead ahead = {.bytes = {0, 0}};  // the dy row that input row ih + 1 reads first
                 dw_ahead_rows(&ahead, 0, dy, (int64_t)g.N * g.OH, orow, n * g.OH + ih + 1 + g.pad,
-                              n * g.OH + ih + 2 + g.pad, g.W, C);
+                              n * g.OH + ih + 2 + g.pad, g.W);
                 for (int iw = 0; iw < g.W; iw++) {
                     dw_ahead(&ahead, iw);
                     int kw0, kw1;
@@ -932,7 +929,7 @@ static void dw_backward_data(float *din, const float *dy, const float *w, ConvGe
             const float *d = dy + n * g.OH * orow + c0;
             DwAhead ahead = {.bytes = {0, 0}};  // the last dy row that input row ih + 1 reaches
             const int64_t oh_next = (ih + 1 + g.pad) / g.stride;
-            dw_ahead_rows(&ahead, 0, dy, (int64_t)g.N * g.OH, orow, n * g.OH + oh_next, n * g.OH + oh_next + 1, g.W, C);
+            dw_ahead_rows(&ahead, 0, dy, (int64_t)g.N * g.OH, orow, n * g.OH + oh_next, n * g.OH + oh_next + 1, g.W);
             for (int iw = 0; iw < g.W; iw++) {
                 dw_ahead(&ahead, iw);
                 const int nw = dw_reach(iw, g.stride, g.pad, K, g.OW, kws, ows);
@@ -1119,7 +1116,7 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
             const int64_t parts = K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS ? g.OW : nb / 8 + 1;
             DwAhead ahead;
             dw_ahead_input(&ahead, 0, in, g, r, parts);
-            dw_ahead_rows(&ahead, 1, dy, (int64_t)g.N * g.OH, (int64_t)g.OW * C, r + 1, r + 2, parts, C);
+            dw_ahead_rows(&ahead, 1, dy, (int64_t)g.N * g.OH, (int64_t)g.OW * C, r + 1, r + 2, parts);
             if (K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS) {
                 float row_sums[9 * DW_ROW_SUMS_CHANNELS];
                 cv = dw_weight_row3(s, row_sums, d, in + n * g.H * row + c0, g, oh - g.pad, kh0, kh1, nb, &ahead);
