@@ -1113,7 +1113,7 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
             int cv = 0;  // channels done
 #ifdef __AVX2__
             // slices: a row's pixels (dw_weight_row3), or its blocks of 8 channels
-            const int64_t parts = K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS ? g.OW : nb / 8 + 1;
+            const int64_t parts = K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS ? g.OW : imax(1, nb / 8);
             DwAhead ahead;
             dw_ahead_input(&ahead, 0, in, g, r, parts);
             dw_ahead_rows(&ahead, 1, dy, (int64_t)g.N * g.OH, (int64_t)g.OW * C, r + 1, r + 2, parts);
