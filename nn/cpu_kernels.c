@@ -1104,6 +1104,12 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
         const int c0 = b * nbm, nb = imin(nbm, C - c0);
         float s[DW_BLOCK_FLOATS];
         memset(s, 0, (size_t)KK * nb * sizeof(float));
+#ifdef __AVX2__
+        // dw_weight_row3's path, whose prefetch slices are a row's pixels; the register
+        // path's are its blocks of 8 channels
+        const bool by_pixel = K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS;
+        const int64_t parts = by_pixel ? g.OW : imax(1, nb / 8);
+#endif
         for (int64_t r = 0; r < (int64_t)g.N * g.OH; r++) {
             const int64_t n = r / g.OH;
             const int oh = (int)(r % g.OH);
@@ -1112,12 +1118,10 @@ static void dw_backward_weight(float *dw, const float *dy, const float *in, Conv
             const float *d = dy + r * g.OW * C + c0;
             int cv = 0;  // channels done
 #ifdef __AVX2__
-            // slices: a row's pixels (dw_weight_row3), or its blocks of 8 channels
-            const int64_t parts = K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS ? g.OW : imax(1, nb / 8);
             DwAhead ahead;
             dw_ahead_input(&ahead, 0, in, g, r, parts);
             dw_ahead_rows(&ahead, 1, dy, (int64_t)g.N * g.OH, (int64_t)g.OW * C, r + 1, r + 2, parts);
-            if (K == 3 && g.stride == 1 && nb <= DW_ROW_SUMS_CHANNELS) {
+            if (by_pixel) {
                 float row_sums[9 * DW_ROW_SUMS_CHANNELS];
                 cv = dw_weight_row3(s, row_sums, d, in + n * g.H * row + c0, g, oh - g.pad, kh0, kh1, nb, &ahead);
             } else if (K == 3) {
