@@ -164,10 +164,8 @@ fail:
     return -1;
 }
 
-static bool is_conv(const Layer *l) { return !strcmp(l->ops->type, "conv"); }
-
 static bool is_pointwise_conv(const Layer *l) {
-    return is_conv(l) && l->params[0].ndim == 4 && l->params[0].shape[2] == 1 && l->params[0].shape[3] == 1;
+    return layer_is_conv(l) && l->params[0].ndim == 4 && l->params[0].shape[2] == 1 && l->params[0].shape[3] == 1;
 }
 
 // A body's 1x1 convolution that does not narrow, and whose output only the batchnorm after
@@ -183,8 +181,8 @@ static bool widening_1x1(const Block *b, int i) {
 static bool member_jit(const Block *b, int i, const NodeList *nl) {
     Layer *const *m = b->base.children;
     if (i < b->nbody)
-        return (m[i]->ops == &batchnorm_ops && i > 0 && i + 1 < b->nbody && is_conv(m[i - 1]) &&
-                !m[i - 1]->ops->expand && is_conv(m[i + 1])) ||
+        return (m[i]->ops == &batchnorm_ops && i > 0 && i + 1 < b->nbody && layer_is_conv(m[i - 1]) &&
+                !m[i - 1]->ops->expand && layer_is_conv(m[i + 1])) ||
                (nl->recompute_1x1 && widening_1x1(b, i));
     return i == b->nbody && i + 1 < b->base.nchildren && is_pointwise_conv(m[i]);
 }

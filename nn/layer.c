@@ -83,6 +83,8 @@ unsigned layer_backward_reads(const Layer *l) {
     return l->ops->backward_reads ? l->ops->backward_reads(l) : BACKWARD_READS_IN | BACKWARD_READS_OUT;
 }
 
+bool layer_is_conv(const Layer *l) { return !strcmp(l->ops->type, "conv"); }
+
 unsigned layer_reads_with_act(Activation act) {
     return BACKWARD_READS_IN | (act == ACT_NONE ? 0 : BACKWARD_READS_OUT);
 }

@@ -243,6 +243,8 @@ bool layer_trains(const Layer *l);
 int64_t layer_param_floats(const Layer *l);
 // ops->backward_reads(l), or both for a layer without one.
 unsigned layer_backward_reads(const Layer *l);
+// Whether l is a convolution ([conv], any groups).
+bool layer_is_conv(const Layer *l);
 // BACKWARD_READS_IN, with BACKWARD_READS_OUT when an activation follows (its mask is
 // read from the output): conv and linear.
 unsigned layer_reads_with_act(Activation act);

@@ -153,6 +153,18 @@ static int call_samples(const Net *net, const Layer *l) {
     return n;
 }
 
+// The stem's rule of recomputation: a convolution that reads the network's input, and
+// whose output only the batchnorm after it reads, is jit. Its input is kept anyway (the
+// batch's bytes, which its weight gradient reads), and computing the output again costs
+// C_in x K x K products a value (147 for a ResNet's 7x7 stem, 27 for MobileNetV2's 3x3)
+// at the network's widest resolution, where keeping it costs the most: 103 MB of
+// ResNet-34's activations at batch 32 for about 1% of a step's products.
+static bool stem_jit(const Net *net, int t, int in) {
+    const Layer *l = net->layers[t];
+    return in == NODE_INPUT && layer_is_conv(l) && !l->ops->expand && t + 1 < net->nlayers &&
+           net->layers[t + 1]->ops == &batchnorm_ops && !(layer_backward_reads(l) & BACKWARD_READS_OUT);
+}
+
 // Appends the nodes of every top-level layer: a leaf is its own node, a container expands.
 static int net_build_nodes(Net *net, Error *err) {
     NodeList nl = {.input = net->input, .recompute_1x1 = net->recompute_1x1};
@@ -160,7 +172,7 @@ static int net_build_nodes(Net *net, Error *err) {
     for (int t = 0; t < net->nlayers; t++) {
         Layer *l = net->layers[t];
         nl.top = t;
-        prev = l->ops->expand ? l->ops->expand(l, &nl, prev, err) : node_leaf(&nl, l, prev, false, err);
+        prev = l->ops->expand ? l->ops->expand(l, &nl, prev, err) : node_leaf(&nl, l, prev, stem_jit(net, t, prev), err);
         if (prev < 0) {
             free(nl.node);
             return -1;
@@ -265,7 +277,8 @@ static int net_fuse_sweeps(Net *net, size_t budget, Error *err) {
         const NetNode *a = &nodes[j];
         // A sweep's input must stay exact (its backward runs the members again from it).
         const bool exact_in = a->in[0] == NODE_INPUT || !nodes[to[a->in[0]]].compress;
-        if (a->kind == NODE_LEAF && !a->jit && exact_in) {
+        // A jit stem (stem_jit) may lead a sweep, which runs it again from the input anyway.
+        if (a->kind == NODE_LEAF && (!a->jit || a->in[0] == NODE_INPUT) && exact_in) {
             if (sweep_cheap(a->l)) q = 1;
             else if (a->in[0] == NODE_INPUT && a->l->ops->sample_quantum)
                 q = a->l->ops->sample_quantum(a->l, net->k);

@@ -99,6 +99,10 @@ static bool g_bytes;
 // segments, so that the plain and checkpointed runs have the same nodes.
 static int g_compress;
 static bool g_recompute_1x1;  // NetOptions.recompute_1x1
+// When set, build's networks take these parameters (g_nparams floats) instead of their
+// initialisation: two networks whose layers differ by a layer without parameters.
+static const float *g_params;
+static int64_t g_nparams;
 
 static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int segments,
                   DType precision) {
@@ -110,6 +114,10 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
                             .recompute_1x1 = g_recompute_1x1};
     if (net_create(net, cfg, in, 10, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
+    if (g_params) {
+        assert_int_equal(net->nparams, g_nparams);
+        memcpy(net->params, g_params, (size_t)g_nparams * sizeof(float));
+    }
 }
 
 // The lifetimes of the activation plan, checked by every step below: each event begins
@@ -317,6 +325,48 @@ static void test_recompute_1x1_bitwise(void **state) {
         expect_equal_gradients(blocks_net, in, 6, precision);
         g_recompute_1x1 = false;
     }
+}
+
+// The stem's rule (nn/net.c, stem_jit): a convolution that reads the network's input and
+// feeds a batchnorm is computed again in backward instead of kept. The same gradients and
+// statistics as the same network (MobileNetV2's pieces: no dropout, whose masks are keyed
+// by the layer's place) behind a 1x1 max pooling (an identity, after which the rule does
+// not hold and the stem's output is kept) with the same parameters, from floats and from
+// bytes, plain and checkpointed; and fewer bytes kept by the stem's output.
+static void test_stem_recomputed_bitwise(void **state) {
+    char behind[2048];
+    snprintf(behind, sizeof behind, "[maxpool]\nsize = 1\nstride = 1\n%s", mobile);
+    const Shape in = {.c = 3, .h = 11, .w = 10};
+    for (int bytes = 0; bytes < 2; bytes++) {
+        g_bytes = bytes;
+        Net again, kept;
+        Cfg c0, c1;
+        build(&again, &c0, mobile, in, 6, 0, DT_F32);
+        build(&kept, &c1, behind, in, 6, 0, DT_F32);
+        assert_true(again.nodes[0].jit);
+        assert_false(kept.nodes[1].jit);
+        const size_t stem = (size_t)6 * shape_numel(again.layers[0]->out) * sizeof(float);
+        print_message("the stem recomputed (%s): kept for backward %zu -> %zu bytes\n",
+                      bytes ? "bytes" : "floats", kept.plan.act_kept, again.plan.act_kept);
+        assert_true(again.plan.act_kept + stem <= kept.plan.act_kept);
+        float *params = malloc((size_t)again.nparams * sizeof *params);
+        assert_non_null(params);
+        memcpy(params, again.params, (size_t)again.nparams * sizeof *params);
+        g_params = params, g_nparams = again.nparams;
+        net_free(&again), net_free(&kept);
+        cfg_free(&c0), cfg_free(&c1);
+        for (int segments = 0; segments <= 2; segments += 2) {
+            StepResult a = train_step(mobile, in, 6, segments, DT_F32);
+            StepResult k = train_step(behind, in, 6, segments, DT_F32);
+            assert_int_equal(a.grad_bytes, k.grad_bytes);
+            assert_memory_equal(a.grads, k.grads, a.grad_bytes);
+            assert_memory_equal(a.buffers, k.buffers, a.buffer_bytes);
+            step_result_free(&a), step_result_free(&k);
+        }
+        g_params = NULL;
+        free(params);
+    }
+    g_bytes = false;
 }
 
 // fp16 runs every layer over chunks of samples through the fp32 scratch, batchnorm's
@@ -871,6 +921,7 @@ int main(void) {
         cmocka_unit_test(test_resnet_bitwise),
         cmocka_unit_test(test_blocks_bitwise),
         cmocka_unit_test(test_recompute_1x1_bitwise),
+        cmocka_unit_test(test_stem_recomputed_bitwise),
         cmocka_unit_test(test_resnet_fp16_bitwise),
         cmocka_unit_test(test_mobile_bitwise),
         cmocka_unit_test(test_byte_input_bitwise),
