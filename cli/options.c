@@ -14,9 +14,10 @@ const CfgKey train_keys[] = {
     {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
     {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
     {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
-    {"fused_update", "0", "1: each layer's optimizer update runs during backward once its "
-                          "gradient is complete, so the gradient memory holds a layer's at a "
-                          "time, not all of them; the same bits (fp32, accumulate = 1)"},
+    {"fused_update", "auto", "each layer's optimizer update runs during backward once its "
+                             "gradient is complete, so the gradient memory holds a layer's at a "
+                             "time, not all of them; the same bits. auto: wherever it may run "
+                             "(fp32, accumulate = 1, no clip_grad_norm); 1: required; 0: off"},
     {"recompute_1x1", "1", "a block's 1x1 convolutions that do not narrow (a Bottleneck's conv3, "
                            "an InvertedResidual's expansion) are computed again in backward "
                            "instead of kept: the same bits, for a GEMM more; 0: kept"},
@@ -381,9 +382,11 @@ static int read_precision(Options *o, const Cfg *cfg, const CfgSection *t, const
 static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
                        Error *err) {
     const char *checkpoint, *memory;
-    int64_t fused_update, recompute_1x1, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
+    int64_t recompute_1x1, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
+    static const char *const fused_modes[] = {"auto", "0", "1"};
+    int fused_mode;
     if (cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
-        cfg_int(cfg, t, "fused_update", "0", 0, 1, &fused_update, err) ||
+        cfg_choice(cfg, t, "fused_update", "auto", fused_modes, 3, &fused_mode, err) ||
         cfg_int(cfg, t, "recompute_1x1", "1", 0, 1, &recompute_1x1, err) ||
         cfg_int(cfg, t, "compress", "0", 0, 8, &compress, err) ||
         read_names(cfg, t, "compress_skip", &o->compress_skip, err) ||
@@ -399,24 +402,26 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
         return err_set(err, "%s: [train] compress = %lld: expected 0 (off), 2, 4 or 8 bits",
                        cfg_path, (long long)compress);
     o->compress = (int)compress;
-    o->fused_update = fused_update != 0;
+    // auto: wherever it may run; `memory =` drops it where it chooses fp16 or micro-batches.
+    const bool fusable = o->precision == DT_F32 && o->optim.clip_grad_norm <= 0 && o->accumulate == 1;
+    o->fused_update = fused_mode == 2 || (fused_mode == 0 && fusable);
     o->recompute_1x1 = recompute_1x1 != 0;
     o->auto_fp16 = (int)auto_fp16;
     o->auto_microbatch = (int)auto_microbatch;
     o->auto_compress = (int)auto_compress;
     o->tf32 = (int)tf32;
-    if (o->fused_update && o->precision == DT_F16)
+    if (fused_mode == 2 && o->precision == DT_F16)
         return err_set(err, "%s: [train] fused_update = 1 needs precision = fp32: with fp16 the "
                             "loss scaler must see every gradient before it decides whether to "
-                            "skip the step; set fused_update = 0", cfg_path);
-    if (o->fused_update && o->optim.clip_grad_norm > 0)
+                            "skip the step; set fused_update = auto or 0", cfg_path);
+    if (fused_mode == 2 && o->optim.clip_grad_norm > 0)
         return err_set(err, "%s: [train] fused_update = 1 and clip_grad_norm = %g: clipping needs "
                             "the norm of every gradient before the first update; set one of "
                             "them to 0", cfg_path, o->optim.clip_grad_norm);
-    if (o->fused_update && o->accumulate > 1)
+    if (fused_mode == 2 && o->accumulate > 1)
         return err_set(err, "%s: [train] fused_update = 1 needs accumulate = 1: with %d "
                             "micro-batches every gradient sums them all before the update; set "
-                            "fused_update = 0 or accumulate = 1", cfg_path, o->accumulate);
+                            "fused_update = auto or 0, or accumulate = 1", cfg_path, o->accumulate);
     return 0;
 }
 
