@@ -28,7 +28,7 @@ ALL="deep:64 models/deep.cfg 1 28 20
 resnet-small:64 models/resnet-small.cfg 3 64 10
 resnet18:16 models/resnet18.cfg 3 224 4 torchvision
 resnet18:32 models/resnet18.cfg 3 224 3 torchvision
-resnet34:32 models/resnet34.cfg 3 224 2 torchvision
+resnet34:32 models/resnet34.cfg 3 224 3 torchvision
 resnet50:16 models/resnet50.cfg 3 224 6 torchvision
 mobilenet_v2:32 models/mobilenet_v2.cfg 3 224 3 torchvision sgd"
 ROWS=${ROWS:-$(echo "$ALL" | cut -d' ' -f1)}
