@@ -887,26 +887,33 @@ static void test_cost_probe(void **state) {
     FitChoice *plans;
     int n;
     assert_int_equal(budget_plans(&q, &plans, &n, &err), 0);
-    CostTable t;
-    double wall;
-    assert_int_equal(budget_probe(&q, &plans[0], 6, &t, &wall, &err), 0);
-    Net net;
-    NetOptions opt = plans[0].net;
-    opt.plan_only = true;
-    assert_int_equal(net_create(&net, &cfg, in, 10, &opt, cpu_kernels(), &err), 0);
-    for (int j = 0; j < net.nnodes; j++)
-        if (net.nodes[j].kind == NODE_LEAF) {
-            const CallCost *c = &t.call[net.nodes[j].l->index][CALL_FORWARD];
-            assert_true(c->calls_at[0] > 0 && c->calls_at[1] > 0 && c->fixed + c->per > 0);
-        }
-    net_free(&net);
-    double plain_seconds;
-    assert_true(budget_estimate(&q, plans, n, &t, &plain_seconds, &err) >= 0);
-    const double measured = wall / 4.5;  // 3 steps of 16 samples, 3 of 8: building and warm-up included
-    print_message("resnet 3x32x32 b16: a step estimated %.4f s, the probe's %.4f s a step\n", plain_seconds, measured);
+    // The estimate against the probe's wall time, which anything else on the machine
+    // stretches (a CI run beside other work measured 0.0059 s against 0.0265): up to 3
+    // probes, the first that agrees within 3x.
+    double plain_seconds = 0, measured = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        CostTable t;
+        double wall;
+        assert_int_equal(budget_probe(&q, &plans[0], 6, &t, &wall, &err), 0);
+        Net net;
+        NetOptions opt = plans[0].net;
+        opt.plan_only = true;
+        assert_int_equal(net_create(&net, &cfg, in, 10, &opt, cpu_kernels(), &err), 0);
+        for (int j = 0; j < net.nnodes; j++)
+            if (net.nodes[j].kind == NODE_LEAF) {
+                const CallCost *c = &t.call[net.nodes[j].l->index][CALL_FORWARD];
+                assert_true(c->calls_at[0] > 0 && c->calls_at[1] > 0 && c->fixed + c->per > 0);
+            }
+        net_free(&net);
+        assert_true(budget_estimate(&q, plans, n, &t, &plain_seconds, &err) >= 0);
+        cost_free(&t);
+        measured = wall / 4.5;  // 3 steps of 16 samples, 3 of 8: building and warm-up included
+        print_message("resnet 3x32x32 b16: a step estimated %.4f s, the probe's %.4f s a step\n", plain_seconds,
+                      measured);
+        if (plain_seconds > measured / 3 && plain_seconds < measured * 3) break;
+    }
     assert_true(plain_seconds > measured / 3 && plain_seconds < measured * 3);
     for (int i = 1; i < n; i++) assert_true(plans[i].seconds >= plain_seconds * 0.95);
-    cost_free(&t);
     free(plans);
     cfg_free(&cfg);
 }
