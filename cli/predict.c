@@ -53,10 +53,12 @@ static int paths_collect(PathList *l, const char *path, bool named, int depth, E
     if (!d) return err_set(err, "%s: cannot open the folder: %s", path, strerror(errno));
     PathList here = {0};
     int rc = 0;
+    const size_t len = strlen(path);
+    const char *sep = len && path[len - 1] == '/' ? "" : "/";  // "holiday/" names "holiday/a.jpg"
     for (struct dirent *e; !rc && (e = readdir(d));) {
         if (e->d_name[0] == '.') continue;
         char sub[PATH_MAX];
-        if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub)
+        if (snprintf(sub, sizeof sub, "%s%s%s", path, sep, e->d_name) >= (int)sizeof sub)
             rc = err_set(err, "%s/%s: path too long", path, e->d_name);
         else rc = paths_add(&here, sub, err);
     }

@@ -228,6 +228,43 @@ static void test_resnet34(void **state) { against_torchvision("resnet34", 110); 
 static void test_resnet50(void **state) { against_torchvision("resnet50", 161); }
 static void test_mobilenet_v2(void **state) { against_torchvision("mobilenet_v2", 158); }
 
+// The README's fine-tuning commands as they stand there (issue 33): its lines after the
+// Python line that saves r18.safetensors, up to the blank line, run by sh -e in a folder
+// that holds what they name (photos/, photos_test/ and r18.safetensors from the script's
+// `photos`; ./train, ./ckpt and models/ linked from the repository). Every line must
+// succeed: the fine-tuning from the state_dict (fc fresh), --eval of its checkpoint with a
+// test folder alone, ./ckpt export, --eval of those plain weights with the cfg (the same
+// accuracy as the checkpoint's), --predict with an override (every test photo listed).
+static void test_readme_finetuning(void **state) {
+    char dir[PATH_MAX + 16], args[PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/readme", g_dir);
+    snprintf(args, sizeof args, "photos '%s'", dir);
+    const int rc = script(args);
+    if (rc == 3) {
+        print_message("[  SKIPPED ] torchvision is not installed for /usr/bin/python3\n");
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(test_sh(dir, "cd '%s' && ln -s '%s/train' train && ln -s '%s/ckpt' ckpt && "
+                                   "ln -s '%s/models' models && awk '/save_file[(]torchvision[.]models[.]resnet18/"
+                                   "{f=1; next} f && /^$/{exit} f {sub(/^    /, \"\"); print}' '%s/README.md' > readme.sh",
+                             dir, g_root, g_root, g_root, g_root),
+                     0);
+    if (test_sh(dir, "cd '%s' && sh -ex readme.sh", dir) != 0) fail_msg("%s", test_sh_output(dir));
+    const char *out = test_sh_output(dir);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "./train --predict"));  // the README's lines were found and run
+    assert_non_null(strstr(out, "fresh: fc"));
+    // Both evaluations give the same loss and accuracy: the checkpoint's weights, as plain ones.
+    const char *first = strstr(out, ": loss "), *second = first ? strstr(first + 1, ": loss ") : NULL;
+    assert_non_null(second);
+    assert_int_equal(strncmp(first, second, strcspn(first, "\n")), 0);
+    int listed = 0;  // "photos_test/cat/00.jpg:  cat 52.1%  fox 30.2%"
+    for (const char *p = out; (p = strstr(p, ".jpg:")) != NULL; p++) listed++;
+    assert_int_equal(listed, 12);
+    assert_non_null(strstr(out, "\nphotos_test/cat/00.jpg:"));  // the folder's "/" not doubled
+}
+
 static int setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "torchvision"); }
 static int teardown(void **state) { return test_remove_tree(g_dir); }
 
@@ -236,6 +273,7 @@ int main(int argc, char **argv) {
     test_find_root(g_root, sizeof g_root, argv[0], "models/resnet18.cfg");
     cpu_set_threads(2);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_resnet18), cmocka_unit_test(test_resnet34),
-                                       cmocka_unit_test(test_resnet50), cmocka_unit_test(test_mobilenet_v2)};
+                                       cmocka_unit_test(test_resnet50), cmocka_unit_test(test_mobilenet_v2),
+                                       cmocka_unit_test(test_readme_finetuning)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -33,6 +33,13 @@ the training forward, as the test sets its cfg's).
       evaluation of the same images). Prints the largest difference; exits 1 if it
       exceeds 1e-4 of the largest logit (or of 1) or a prediction differs.
 
+  torchvision_reference.py photos DIR
+      What the README's fine-tuning commands expect in their folder: DIR/r18.safetensors,
+      torchvision.models.resnet18()'s state_dict as the README's Python line saves it
+      (weights=None: the same names and shapes as IMAGENET1K_V1's, which would need the
+      internet), and DIR/photos/ and DIR/photos_test/, 3 classes of JPEG photos of a few
+      sizes and aspects (each class its own colour and stripe).
+
 Exit status 3: torch or torchvision is not installed (the test skips).
 """
 
@@ -165,9 +172,32 @@ def check(out, name, checkpoint, logits_path):
     return 0 if diff <= 1e-4 * big and same else 1
 
 
+def photos(out):
+    from PIL import Image
+
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    st_torch.write(os.path.join(out, "r18.safetensors"), torchvision.models.resnet18().state_dict())
+    g = torch.Generator().manual_seed(1)
+    colours = {"cat": (200, 80, 40), "dog": (40, 160, 90), "fox": (60, 70, 210)}
+    sizes = [(320, 240), (240, 320), (300, 300), (500, 375)]
+    for folder, count in (("photos", 5), ("photos_test", 4)):
+        for k, (name, rgb) in enumerate(colours.items()):
+            os.makedirs(os.path.join(out, folder, name), exist_ok=True)
+            for i in range(count):
+                w, h = sizes[i % len(sizes)]
+                px = torch.randint(0, 60, (h, w, 3), generator=g, dtype=torch.int32)
+                px += torch.tensor(rgb, dtype=torch.int32) // 2
+                px[:, (k + 1) * w // 5:(k + 1) * w // 5 + w // 10] += 90
+                img = Image.fromarray(px.clamp(0, 255).to(torch.uint8).numpy())
+                img.save(os.path.join(out, folder, name, f"{i:02d}.jpg"), quality=90)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "make" and sys.argv[3] in TRAIN_SIZE:
         make(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 3 and sys.argv[1] == "photos":
+        photos(sys.argv[2])
     elif len(sys.argv) == 6 and sys.argv[1] == "check" and sys.argv[3] in TRAIN_SIZE:
         sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))
     else:
