@@ -199,7 +199,7 @@ static void against_torchvision(const char *model, int params) {
     // The checkpoint, cnn.c's evaluation of it; torchvision loads it.
     char *text = cfg_to_text(&cfg, &err);
     assert_non_null(text);
-    char names[CLASSES][8], *class_names[CLASSES];
+    char names[CLASSES][12], *class_names[CLASSES];
     for (int c = 0; c < CLASSES; c++) snprintf(names[c], sizeof names[c], "%d", c), class_names[c] = names[c];
     const TrainState ts = {.step = 1, .seed = 1, .best_val_acc = -1, .loss_scale = 1};
     const CheckpointInfo info = {.cfg_text = text, .class_names = class_names, .classes = CLASSES};
