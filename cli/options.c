@@ -57,8 +57,9 @@ const CfgKey train_keys[] = {
                                 "memory) or int8 (a quarter: block-wise 8-bit quantization); "
                                 "bf16 and int8 change the result"},
     {"clip_grad_norm", "0", "scale the gradients down to this 2-norm when theirs is larger, as "
-                            "torch.nn.utils.clip_grad_norm_ before the step; 0 = never (not with "
-                            "fused_update, which updates before every gradient exists)"},
+                            "torch.nn.utils.clip_grad_norm_ before the step; 0 = never (it "
+                            "turns the fused update off, which updates before every gradient "
+                            "exists)"},
     {"label_smoothing", "0", "the training loss's label smoothing, as PyTorch's "
                              "CrossEntropyLoss(label_smoothing): the target puts e / classes on "
                              "every class and 1 - e more on the label (0 to 1; the test loss "
