@@ -57,6 +57,11 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
     if (fused)
         printf("  %-34s %10.1f  (fused update: a layer's at a time; %.1f unfused)\n",
                "gradients", p->grads / 1e6, p->grads_unfused / 1e6);
+    else if (p->grads)  // why every gradient is held at once
+        printf("  %-34s %10.1f  (all at once: %s)\n", "gradients", p->grads / 1e6,
+               net->precision == DT_F16 ? "fp16's loss scaler reads them all before the step"
+                                        : "accumulate, clip_grad_norm or fused_update = 0 keep the "
+                                          "fused update off");
     else
         printf("  %-34s %10.1f\n", "gradients", p->grads / 1e6);
     if (format != STATE_F32)
