@@ -24,6 +24,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -245,11 +246,13 @@ static void test_readme_finetuning(void **state) {
         skip();
     }
     assert_int_equal(rc, 0);
-    assert_int_equal(test_sh(dir, "cd '%s' && ln -s '%s/train' train && ln -s '%s/ckpt' ckpt && "
-                                   "ln -s '%s/models' models && awk '/save_file[(]torchvision[.]models[.]resnet18/"
-                                   "{f=1; next} f && /^$/{exit} f {sub(/^    /, \"\"); print}' '%s/README.md' > readme.sh",
-                             dir, g_root, g_root, g_root, g_root),
-                     0);
+    char root[PATH_MAX];  // absolute: the commands run in dir
+    if (!realpath(g_root, root)) fail_msg("%s: %s", g_root, strerror(errno));
+    if (test_sh(dir, "cd '%s' && ln -s '%s/train' train && ln -s '%s/ckpt' ckpt && "
+                     "ln -s '%s/models' models && (awk '/save_file[(]torchvision[.]models[.]resnet18/"
+                     "{f=1; next} f && /^$/{exit} f {sub(/^    /, \"\"); print}' '%s/README.md' > readme.sh)",
+                dir, root, root, root, root))
+        fail_msg("%s", test_sh_output(dir));
     if (test_sh(dir, "cd '%s' && sh -ex readme.sh", dir) != 0) fail_msg("%s", test_sh_output(dir));
     const char *out = test_sh_output(dir);
     print_message("%s", out);
@@ -269,7 +272,7 @@ static int setup(void **state) { return test_tmpdir_make(g_dir, sizeof g_dir, "t
 static int teardown(void **state) { return test_remove_tree(g_dir); }
 
 int main(int argc, char **argv) {
-    (void)argc;
+    if (argc > 1) cmocka_set_test_filter(argv[1]);  // one test: test_torchvision test_resnet50
     test_find_root(g_root, sizeof g_root, argv[0], "models/resnet18.cfg");
     cpu_set_threads(2);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_resnet18), cmocka_unit_test(test_resnet34),
