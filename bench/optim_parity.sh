@@ -3,7 +3,8 @@
 # from the same initial weights on the same batches in cnn.c and in PyTorch
 # (bench/pytorch_cfg.py, in float32 and in float64), with sgd (momentum 0.9, nesterov,
 # weight_decay 5e-4), adamw (its defaults, weight_decay 0.01) and sgd again with label
-# smoothing 0.1 and gradient clipping to norm 0.5 (sgdlc), each under a cosine schedule
+# smoothing 0.1 and gradient clipping to norm 0.5 (sgdlc), and with crop_pad = 2 and flip
+# (sgdaug: the loader's augmentation, which pytorch_cfg.py replays), each under a cosine schedule
 # after 5 warmup steps; then the schedules that span epochs, over 5 epochs of 4 batches
 # (256 training images): OneCycleLR with sgd (its momentum cycled: sgd1c) and
 # with adamw (beta1 cycled: adamw1c), and ReduceLROnPlateau (factor 0.5, patience 0) with
@@ -95,6 +96,10 @@ run adamw optimizer=adamw schedule=cosine warmup=5
 # Label smoothing and gradient clipping (issue 33), under the same sgd and schedule.
 run sgdlc optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=cosine \
     warmup=5 label_smoothing=0.1 clip_grad_norm=0.5
+# Augmentation (issue 34): crop_pad's windows and flips replayed in PyTorch from the same
+# counter-based RNG, under the same sgd and schedule: the same images, so the same floor.
+run sgdaug optimizer=sgd lr=0.01 momentum=0.9 nesterov=1 weight_decay=5e-4 schedule=cosine \
+    warmup=5 crop_pad=2 flip=1
 # OneCycleLR and ReduceLROnPlateau (issue 33): 5 epochs of 4 batches on 256 images spread over
 # the set, tested on the same images labelled as the next digit (its loss rises as the net
 # learns).

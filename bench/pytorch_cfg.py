@@ -15,7 +15,8 @@ plateau_patience, min_lr = lr_min) stepped each epoch on the test loss; early st
 (patience) on the test loss as ./train stops. The data is its
 [data]: IDX files (raw or gzip), normalised as (x/255 - mean) / std, and the batches come
 in cnn.c's order: the loader's seeded Fisher-Yates shuffle (data/loader.c) is replayed
-here, so both see the same batches.
+here, so both see the same batches, and so are its crop_pad windows and flips (drawn per
+epoch and sample from the same counter-based RNG): the same augmented images.
 
   pytorch_cfg.py CFG [key=value ...] [--epochs N] [--steps N] [--threads T]
                    [--init-out FILE] [--save FILE] [--double] [--json]
@@ -84,6 +85,27 @@ def draw_below(key, i, n, rng):
     return m >> 64
 
 
+AUG_FLIP, AUG_PAD_X, AUG_PAD_Y, AUG_COUNTERS = 0, 1, 2, 64  # data/transform.h
+RNG_STREAM_AUGMENT = 4
+
+
+def augment(raw, idx, seed, epoch, pad, flip):
+    """raw (N, H, W) bytes' samples idx as the loader augments them in this epoch:
+    crop_pad's window (torchvision's RandomCrop(padding=pad): x[y][x] = raw[y + dy][x + dx],
+    zero outside), then the horizontal flip, each drawn as data/loader.c draws it from
+    rng_key(seed, RNG_STREAM_AUGMENT, epoch, sample)."""
+    H, W = raw.shape[1], raw.shape[2]
+    padded = torch.nn.functional.pad(raw[idx], (pad, pad, pad, pad)) if pad else raw[idx]
+    out = torch.empty((len(idx), H, W), dtype=torch.uint8)
+    for j, i in enumerate(idx.tolist()):
+        key = rng_key(seed, RNG_STREAM_AUGMENT, epoch, i)
+        dx = draw_below(key, AUG_PAD_X, AUG_COUNTERS, 2 * pad + 1) - pad if pad else 0
+        dy = draw_below(key, AUG_PAD_Y, AUG_COUNTERS, 2 * pad + 1) - pad if pad else 0
+        w = padded[j, pad + dy:pad + dy + H, pad + dx:pad + dx + W]
+        out[j] = w.flip(1) if flip and rng_u64(key, AUG_FLIP) >> 63 else w
+    return out
+
+
 def shuffle(n, seed, epoch):
     order = list(range(n))
     key = rng_key(seed, 3, epoch, 0)  # RNG_STREAM_SHUFFLE
@@ -111,13 +133,17 @@ def floats(text, n=3):
     return v * n if len(v) == 1 else v
 
 
+def normalise(raw, data):
+    """(N, H, W) bytes as (N, 1, H, W) floats, (x / 255 - mean) / std."""
+    mean, std = floats(data.get("mean", "0"), 1)[0], floats(data.get("std", "1"), 1)[0]
+    return raw.float().div_(255).sub_(mean).div_(std).unsqueeze(1).contiguous()
+
+
 def load(data, split):
+    """The split's bytes (N, H, W) and labels."""
     if os.path.isdir(data.get(split, "")):
         sys.exit("pytorch_cfg: image folders are not read here; give IDX files")
-    x = read_idx(data[split], 0x803, 3)
-    y = read_idx(data[split + "_labels"], 0x801, 1).long()
-    mean, std = floats(data.get("mean", "0"), 1)[0], floats(data.get("std", "1"), 1)[0]
-    return x.float().div_(255).sub_(mean).div_(std).unsqueeze(1).contiguous(), y
+    return read_idx(data[split], 0x803, 3), read_idx(data[split + "_labels"], 0x801, 1).long()
 
 
 DATA_KEYS = {"train", "train_labels", "test", "test_labels", "val_split", "width", "height",
@@ -209,8 +235,15 @@ def main():
         (data if key in DATA_KEYS else tr)[key] = value
     epochs = args.epochs or int(tr.get("epochs", 14))
     batch, seed = int(tr.get("batch", 64)), int(tr.get("seed", 1))
-    x, y = load(data, "train")
+    raw, y = load(data, "train")
+    x = normalise(raw, data)
     xt, yt = load(data, "test") if data.get("test") else (None, None)
+    xt = normalise(xt, data) if xt is not None else None
+    # Augmentation as the loader's (crop_pad and flip; the other transforms are for folders).
+    pad, flip = int(data.get("crop_pad", 0)), data.get("flip", "0") == "1"
+    for key in ("crop_scale", "jitter"):
+        if key in data:
+            sys.exit(f"pytorch_cfg: {key} is not replayed here")
     classes = int(max(y.max(), yt.max() if yt is not None else 0)) + 1
     net = cfg_torch.build(sections, tuple(x.shape[1:]), classes, seed)
     if args.init_out:
@@ -235,7 +268,8 @@ def main():
         loss_sum, correct, t0 = 0.0, 0, time.perf_counter()
         for b0 in range(0, batches * batch, batch):
             idx = order[b0:b0 + batch]
-            out = net(x[idx])
+            xb = normalise(augment(raw, idx, seed, epoch, pad, flip), data) if pad or flip else x[idx]
+            out = net(xb.double() if args.double else xb)
             loss = F.nll_loss(out, y[idx])
             if smoothing:
                 loss = (1 - smoothing) * loss + smoothing * (-out.mean(1)).mean()
