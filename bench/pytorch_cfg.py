@@ -19,18 +19,21 @@ here, so both see the same batches, and so are its crop_pad windows and flips (d
 epoch and sample from the same counter-based RNG): the same augmented images.
 
   pytorch_cfg.py CFG [key=value ...] [--epochs N] [--steps N] [--threads T]
-                   [--init-out FILE] [--save FILE] [--double] [--json]
+                   [--init-out FILE] [--save FILE] [--double | --bf16] [--json]
 
 key=value overrides a key of [train] (or of [data] for its keys), as ./train's do.
 --double trains in float64 (--save writes F64 tensors then): the reference that says how
-far float32 rounding alone moves the parameters.
+far float32 rounding alone moves the parameters. --bf16 runs the training forward under
+torch.autocast("cpu", dtype=torch.bfloat16) (bf16 GEMMs and convolutions, float32
+weights and updates), PyTorch's mixed precision on the CPU.
 
 --init-out writes the initial weights as a plain safetensors state_dict before training:
 ./train CFG init=FILE then starts from exactly them. --steps stops after N optimizer steps
 (as ./train's stop_after) and --save writes the state_dict at the end, to compare with
 ./train's checkpoint (./ckpt diff). Prints a line per epoch (train loss
-and accuracy, test loss and accuracy, images per second of the training loop alone) and
-with --json a final {"impl": "pytorch", ...} line. Run with /usr/bin/python3.
+and accuracy, test loss and accuracy, images per second of the training loop alone), with
+--json as {"impl": "pytorch", "epoch": ..., "seconds": the training loop's, ...}, the
+fields of ./train's metrics.jsonl. Run with /usr/bin/python3.
 """
 
 import argparse
@@ -217,13 +220,16 @@ def main():
     p.add_argument("cfg")
     p.add_argument("overrides", nargs="*", help="key=value: a key of [train] or [data]")
     p.add_argument("--double", action="store_true", help="train in float64")
+    p.add_argument("--bf16", action="store_true", help="the training forward under bf16 autocast")
     p.add_argument("--epochs", type=int)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps")
     p.add_argument("--init-out", help="write the initial weights (plain safetensors) here")
     p.add_argument("--save", help="write the final state_dict (plain safetensors) here")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="a JSON line per epoch")
     args = p.parse_args()
+    if args.double and args.bf16:
+        sys.exit("pytorch_cfg: --double or --bf16, not both")
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     with open(args.cfg) as f:
         sections = cfg_torch.parse(f.read())
@@ -269,7 +275,9 @@ def main():
         for b0 in range(0, batches * batch, batch):
             idx = order[b0:b0 + batch]
             xb = normalise(augment(raw, idx, seed, epoch, pad, flip), data) if pad or flip else x[idx]
-            out = net(xb.double() if args.double else xb)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                out = net(xb.double() if args.double else xb)
+            out = out.float() if args.bf16 else out
             loss = F.nll_loss(out, y[idx])
             if smoothing:
                 loss = (1 - smoothing) * loss + smoothing * (-out.mean(1)).mean()
@@ -289,7 +297,7 @@ def main():
         if per_batch is False:
             sched.step()
         line = {"impl": "pytorch", "epoch": epoch + 1, "train_loss": loss_sum / n,
-                "train_acc": 100.0 * correct / n, "img_per_s": n / seconds}
+                "train_acc": 100.0 * correct / n, "img_per_s": n / seconds, "seconds": seconds}
         if xt is not None:
             net.eval()
             with torch.no_grad():
@@ -303,16 +311,17 @@ def main():
                 sched.step(line["val_loss"])
             if line["val_loss"] < best_loss:
                 best_loss, best_epoch = line["val_loss"], epoch + 1
-        print(f"pytorch epoch {line['epoch']}/{epochs}  train_loss {line['train_loss']:.4f}  "
-              f"train_acc {line['train_acc']:.2f}%" +
-              (f"  val_loss {line['val_loss']:.4f}  val_acc {line['val_acc']:.2f}%" if xt is not None else "") +
-              f"  {line['img_per_s']:.0f} img/s", flush=True)
+        if args.json:
+            print(json.dumps(line), flush=True)
+        else:
+            print(f"pytorch epoch {line['epoch']}/{epochs}  train_loss {line['train_loss']:.4f}  "
+                  f"train_acc {line['train_acc']:.2f}%" +
+                  (f"  val_loss {line['val_loss']:.4f}  val_acc {line['val_acc']:.2f}%" if xt is not None else "") +
+                  f"  {line['img_per_s']:.0f} img/s", flush=True)
         if steps == args.steps or (patience and xt is not None and epoch + 1 - best_epoch >= patience):
             break
     if args.save:
         st_torch.write(args.save, net.state_dict())
-    if args.json:
-        print(json.dumps(line))
 
 
 if __name__ == "__main__":
