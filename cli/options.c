@@ -384,6 +384,7 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
                        Error *err) {
     const char *checkpoint, *memory;
     int64_t recompute_1x1, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
+    enum { FUSED_AUTO, FUSED_OFF, FUSED_ON };  // fused_modes' order
     static const char *const fused_modes[] = {"auto", "0", "1"};
     int fused_mode;
     if (cfg_str(cfg, t, "checkpoint", "none", &checkpoint, err) ||
@@ -405,21 +406,21 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
     o->compress = (int)compress;
     // auto: wherever it may run; `memory =` drops it where it chooses fp16 or micro-batches.
     const bool fusable = o->precision == DT_F32 && o->optim.clip_grad_norm <= 0 && o->accumulate == 1;
-    o->fused_update = fused_mode == 2 || (fused_mode == 0 && fusable);
+    o->fused_update = fused_mode == FUSED_ON || (fused_mode == FUSED_AUTO && fusable);
     o->recompute_1x1 = recompute_1x1 != 0;
     o->auto_fp16 = (int)auto_fp16;
     o->auto_microbatch = (int)auto_microbatch;
     o->auto_compress = (int)auto_compress;
     o->tf32 = (int)tf32;
-    if (fused_mode == 2 && o->precision == DT_F16)
+    if (fused_mode == FUSED_ON && o->precision == DT_F16)
         return err_set(err, "%s: [train] fused_update = 1 needs precision = fp32: with fp16 the "
                             "loss scaler must see every gradient before it decides whether to "
                             "skip the step; set fused_update = auto or 0", cfg_path);
-    if (fused_mode == 2 && o->optim.clip_grad_norm > 0)
+    if (fused_mode == FUSED_ON && o->optim.clip_grad_norm > 0)
         return err_set(err, "%s: [train] fused_update = 1 and clip_grad_norm = %g: clipping needs "
                             "the norm of every gradient before the first update; set one of "
                             "them to 0", cfg_path, o->optim.clip_grad_norm);
-    if (fused_mode == 2 && o->accumulate > 1)
+    if (fused_mode == FUSED_ON && o->accumulate > 1)
         return err_set(err, "%s: [train] fused_update = 1 needs accumulate = 1: with %d "
                             "micro-batches every gradient sums them all before the update; set "
                             "fused_update = auto or 0, or accumulate = 1", cfg_path, o->accumulate);

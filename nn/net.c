@@ -161,7 +161,7 @@ static int call_samples(const Net *net, const Layer *l) {
 // ResNet-34's activations at batch 32 for about 1% of a step's products.
 static bool stem_jit(const Net *net, int t, int in) {
     const Layer *l = net->layers[t];
-    return in == NODE_INPUT && layer_is_conv(l) && !l->ops->expand && t + 1 < net->nlayers &&
+    return in == NODE_INPUT && layer_is_conv(l) && t + 1 < net->nlayers &&
            net->layers[t + 1]->ops == &batchnorm_ops && !(layer_backward_reads(l) & BACKWARD_READS_OUT);
 }
 
