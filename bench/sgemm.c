@@ -4,12 +4,16 @@
 // project's GEMM (cpu_kernels()->gemm: slabs over OpenMP threads, each on the AVX-512 kernels
 // of nn/gemm_avx512.c where the CPU has them, else on single-threaded OpenBLAS)
 // and a large square product, and prints GFLOP/s. The step's GEMM FLOPs divided by the
-// best rate is the images/s ceiling quoted against the trainer.
+// best rate is the images/s ceiling quoted against the trainer. Where the CPU has
+// AVX512-BF16, each shape again with gemm_arith(GEMM_BF16) (nn/gemm_bf16.c: on AMX where
+// the CPU has it, and then once more on VDPBF16PS alone) and the ratios to fp32.
 //   build/bench/sgemm [threads]
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
+#include "../nn/gemm_bf16.h"
 #include "../nn/kernels.h"
 
 static double now(void) {
@@ -54,14 +58,30 @@ int main(int argc, char **argv) {
     float *A = malloc(max * sizeof(float)), *B = malloc(max * sizeof(float)), *C = malloc(max * sizeof(float));
     if (!A || !B || !C) return 1;
     for (size_t i = 0; i < max; i++) A[i] = B[i] = (float)(i % 7) * 0.1f, C[i] = 0;
-    double best = 0;
+    const bool bf16 = gemm_bf16_available();
+    double best = 0, best_bf16 = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const double g = rate(&shapes[i], A, B, C);
-        printf("sgemm %-32s %7.1f GFLOP/s\n", shapes[i].what, g);
+        printf("sgemm %-32s %7.1f GFLOP/s", shapes[i].what, g);
         if (g > best) best = g;
+        if (bf16) {
+            cpu_kernels()->gemm_arith(GEMM_BF16);
+            const double h = rate(&shapes[i], A, B, C);
+            printf("   bf16 %7.1f GFLOP/s (%.2fx, %s)", h, h / g, gemm_bf16_name());
+            if (h > best_bf16) best_bf16 = h;
+            if (strcmp(gemm_bf16_name(), "AVX512-BF16") != 0) {
+                gemm_bf16_allow_amx(false);
+                const double v = rate(&shapes[i], A, B, C);
+                gemm_bf16_allow_amx(true);
+                printf("   %7.1f (%.2fx, AVX512-BF16)", v, v / g);
+            }
+            cpu_kernels()->gemm_arith(GEMM_FP32);
+        }
+        printf("\n");
     }
-    printf("{\"sgemm_ceiling_gflops\": %.1f, \"threads\": %d, \"gemm\": \"%s\"}\n", best,
-           threads, cpu_kernels_name());
+    printf("{\"sgemm_ceiling_gflops\": %.1f, ", best);
+    if (bf16) printf("\"bf16_ceiling_gflops\": %.1f, \"bf16\": \"%s\", ", best_bf16, gemm_bf16_name());
+    printf("\"threads\": %d, \"gemm\": \"%s\"}\n", threads, cpu_kernels_name());
     free(A), free(B), free(C);
     return 0;
 }

@@ -29,8 +29,9 @@
 //   - Reductions are deterministic: a fixed launch shape and a fixed summation tree, no
 //     atomics, so the same inputs give the same bits run after run on one GPU (the column
 //     sums' slabs depend on the shape alone: on every GPU).
-//   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH), or TF32 on tensor cores while
-//     gemm_reduced(true) holds (CUBLAS_TF32_TENSOR_OP_MATH: precision = fp16, tf32 = 1).
+//   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH), TF32 on tensor cores under
+//     gemm_arith(GEMM_TF32) (CUBLAS_TF32_TENSOR_OP_MATH: precision = fp16, tf32 = 1), or
+//     bf16 on tensor cores under GEMM_BF16 (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF).
 //   - The per-element work of every kernel is a __host__ __device__ function of the element
 //     index, so that a host build can replay the kernels element by element against the
 //     CPU table where no GPU is available; the kernels are grid-stride loops around them.
@@ -89,7 +90,7 @@ static struct {
     void *blas_workspace;  // CUBLAS_WORKSPACE_BYTES, ours: allocated before used_at_init
     void *slab_scratch;    // SLAB_SCRATCH_BYTES: the column sums' slabs (bias, batchnorm)
     size_t used_at_init;   // the device's memory in use once set up (device_memory's baseline)
-    bool reduced;  // gemm_reduced's setting: the handle's math mode is TF32
+    GemmArith arith;  // gemm_arith's setting: TF32 is the handle's math mode, BF16 cublasGemmEx's
     int sms;  // multiprocessors: caps grid-stride grids
     Stage stage[STAGES];  // cuda_upload's
     int next_stage;
@@ -221,14 +222,19 @@ static void cuda_gemm(float *C, const float *A, const float *B, int M, int N, in
                       bool transA, bool transB, float alpha, float beta) {
     if (M <= 0 || N <= 0) return;
     const ColumnMajorGemm c = gemm_for_cublas(C, A, B, M, N, K, transA, transB);
-    CUBLAS_CHECK(cublasSgemm(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, c.ld1, c.a2,
-                             c.ld2, &beta, c.c, c.ldc));
+    if (g.arith == GEMM_BF16)
+        CUBLAS_CHECK(cublasGemmEx(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, CUDA_R_32F, c.ld1,
+                                  c.a2, CUDA_R_32F, c.ld2, &beta, c.c, CUDA_R_32F, c.ldc,
+                                  CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_CHECK(cublasSgemm(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, c.ld1, c.a2,
+                                 c.ld2, &beta, c.c, c.ldc));
 }
 
-static void cuda_gemm_reduced(bool reduced) {
-    if (reduced == g.reduced) return;
-    CUBLAS_CHECK(cublasSetMathMode(g.blas, reduced ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    g.reduced = reduced;
+static void cuda_gemm_arith(GemmArith arith) {
+    if (arith == g.arith) return;
+    CUBLAS_CHECK(cublasSetMathMode(g.blas, arith == GEMM_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    g.arith = arith;
 }
 
 static void cuda_gemm_batched(float *C, const float *A, const float *B, int count, int M, int N, int K,
@@ -236,9 +242,15 @@ static void cuda_gemm_batched(float *C, const float *A, const float *B, int coun
                               int64_t stride_a, int64_t stride_b) {
     if (M <= 0 || N <= 0 || count <= 0) return;
     const ColumnMajorGemm c = gemm_for_cublas(C, A, B, M, N, K, transA, transB);
-    CUBLAS_CHECK(cublasSgemmStridedBatched(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, c.ld1,
-                                           stride_b, c.a2, c.ld2, stride_a, &beta, c.c, c.ldc,
-                                           stride_c, count));
+    if (g.arith == GEMM_BF16)
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, CUDA_R_32F,
+                                                c.ld1, stride_b, c.a2, CUDA_R_32F, c.ld2, stride_a, &beta,
+                                                c.c, CUDA_R_32F, c.ldc, stride_c, count,
+                                                CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_CHECK(cublasSgemmStridedBatched(g.blas, c.op1, c.op2, c.m, c.n, c.k, &alpha, c.a1, c.ld1,
+                                               stride_b, c.a2, c.ld2, stride_a, &beta, c.c, c.ldc,
+                                               stride_c, count));
 }
 
 // ---- per-element bodies ------------------------------------------------------------------
@@ -2167,7 +2179,7 @@ static void cuda_init(void) {
     k->shards = cuda_shards;
     k->add_parts = cuda_add_parts;
     k->gemm = cuda_gemm;
-    k->gemm_reduced = cuda_gemm_reduced;
+    k->gemm_arith = cuda_gemm_arith;
     k->im2col = cuda_im2col;
     k->winograd_input = cuda_winograd_input;
     k->winograd_input_backward = cuda_winograd_input_backward;

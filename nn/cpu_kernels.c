@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "gemm_avx512.h"
+#include "gemm_bf16.h"
 #include "half.h"
 #include "kernels.h"
 #include "rng.h"
@@ -45,13 +46,20 @@ static void cpu_sync(void) {}
 
 // ---- dense algebra ---------------------------------------------------------------------------
 
-// One thread's product (cblas_sgemm's arguments, row-major): the project's AVX-512
-// kernels where the CPU has them (nn/gemm_avx512.h), else OpenBLAS. Measured on one
+// gemm_arith's setting: GEMM_BF16 takes nn/gemm_bf16.c where the CPU has AVX512-BF16; the
+// rest is fp32. Set between products by the calling thread, read inside them.
+static GemmArith cpu_arith = GEMM_FP32;
+
+// One thread's product (cblas_sgemm's arguments, row-major): nn/gemm_bf16.c under
+// GEMM_BF16 where the CPU has AVX512-BF16, else the project's AVX-512 kernels where the
+// CPU has them (nn/gemm_avx512.h), else OpenBLAS. Measured on one
 // thread against OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell), GFLOP/s: ours
 // 1.1-2x faster on every shape of the seed network and of a ResNet, even on a 64 x 9216
 // product over K = 10.
 static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc) {
+    if (cpu_arith == GEMM_BF16 && gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
+        return;
     if (gemm_avx512_available() && gemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
         return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
@@ -2252,8 +2260,8 @@ static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, cons
     }
 }
 
-// The CPU's GEMMs stay fp32 (kernels.h allows the rounding, it does not ask for it).
-static void cpu_gemm_reduced(bool reduced) { (void)reduced; }
+// TF32 stays fp32 on the CPU (kernels.h allows the rounding, it does not ask for it).
+static void cpu_gemm_arith(GemmArith arith) { cpu_arith = arith; }
 
 // The AVX-512 GEMM's packing buffers, one set per thread, outside the plan's blocks.
 static size_t cpu_thread_scratch(void) {
@@ -2298,7 +2306,7 @@ const Kernels CPU_KERNEL_SET = {
     .copy = cpu_memcpy,
     .sync = cpu_sync,
     .gemm = cpu_gemm,
-    .gemm_reduced = cpu_gemm_reduced,
+    .gemm_arith = cpu_gemm_arith,
     .im2col = cpu_im2col,
     .winograd_input = cpu_winograd_input,
     .winograd_input_backward = cpu_winograd_input_backward,

@@ -19,6 +19,10 @@
 #include "quant.h"
 #include "scaler.h"
 
+// The arithmetic of GEMMs (Kernels.gemm_arith): fp32, or inputs rounded to TF32 or bf16
+// with fp32 accumulation.
+typedef enum GemmArith { GEMM_FP32, GEMM_TF32, GEMM_BF16 } GemmArith;
+
 typedef enum Activation { ACT_NONE, ACT_RELU, ACT_RELU6, ACT_COUNT } Activation;
 extern const char *const activation_names[ACT_COUNT];  // "none", "relu", "relu6"
 
@@ -210,13 +214,15 @@ typedef struct Kernels {
     // op(B) is (K, N); transA/transB say A is stored (K, M) / B is stored (N, K).
     void (*gemm)(float *C, const float *A, const float *B, int M, int N, int K,
                  bool transA, bool transB, float alpha, float beta);
-    // reduced: until called again, gemm and gemm_batched may round their inputs to 10
-    // mantissa bits (fp16's precision with fp32's range) and accumulate in fp32: TF32 tensor
-    // cores on CUDA, several times fp32's speed; the CPU computes in fp32 all the same. The
-    // network sets it before each forward and backward (Net.gemm_reduced): on with
-    // precision = fp16, whose stored activations and gradients lose nothing by it (what
-    // PyTorch's autocast does with fp16 operands), or tf32 = 1.
-    void (*gemm_reduced)(bool reduced);
+    // Until called again, gemm and gemm_batched may round their inputs as arith says and
+    // accumulate in fp32. GEMM_TF32: 10 mantissa bits (fp16's precision with fp32's range),
+    // TF32 tensor cores on CUDA, several times fp32's speed; the CPU computes in fp32 all the
+    // same. GEMM_BF16: 7 mantissa bits, bf16 tensor cores on CUDA, and on CPUs with
+    // AVX512-BF16 nn/gemm_bf16.c at twice the fp32 rate (fp32 on other CPUs). The network
+    // sets it before each forward and backward (Net.gemm_arith): TF32 with precision =
+    // fp16, whose stored activations and gradients lose nothing by it (what PyTorch's
+    // autocast does with fp16 operands), or tf32 = 1; FP32 otherwise.
+    void (*gemm_arith)(GemmArith arith);
 
     // ---- convolution lowering --------------------------------------------------------
     // col (N*OH*OW, K*K*C) <- in (N, H, W, C); a row is one output pixel's patch, its

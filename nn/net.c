@@ -1364,7 +1364,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->precision = opt->precision;
     net->exec.precision = opt->precision;  // sweeps' scratch is planned by it
     net->input_bytes = opt->input_bytes;
-    net->gemm_reduced = opt->precision == DT_F16 || opt->tf32;
+    net->gemm_arith = opt->precision == DT_F16 || opt->tf32 ? GEMM_TF32 : GEMM_FP32;
     if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
                 opt->batch, dtype_names[opt->precision]);
@@ -1675,7 +1675,7 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
 
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, train, seed, step, sample0);
-    net->k->gemm_reduced(net->gemm_reduced);
+    net->k->gemm_arith(net->gemm_arith);
     for (int j = 0; j < net->nnodes; j++) {
         if (net->on_layer) net->on_layer(net->nodes[j].top, false);
         forward_node(net, j, &ctx, N);
@@ -1705,7 +1705,7 @@ static void node_done(Net *net, int j) {
 
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0) {
     const LayerCtx ctx = net_ctx(net, true, seed, step, sample0);
-    net->k->gemm_reduced(net->gemm_reduced);
+    net->k->gemm_arith(net->gemm_arith);
     LayerCtx redo = ctx;  // recomputations: the same dropout masks and batch statistics
     redo.recompute = true;
     for (int e = net->nnodes + 1; e < net->nevents; e++) {

@@ -63,7 +63,7 @@ typedef struct NetOptions {
                          // as sweeps over chunks of samples (nn/exec.h): checkpointing's
                          // recomputation below the layer (the trainer sets it with segments)
     size_t sweep_bytes;  // the scratch a sweep's chunk may take, which sets its samples (0: 8 MB)
-    bool tf32;        // GEMM inputs rounded to 10 mantissa bits in fp32 too (Kernels.gemm_reduced)
+    bool tf32;        // GEMM inputs rounded to 10 mantissa bits in fp32 too (Kernels.gemm_arith)
     // Optimizer state tensors kept per trained parameter (optim_nstates) and their names,
     // and how they are stored (nn/quant.h: fp32, or compressed to bf16 or int8 blocks).
     int opt_states;
@@ -167,7 +167,7 @@ typedef struct Net {
     Shape input;
     int batch;        // the largest N that forward/backward accept
     DType precision;  // of activations and activation gradients (the output is always F32)
-    bool gemm_reduced;  // Kernels.gemm_reduced during forward and backward: fp16 or tf32
+    GemmArith gemm_arith;  // Kernels.gemm_arith during forward and backward: TF32 for fp16 or tf32
     int nsegments;    // checkpoint segments (1: none)
     int *seg_first;   // (nsegments + 1): segment s is nodes seg_first[s] .. seg_first[s+1]-1
     Exec exec;        // precision, the fp16 chunk and scratch

@@ -7,11 +7,13 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 #include <cmocka.h>
 
 #include "../nn/gemm_avx512.h"
+#include "../nn/gemm_bf16.h"
 #include "../nn/kernels.h"
 #include "testutil.h"
 
@@ -92,6 +94,111 @@ static void test_avx512_kernels(void **state) {
                       ab[j][1], s % 3 == 0 ? 0 : (int)s);
 }
 
+// gemm_bf16 against the fp64 product of the unrounded operands: within 2^-7 of the sum of
+// |a b| (each operand within 2^-8 of its value), and the same bits from a second call. On
+// the VDPBF16PS path (exact_order) also against its contract (gemm_bf16.h) replayed in
+// scalar code: the operands rounded by quant.h's bf16_from_float (the random values are
+// normal floats, where the two roundings agree), each pair's products added odd k first
+// with fmaf (a product of two bf16 is exact in fp32, so one fmaf is VDPBF16PS's one
+// rounding), blocks of KC added to C: the bits must be equal.
+static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float beta, int pad,
+                       bool exact_order) {
+    const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    float *A = random_floats((size_t)(ta ? K : M) * lda + 1);
+    float *B = random_floats((size_t)(tb ? N : K) * ldb + 1);
+    float *C = random_floats((size_t)M * ldc + 1);
+    float *C0 = malloc(((size_t)M * ldc + 1) * sizeof *C0);
+    assert_non_null(C0);
+    memcpy(C0, C, ((size_t)M * ldc + 1) * sizeof *C0);
+    assert_int_equal(gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc), 0);
+    float *again = malloc(((size_t)M * ldc + 1) * sizeof *again);
+    assert_non_null(again);
+    memcpy(again, C0, ((size_t)M * ldc + 1) * sizeof *again);
+    assert_int_equal(gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, again, ldc), 0);
+    assert_memory_equal(again, C, ((size_t)M * ldc + 1) * sizeof *C);
+    free(again);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            const float c0 = C0[(size_t)i * ldc + j];
+            float want = c0;
+            double exact = 0, mag = 0;
+            for (int k0 = 0; k0 < K; k0 += GEMM_BF16_KC) {
+                const int kc = K - k0 < GEMM_BF16_KC ? K - k0 : GEMM_BF16_KC;
+                float acc = 0.0f;
+                for (int p = 0; p < kc; p += 2)
+                    for (int k = k0 + p + 1; k >= k0 + p; k--) {  // odd, then even
+                        if (k >= k0 + kc) continue;
+                        const float a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                        const float b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+                        acc = fmaf(bf16_to_float(bf16_from_float(a)), bf16_to_float(bf16_from_float(b)), acc);
+                        exact += (double)a * b, mag += fabs((double)a * b);
+                    }
+                const float v = alpha == 1.0f ? acc : acc * alpha;
+                want = k0 > 0 ? want + v : beta != 0.0f ? fmaf(beta, c0, v) : v;
+            }
+            const float got = C[(size_t)i * ldc + j];
+            if (exact_order && memcmp(&got, &want, sizeof got) != 0)
+                fail_msg("%dx%dx%d ta=%d tb=%d alpha=%g beta=%g pad=%d: C[%d][%d] = %.9g, the contract's %.9g",
+                         M, N, K, ta, tb, alpha, beta, pad, i, j, got, want);
+            const double expect = alpha * exact + (beta != 0.0f ? beta * (double)c0 : 0.0);
+            const double tol = 0x1p-7 * (fabs(alpha) * mag) + 1e-5 * fabs(beta * c0) + 1e-30;
+            if (!(fabs(got - expect) <= tol))
+                fail_msg("%dx%dx%d: C[%d][%d] = %.9g, %.9g in fp64 (tolerance %.3g)", M, N, K, i, j, got, expect, tol);
+        }
+    for (int i = 0; i < M; i++)
+        for (int j = N; j < ldc; j++) assert_true(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
+    assert_true(C[(size_t)M * ldc] == C0[(size_t)M * ldc]);
+    free(A), free(B), free(C), free(C0);
+}
+
+static void test_bf16_kernels(void **state) {
+    (void)state;
+    if (!gemm_bf16_available()) {
+        printf("this CPU has no AVX512-BF16: gemm_bf16 is not used here, nothing to test\n");
+        float c = 1.0f, a = 1.0f;
+        assert_int_equal(gemm_bf16(false, false, 1, 1, 1, 1.0f, &a, 1, &a, 1, 0.0f, &c, 1), -1);
+        return;
+    }
+    test_rng_seed(4);
+    static const float ab[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 0.25f}};
+    for (int amx = 0; amx < 2; amx++) {
+        gemm_bf16_allow_amx(amx);
+        const bool vdpbf16ps = strcmp(gemm_bf16_name(), "AVX512-BF16") == 0;
+        if (amx && vdpbf16ps) break;  // no AMX here: the first pass was all
+        printf("gemm_bf16 on %s\n", gemm_bf16_name());
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int t = 0; t < 4; t++)
+                for (int j = 0; j < 3; j++)
+                    check_bf16(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, ab[j][0], ab[j][1],
+                               s % 3 == 0 ? 0 : (int)s, vdpbf16ps);
+    }
+    // The table's product under GEMM_BF16 (threads' slabs and split K): each slab's bits
+    // as gemm_bf16's own, so within the fp64 bound; GEMM_FP32 is the fp32 kernel again.
+    cpu_set_threads(2);
+    static const int more[][3] = {{3, 9, 5000}, {64, 288, 576}, {1000, 40, 30}};
+    for (size_t s = 0; s < sizeof more / sizeof more[0]; s++) {
+        const int M = more[s][0], N = more[s][1], K = more[s][2];
+        float *A = random_floats((size_t)M * K), *B = random_floats((size_t)K * N);
+        float *C16 = malloc((size_t)M * N * sizeof *C16), *C32 = malloc((size_t)M * N * sizeof *C32);
+        assert_non_null(C16), assert_non_null(C32);
+        cpu_kernels()->gemm_arith(GEMM_BF16);
+        cpu_kernels()->gemm(C16, A, B, M, N, K, false, false, 1.0f, 0.0f);
+        cpu_kernels()->gemm_arith(GEMM_FP32);
+        cpu_kernels()->gemm(C32, A, B, M, N, K, false, false, 1.0f, 0.0f);
+        int differ = 0;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double mag = 0;
+                for (int k = 0; k < K; k++) mag += fabs((double)A[(size_t)i * K + k] * B[(size_t)k * N + j]);
+                const double d = fabs((double)C16[(size_t)i * N + j] - C32[(size_t)i * N + j]);
+                if (!(d <= 0x1p-7 * mag + 1e-30)) fail_msg("%dx%dx%d: C[%d][%d] bf16 %.9g, fp32 %.9g", M, N, K, i, j, C16[(size_t)i * N + j], C32[(size_t)i * N + j]);
+                differ += C16[(size_t)i * N + j] != C32[(size_t)i * N + j];
+            }
+        assert_true(differ > 0);  // the bf16 path ran: its rounding shows
+        free(A), free(B), free(C16), free(C32);
+    }
+}
+
 // beta = 0 does not read C (the network's buffers start as whatever was there): NaN in C
 // must not reach the result.
 static void test_beta_zero_ignores_c(void **state) {
@@ -126,6 +233,7 @@ static void test_cpu_gemm(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_avx512_kernels),
+        cmocka_unit_test(test_bf16_kernels),
         cmocka_unit_test(test_cpu_gemm),
         cmocka_unit_test(test_beta_zero_ignores_c),
     };

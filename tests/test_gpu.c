@@ -11,8 +11,8 @@
 //                 SGD and AdamW with their gates (the GPU replays the CPU's operations
 //                 without FMA contraction);
 //   gemm          |gpu - cpu| <= 1e-5 * (|alpha| * sum_k |a_ik b_kj| + |beta c_ij|),
-//                 all four transpose combinations, beta 0 and 1; with gemm_reduced (TF32)
-//                 2^-10 + 1e-5 instead of 1e-5; gemm_batched within 1e-5 * K (operands in
+//                 all four transpose combinations, beta 0 and 1; with gemm_arith
+//                 TF32 2^-10 + 1e-5 instead of 1e-5, bf16 2^-7 + 1e-5; gemm_batched within 1e-5 * K (operands in
 //                 [-1, 1]);
 //   bias_act_backward  the activation's gradient exact; the bias gradient
 //                 |gpu - cpu| <= 1e-5 * (sum_r |dout_rc| + |dbias_c|);
@@ -259,7 +259,7 @@ static void test_backend(void **state) {
         (void *)k->dropout_backward, (void *)k->nhwc_to_nchw, (void *)k->nchw_to_nhwc,
         (void *)k->log_softmax_forward, (void *)k->log_softmax_backward, (void *)k->nll_loss,
         (void *)k->f32_to_f16, (void *)k->f16_to_f32, (void *)k->u8_to_f32, (void *)k->unscale_check, (void *)k->scaler_update,
-        (void *)k->device_memory, (void *)k->gemm_reduced,
+        (void *)k->device_memory, (void *)k->gemm_arith,
         (void *)k->adadelta_step, (void *)k->add_act, (void *)k->avgpool_forward,
         (void *)k->avgpool_backward, (void *)k->global_avgpool_forward,
         (void *)k->global_avgpool_backward, (void *)k->bn_sums, (void *)k->bn_batch_stats,
@@ -353,16 +353,16 @@ static void test_64bit_sizes(void **state) {
 // ---- gemm -------------------------------------------------------------------------------------
 
 // The GPU's gemm against the CPU's: |gpu - cpu| <= rel * (|alpha| sum |a b| + |beta c|),
-// with the GPU's inputs rounded to 10 mantissa bits (TF32) if reduced.
+// with the GPU's inputs rounded as arith says.
 static void check_gemm_as(int M, int N, int K, bool ta, bool tb, float alpha, float beta,
-                          bool reduced, double rel) {
+                          GemmArith arith, double rel) {
     const float *A = rand_floats((int64_t)M * K, -1, 1), *B = rand_floats((int64_t)K * N, -1, 1);
     float *C0 = rand_floats((int64_t)M * N, -1, 1);
     Buf a = buf_from(A, (size_t)M * K * 4), b = buf_from(B, (size_t)K * N * 4),
         c = buf_from(C0, (size_t)M * N * 4);
-    G->gemm_reduced(reduced);
+    G->gemm_arith(arith);
     BOTH(k->gemm(P(c), P(a), P(b), M, N, K, ta, tb, alpha, beta));
-    G->gemm_reduced(false);
+    G->gemm_arith(GEMM_FP32);
     float *hc = xmalloc((size_t)M * N * 4), *hg = xmalloc((size_t)M * N * 4);
     buf_fetch(c, hc, hg);
     double *bound = xmalloc((size_t)M * N * sizeof *bound);
@@ -378,15 +378,16 @@ static void check_gemm_as(int M, int N, int K, bool ta, bool tb, float alpha, fl
                 rel * (fabs(alpha) * s + fabs(beta * C0[(int64_t)i * N + j])) + 1e-30;
         }
     char what[128];
+    static const char *const arith_names[] = {"", " (tf32)", " (bf16)"};
     snprintf(what, sizeof what, "gemm%s M=%d N=%d K=%d transA=%d transB=%d alpha=%g beta=%g",
-             reduced ? " (reduced)" : "", M, N, K, ta, tb, alpha, beta);
+             arith_names[arith], M, N, K, ta, tb, alpha, beta);
     expect_within(hc, hg, bound, (int64_t)M * N, what);
     buf_free(a), buf_free(b), buf_free(c);
     free((void *)A), free((void *)B), free(C0), free(hc), free(hg), free(bound);
 }
 
 static void check_gemm(int M, int N, int K, bool ta, bool tb, float alpha, float beta) {
-    check_gemm_as(M, N, K, ta, tb, alpha, beta, false, 1e-5);
+    check_gemm_as(M, N, K, ta, tb, alpha, beta, GEMM_FP32, 1e-5);
 }
 
 static void test_gemm(void **state) {
@@ -404,16 +405,19 @@ static void test_gemm(void **state) {
                            ab[j][1]);
 }
 
-// gemm_reduced: TF32 inputs (each within 2^-11 of the fp32 value, a product within 2^-10)
-// with fp32 accumulation; afterwards the GEMMs are fp32 again (test_gemm's bound).
-static void test_gemm_reduced(void **state) {
+// gemm_arith: TF32 inputs (each within 2^-11 of the fp32 value, a product within 2^-10) or
+// bf16 inputs (2^-8, a product within 2^-7) with fp32 accumulation; afterwards the GEMMs
+// are fp32 again (test_gemm's bound).
+static void test_gemm_arith(void **state) {
     NEED_GPU();
     rng_seed(3);
     static const int shapes[][3] = {{37, 53, 29}, {64, 288, 576}, {256, 64, 1152}, {64, 9216, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int t = 0; t < 4; t++) {
-            check_gemm_as(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1.0f, 1.0f, true,
+            check_gemm_as(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1.0f, 1.0f, GEMM_TF32,
                           0x1p-10 + 1e-5);
+            check_gemm_as(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1.0f, 1.0f, GEMM_BF16,
+                          0x1p-7 + 1e-5);
             check_gemm(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1.0f, 0.0f);
         }
 }
@@ -1490,8 +1494,8 @@ static void make_net(Net *net, const Kernels *k, DType precision, int batch, int
     if (net_create(net, &cfg, step_input, STEP_CLASSES, &opt, k, &err))
         fail_msg("net_create on %s: %s", k->name, err.msg);
     // fp32 GEMMs in fp16 too: the steps are compared value by value, and TF32's rounding
-    // flips max-pool and ReLU decisions near ties (test_gemm_reduced checks those GEMMs).
-    net->gemm_reduced = false;
+    // flips max-pool and ReLU decisions near ties (test_gemm_arith checks those GEMMs).
+    net->gemm_arith = GEMM_FP32;
     cfg_free(&cfg);
     if (net_init_params(net, 7, &err)) fail_msg("net_init_params: %s", err.msg);
 }
@@ -1645,7 +1649,7 @@ static ByteRun byte_run(const Kernels *k, const char *text, DType precision, int
     if (net_create(&net, &cfg, step_input, STEP_CLASSES, &opt, k, &err) || net_init_params(&net, 7, &err))
         fail_msg("%s: %s", k->name, err.msg);
     cfg_free(&cfg);
-    net.gemm_reduced = false;
+    net.gemm_arith = GEMM_FP32;
     const int64_t nx = (int64_t)STEP_B * shape_numel(step_input);
     if (bytes) {
         net_put_input(&net, px, lut, STEP_B);
@@ -2035,7 +2039,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_64bit_sizes),
         cmocka_unit_test(test_gemm),
-        cmocka_unit_test(test_gemm_reduced),
+        cmocka_unit_test(test_gemm_arith),
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_conv_direct),
         cmocka_unit_test(test_conv_grouped),

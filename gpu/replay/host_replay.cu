@@ -72,17 +72,20 @@ static void ref_sgemm_cm(cublasOperation_t o1, cublasOperation_t o2, int m, int 
         }
 }
 
-// gemm_reduced: the inputs rounded to TF32 (10 mantissa bits, to nearest even), as the
-// tensor cores take them.
-static bool replay_reduced;
-static void replay_gemm_reduced(bool reduced) { replay_reduced = reduced; }
-static float *tf32_copy(const float *x, int64_t n) {
+// gemm_arith: the inputs rounded to TF32 (10 mantissa bits) or bf16 (7), to nearest even,
+// as the tensor cores take them.
+static GemmArith replay_arith = GEMM_FP32;
+static void replay_gemm_arith(GemmArith arith) { replay_arith = arith; }
+static float *rounded_copy(const float *x, int64_t n) {
+    if (replay_arith == GEMM_FP32) return NULL;
+    const int drop = replay_arith == GEMM_TF32 ? 13 : 16;  // mantissa bits dropped
+    const uint32_t half = (1u << (drop - 1)) - 1, keep = ~((1u << drop) - 1);
     float *y = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof *y);
     if (!y) abort();
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &x[i], sizeof u);
-        if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+        if ((u & 0x7f800000u) != 0x7f800000u) u = (u + half + ((u >> drop) & 1u)) & keep;
         memcpy(&y[i], &u, sizeof u);
     }
     return y;
@@ -91,8 +94,8 @@ static float *tf32_copy(const float *x, int64_t n) {
 static void replay_gemm(float *C, const float *A, const float *B, int M, int N, int K, bool transA,
                      bool transB, float alpha, float beta) {
     if (M <= 0 || N <= 0) return;
-    float *a = replay_reduced ? tf32_copy(A, (int64_t)M * K) : NULL;
-    float *b = replay_reduced ? tf32_copy(B, (int64_t)K * N) : NULL;
+    float *a = rounded_copy(A, (int64_t)M * K);
+    float *b = rounded_copy(B, (int64_t)K * N);
     const ColumnMajorGemm c = gemm_for_cublas(C, a ? a : A, b ? b : B, M, N, K, transA, transB);
     ref_sgemm_cm(c.op1, c.op2, c.m, c.n, c.k, alpha, c.a1, c.ld1, c.a2, c.ld2, beta, c.c, c.ldc);
     free(a), free(b);
@@ -448,7 +451,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->chunk_bytes = (size_t)64 << 20;
     k->alloc = replay_alloc, k->release = replay_release, k->upload = replay_copy, k->download = replay_copy;
     k->zero = replay_zero, k->copy = replay_copy, k->sync = replay_sync, k->gemm = replay_gemm;
-    k->device_memory = replay_device_memory, k->gemm_reduced = replay_gemm_reduced;
+    k->device_memory = replay_device_memory, k->gemm_arith = replay_gemm_arith;
     k->shard_count = cuda_shard_count, k->shards = cuda_shards, k->add_parts = replay_add_parts;
     k->winograd_input = replay_winograd_input;
     k->winograd_input_backward = replay_winograd_input_backward;

@@ -1,0 +1,346 @@
+// gemm_bf16.c: the bf16 GEMM for CPUs with AVX512-BF16 (see gemm_bf16.h). Its functions
+// alone are compiled for AVX512-BF16 (BF16 below, whatever the build's -march); cpu_gemm
+// calls them only where gemm_bf16_available() says the CPU has it.
+//
+// gemm_avx512.c's blocking with both operands packed, since both must be rounded to bf16
+// anyway: a KC x NC block of op(B) into panels of NR columns and an MC x KC block of op(A)
+// into panels of MR rows, each holding k in pairs (a 32-bit word: k = 2p in the low half,
+// 2p + 1 in the high half, VDPBF16PS's order). The micro-kernel broadcasts one row's pair
+// of A and multiplies it by a panel row of B's pairs into an MR x NR tile of C in
+// registers: each VDPBF16PS does 32 products where an FMA does 16. Tiles 12 x 32, 8 x 32
+// where it pads fewer rows, 24 x 16 for products of at most 16 columns, as in the fp32
+// GEMM. Edges are zeros in the panels and masked when C is written.
+#include "gemm_bf16.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define KC GEMM_BF16_KC  // k values a block (KC / 2 pairs)
+#define MC 144           // rows of A a block, a multiple of every MR
+#define MR_MAX 24
+#define NC 1024  // columns of B a block: KC x NC x 2 bytes = 512 KB
+
+#define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+
+static pthread_key_t pack_key;
+static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
+static void pack_key_make(void) { pthread_key_create(&pack_key, free); }
+
+// Each thread's packing buffers (A's block, then B's), allocated at its first product and
+// freed when the thread ends, as gemm_avx512's.
+static uint32_t *pack_buffers(void) {
+    pthread_once(&pack_once, pack_key_make);
+    uint32_t *p = pthread_getspecific(pack_key);
+    if (!p) {
+        if (posix_memalign((void **)&p, 64, gemm_bf16_scratch_bytes())) return NULL;
+        if (pthread_setspecific(pack_key, p)) {
+            free(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+size_t gemm_bf16_scratch_bytes(void) { return ((size_t)MC * KC / 2 + (size_t)KC / 2 * NC) * sizeof(uint32_t); }
+
+// AVX-512 F and BW, AVX512_BF16 (cpuid leaf 7, subleaf 1), and the OS saving the opmask and
+// ZMM registers (XCR0 bits 1, 2, 5, 6, 7). From cpuid itself, as nn/cpu.c's checks: clang's
+// __builtin_cpu_supports (the fuzz build) may not know avx512bf16.
+static bool bf16_usable, amx_usable;
+
+// AMX-BF16 and AMX-TILE (cpuid leaf 7 EDX bits 22 and 24), the OS's tile state in XCR0
+// (bits 17, 18), and Linux's leave to use it (arch_prctl ARCH_REQ_XCOMP_PERM, kernel 5.16
+// and later).
+static void probe_amx(void) {
+#if defined(__linux__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (d & (5u << 22)) != (5u << 22)) return;
+    unsigned xcr0, xcr0_high;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    if ((xcr0 & (3u << 17)) != (3u << 17)) return;
+    amx_usable = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#endif
+}
+
+static void probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return;
+    unsigned xcr0, xcr0_high;
+    __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    if ((xcr0 & 0xe6) != 0xe6) return;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return;
+    const unsigned need = bit_AVX512F | bit_AVX512BW;
+    if ((b & need) != need) return;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return;
+    bf16_usable = (a & (1u << 5)) != 0;
+    if (bf16_usable) probe_amx();
+}
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+
+bool gemm_bf16_available(void) {
+    pthread_once(&probe_once, probe);
+    return bf16_usable;
+}
+
+static bool amx_allowed = true;
+void gemm_bf16_allow_amx(bool allow) { amx_allowed = allow; }
+static bool use_amx(void) { return amx_usable && amx_allowed; }
+
+const char *gemm_bf16_name(void) {
+    return !gemm_bf16_available() ? NULL : use_amx() ? "AMX-BF16" : "AVX512-BF16";
+}
+
+// 16 words of pairs from two rows of 16 floats: word i = (bf16(lo[i]), bf16(hi[i])).
+BF16 static inline __m512i pair_rows(__m512 lo, __m512 hi) {
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+static inline __mmask16 first(int n) { return (__mmask16)(n >= 16 ? 0xffff : n > 0 ? (1u << n) - 1 : 0); }
+
+// Pairs along a run of contiguous k: src[0, kc) (NULL: zeros) to d[p * step] for p < kpad,
+// zeros past kc.
+BF16 static void pack_run(uint32_t *d, int step, const float *src, int kc, int kpad) {
+    for (int p0 = 0; p0 < kpad; p0 += 16) {
+        uint32_t w[16];
+        const int k = 2 * p0;
+        if (src && k < kc) {
+            const __m512 x = _mm512_maskz_loadu_ps(first(kc - k), src + k);
+            const __m512 y = _mm512_maskz_loadu_ps(first(kc - k - 16), src + k + 16);
+            _mm512_storeu_si512(w, (__m512i)_mm512_cvtne2ps_pbh(y, x));  // already in pairs
+        } else {
+            _mm512_storeu_si512(w, _mm512_setzero_si512());
+        }
+        const int n = imin(16, kpad - p0);
+        if (step == 1)
+            _mm512_mask_storeu_epi32(d + p0, first(n), _mm512_loadu_si512(w));
+        else
+            for (int q = 0; q < n; q++) d[(int64_t)(p0 + q) * step] = w[q];
+    }
+}
+
+// Rows [r0, r0 + rows) of an operand X whose rows run along k (x(r, k) = X[r * ldx + k]
+// when k_runs, else X[k * ldx + r]), k [k0, k0 + kc), in pairs: pair p of row r to
+// d[r * rs + p * ps] for r < rpad and p < kpad, zeros past rows and past kc.
+BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const float *X, int ldx, bool k_runs, int r0,
+                            int rows, int rpad, int k0, int kc, int kpad) {
+    if (k_runs) {
+        for (int r = 0; r < rpad; r++)
+            pack_run(d + (int64_t)r * rs, ps, r < rows ? X + (int64_t)(r0 + r) * ldx + k0 : NULL, kc, kpad);
+        return;
+    }
+    for (int p = 0; p < kpad; p++) {
+        const int k = 2 * p;
+        const float *lo = k < kc ? X + (int64_t)(k0 + k) * ldx + r0 : NULL;
+        const float *hi = k + 1 < kc ? lo + ldx : NULL;
+        for (int r = 0; r < rpad; r += 16) {
+            const __mmask16 m = first(rows - r);
+            const __m512 x = lo ? _mm512_maskz_loadu_ps(m, lo + r) : _mm512_setzero_ps();
+            const __m512 y = hi ? _mm512_maskz_loadu_ps(m, hi + r) : _mm512_setzero_ps();
+            const __m512i w = pair_rows(x, y);
+            if (rs == 1) {
+                _mm512_mask_storeu_epi32(d + (int64_t)p * ps + r, first(rpad - r), w);
+            } else {
+                uint32_t t[16];
+                _mm512_storeu_si512(t, w);
+                for (int q = 0; q < 16 && r + q < rpad; q++) d[(int64_t)(r + q) * rs + (int64_t)p * ps] = t[q];
+            }
+        }
+    }
+}
+
+BF16 static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha, float beta) {
+    __m512 v = alpha == 1.0f ? acc : _mm512_mul_ps(acc, _mm512_set1_ps(alpha));
+    if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c), v);
+    _mm512_mask_storeu_ps(c, m, v);
+}
+
+// The MR x (16 * NV) micro-kernel over kp pairs: C tile (mr x nr of it) = alpha * a @ b + beta * C.
+#define MICRO_KERNEL(NAME, MR, NV)                                                              \
+    BF16 static void NAME(int kp, const uint32_t *a, const uint32_t *b, float *c, int ldc, int mr, \
+                          int nr, float alpha, float beta) {                                    \
+        __m512 acc[MR][NV];                                                                     \
+        _Pragma("GCC unroll 24") for (int r = 0; r < MR; r++)                                   \
+            _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps(); \
+        for (int p = 0; p < kp; p++) {                                                          \
+            __m512bh bv[NV];                                                                    \
+            _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++)                                \
+                bv[v] = (__m512bh)_mm512_load_si512(b + 16 * v);                                \
+            _Pragma("GCC unroll 24") for (int r = 0; r < MR; r++) {                             \
+                const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r]);                     \
+                _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++)                            \
+                    acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);                         \
+            }                                                                                   \
+            a += MR, b += 16 * NV;                                                              \
+        }                                                                                       \
+        _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) {                                  \
+            const __mmask16 m = first(nr - 16 * v);                                             \
+            if (!m) break;                                                                      \
+            for (int r = 0; r < mr; r++)                                                        \
+                store_row(c + (int64_t)r * ldc + 16 * v, acc[r][v], m, alpha, beta);            \
+        }                                                                                       \
+    }
+
+MICRO_KERNEL(kernel_12x32, 12, 2)
+MICRO_KERNEL(kernel_8x32, 8, 2)
+MICRO_KERNEL(kernel_24x16, 24, 1)
+
+BF16 static void gemm_blocks(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C, int ldc, uint32_t *pa) {
+    uint32_t *const pb = pa + (size_t)MC * KC / 2;  // 64-byte aligned: MC * KC * 2 bytes
+    const bool narrow = N <= 16;
+    const int MR = narrow ? 24 : (M + 7) / 8 * 8 < (M + 11) / 12 * 12 ? 8 : 12, NR = narrow ? 16 : 32;
+    for (int j0 = 0; j0 < N; j0 += NC) {
+        const int nc = imin(NC, N - j0);
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            const int kc = imin(KC, K - k0), kp = (kc + 1) / 2;
+            const float b_beta = k0 == 0 ? beta : 1.0f;  // later k-blocks add to C
+            for (int c0 = 0; c0 < nc; c0 += NR)  // panels [p][j]: column j of op(B) is a row
+                pack_pairs(pb + (int64_t)(c0 / NR) * kp * NR, 1, NR, B, ldb, tb, j0 + c0, imin(NR, nc - c0),
+                           NR, k0, kc, kp);
+            for (int i0 = 0; i0 < M; i0 += MC) {
+                const int mc = imin(MC, M - i0);
+                for (int r0 = 0; r0 < mc; r0 += MR)  // panels [p][r]
+                    pack_pairs(pa + (int64_t)(r0 / MR) * kp * MR, 1, MR, A, lda, !ta, i0 + r0,
+                               imin(MR, mc - r0), MR, k0, kc, kp);
+                for (int jr = 0; jr < nc; jr += NR) {
+                    const uint32_t *bp = pb + (int64_t)(jr / NR) * kp * NR;
+                    for (int ir = 0; ir < mc; ir += MR) {
+                        const uint32_t *ap = pa + (int64_t)(ir / MR) * kp * MR;
+                        float *c = C + (int64_t)(i0 + ir) * ldc + j0 + jr;
+                        const int mr = imin(MR, mc - ir), nr = imin(NR, nc - jr);
+                        if (narrow)
+                            kernel_24x16(kp, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                        else if (MR == 8)
+                            kernel_8x32(kp, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                        else
+                            kernel_12x32(kp, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- AMX: tiles of 16 x 16 fp32 ----------------------------------------------------------
+//
+// TDPBF16PS multiplies a tile of 16 rows x 32 k of A (bf16, 64 bytes a row) by a tile of
+// 16 pairs of k x 16 columns of B (the pair-major panels above) into a 16 x 16 fp32 tile
+// of C: 8,192 products an instruction. The micro-kernel holds a 32 x 32 block of C in 4
+// tiles (A in 2, B in 2: all 8), over the k-block in steps of 32; A's panels are row-major
+// in pairs ([r][p]) for the tile loads. MC_AMX rows of A a block, a multiple of 32.
+#define AMX __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
+#define MC_AMX 128
+
+typedef struct TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} TileConfig;
+
+AMX static void amx_tile(int kpad, const uint32_t *a, const uint32_t *b, float *c, int ldc, int mr, int nr,
+                         float alpha, float beta) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const int astride = kpad * 4, bstride = 32 * 4;
+    for (int p = 0; p < kpad; p += 16) {
+        _tile_loadd(4, a + p, astride);
+        _tile_loadd(5, a + (int64_t)16 * kpad + p, astride);
+        _tile_loadd(6, b + (int64_t)p * 32, bstride);
+        _tile_loadd(7, b + (int64_t)p * 32 + 16, bstride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float t[4][16 * 16];
+    _tile_stored(0, t[0], 64);
+    _tile_stored(1, t[1], 64);
+    _tile_stored(2, t[2], 64);
+    _tile_stored(3, t[3], 64);
+    for (int q = 0; q < 4; q++) {
+        const int rq = (q >> 1) * 16, cq = (q & 1) * 16;
+        const __mmask16 m = first(nr - cq);
+        if (!m) continue;
+        for (int r = 0; r < 16 && rq + r < mr; r++)
+            store_row(c + (int64_t)(rq + r) * ldc + cq, _mm512_loadu_ps(t[q] + 16 * r), m, alpha, beta);
+    }
+}
+
+AMX static void gemm_blocks_amx(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                                const float *B, int ldb, float beta, float *C, int ldc, uint32_t *pa) {
+    uint32_t *const pb = pa + (size_t)MC * KC / 2;
+    TileConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+    for (int j0 = 0; j0 < N; j0 += NC) {
+        const int nc = imin(NC, N - j0);
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            const int kc = imin(KC, K - k0), kpad = (kc + 31) / 32 * 16;
+            const float b_beta = k0 == 0 ? beta : 1.0f;
+            for (int c0 = 0; c0 < nc; c0 += 32)  // panels [p][j]
+                pack_pairs(pb + (int64_t)(c0 / 32) * kpad * 32, 1, 32, B, ldb, tb, j0 + c0, imin(32, nc - c0),
+                           32, k0, kc, kpad);
+            for (int i0 = 0; i0 < M; i0 += MC_AMX) {
+                const int mc = imin(MC_AMX, M - i0);
+                for (int r0 = 0; r0 < mc; r0 += 32)  // panels [r][p]
+                    pack_pairs(pa + (int64_t)(r0 / 32) * 32 * kpad, kpad, 1, A, lda, !ta, i0 + r0,
+                               imin(32, mc - r0), 32, k0, kc, kpad);
+                for (int jr = 0; jr < nc; jr += 32)
+                    for (int ir = 0; ir < mc; ir += 32)
+                        amx_tile(kpad, pa + (int64_t)(ir / 32) * 32 * kpad, pb + (int64_t)(jr / 32) * kpad * 32,
+                                 C + (int64_t)(i0 + ir) * ldc + j0 + jr, ldc, imin(32, mc - ir), imin(32, nc - jr),
+                                 alpha, b_beta);
+            }
+        }
+    }
+    _tile_release();
+}
+
+int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+    if (!gemm_bf16_available()) return -1;
+    if (M <= 0 || N <= 0) return 0;
+    if (K <= 0) {  // C = beta * C
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float *c = C + (int64_t)i * ldc + j;
+                *c = beta == 0.0f ? 0.0f : beta * *c;
+            }
+        return 0;
+    }
+    uint32_t *const pa = pack_buffers();
+    if (!pa) return -1;
+    if (use_amx())
+        gemm_blocks_amx(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pa);
+    else
+        gemm_blocks(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pa);
+    return 0;
+}
+
+#else  // not x86-64: no AVX512-BF16
+
+bool gemm_bf16_available(void) { return false; }
+void gemm_bf16_allow_amx(bool allow) { (void)allow; }
+const char *gemm_bf16_name(void) { return NULL; }
+size_t gemm_bf16_scratch_bytes(void) { return 0; }
+int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+    return -1;
+}
+
+#endif

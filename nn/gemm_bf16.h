@@ -1,0 +1,48 @@
+// gemm_bf16.h: a GEMM with bf16 operands and fp32 accumulation for CPUs with AVX512-BF16
+// (nn/gemm_bf16.c: AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids and later),
+// on AMX's tiles where the CPU has them (Intel Sapphire Rapids and later).
+//
+// The operands are fp32 in memory, as for every other GEMM of the project; packing rounds
+// them to bf16 (VCVTNE2PS2BF16: quant.h's bf16_from_float, except that fp32 subnormals
+// become zeros, which VDPBF16PS would read as zeros anyway),
+// and VDPBF16PS multiplies pairs of them at twice the rate of fp32 FMAs. What PyTorch's
+// CPU autocast computes with bf16: the products of bf16 values are exact in fp32, only the
+// operands' rounding (8 significant bits) and the fp32 sums round. Row-major,
+// single-threaded: cpu_gemm cuts the threads' slabs, as for gemm_avx512.
+#ifndef NN_GEMM_BF16_H
+#define NN_GEMM_BF16_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+// Whether this CPU runs gemm_bf16 (AVX-512 F and BW, AVX512_BF16, and the OS saving the
+// ZMM registers).
+bool gemm_bf16_available(void);
+
+// Which instructions it runs on ("AMX-BF16" where the CPU and the OS allow the tiles,
+// else "AVX512-BF16"), NULL where gemm_bf16 does not run.
+const char *gemm_bf16_name(void);
+
+// Whether AMX may be used where it can (the default); off runs VDPBF16PS, for the tests
+// and benchmarks that compare the two. Call it between products.
+void gemm_bf16_allow_amx(bool allow);
+
+// Bytes of the packing buffers that each thread allocates at its first product and keeps.
+size_t gemm_bf16_scratch_bytes(void);
+
+// C (M, N; row stride ldc) = alpha * bf16(op(A)) @ bf16(op(B)) + beta * C, with
+// cblas_sgemm's row-major arguments (op(A) is (M, K), stored (K, M) when ta; op(B) is
+// (K, N), stored (N, K) when tb). Each element of C sums its products over blocks of
+// GEMM_BF16_KC values of k, each block's sum added to C in k order. Inside a block, with
+// VDPBF16PS: in pairs of k, in k order, for the pair (2p, 2p + 1) acc += a[2p+1] b[2p+1]
+// then acc += a[2p] b[2p], each an fp32 addition rounded to nearest even with subnormal
+// results flushed to zero. With AMX: in steps of 32 values of k, each step's sum rounded
+// as the hardware does it (Intel's pseudo-code does not give it to the bit: measured on a
+// Sapphire Rapids, none of the fp32 orders matches it), the same bits for the same inputs.
+// Returns -1 where this CPU has no AVX512-BF16 or the packing buffers cannot be allocated.
+int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc);
+
+#define GEMM_BF16_KC 256
+
+#endif
