@@ -1,13 +1,14 @@
 #!/bin/sh
-# Memory and speed of fp16 activation storage and gradient accumulation (issue 5):
+# Memory and speed of fp16 and bf16 activation storage and gradient accumulation (issue 5):
 # models/fashion.cfg trained for EPOCHS epochs per configuration, one after another, then
 # a table of: precision, batch, accumulate (and the micro-batch), the activation bytes of
 # the memory plan, the measured peak RSS, images/s and test accuracy of the last epoch.
 #
 #   sh bench/precision.sh                          the default set (below), EPOCHS=1
 #   EPOCHS=2 sh bench/precision.sh fp32:256:1 fp32:256:4
+#   CFG=models/resnet-small.cfg EPOCHS=5 SEED=2 sh bench/precision.sh fp32:128:1 bf16:128:1
 #
-# A configuration is PRECISION:BATCH:ACCUMULATE (fp32|fp16, batch, micro-batches per
+# A configuration is PRECISION:BATCH:ACCUMULATE (fp32|fp16|bf16, batch, micro-batches per
 # step); the default set is fp32 and fp16, accumulate 1 and 4, at batch 64 and 512.
 # Each run writes bench/out/precision/<precision>_b<batch>_a<accumulate>/ (train.log,
 # metrics.jsonl). THREADS (default 2) and SEED (default 1) are passed to ./train; extra
@@ -54,7 +55,7 @@ rows=""
 for c in "$@"; do
     prec=${c%%:*}; rest=${c#*:}; batch=${rest%%:*}; acc=${rest#*:}
     case "$prec:$batch:$acc" in
-        fp32:*:*|fp16:*:*) ;;
+        fp32:*:*|fp16:*:*|bf16:*:*) ;;
         *) echo "precision.sh: '$c' is not PRECISION:BATCH:ACCUMULATE (fp16:512:4)" >&2; exit 2 ;;
     esac
     name=${prec}_b${batch}_a${acc}

@@ -12,12 +12,15 @@ const CfgKey train_keys[] = {
     {"epochs", "14", "passes over the training set"},
     {"batch", "64", "samples per optimizer step"},
     {"accumulate", "1", "micro-batches per step: activations are sized for batch/accumulate"},
-    {"precision", "fp32", "fp32, or fp16: activations and their gradients stored as halves"},
+    {"precision", "fp32", "fp32; fp16: activations and their gradients stored as IEEE halves "
+                          "(with loss scaling); bf16: stored as bfloat16, and the GEMMs on bf16 "
+                          "operands where the CPU has BF16 instructions (AMX, AVX512-BF16) or on "
+                          "a GPU"},
     {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
     {"fused_update", "auto", "each layer's optimizer update runs during backward once its "
                              "gradient is complete, so the gradient memory holds a layer's at a "
                              "time, not all of them; the same bits. auto: wherever it may run "
-                             "(fp32, accumulate = 1, no clip_grad_norm); 1: required; 0: off"},
+                             "(fp32 or bf16, accumulate = 1, no clip_grad_norm); 1: required; 0: off"},
     {"recompute_1x1", "1", "a block's 1x1 convolutions that do not narrow (a Bottleneck's conv3, "
                            "an InvertedResidual's expansion) are computed again in backward "
                            "instead of kept: the same bits, for a GEMM more; 0: kept"},
@@ -352,17 +355,18 @@ static int parse_memory(const char *text, size_t *bytes, const char *cfg_path, E
 // The precision and the fp16 loss scaler's keys.
 static int read_precision(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
                           Error *err) {
-    static const char *const precisions[] = {"fp32", "fp16"};
+    static const char *const precisions[] = {"fp32", "fp16", "bf16"};
+    static const DType precision_types[] = {DT_F32, DT_F16, DT_BF16};
     int precision;
     const char *loss_scale;
     int64_t growth_interval;
     double init_scale;
-    if (cfg_choice(cfg, t, "precision", "fp32", precisions, 2, &precision, err) ||
+    if (cfg_choice(cfg, t, "precision", "fp32", precisions, 3, &precision, err) ||
         cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err))
         return -1;
-    o->precision = precision ? DT_F16 : DT_F32;
+    o->precision = precision_types[precision];
     if (strcmp(loss_scale, "dynamic") == 0) {
         o->scaling = scaler_rules(true, growth_interval);
         o->init_scale = init_scale;
@@ -405,7 +409,7 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
                        cfg_path, (long long)compress);
     o->compress = (int)compress;
     // auto: wherever it may run; `memory =` drops it where it chooses fp16 or micro-batches.
-    const bool fusable = o->precision == DT_F32 && o->optim.clip_grad_norm <= 0 && o->accumulate == 1;
+    const bool fusable = o->precision != DT_F16 && o->optim.clip_grad_norm <= 0 && o->accumulate == 1;
     o->fused_update = fused_mode == FUSED_ON || (fused_mode == FUSED_AUTO && fusable);
     o->recompute_1x1 = recompute_1x1 != 0;
     o->auto_fp16 = (int)auto_fp16;
@@ -413,7 +417,7 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
     o->auto_compress = (int)auto_compress;
     o->tf32 = (int)tf32;
     if (fused_mode == FUSED_ON && o->precision == DT_F16)
-        return err_set(err, "%s: [train] fused_update = 1 needs precision = fp32: with fp16 the "
+        return err_set(err, "%s: [train] fused_update = 1 does not run with precision = fp16: its "
                             "loss scaler must see every gradient before it decides whether to "
                             "skip the step; set fused_update = auto or 0", cfg_path);
     if (fused_mode == FUSED_ON && o->optim.clip_grad_norm > 0)

@@ -18,7 +18,7 @@ static void budget_report_json(FILE *f, const BudgetReport *r, const Kernels *k)
                    "\"fits\": %s, \"exact\": %s, \"seconds\": ",
                 i ? ", " : "", c->net.segments, c->net.sweep ? "true" : "false",
                 c->net.fused_update ? "true" : "false", c->net.recompute_1x1 ? "true" : "false", c->accumulate,
-                c->net.precision == DT_F16 ? "fp16" : "fp32", state_format_names[c->net.opt_format],
+                precision_name(c->net.precision), state_format_names[c->net.opt_format],
                 c->net.compress, mem_plan_on(&c->plan, k),
                 c->fits ? "true" : "false", c->exact ? "true" : "false");
         if (c->seconds >= 0) fprintf(f, "%.4f}", c->seconds);
@@ -125,7 +125,7 @@ static const char *savers_of(const FitChoice *c, char *buf, size_t cap) {
     if (c->net.recompute_1x1) n += snprintf(buf + n, cap - (size_t)n, ", 1x1 convolutions recomputed");
     if (c->accumulate > 1)
         n += snprintf(buf + n, cap - (size_t)n, ", accumulate = %d (micro-batch %d)", c->accumulate, c->net.batch);
-    if (c->net.precision == DT_F16) n += snprintf(buf + n, cap - (size_t)n, ", fp16");
+    if (c->net.precision != DT_F32) n += snprintf(buf + n, cap - (size_t)n, ", %s", precision_name(c->net.precision));
     if (c->net.opt_format != STATE_F32)
         n += snprintf(buf + n, cap - (size_t)n, ", %s optimizer state", state_format_names[c->net.opt_format]);
     if (c->net.compress) snprintf(buf + n, cap - (size_t)n, ", %d-bit activations", c->net.compress);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../nn/budget.h"
+#include "../nn/gemm_bf16.h"
 #include "../nn/kernels.h"
 #include "../nn/profile.h"
 #include "metrics.h"
@@ -24,7 +25,12 @@ void report_header(const Run *r, int accumulate) {
     if (r->dist->size > 1)
         printf(" over %d processes (%d samples each)", r->dist->size, o->batch / r->dist->size);
     if (accumulate > 1) printf(" as %d micro-batches of %d", accumulate, net->batch);
-    printf(", %s", net->precision == DT_F16 ? "fp16 activations" : "fp32");
+    if (net->precision == DT_BF16) {  // where its GEMMs run on bf16, and where they do not
+        const char *gemm = !k->host_memory ? "bf16 tensor cores" : gemm_bf16_name();
+        printf(", bf16 activations, GEMMs on %s", gemm ? gemm : "fp32 (this CPU has no BF16 instructions)");
+    } else {
+        printf(", %s", net->precision == DT_F16 ? "fp16 activations" : "fp32");
+    }
     if (net->nsegments > 1) printf(", %d checkpoint segments", net->nsegments);
     if (net->fused_update) printf(", fused update");
     if (net->recompute_1x1 && net->widening_1x1) printf(", %d 1x1 convolutions recomputed", net->widening_1x1);

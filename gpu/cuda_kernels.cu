@@ -1818,6 +1818,25 @@ static void cuda_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     LAUNCH_CHECK();
 }
 
+__global__ void f32_to_bf16_kernel(uint16_t *out, const float *in, int64_t n) {
+    GRID_LOOP(i, n) out[i] = bf16_from_float(in[i]);
+}
+__global__ void bf16_to_f32_kernel(float *out, const uint16_t *in, int64_t n) {
+    GRID_LOOP(i, n) out[i] = bf16_to_float(in[i]);
+}
+
+static void cuda_f32_to_bf16(uint16_t *out, const float *in, int64_t n) {
+    if (n <= 0) return;
+    f32_to_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_bf16_to_f32(float *out, const uint16_t *in, int64_t n) {
+    if (n <= 0) return;
+    bf16_to_f32_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
 // The byte input's value at element i: its channel's row of the table.
 __host__ __device__ static inline float u8_value_at(int64_t i, const uint8_t *in, int C, const float *lut) {
     return lut[(i % C) * 256 + in[i]];
@@ -2222,6 +2241,8 @@ static void cuda_init(void) {
     k->nll_loss = cuda_nll_loss;
     k->f32_to_f16 = cuda_f32_to_f16;
     k->f16_to_f32 = cuda_f16_to_f32;
+    k->f32_to_bf16 = cuda_f32_to_bf16;
+    k->bf16_to_f32 = cuda_bf16_to_f32;
     k->u8_to_f32 = cuda_u8_to_f32;
     k->act_pack = cuda_act_pack;
     k->act_unpack = cuda_act_unpack;

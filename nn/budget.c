@@ -50,7 +50,7 @@ static int list_add(List *l, const FitChoice *c, Error *err) {
 
 // Every segment count for one precision and micro-batch count: none, then 2, 3, 4, 6,
 // round(sqrt(nodes)) and twice that (and the configured), each with its sweeps, and each
-// without and with the fused update where it may run (one fp32 batch; only with it when
+// without and with the fused update where it may run (one fp32 or bf16 batch; only with it when
 // the run asks for it), and without and with recompute_1x1 where the network has such
 // convolutions (only with it when the run asks for it); `exact` says whether they change
 // nothing but rounding. Returns the plans added that fit, or -1.
@@ -58,7 +58,7 @@ static int add_segmentings(const BudgetQuery *q, List *l, NetOptions opt, int ac
                            bool widening_1x1, bool exact, Error *err) {
     const int r = (int)lround(sqrt((double)nodes));
     const int counts[] = {q->base.segments, 0, 2, 3, 4, 6, r, 2 * r};
-    const bool fusable = accumulate == 1 && opt.precision == DT_F32 && !q->all_grads;
+    const bool fusable = accumulate == 1 && opt.precision != DT_F16 && !q->all_grads;
     int fit = 0;
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         for (int fused = q->base.fused_update && fusable; fused <= fusable; fused++)
@@ -109,7 +109,7 @@ int budget_plans(const BudgetQuery *q, FitChoice **plans, int *n, Error *err) {
     for (int a = 0; a < 4 && !fit && !lossy_fit; a++) {
         if (a && (!q->leave.compress || (q->base.compress && q->base.compress <= widths[a]))) continue;
         for (int half = 0; half < 2; half++) {
-            if (half && (!q->leave.fp16 || q->base.precision == DT_F16)) break;
+            if (half && (!q->leave.fp16 || precision_is_half(q->base.precision))) break;
             for (int f = 0; f < nstate; f++) {
                 NetOptions opt = q->base;
                 opt.compress = widths[a];

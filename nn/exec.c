@@ -5,7 +5,17 @@
 
 #include "cost.h"
 
-static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F16; }
+static bool exec_half(const LayerCtx *ctx) { return precision_is_half(ctx->exec->precision); }
+
+// The executor's halves (IEEE binary16 in F16, bfloat16 in BF16) to fp32, and back.
+static void halves_to_f32(const LayerCtx *ctx, float *dst, const uint16_t *src, int64_t n) {
+    if (ctx->exec->precision == DT_BF16) ctx->k->bf16_to_f32(dst, src, n);
+    else ctx->k->f16_to_f32(dst, src, n);
+}
+static void f32_to_halves(const LayerCtx *ctx, uint16_t *dst, const float *src, int64_t n) {
+    if (ctx->exec->precision == DT_BF16) ctx->k->f32_to_bf16(dst, src, n);
+    else ctx->k->f32_to_f16(dst, src, n);
+}
 
 // Samples [n0, n0 + n) of s.via's output (`numel` values a sample, as many as its input
 // has) into dst: its input converted into scratch slot 3 (free while inputs are viewed: it
@@ -13,13 +23,13 @@ static bool exec_f16(const LayerCtx *ctx) { return ctx->exec->precision == DT_F1
 // back through slot 3, the values a stored output would give.
 static void view_via(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, float *dst) {
     float *tmp = ctx->exec->scratch[3];
-    ctx->k->f16_to_f32(tmp, (const uint16_t *)s.p + n0 * numel, n * numel);
+    halves_to_f32(ctx, tmp, (const uint16_t *)s.p + n0 * numel, n * numel);
     LayerCtx c = *ctx;
     c.sample0 = ctx->sample0 + n0;
     c.n0 = n0;
     s.via->ops->forward(s.via, &c, dst, tmp, n);
-    ctx->k->f32_to_f16((uint16_t *)tmp, dst, n * numel);
-    ctx->k->f16_to_f32(dst, (const uint16_t *)tmp, n * numel);
+    f32_to_halves(ctx, (uint16_t *)tmp, dst, n * numel);
+    halves_to_f32(ctx, dst, (const uint16_t *)tmp, n * numel);
 }
 
 // fp32 view of samples [n0, n0 + n) of a stored activation of `numel` values a sample: in
@@ -30,14 +40,14 @@ static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, 
     const Exec *e = ctx->exec;
     switch (s.kind) {
     case STORED_F32: return (float *)s.p + n0 * numel;
-    case STORED_F16: {
+    case STORED_HALF: {
         float *dst = e->scratch[slot];
         if (s.via) view_via(ctx, s, numel, n0, n, dst);
-        else ctx->k->f16_to_f32(dst, (const uint16_t *)s.p + n0 * numel, n * numel);
+        else halves_to_f32(ctx, dst, (const uint16_t *)s.p + n0 * numel, n * numel);
         return dst;
     }
     case STORED_U8: {
-        float *dst = exec_f16(ctx) ? e->scratch[slot] : e->input_f32;
+        float *dst = exec_half(ctx) ? e->scratch[slot] : e->input_f32;
         ctx->k->u8_to_f32(dst, (const uint8_t *)s.p + n0 * numel, n * numel, e->input_c, e->lut);
         return dst;
     }
@@ -49,9 +59,9 @@ static float *view(const LayerCtx *ctx, Stored s, int64_t numel, int n0, int n, 
     return NULL;
 }
 
-// Writes n samples of fp32 `src` as samples [n0, n0 + n) of stored F16 `dst`.
+// Writes n samples of fp32 `src` as samples [n0, n0 + n) of stored halves `dst`.
 static void store(const LayerCtx *ctx, void *dst, const float *src, int64_t numel, int n0, int n) {
-    ctx->k->f32_to_f16((uint16_t *)dst + n0 * numel, src, n * numel);
+    f32_to_halves(ctx, (uint16_t *)dst + n0 * numel, src, n * numel);
 }
 
 // Samples of `values` each that a scratch slot holds, at least 1, at most N.
@@ -67,7 +77,7 @@ static int layer_slot_chunk(const Exec *e, const Layer *l, int N) {
 }
 
 int exec_chunk(const Exec *e, const Layer *l, int N) {
-    return e->precision == DT_F16 ? layer_slot_chunk(e, l, N) : N;
+    return precision_is_half(e->precision) ? layer_slot_chunk(e, l, N) : N;
 }
 
 // The length of the chunk that starts at n0, of chunks of `chunk` samples over N.
@@ -102,9 +112,9 @@ static double exec_start(const LayerCtx *ctx) { return ctx->exec->costs ? exec_c
 // scratch slot holds of the larger of them in F16 or where one is compressed
 // (exec_chunk's), else N; in F32 at most the byte input's chunk (Exec.input_chunk).
 static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, Stored out, int N) {
-    const bool through_scratch = exec_f16(ctx) || in.kind == STORED_PACKED || out.kind == STORED_PACKED;
+    const bool through_scratch = exec_half(ctx) || in.kind == STORED_PACKED || out.kind == STORED_PACKED;
     int chunk = through_scratch ? layer_slot_chunk(ctx->exec, l, N) : N;
-    if (!exec_f16(ctx) && in.kind == STORED_U8 && ctx->exec->input_chunk < chunk) chunk = ctx->exec->input_chunk;
+    if (!exec_half(ctx) && in.kind == STORED_U8 && ctx->exec->input_chunk < chunk) chunk = ctx->exec->input_chunk;
     return chunk;
 }
 
@@ -117,7 +127,7 @@ static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in,
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
     const int chunk = pass_chunk(ctx, l, in, out, N);
     double t0 = exec_start(ctx);
-    if (!exec_f16(ctx) && chunk >= N) {
+    if (!exec_half(ctx) && chunk >= N) {
         const float *x = view(ctx, in, nin, 0, N, 0);
         if (reduce) {
             ops->forward_reduce(l, ctx, x, 0, N, N);
@@ -172,7 +182,7 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
     const int chunk = pass_chunk(ctx, l, in, out, N);
     double t0 = exec_start(ctx);
-    if (!exec_f16(ctx) && chunk >= N) {  // F32 in one call (a compressed one read whole)
+    if (!exec_half(ctx) && chunk >= N) {  // F32 in one call (a compressed one read whole)
         const float *x = view(ctx, in, nin, 0, N, 0), *y = view(ctx, out, nout, 0, N, 1);
         if (ops->backward_reduce) {
             ops->backward_reduce(l, ctx, dout.p, x, y, 0, N, N);
@@ -212,7 +222,7 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
 
 void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t values, int N,
                   Activation act) {
-    if (!exec_f16(ctx)) {
+    if (!exec_half(ctx)) {
         ctx->k->add_act(out.p, a.p, b.p, N * values, act);
         return;
     }
@@ -229,7 +239,7 @@ void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t v
 void exec_act_backward(const LayerCtx *ctx, Stored dout, Stored out, int64_t values, int N,
                        Activation act) {
     if (act == ACT_NONE) return;
-    if (!exec_f16(ctx) && out.kind != STORED_PACKED) {
+    if (!exec_half(ctx) && out.kind != STORED_PACKED) {
         ctx->k->relu_backward(dout.p, dout.p, out.p, N * values, act);
         return;
     }
@@ -288,8 +298,8 @@ static size_t sweep_space(const Exec *e, const Sweep *s, void *base, SweepSpace 
     }
     sp->grad[0] = TAKE(C * big * sizeof(float));
     sp->grad[1] = TAKE(C * big * sizeof(float));
-    sp->in = e->precision == DT_F16 || s->bytes_in ? TAKE(C * (size_t)shape_numel(s->m[0]->in) * sizeof(float)) : NULL;
-    sp->half = e->precision == DT_F16 ? TAKE(C * big * sizeof(uint16_t)) : NULL;
+    sp->in = precision_is_half(e->precision) || s->bytes_in ? TAKE(C * (size_t)shape_numel(s->m[0]->in) * sizeof(float)) : NULL;
+    sp->half = precision_is_half(e->precision) ? TAKE(C * big * sizeof(uint16_t)) : NULL;
 #undef TAKE
     return off;
 }
@@ -299,12 +309,12 @@ size_t exec_sweep_bytes(const Exec *e, const Sweep *s) {
     return sweep_space(e, s, NULL, &sp);
 }
 
-// In F16 runs the network stores what passes between two layers as halves: the sweep
+// In F16 and BF16 runs the network stores what passes between two layers as halves: the sweep
 // rounds it the same way, so its members compute on the values they would see unswept.
 static void sweep_round(const LayerCtx *ctx, const SweepSpace *sp, float *x, int64_t n) {
-    if (!exec_f16(ctx)) return;
-    ctx->k->f32_to_f16(sp->half, x, n);
-    ctx->k->f16_to_f32(x, sp->half, n);
+    if (!exec_half(ctx)) return;
+    f32_to_halves(ctx, sp->half, x, n);
+    halves_to_f32(ctx, x, sp->half, n);
 }
 
 // The context of member l's call on the chunk [n0, n0 + n) of a pass over N samples: a
@@ -325,7 +335,7 @@ static const float *sweep_input(const LayerCtx *ctx, const Sweep *s, const Sweep
     const int64_t numel = shape_numel(s->m[0]->in);
     switch (in.kind) {
     case STORED_F32: return (const float *)in.p + n0 * numel;
-    case STORED_F16: ctx->k->f16_to_f32(sp->in, (const uint16_t *)in.p + n0 * numel, n * numel); break;
+    case STORED_HALF: halves_to_f32(ctx, sp->in, (const uint16_t *)in.p + n0 * numel, n * numel); break;
     case STORED_U8:
         ctx->k->u8_to_f32(sp->in, (const uint8_t *)in.p + n0 * numel, n * numel, ctx->exec->input_c,
                           ctx->exec->lut);
@@ -410,7 +420,7 @@ void exec_sweep_backward(const LayerCtx *ctx, const Sweep *s, Stored din, Stored
             // The chain's output gradient, copied: a backward may scale it in place.
             float *g = sp.grad[0];
             if (dout.kind == STORED_F32) ctx->k->copy(g, (const float *)dout.p + n0 * nout, (size_t)n * nout * sizeof(float));
-            else ctx->k->f16_to_f32(g, (const uint16_t *)dout.p + n0 * nout, n * nout);
+            else halves_to_f32(ctx, g, (const uint16_t *)dout.p + n0 * nout, n * nout);
             for (int i = last; i > q; i--) {
                 Layer *l = s->m[i];
                 const LayerCtx c = sweep_ctx(ctx, l, &sp, i, n0, n, N);

@@ -1,7 +1,8 @@
 // exec.h: running layers over stored activations (DESIGN.md decisions 1, 4 and 11).
 //
-// Activations are stored in the network's precision: F32, or F16 (IEEE halves, half the
-// memory). Leaf layers compute in fp32; in F16 the executor runs a leaf over chunks of
+// Activations are stored in the network's precision: F32, or halves (16 bits, half the
+// memory): F16 (IEEE binary16) or BF16 (bfloat16). Leaf layers compute in fp32; with
+// halves the executor runs a leaf over chunks of
 // samples, converting each chunk's input (and, in backward, output and output gradient)
 // into fp32 scratch and the result back to halves, so layers stay fp32 code. Layers
 // with batch passes (batchnorm) get their pass over every chunk first. The network runs
@@ -19,13 +20,13 @@
 struct CostTable;  // nn/cost.h
 
 struct Exec {
-    DType precision;      // of stored activations: DT_F32 or DT_F16
+    DType precision;      // of stored activations: DT_F32, DT_F16 or DT_BF16
     int pack_bits;        // compressed activations' width (STORED_PACKED), 0: none
-    int64_t slot_values;  // F16 or pack_bits: fp32 values in each scratch slot
-    float *scratch[4];    // F16: slot_values F32 each; F32 with pack_bits: slots 0 and 1
+    int64_t slot_values;  // halves or pack_bits: fp32 values in each scratch slot
+    float *scratch[4];    // halves: slot_values F32 each; F32 with pack_bits: slots 0 and 1
     struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
     // A byte input (STORED_U8: the network's input with NetOptions.input_bytes) is read as
-    // lut[c][byte] (C, 256, on the device), expanded into fp32 chunk by chunk: in F16
+    // lut[c][byte] (C, 256, on the device), expanded into fp32 chunk by chunk: with halves
     // through scratch slot 0 (the chunks of exec_chunk), in F32 into input_f32, which holds
     // input_chunk samples (the whole batch, or a multiple of the first layer's
     // sample_quantum: chunks that give the bits of one call).
@@ -35,19 +36,25 @@ struct Exec {
     int input_chunk;
 };
 
-// Samples per call of leaf l in a pass over N: in F16 as many as a scratch slot holds of
+// Samples per call of leaf l in a pass over N: with halves as many as a scratch slot holds of
 // the larger of its input and output (at least 1, at most N), so a layer with small
 // activations runs on large chunks (a GEMM over one sample of a 7x7 layer would pack the
 // whole weight for 49 rows); N in F32.
 int exec_chunk(const Exec *e, const Layer *l, int N);
 
-// How a stored activation holds its values: fp32; IEEE halves (the executor's F16
+// How a stored activation holds its values: fp32; halves (the executor's F16 or BF16
 // precision); bytes read through Exec.lut (the network's input with input_bytes); the
 // records of compressed activations, Exec.pack_bits wide (what a backward reads).
-typedef enum StoredKind { STORED_F32, STORED_F16, STORED_U8, STORED_PACKED } StoredKind;
+typedef enum StoredKind { STORED_F32, STORED_HALF, STORED_U8, STORED_PACKED } StoredKind;
+
+// Whether a precision stores activations in 16 bits (F16 or BF16: the executor's halves).
+static inline bool precision_is_half(DType p) { return p == DT_F16 || p == DT_BF16; }
+
+// The cfg's word for a precision: "fp32", "fp16", "bf16".
+static inline const char *precision_name(DType p) { return p == DT_F16 ? "fp16" : p == DT_BF16 ? "bf16" : "fp32"; }
 
 // A stored activation: in the executor's precision, in F32 (the network's input and its
-// output, the log-probabilities), or the network's byte input. With `via` (F16 only) it is
+// output, the log-probabilities), or the network's byte input. With `via` (halves only) it is
 // not the values but via's input: a reader gets via's output computed a chunk at a time
 // (via's forward on the chunk, rounded to halves as a stored output would be), so via's
 // output never exists whole (a node the network does not store: NetNode.virt).
@@ -57,8 +64,8 @@ typedef struct Stored {
     Layer *via;
 } Stored;
 
-// F32 where f32 is set, else F16 (the executor's halves).
-static inline Stored stored_in(void *p, bool f32) { return (Stored){.p = p, .kind = f32 ? STORED_F32 : STORED_F16}; }
+// F32 where f32 is set, else the executor's halves.
+static inline Stored stored_in(void *p, bool f32) { return (Stored){.p = p, .kind = f32 ? STORED_F32 : STORED_HALF}; }
 
 // Layer l forward over N samples (out from in), and backward (din from dout; din.p NULL
 // when nobody needs it); parameter gradients accumulate. A STORED_U8 input is read

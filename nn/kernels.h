@@ -418,6 +418,10 @@ typedef struct Kernels {
     // IEEE binary16 storage (nn/half.h): round to nearest even, overflow to inf.
     void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
     void (*f16_to_f32)(float *out, const uint16_t *in, int64_t n);
+    // bfloat16 storage (quant.h's bf16_from_float: round to nearest even, NaN quieted;
+    // fp32's range, so nothing overflows); back to fp32 exactly.
+    void (*f32_to_bf16)(uint16_t *out, const float *in, int64_t n);
+    void (*bf16_to_f32)(float *out, const uint16_t *in, int64_t n);
     // The network's byte input read as floats: out[i] = lut[(i % C) * 256 + in[i]] for
     // i < n, in (n / C pixels, C channels) channel-last bytes, lut (C, 256) on the device
     // (the loader's normalisation of each byte value, so the floats are its bits).

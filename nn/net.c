@@ -196,7 +196,7 @@ static unsigned node_reads(const NetNode *n) {
 }
 
 // Whether node j's backward may write its input gradient over its output gradient: a
-// layer that computes in place, or in F16 any leaf whose input and output are the same
+// layer that computes in place, or with halves any leaf whose input and output are the same
 // size (the executor reads a chunk's output gradient into its fp32 scratch before it stores
 // that chunk's input gradient, and a batch pass reads all of it first), but the last,
 // whose output gradient is fp32.
@@ -204,7 +204,7 @@ static bool node_in_place(const Net *net, int j) {
     const NetNode *n = &net->nodes[j];
     if (n->kind != NODE_LEAF) return false;
     return n->l->ops->backward_in_place ||
-           (net->precision == DT_F16 && j < net->nnodes - 1 && shape_numel(n->l->in) == shape_numel(n->l->out));
+           (precision_is_half(net->precision) && j < net->nnodes - 1 && shape_numel(n->l->in) == shape_numel(n->l->out));
 }
 
 // Whether node j's backward may write its input gradient over its input (LayerOps.din_over_in;
@@ -515,7 +515,7 @@ static int route_gradients(Net *net, int j, int t, Error *err) {
     return 0;
 }
 
-// Whether node a's output need not be stored (NetNode.virt): in F16, a jit leaf of a layer
+// Whether node a's output need not be stored (NetNode.virt): with halves, a jit leaf of a layer
 // that computes each sample alone and cheaply (sweep_cheap: batchnorm, ReLU, ...), the
 // same size out as in and keeping nothing, whose backward does not read its output, read
 // by one leaf in its own segment, its input a stored node's output. Its reader computes
@@ -523,7 +523,7 @@ static int route_gradients(Net *net, int j, int t, Error *err) {
 // conv2's scratch, in forward, in recomputation and in conv2's backward.
 static bool virtual_node(const Net *net, int a) {
     const NetNode *an = &net->nodes[a];
-    if (net->precision != DT_F16 || an->kind != NODE_LEAF || !an->jit || an->in[0] == NODE_INPUT ||
+    if (!precision_is_half(net->precision) || an->kind != NODE_LEAF || !an->jit || an->in[0] == NODE_INPUT ||
         net->nodes[an->in[0]].kind != NODE_LEAF || net->nodes[an->in[0]].virt || !sweep_cheap(an->l) ||
         inner_bytes(net, a) || (node_reads(an) & BACKWARD_READS_OUT) ||
         shape_numel(an->l->in) != shape_numel(an->l->out) || crosses(net, a) || consumers(net, a) != 1)
@@ -942,7 +942,7 @@ static void net_carve_activations(Net *net, char *base) {
     if (net->input_bytes) {
         net->input_lut = (float *)at[BUF_INPUT];
         net->input_u8 = net->k->host_memory ? NULL : (uint8_t *)at[BUF_INPUT] + align64(lut_bytes(net));
-        net->exec.input_f32 = (float *)at[BUF_INPUT_F32];  // NULL in F16: the scratch serves
+        net->exec.input_f32 = (float *)at[BUF_INPUT_F32];  // NULL with halves: the scratch serves
     } else {
         net->input_buf = (float *)at[BUF_INPUT];
     }
@@ -998,15 +998,15 @@ static void net_layout(Net *net) {
     const int B = net->batch;
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16 (and
     // where they read compressed activations). The workspace block holds the scratch
-    // (then only) and then the layers' workspace. F16 uses the four slots of exec.h; F32
+    // (then only) and then the layers' workspace. Halves use the four slots of exec.h; F32
     // reads only an input and an output back through them (slots 0 and 1), the gradients
     // being fp32 where they are.
     const size_t largest_any = largest_unswept(net);
     net->exec.precision = net->precision;
     net->exec.slot_values = 0;
     size_t ws = 0;
-    if (net->precision == DT_F16 || net->exec.pack_bits) {  // a slot holds `fit` samples of the largest activation
-        const size_t slots = net->precision == DT_F16 ? 4 : 2;
+    if (precision_is_half(net->precision) || net->exec.pack_bits) {  // a slot holds `fit` samples of the largest activation
+        const size_t slots = precision_is_half(net->precision) ? 4 : 2;
         const size_t per_sample = slots * largest_any * sizeof(float);
         size_t fit = net->k->fp16_scratch_bytes / per_sample;
         fit = fit < 1 ? 1 : fit > (size_t)B ? (size_t)B : fit;
@@ -1364,9 +1364,11 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->precision = opt->precision;
     net->exec.precision = opt->precision;  // sweeps' scratch is planned by it
     net->input_bytes = opt->input_bytes;
-    net->gemm_arith = opt->precision == DT_F16 || opt->tf32 ? GEMM_TF32 : GEMM_FP32;
-    if (opt->batch < 1 || (opt->precision != DT_F32 && opt->precision != DT_F16)) {
-        err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32 or F16",
+    net->gemm_arith = opt->precision == DT_BF16                 ? GEMM_BF16
+                      : opt->precision == DT_F16 || opt->tf32 ? GEMM_TF32
+                                                              : GEMM_FP32;
+    if (opt->batch < 1 || (opt->precision != DT_F32 && !precision_is_half(opt->precision))) {
+        err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32, F16 or BF16",
                 opt->batch, dtype_names[opt->precision]);
         goto fail;
     }
@@ -1380,8 +1382,8 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         goto fail;
     }
     net->exec.pack_bits = opt->compress;
-    if (opt->fused_update && opt->precision != DT_F32) {
-        err_set(err, "net_create: the fused update needs fp32: with fp16 the loss scaler must "
+    if (opt->fused_update && opt->precision == DT_F16) {
+        err_set(err, "net_create: the fused update does not run with fp16: its loss scaler must "
                      "see every gradient before it decides whether the step is taken");
         goto fail;
     }
@@ -1436,7 +1438,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     const ScalerState unscaled = {.scale = 1.0};
     k->upload(net->scaler, &unscaled, sizeof unscaled);
     net_layout_buffers(net, net->buffers);
-    const int slots = net->precision == DT_F16 ? 4 : 2;
+    const int slots = precision_is_half(net->precision) ? 4 : 2;
     for (int i = 0; i < slots && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / slots));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;

@@ -54,8 +54,9 @@ size_t mem_plan_on(const MemPlan *p, const Kernels *k);
 // How the network is built and stored.
 typedef struct NetOptions {
     int batch;        // the largest N that forward/backward accept (the micro-batch)
-    DType precision;  // DT_F32, or DT_F16: activations and their gradients stored as IEEE
-                      // halves, computed in fp32 (DESIGN.md decision 4)
+    DType precision;  // DT_F32, or DT_F16 / DT_BF16: activations and their gradients stored
+                      // as IEEE halves / bfloat16, computed in fp32 (DESIGN.md decision 4);
+                      // BF16's GEMMs on bf16 operands (Kernels.gemm_arith)
     int segments;     // activation checkpointing (decision 6): 0 or 1 = none; S > 1 splits
                       // the nodes into S segments; NET_SEGMENTS_SQRT = round(sqrt(nodes))
     bool plan_only;   // compute net->plan and allocate nothing (./train --plan)

@@ -244,6 +244,12 @@ static void w_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
 static void w_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     TIMED(K_FP16, P.inner->f16_to_f32(out, in, n));
 }
+static void w_f32_to_bf16(uint16_t *out, const float *in, int64_t n) {
+    TIMED(K_FP16, P.inner->f32_to_bf16(out, in, n));
+}
+static void w_bf16_to_f32(float *out, const uint16_t *in, int64_t n) {
+    TIMED(K_FP16, P.inner->bf16_to_f32(out, in, n));
+}
 static void w_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
     TIMED(K_INPUT, P.inner->u8_to_f32(out, in, n, C, lut));
 }
@@ -310,6 +316,7 @@ int profile_start(Net *net, Error *err) {
     P.table.log_softmax_forward = w_log_softmax_forward;
     P.table.log_softmax_backward = w_log_softmax_backward, P.table.nll_loss = w_nll_loss;
     P.table.f32_to_f16 = w_f32_to_f16, P.table.f16_to_f32 = w_f16_to_f32;
+    P.table.f32_to_bf16 = w_f32_to_bf16, P.table.bf16_to_f32 = w_bf16_to_f32;
     P.table.u8_to_f32 = w_u8_to_f32;
     P.table.unscale_check = w_unscale_check, P.table.scaler_update = w_scaler_update;
     P.table.adadelta_step = w_adadelta_step;

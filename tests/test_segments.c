@@ -283,6 +283,14 @@ static void test_fp16_bitwise(void **state) {
     expect_equal_gradients(deep_net, (Shape){.c = 2, .h = 8, .w = 8}, 5, DT_F16);
 }
 
+// bf16 storage, and its GEMMs on bf16 operands where the CPU has the instructions: the
+// same bits checkpointed as plain, through the blocks and the ResNet too.
+static void test_bf16_bitwise(void **state) {
+    expect_equal_gradients(deep_net, (Shape){.c = 2, .h = 8, .w = 8}, 5, DT_BF16);
+    expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_BF16);
+    expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_BF16);
+}
+
 static void test_resnet_bitwise(void **state) {
     expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_F32);
 }
@@ -925,6 +933,7 @@ int main(void) {
         cmocka_unit_test(test_seed_network_bitwise),
         cmocka_unit_test(test_deep_network_bitwise),
         cmocka_unit_test(test_fp16_bitwise),
+        cmocka_unit_test(test_bf16_bitwise),
         cmocka_unit_test(test_resnet_bitwise),
         cmocka_unit_test(test_blocks_bitwise),
         cmocka_unit_test(test_recompute_1x1_bitwise),

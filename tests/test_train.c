@@ -234,6 +234,7 @@ static void test_resume_fp32(void **state) {
     expect_curves("fp32-b", 2);
 }
 static void test_resume_fp16(void **state) { check_resume("precision=fp16", "fp16"); }
+static void test_resume_bf16(void **state) { check_resume("precision=bf16", "bf16"); }
 static void test_resume_accumulate(void **state) { check_resume("accumulate=4", "acc"); }
 // OneCycleLR with AdamW's beta1 cycled (issue 33): every step's lr and beta1 come from its
 // step count and the run's (unchanged) epochs, so a run stopped inside epoch 1 and at its
@@ -360,6 +361,14 @@ static void test_fused_update(void **state) {
     snprintf(args, sizeof args, "%s fused_update=1 save=%s/res-fused", sgd, dir);
     assert_int_equal(train(args), 0);
     expect_same_tensors("res-unfused/last.safetensors", "res-fused/last.safetensors");
+    // bf16 has no loss scaler to wait for: fused where it may run, and the same bits.
+    snprintf(args, sizeof args, "%s precision=bf16 fused_update=0 save=%s/bf16-unfused", sgd, dir);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "%s precision=bf16 save=%s/bf16-fused", sgd, dir);
+    assert_int_equal(train(args), 0);
+    assert_non_null(strstr(read_output(), "bf16 activations, GEMMs on "));
+    assert_non_null(strstr(read_output(), ", fused update"));
+    expect_same_tensors("bf16-unfused/last.safetensors", "bf16-fused/last.safetensors");
     // The plan: the largest module's gradients (fc, 8 x 3 + 3 floats, is smaller than
     // layer2.0.conv2's 8 x 8 x 3 x 3 = 576), and what they would be without.
     assert_int_equal(train("--plan --json fused_update=1"), 0);
@@ -376,7 +385,7 @@ static void test_fused_update(void **state) {
     }
     // Refused where it would change the result, with the reason.
     assert_int_equal(train("fused_update=1 precision=fp16"), 1);
-    assert_non_null(strstr(read_output(), "fused_update = 1 needs precision = fp32: with fp16 the "
+    assert_non_null(strstr(read_output(), "fused_update = 1 does not run with precision = fp16: its "
                                           "loss scaler must see every gradient"));
     assert_int_equal(train("fused_update=1 accumulate=2"), 1);
     assert_non_null(strstr(read_output(), "fused_update = 1 needs accumulate = 1"));
@@ -1106,6 +1115,7 @@ int main(void) {
         cmocka_unit_test_setup(test_stop_status_and_log, use_net_cfg),
         cmocka_unit_test_setup(test_resume_fp32, use_net_cfg),
         cmocka_unit_test_setup(test_resume_fp16, use_net_cfg),
+        cmocka_unit_test_setup(test_resume_bf16, use_net_cfg),
         cmocka_unit_test_setup(test_resume_accumulate, use_net_cfg),
         cmocka_unit_test_setup(test_resume_onecycle, use_net_cfg),
         cmocka_unit_test_setup(test_plateau_resume, use_net_cfg),

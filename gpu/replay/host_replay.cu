@@ -348,6 +348,12 @@ static void replay_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
 static void replay_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = f16_bits_to_f32(in[i]);
 }
+static void replay_f32_to_bf16(uint16_t *out, const float *in, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_from_float(in[i]);
+}
+static void replay_bf16_to_f32(float *out, const uint16_t *in, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_to_float(in[i]);
+}
 static void replay_u8_to_f32(float *out, const uint8_t *in, int64_t n, int C, const float *lut) {
     for (int64_t i = 0; i < n; i++) out[i] = u8_value_at(i, in, C, lut);
 }
@@ -483,6 +489,7 @@ extern "C" const Kernels *cuda_kernels(Error *err) {
     k->log_softmax_forward = replay_log_softmax_forward;
     k->log_softmax_backward = replay_log_softmax_backward;
     k->nll_loss = replay_nll_loss, k->f32_to_f16 = replay_f32_to_f16, k->f16_to_f32 = replay_f16_to_f32;
+    k->f32_to_bf16 = replay_f32_to_bf16, k->bf16_to_f32 = replay_bf16_to_f32;
     k->u8_to_f32 = replay_u8_to_f32;
     k->act_pack = replay_act_pack, k->act_unpack = replay_act_unpack;
     k->unscale_check = replay_unscale_check, k->scaler_update = replay_scaler_update;
