@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "../nn/budget.h"
-#include "../nn/gemm_bf16.h"
 #include "../nn/kernels.h"
 #include "../nn/profile.h"
 #include "metrics.h"
@@ -26,8 +25,8 @@ void report_header(const Run *r, int accumulate) {
         printf(" over %d processes (%d samples each)", r->dist->size, o->batch / r->dist->size);
     if (accumulate > 1) printf(" as %d micro-batches of %d", accumulate, net->batch);
     if (net->precision == DT_BF16) {  // where its GEMMs run on bf16, and where they do not
-        const char *gemm = !k->host_memory ? "bf16 tensor cores" : gemm_bf16_name();
-        printf(", bf16 activations, GEMMs on %s", gemm ? gemm : "fp32 (this CPU has no BF16 instructions)");
+        const char *gemm = !k->host_memory ? "bf16 tensor cores" : cpu_bf16_gemm_name();
+        printf(", bf16 activations, GEMMs on %s", gemm ? gemm : "fp32 (no BF16 instructions in the CPU's table)");
     } else {
         printf(", %s", net->precision == DT_F16 ? "fp16 activations" : "fp32");
     }

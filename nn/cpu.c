@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "gemm_avx512.h"
+#include "gemm_bf16.h"
 #include "kernels.h"
 #include "quant.h"
 
@@ -76,13 +77,21 @@ const Kernels *cpu_kernels(void) {
     return chosen;
 }
 
+// Whether the chosen table runs the project's own GEMMs (the fast table's; cpu_kernels.c).
+static bool own_gemms(void) {
+    pthread_once(&choose_once, choose);
+    return chosen != &cpu_kernels_portable;
+}
+
 const char *cpu_kernels_name(void) {
     static char name[128];
     pthread_once(&choose_once, choose);
     snprintf(name, sizeof name, "%s loops, %sOpenBLAS %s GEMM", chosen_set,
-             gemm_avx512_available() ? "AVX-512 + " : "", openblas_get_corename());
+             own_gemms() && gemm_avx512_available() ? "AVX-512 + " : "", openblas_get_corename());
     return name;
 }
+
+const char *cpu_bf16_gemm_name(void) { return own_gemms() ? gemm_bf16_name() : NULL; }
 
 void cpu_set_threads(int n) {
     openblas_set_num_threads(1);  // see cpu_gemm

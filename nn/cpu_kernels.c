@@ -50,6 +50,15 @@ static void cpu_sync(void) {}
 // rest is fp32. Set between products by the calling thread, read inside them.
 static GemmArith cpu_arith = GEMM_FP32;
 
+// The project's own GEMMs (AVX-512, bf16) belong to the fast table: the baseline's (a CPU
+// without AVX2, or CNN_CPU_KERNELS=portable anywhere) multiplies on OpenBLAS alone, as
+// such a CPU does, so that a forced baseline run gives that CPU's bits (tests/arch.sh).
+#ifdef __AVX2__
+enum { OWN_GEMMS = 1 };
+#else
+enum { OWN_GEMMS = 0 };
+#endif
+
 // One thread's product (cblas_sgemm's arguments, row-major): nn/gemm_bf16.c under
 // GEMM_BF16 where the CPU has AVX512-BF16, else the project's AVX-512 kernels where the
 // CPU has them (nn/gemm_avx512.h), else OpenBLAS. Measured on one
@@ -58,9 +67,9 @@ static GemmArith cpu_arith = GEMM_FP32;
 // product over K = 10.
 static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc) {
-    if (cpu_arith == GEMM_BF16 && gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
+    if (OWN_GEMMS && cpu_arith == GEMM_BF16 && gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
         return;
-    if (gemm_avx512_available() && gemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
+    if (OWN_GEMMS && gemm_avx512_available() && gemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
         return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
                 K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -2277,7 +2286,7 @@ static void cpu_gemm_arith(GemmArith arith) { cpu_arith = arith; }
 // The AVX-512 GEMM's packing buffers, one set per thread, outside the plan's blocks. A
 // bf16 run's products use gemm_bf16's instead, which are smaller (0.6 MB against 1.0).
 static size_t cpu_thread_scratch(void) {
-    return gemm_avx512_available() ? (size_t)omp_get_max_threads() * gemm_avx512_scratch_bytes() : 0;
+    return OWN_GEMMS && gemm_avx512_available() ? (size_t)omp_get_max_threads() * gemm_avx512_scratch_bytes() : 0;
 }
 
 static int cpu_shard_count(void) { return omp_get_max_threads(); }

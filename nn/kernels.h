@@ -504,5 +504,9 @@ void cpu_set_threads(int n);
 // shapes). OpenBLAS picks its kernels ("Haswell", "Cooperlake", ...) for the CPU when it
 // loads, unless OPENBLAS_CORETYPE names them.
 const char *cpu_kernels_name(void);
+// Where the CPU backend's GEMMs run under gemm_arith(GEMM_BF16): "AMX-BF16" or
+// "AVX512-BF16" (nn/gemm_bf16.h), NULL where they stay fp32 (no BF16 instructions, or the
+// baseline table).
+const char *cpu_bf16_gemm_name(void);
 
 #endif

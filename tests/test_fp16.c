@@ -28,7 +28,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../nn/gemm_bf16.h"
 #include "../data/dataset.h"
 #include "../nn/cfg.h"
 #include "../nn/half.h"
@@ -748,7 +747,7 @@ static void test_bf16_against_fp32(void **state) {
         RunOut f = run_once(nets[i], acc_shape, 10, DT_F32, N, x, y, 1.0f, false);
         RunOut h = run_once(nets[i], acc_shape, 10, DT_BF16, N, x, y, 1.0f, false);
         assert_true(all_finite(h.grads, h.nparams));
-        if (!gemm_bf16_name())
+        if (!cpu_bf16_gemm_name())
             for (int64_t j = 0; j < f.nact0; j++)
                 if (h.act0_half[j] != bf16_from_float(f.act0[j]))
                     fail_msg("act0[%lld]: stored 0x%04x, fp32 %.9g rounds to 0x%04x", (long long)j,
