@@ -2283,8 +2283,8 @@ static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, cons
 // TF32 stays fp32 on the CPU (kernels.h allows the rounding, it does not ask for it).
 static void cpu_gemm_arith(GemmArith arith) { cpu_arith = arith; }
 
-// The AVX-512 GEMM's packing buffers, one set per thread, outside the plan's blocks. A
-// bf16 run's products use gemm_bf16's instead, which are smaller (0.6 MB against 1.0).
+// The project's GEMMs' packing buffer, one per thread (gemm_thread_buffer: the AVX-512 and
+// the bf16 GEMM share it), outside the plan's blocks.
 static size_t cpu_thread_scratch(void) {
     return OWN_GEMMS && gemm_avx512_available() ? (size_t)omp_get_max_threads() * gemm_avx512_scratch_bytes() : 0;
 }

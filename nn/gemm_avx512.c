@@ -30,18 +30,18 @@
 #define MR_MAX 24  // the tallest tile: the edge panel of A packed
 #define NC 1024  // columns of B packed at a time, KC x NC x 4 = 1 MB (L2); 4096 was no faster
 
-// The packing buffers of each thread (MR_MAX x KC floats for A's edge, then KC x NC for B), allocated
-// at its first product and freed when the thread ends (a thread-specific value with a
-// destructor: OpenMP's threads come and go with the thread count).
+// The packing buffers of each thread: MR_MAX x KC floats for A's edge, then KC x NC for B.
+_Static_assert(((size_t)MR_MAX * KC + (size_t)KC * NC) * sizeof(float) == GEMM_THREAD_BUFFER_BYTES,
+               "gemm_avx512.h's GEMM_THREAD_BUFFER_BYTES is this file's blocking");
 static pthread_key_t pack_key;
 static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
 static void pack_key_make(void) { pthread_key_create(&pack_key, free); }
 
-static float *pack_buffers(void) {
+void *gemm_thread_buffer(void) {
     pthread_once(&pack_once, pack_key_make);
-    float *p = pthread_getspecific(pack_key);
+    void *p = pthread_getspecific(pack_key);
     if (!p) {
-        if (posix_memalign((void **)&p, 64, ((size_t)MR_MAX * KC + (size_t)KC * NC) * sizeof(float))) return NULL;
+        if (posix_memalign(&p, 64, GEMM_THREAD_BUFFER_BYTES)) return NULL;
         if (pthread_setspecific(pack_key, p)) {
             free(p);
             return NULL;
@@ -146,7 +146,7 @@ MICRO_KERNEL(kernel_12x32, 12, 2)
 MICRO_KERNEL(kernel_8x32, 8, 2)
 MICRO_KERNEL(kernel_24x16, 24, 1)
 
-size_t gemm_avx512_scratch_bytes(void) { return ((size_t)MR_MAX * KC + (size_t)KC * NC) * sizeof(float); }
+size_t gemm_avx512_scratch_bytes(void) { return GEMM_THREAD_BUFFER_BYTES; }
 
 // libgcc reads the CPU's features in a constructor: the test is a load, safe from any thread.
 bool gemm_avx512_available(void) { return __builtin_cpu_supports("avx512f") != 0; }
@@ -154,7 +154,7 @@ bool gemm_avx512_available(void) { return __builtin_cpu_supports("avx512f") != 0
 AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                        int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return 0;
-    float *const pack_a = pack_buffers();
+    float *const pack_a = gemm_thread_buffer();
     if (!pack_a) return -1;
     float *const pack_b = pack_a + (size_t)MR_MAX * KC;  // 64-byte aligned, as MR_MAX * KC * 4 bytes
     // 12 x 32 tiles, or 8 x 32 where they pad fewer rows (a weight gradient's 16, 32 or 64
@@ -208,6 +208,7 @@ AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const
 
 bool gemm_avx512_available(void) { return false; }
 size_t gemm_avx512_scratch_bytes(void) { return 0; }
+void *gemm_thread_buffer(void) { return NULL; }
 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                 const float *B, int ldb, float beta, float *C, int ldc) {
     return -1;

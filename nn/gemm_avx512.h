@@ -14,8 +14,15 @@
 bool gemm_avx512_available(void);
 
 // Bytes of the packing buffers that each thread allocates at its first product and keeps
-// (1.02 MB: a 1 MB block of B and the edge rows of A).
+// (1.02 MB: a 1 MB block of B and the edge rows of A); 0 off x86-64.
+#define GEMM_THREAD_BUFFER_BYTES (((size_t)24 * 256 + (size_t)256 * 1024) * sizeof(float))
 size_t gemm_avx512_scratch_bytes(void);
+
+// This thread's packing buffer, GEMM_THREAD_BUFFER_BYTES long and 64-byte aligned,
+// allocated at its first call and freed when the thread ends (a thread-specific value with
+// a destructor: OpenMP's threads come and go with the thread count). nn/gemm_bf16.c packs
+// into it too: a product runs on one of the two. NULL when it cannot be allocated.
+void *gemm_thread_buffer(void);
 
 // C (M, N; row stride ldc) = alpha * op(A) @ op(B) + beta * C, as cblas_sgemm with
 // CblasRowMajor: op(A) is (M, K), stored (K, M) when ta; op(B) is (K, N), stored (N, K)

@@ -12,45 +12,28 @@
 // GEMM. Edges are zeros in the panels and masked when C is written.
 #include "gemm_bf16.h"
 
+#include "gemm_avx512.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define KC GEMM_BF16_KC  // k values a block (KC / 2 pairs)
 #define MC 144           // rows of A a block, a multiple of every MR
-#define MR_MAX 24
 #define NC 1024  // columns of B a block: KC x NC x 2 bytes = 512 KB
 
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
-static pthread_key_t pack_key;
-static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
-static void pack_key_make(void) { pthread_key_create(&pack_key, free); }
-
-// Each thread's packing buffers (A's block, then B's), allocated at its first product and
-// freed when the thread ends, as gemm_avx512's.
-static uint32_t *pack_buffers(void) {
-    pthread_once(&pack_once, pack_key_make);
-    uint32_t *p = pthread_getspecific(pack_key);
-    if (!p) {
-        if (posix_memalign((void **)&p, 64, gemm_bf16_scratch_bytes())) return NULL;
-        if (pthread_setspecific(pack_key, p)) {
-            free(p);
-            return NULL;
-        }
-    }
-    return p;
-}
-
-size_t gemm_bf16_scratch_bytes(void) { return ((size_t)MC * KC / 2 + (size_t)KC / 2 * NC) * sizeof(uint32_t); }
+// The packing buffers (A's block, then B's) in gemm_avx512's thread buffer.
+_Static_assert(((size_t)MC * KC / 2 + (size_t)KC / 2 * NC) * sizeof(uint32_t) <= GEMM_THREAD_BUFFER_BYTES,
+               "the bf16 blocks fit the thread's packing buffer");
 
 // AVX-512 F and BW, AVX512_BF16 (cpuid leaf 7, subleaf 1), and the OS saving the opmask and
 // ZMM registers (XCR0 bits 1, 2, 5, 6, 7). From cpuid itself, as nn/cpu.c's checks: clang's
@@ -323,7 +306,7 @@ int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A
             }
         return 0;
     }
-    uint32_t *const pa = pack_buffers();
+    uint32_t *const pa = gemm_thread_buffer();
     if (!pa) return -1;
     if (use_amx())
         gemm_blocks_amx(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pa);
@@ -337,7 +320,6 @@ int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A
 bool gemm_bf16_available(void) { return false; }
 void gemm_bf16_allow_amx(bool allow) { (void)allow; }
 const char *gemm_bf16_name(void) { return NULL; }
-size_t gemm_bf16_scratch_bytes(void) { return 0; }
 int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     return -1;

@@ -27,9 +27,6 @@ const char *gemm_bf16_name(void);
 // and benchmarks that compare the two. Call it between products.
 void gemm_bf16_allow_amx(bool allow);
 
-// Bytes of the packing buffers that each thread allocates at its first product and keeps.
-size_t gemm_bf16_scratch_bytes(void);
-
 // C (M, N; row stride ldc) = alpha * bf16(op(A)) @ bf16(op(B)) + beta * C, with
 // cblas_sgemm's row-major arguments (op(A) is (M, K), stored (K, M) when ta; op(B) is
 // (K, N), stored (N, K) when tb). Each element of C sums its products over blocks of

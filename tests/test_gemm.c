@@ -27,17 +27,40 @@ static float *random_floats(size_t n) {
 typedef void GemmFn(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc);
 
+// Random operands of an M x N x K product with leading dimensions `pad` past the shape,
+// one float more in each past the last row, and C0, C's values before the product.
+typedef struct Operands {
+    int lda, ldb, ldc;
+    float *A, *B, *C, *C0;
+} Operands;
+
+static Operands operands(int M, int N, int K, bool ta, bool tb, int pad) {
+    Operands o = {.lda = (ta ? M : K) + pad, .ldb = (tb ? K : N) + pad, .ldc = N + pad};
+    o.A = random_floats((size_t)(ta ? K : M) * o.lda + 1);
+    o.B = random_floats((size_t)(tb ? N : K) * o.ldb + 1);
+    o.C = random_floats((size_t)M * o.ldc + 1);
+    o.C0 = malloc(((size_t)M * o.ldc + 1) * sizeof *o.C0);
+    assert_non_null(o.C0);
+    memcpy(o.C0, o.C, ((size_t)M * o.ldc + 1) * sizeof *o.C0);
+    return o;
+}
+
+// Nothing outside the M x N part of C was touched; frees the operands.
+static void expect_only_c_written(Operands *o, int M, int N) {
+    for (int i = 0; i < M; i++)
+        for (int j = N; j < o->ldc; j++) assert_true(o->C[(size_t)i * o->ldc + j] == o->C0[(size_t)i * o->ldc + j]);
+    assert_true(o->C[(size_t)M * o->ldc] == o->C0[(size_t)M * o->ldc]);
+    free(o->A), free(o->B), free(o->C), free(o->C0);
+}
+
 // C = alpha op(A) op(B) + beta C through fn, checked element by element against double
 // sums: within 1e-5 of the sum of the absolute terms (float rounding over K terms).
 static void check(GemmFn *fn, int M, int N, int K, bool ta, bool tb, float alpha, float beta,
                   int pad) {
-    const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-    float *A = random_floats((size_t)(ta ? K : M) * lda + 1);
-    float *B = random_floats((size_t)(tb ? N : K) * ldb + 1);
-    float *C = random_floats((size_t)M * ldc + 1);
-    float *C0 = malloc(((size_t)M * ldc + 1) * sizeof *C0);
-    assert_non_null(C0);
-    for (size_t i = 0; i < (size_t)M * ldc + 1; i++) C0[i] = C[i];
+    Operands o = operands(M, N, K, ta, tb, pad);
+    const int lda = o.lda, ldb = o.ldb, ldc = o.ldc;
+    const float *A = o.A, *B = o.B, *C0 = o.C0;
+    float *C = o.C;
     fn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
@@ -55,11 +78,7 @@ static void check(GemmFn *fn, int M, int N, int K, bool ta, bool tb, float alpha
                 fail_msg("%dx%dx%d ta=%d tb=%d alpha=%g beta=%g pad=%d: C[%d][%d] = %.9g, expected %.9g",
                          M, N, K, ta, tb, alpha, beta, pad, i, j, got, want);
         }
-    // Nothing outside the M x N part of C is touched.
-    for (int i = 0; i < M; i++)
-        for (int j = N; j < ldc; j++) assert_true(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
-    assert_true(C[(size_t)M * ldc] == C0[(size_t)M * ldc]);
-    free(A), free(B), free(C), free(C0);
+    expect_only_c_written(&o, M, N);
 }
 
 static void avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -103,13 +122,10 @@ static void test_avx512_kernels(void **state) {
 // rounding), blocks of KC added to C: the bits must be equal.
 static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float beta, int pad,
                        bool exact_order) {
-    const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-    float *A = random_floats((size_t)(ta ? K : M) * lda + 1);
-    float *B = random_floats((size_t)(tb ? N : K) * ldb + 1);
-    float *C = random_floats((size_t)M * ldc + 1);
-    float *C0 = malloc(((size_t)M * ldc + 1) * sizeof *C0);
-    assert_non_null(C0);
-    memcpy(C0, C, ((size_t)M * ldc + 1) * sizeof *C0);
+    Operands o = operands(M, N, K, ta, tb, pad);
+    const int lda = o.lda, ldb = o.ldb, ldc = o.ldc;
+    const float *A = o.A, *B = o.B, *C0 = o.C0;
+    float *C = o.C;
     assert_int_equal(gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc), 0);
     float *again = malloc(((size_t)M * ldc + 1) * sizeof *again);
     assert_non_null(again);
@@ -145,10 +161,7 @@ static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float
             if (!(fabs(got - expect) <= tol))
                 fail_msg("%dx%dx%d: C[%d][%d] = %.9g, %.9g in fp64 (tolerance %.3g)", M, N, K, i, j, got, expect, tol);
         }
-    for (int i = 0; i < M; i++)
-        for (int j = N; j < ldc; j++) assert_true(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
-    assert_true(C[(size_t)M * ldc] == C0[(size_t)M * ldc]);
-    free(A), free(B), free(C), free(C0);
+    expect_only_c_written(&o, M, N);
 }
 
 static void test_bf16_kernels(void **state) {
