@@ -271,7 +271,7 @@ def main():
     for epoch in range(epochs):
         order = torch.tensor(shuffle(n, seed, epoch) if shuffled else list(range(n)))
         net.train()
-        loss_sum, correct, t0 = 0.0, 0, time.perf_counter()
+        loss_sum, correct, seen, t0 = 0.0, 0, 0, time.perf_counter()
         for b0 in range(0, batches * batch, batch):
             idx = order[b0:b0 + batch]
             xb = normalise(augment(raw, idx, seed, epoch, pad, flip), data) if pad or flip else x[idx]
@@ -290,14 +290,15 @@ def main():
                 sched.step()
             loss_sum += loss.item() * len(idx)
             correct += (out.argmax(1) == y[idx]).sum().item()
+            seen += len(idx)
             steps += 1
             if steps == args.steps:
                 break
         seconds = time.perf_counter() - t0
         if per_batch is False:
             sched.step()
-        line = {"impl": "pytorch", "epoch": epoch + 1, "train_loss": loss_sum / n,
-                "train_acc": 100.0 * correct / n, "img_per_s": n / seconds, "seconds": seconds}
+        line = {"impl": "pytorch", "epoch": epoch + 1, "train_loss": loss_sum / seen,
+                "train_acc": 100.0 * correct / seen, "img_per_s": seen / seconds, "seconds": seconds}
         if xt is not None:
             net.eval()
             with torch.no_grad():
