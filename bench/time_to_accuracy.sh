@@ -16,8 +16,8 @@
 # A variant is IMPL:PRECISION: cnn:fp32, cnn:bf16 (precision = bf16), torch:fp32,
 # torch:bf16 (torch.autocast("cpu", dtype=torch.bfloat16)). TRAIN_ARGS are cfg overrides
 # given to both (key=value of [train] or [data]). Logs: bench/out/tta/<variant>_r<round>.log,
-# each line prefixed by its seconds since the launch. A run takes minutes (15 epochs of
-# Fashion-MNIST), so the whole bench takes about an hour a round on 2 cores.
+# each line prefixed by its seconds since the launch. A run takes minutes (20 epochs of
+# Fashion-MNIST), so a round of the four takes about 90 minutes on 2 cores.
 set -e
 cd "$(dirname "$0")/.."
 CFG=${CFG:-models/fashion-resnet.cfg}
