@@ -285,7 +285,7 @@ static int build_network(Net *net, const Options *o, const Cfg *cfg, Data *data,
     NetOptions net_opt = {.batch = mine.batch / o->accumulate, .precision = o->precision,
                           .segments = o->segments, .sweep = o->segments != 0 || o->compress,
                           .freeze = o->freeze.names, .nfreeze = o->freeze.n, .freeze_stats = o->freeze_bn != 0,
-                          .tf32 = o->tf32 != 0, .input_bytes = true, .fused_update = o->fused_update,
+                          .matmul = o->matmul, .input_bytes = true, .fused_update = o->fused_update,
                           .recompute_1x1 = o->recompute_1x1, .compress = o->compress, .compress_skip = o->compress_skip.names,
                           .ncompress_skip = o->compress_skip.n};
     optim_plan(&o->optim, &net_opt);

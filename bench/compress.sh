@@ -10,6 +10,8 @@
 #   act2      compress = 2
 #   state8    optimizer_state = int8
 #   all       compress = 2, optimizer_state = int8 and precision = fp16
+#   bf16      precision = bf16 (issue 34: bf16 storage and GEMMs)
+#   bf16mm    matmul = bf16 (bf16 GEMMs on fp32 activations)
 #
 # then per variant the test accuracy's mean and standard deviation over the seeds, its mean
 # difference from the exact runs' mean, the largest difference from the same seed's exact
@@ -46,7 +48,9 @@ keys() {
         act2) echo "compress=2" ;;
         state8) echo "optimizer_state=int8" ;;
         all) echo "compress=2 optimizer_state=int8 precision=fp16" ;;
-        *) echo "compress.sh: unknown variant '$1' (exact act8 act4 act2 state8 all)" >&2; exit 2 ;;
+        bf16) echo "precision=bf16" ;;
+        bf16mm) echo "matmul=bf16" ;;
+        *) echo "compress.sh: unknown variant '$1' (exact act8 act4 act2 state8 all bf16 bf16mm)" >&2; exit 2 ;;
     esac
 }
 # A number field of the last line of a metrics.jsonl.

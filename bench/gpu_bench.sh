@@ -23,7 +23,7 @@
 # so "wait" is the share of the epoch it waited for the loader. PyTorch trains one fixed
 # random batch already on the GPU, eager (cuDNN benchmark mode, 5 warm-up steps, then
 # steps between torch.cuda.synchronize() calls); TF32 (default 0) is the same on both
-# sides (PyTorch's own default uses TF32 for fp32 convolutions; cnn.c's has tf32 = 0);
+# sides (PyTorch's own default uses TF32 for fp32 convolutions; cnn.c's matmul = auto is fp32 in fp32 runs);
 # fp16 is torch.autocast + GradScaler against cnn.c's precision=fp16. torch.compile runs in
 # round 1 only, on the rows without checkpointing (COMPILE=all: also checkpoint=sqrt;
 # none: never); its failures are listed under the table. Rounds alternate which side goes
@@ -146,7 +146,7 @@ cnn() {  # row precision checkpoint round
         echo "gpu_bench.sh: make_folders failed" >&2; FAILED=$((FAILED + 1)); return
     fi
     ./train "$R_CFG" $d device=$DEV batch="$R_BATCH" precision="$2" checkpoint="$3" epochs=2 \
-        tf32="$TF32" workers="$WORKERS" $THR save="$run" > "$run.log" 2>&1
+        matmul="$([ "$TF32" = 1 ] && echo tf32 || echo auto)" workers="$WORKERS" $THR save="$run" > "$run.log" 2>&1
     rc=$?
     if [ $rc -ne 0 ]; then
         FAILED=$((FAILED + 1))

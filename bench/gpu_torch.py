@@ -26,7 +26,7 @@ this torch has use_reentrant (2.x), reentrant otherwise (1.x, as resnet_torch.py
 --compile runs the network through torch.compile (default mode); a failure, also at the
 first call, is printed as the JSON line's "error" with img_per_s null, exit 0.
 --tf32 sets both torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-(default 0: no TF32 in fp32 runs, as cnn.c's tf32 = 0; PyTorch's own default has TF32 on
+(default 0: no TF32 in fp32 runs, as cnn.c's matmul = auto; PyTorch's own default has TF32 on
 for cuDNN convolutions). --cudnn-benchmark 1 (the default for timed runs) lets cuDNN pick
 its fastest algorithms during the warm-up steps.
 

@@ -13,8 +13,9 @@
 #   ROUNDS=2 sh bench/time_to_accuracy.sh cnn:fp32 torch:bf16
 #   TARGET=93.5 TRAIN_ARGS="epochs=10" sh bench/time_to_accuracy.sh
 #
-# A variant is IMPL:PRECISION: cnn:fp32, cnn:bf16 (precision = bf16), torch:fp32,
-# torch:bf16 (torch.autocast("cpu", dtype=torch.bfloat16)). TRAIN_ARGS are cfg overrides
+# A variant is IMPL:PRECISION: cnn:fp32, cnn:bf16 (precision = bf16), cnn:bf16mm (matmul =
+# bf16: bf16 GEMMs on fp32 activations), torch:fp32, torch:bf16 (torch.autocast("cpu",
+# dtype=torch.bfloat16)). TRAIN_ARGS are cfg overrides
 # given to both (key=value of [train] or [data]). Logs: bench/out/tta/<variant>_r<round>.log,
 # each line prefixed by its seconds since the launch. A run takes minutes (20 epochs of
 # Fashion-MNIST), so a round of the four takes about 90 minutes on 2 cores.
@@ -28,8 +29,8 @@ OUT=bench/out/tta
 [ $# -gt 0 ] || set -- cnn:fp32 cnn:bf16 torch:fp32 torch:bf16
 for v in "$@"; do
     case $v in
-        cnn:fp32|cnn:bf16|torch:fp32|torch:bf16) ;;
-        *) echo "time_to_accuracy.sh: '$v' is not cnn:fp32, cnn:bf16, torch:fp32 or torch:bf16" >&2; exit 2 ;;
+        cnn:fp32|cnn:bf16|cnn:bf16mm|torch:fp32|torch:bf16) ;;
+        *) echo "time_to_accuracy.sh: '$v' is not cnn:fp32, cnn:bf16, cnn:bf16mm, torch:fp32 or torch:bf16" >&2; exit 2 ;;
     esac
 done
 case " $* " in *" torch:"*)
@@ -79,8 +80,9 @@ while [ "$r" -le "$ROUNDS" ]; do
         log=$OUT/${impl}_${prec}_r$r.log
         echo "== round $r: $v (load $(cut -d' ' -f1 /proc/loadavg))"
         if [ "$impl" = cnn ]; then
+            keys="precision=$prec"; [ "$prec" = bf16mm ] && keys="matmul=bf16"
             # shellcheck disable=SC2086
-            timed "$log" ./train "$CFG" precision="$prec" threads="$THREADS" save="$OUT/run_$prec" $TRAIN_ARGS
+            timed "$log" ./train "$CFG" $keys threads="$THREADS" save="$OUT/run_$prec" $TRAIN_ARGS
         else
             flag=""; [ "$prec" = bf16 ] && flag=--bf16
             # shellcheck disable=SC2086

@@ -43,7 +43,7 @@ int model_load(Model *m, const char *weights, Shape shape, int classes, int batc
                Error *err) {
     // The plan first: a cfg (a checkpoint's, from anywhere) that asks for more than the
     // device can give is refused before anything of it is allocated.
-    NetOptions opt = {.batch = batch, .precision = m->o.precision, .tf32 = m->o.tf32 != 0,
+    NetOptions opt = {.batch = batch, .precision = m->o.precision, .matmul = m->o.matmul,
                       .plan_only = true, .input_bytes = true};
     if (net_create(&m->net, &m->cfg, shape, classes, &opt, m->k, err)) return -1;
     const size_t need = mem_plan_on(&m->net.plan, m->k);

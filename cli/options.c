@@ -35,8 +35,11 @@ const CfgKey train_keys[] = {
     {"auto_microbatch", "0", "1: memory may also split the batch into micro-batches on a network "
                              "with batchnorm, which then normalises each micro-batch by its own "
                              "statistics (a different training)"},
-    {"tf32", "0", "1: GEMM inputs rounded to 10 mantissa bits in fp32 runs too, as fp16 runs "
-                  "always do (TF32 tensor cores on CUDA; the CPU computes in fp32 either way)"},
+    {"matmul", "auto", "the GEMMs' arithmetic (convolutions, linear layers), accumulating in fp32: "
+                       "auto follows precision (fp16: tf32, bf16: bf16, fp32: fp32); fp32; tf32 "
+                       "(inputs rounded to 10 mantissa bits: TF32 tensor cores on CUDA, fp32 on the "
+                       "CPU); bf16 (inputs rounded to bf16: on AMX or AVX512-BF16, or bf16 tensor "
+                       "cores; fp32 on other CPUs), also with fp32 activations (changes the result)"},
     {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
     {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
     {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
@@ -382,12 +385,13 @@ static int read_precision(Options *o, const Cfg *cfg, const CfgSection *t, const
     return 0;
 }
 
-// The memory savers (checkpoint, fused_update, recompute_1x1, compress, memory and what it may choose, tf32) and
+// The memory savers (checkpoint, fused_update, recompute_1x1, compress, memory and what it may choose), matmul and
 // the combinations that cannot hold; after read_precision and read_optimizer.
 static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
                        Error *err) {
     const char *checkpoint, *memory;
-    int64_t recompute_1x1, auto_fp16, auto_microbatch, auto_compress, tf32, compress;
+    int64_t recompute_1x1, auto_fp16, auto_microbatch, auto_compress, compress;
+    int matmul;
     enum { FUSED_AUTO, FUSED_OFF, FUSED_ON };  // fused_modes' order
     static const char *const fused_modes[] = {"auto", "0", "1"};
     int fused_mode;
@@ -400,7 +404,7 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
         cfg_int(cfg, t, "auto_compress", "0", 0, 1, &auto_compress, err) ||
-        cfg_int(cfg, t, "tf32", "0", 0, 1, &tf32, err) ||
+        cfg_choice(cfg, t, "matmul", "auto", matmul_names, MATMUL_COUNT, &matmul, err) ||
         parse_segments(checkpoint, &o->segments, cfg_path, err) ||
         parse_memory(memory, &o->memory, cfg_path, err))
         return -1;
@@ -415,7 +419,7 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
     o->auto_fp16 = (int)auto_fp16;
     o->auto_microbatch = (int)auto_microbatch;
     o->auto_compress = (int)auto_compress;
-    o->tf32 = (int)tf32;
+    o->matmul = (Matmul)matmul;
     if (fused_mode == FUSED_ON && o->precision == DT_F16)
         return err_set(err, "%s: [train] fused_update = 1 does not run with precision = fp16: its "
                             "loss scaler must see every gradient before it decides whether to "

@@ -33,7 +33,7 @@ typedef struct Options {
     int auto_fp16;       // memory may choose fp16
     int auto_microbatch; // memory may choose micro-batches on a batch-coupled network
     int auto_compress;   // memory may choose compressed optimizer state (bf16, int8)
-    int tf32;
+    Matmul matmul;       // NetOptions.matmul
     double label_smoothing;  // the training loss's (Net.label_smoothing)
     int profile;         // print the profile table (nn/profile.h) after each epoch
     bool plan, json;     // --plan [--json]

@@ -24,11 +24,17 @@ void report_header(const Run *r, int accumulate) {
     if (r->dist->size > 1)
         printf(" over %d processes (%d samples each)", r->dist->size, o->batch / r->dist->size);
     if (accumulate > 1) printf(" as %d micro-batches of %d", accumulate, net->batch);
-    if (net->precision == DT_BF16) {  // where its GEMMs run on bf16, and where they do not
+    // The activations' storage, then the GEMMs' arithmetic (matmul) where it is not the
+    // storage's own: where bf16 GEMMs run on bf16, and where they do not.
+    printf(", %s", net->precision == DT_BF16 ? "bf16 activations" : net->precision == DT_F16 ? "fp16 activations" : "fp32");
+    if (net->gemm_arith == GEMM_BF16) {
         const char *gemm = !k->host_memory ? "bf16 tensor cores" : cpu_bf16_gemm_name();
-        printf(", bf16 activations, GEMMs on %s", gemm ? gemm : "fp32 (no BF16 instructions in the CPU's table)");
-    } else {
-        printf(", %s", net->precision == DT_F16 ? "fp16 activations" : "fp32");
+        printf(", GEMMs on %s", gemm ? gemm : "fp32 (no BF16 instructions in the CPU's table)");
+        if (gemm && net->precision != DT_BF16) printf(" (bf16 operands: changes the result)");
+    } else if (net->gemm_arith == GEMM_TF32 && net->precision != DT_F16) {
+        printf(", %s", k->host_memory ? "TF32 GEMMs in fp32 (the CPU has no TF32)" : "GEMMs on TF32 tensor cores");
+    } else if (net->gemm_arith == GEMM_FP32 && net->precision != DT_F32) {
+        printf(", fp32 GEMMs");
     }
     if (net->nsegments > 1) printf(", %d checkpoint segments", net->nsegments);
     if (net->fused_update) printf(", fused update");

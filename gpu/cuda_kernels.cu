@@ -30,7 +30,7 @@
 //     atomics, so the same inputs give the same bits run after run on one GPU (the column
 //     sums' slabs depend on the shape alone: on every GPU).
 //   - GEMMs are plain fp32 (CUBLAS_DEFAULT_MATH), TF32 on tensor cores under
-//     gemm_arith(GEMM_TF32) (CUBLAS_TF32_TENSOR_OP_MATH: precision = fp16, tf32 = 1), or
+//     gemm_arith(GEMM_TF32) (CUBLAS_TF32_TENSOR_OP_MATH: precision = fp16, matmul = tf32), or
 //     bf16 on tensor cores under GEMM_BF16 (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF).
 //   - The per-element work of every kernel is a __host__ __device__ function of the element
 //     index, so that a host build can replay the kernels element by element against the

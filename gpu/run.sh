@@ -133,7 +133,7 @@ for stage in $STAGES; do
         run fashion-cpu-fp32 models/fashion.cfg epochs=1 device=cpu
         run fashion-cpu-fp32-1thread models/fashion.cfg epochs=1 device=cpu threads=1
         run fashion-gpu-fp32 models/fashion.cfg epochs=1 device=$GPU
-        run fashion-gpu-fp32-tf32 models/fashion.cfg epochs=1 device=$GPU tf32=1
+        run fashion-gpu-fp32-tf32 models/fashion.cfg epochs=1 device=$GPU matmul=tf32
         run fashion-gpu-fp16 models/fashion.cfg epochs=1 device=$GPU precision=fp16
         # Issue 17 asks for the GPU's first-epoch loss within 1e-3 of the CPU's. An epoch of
         # Adadelta at lr 1 carries each product's rounding forward: here the CPU with 2

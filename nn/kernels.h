@@ -219,9 +219,10 @@ typedef struct Kernels {
     // TF32 tensor cores on CUDA, several times fp32's speed; the CPU computes in fp32 all the
     // same. GEMM_BF16: 7 mantissa bits, bf16 tensor cores on CUDA, and on CPUs with
     // AVX512-BF16 nn/gemm_bf16.c at twice the fp32 rate (fp32 on other CPUs). The network
-    // sets it before each forward and backward (Net.gemm_arith): TF32 with precision =
-    // fp16, whose stored activations and gradients lose nothing by it (what PyTorch's
-    // autocast does with fp16 operands), or tf32 = 1; FP32 otherwise.
+    // sets it before each forward and backward (Net.gemm_arith, the cfg's `matmul`): by
+    // default TF32 with precision = fp16, whose stored activations and gradients lose
+    // nothing by it (what PyTorch's autocast does with fp16 operands), BF16 with bf16, FP32
+    // with fp32.
     void (*gemm_arith)(GemmArith arith);
 
     // ---- convolution lowering --------------------------------------------------------

@@ -1355,6 +1355,17 @@ static int net_freeze(Net *net, const Cfg *cfg, const NetOptions *opt, Error *er
     return 0;
 }
 
+const char *const matmul_names[MATMUL_COUNT] = {"auto", "fp32", "tf32", "bf16"};
+
+static GemmArith net_gemm_arith(Matmul matmul, DType precision) {
+    switch (matmul) {
+    case MATMUL_FP32: return GEMM_FP32;
+    case MATMUL_TF32: return GEMM_TF32;
+    case MATMUL_BF16: return GEMM_BF16;
+    default: return precision == DT_BF16 ? GEMM_BF16 : precision == DT_F16 ? GEMM_TF32 : GEMM_FP32;
+    }
+}
+
 int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOptions *opt,
                const Kernels *k, Error *err) {
     memset(net, 0, sizeof *net);
@@ -1364,9 +1375,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->precision = opt->precision;
     net->exec.precision = opt->precision;  // sweeps' scratch is planned by it
     net->input_bytes = opt->input_bytes;
-    net->gemm_arith = opt->precision == DT_BF16                 ? GEMM_BF16
-                      : opt->precision == DT_F16 || opt->tf32 ? GEMM_TF32
-                                                              : GEMM_FP32;
+    net->gemm_arith = net_gemm_arith(opt->matmul, opt->precision);
     if (opt->batch < 1 || (opt->precision != DT_F32 && !precision_is_half(opt->precision))) {
         err_set(err, "net_create: batch %d and precision %s: expected batch >= 1 and F32, F16 or BF16",
                 opt->batch, dtype_names[opt->precision]);

@@ -51,12 +51,19 @@ size_t mem_plan_blocks(const MemPlan *p);
 // the host's (the CPU), the blocks elsewhere.
 size_t mem_plan_on(const MemPlan *p, const Kernels *k);
 
+// The arithmetic of the GEMMs (the cfg's `matmul`), which Net.gemm_arith holds: AUTO
+// follows the precision (TF32 for fp16, whose operands lose nothing by it; bf16 for bf16;
+// fp32 for fp32); the others name it whatever the activations are stored as (bf16 GEMMs on
+// fp32 activations: the speed of bf16 arithmetic without the conversions of bf16 storage).
+typedef enum Matmul { MATMUL_AUTO, MATMUL_FP32, MATMUL_TF32, MATMUL_BF16, MATMUL_COUNT } Matmul;
+extern const char *const matmul_names[MATMUL_COUNT];  // "auto", "fp32", "tf32", "bf16"
+
 // How the network is built and stored.
 typedef struct NetOptions {
     int batch;        // the largest N that forward/backward accept (the micro-batch)
     DType precision;  // DT_F32, or DT_F16 / DT_BF16: activations and their gradients stored
                       // as IEEE halves / bfloat16, computed in fp32 (DESIGN.md decision 4);
-                      // BF16's GEMMs on bf16 operands (Kernels.gemm_arith)
+                      // the GEMMs' arithmetic follows it unless `matmul` names one
     int segments;     // activation checkpointing (decision 6): 0 or 1 = none; S > 1 splits
                       // the nodes into S segments; NET_SEGMENTS_SQRT = round(sqrt(nodes))
     bool plan_only;   // compute net->plan and allocate nothing (./train --plan)
@@ -64,7 +71,7 @@ typedef struct NetOptions {
                          // as sweeps over chunks of samples (nn/exec.h): checkpointing's
                          // recomputation below the layer (the trainer sets it with segments)
     size_t sweep_bytes;  // the scratch a sweep's chunk may take, which sets its samples (0: 8 MB)
-    bool tf32;        // GEMM inputs rounded to 10 mantissa bits in fp32 too (Kernels.gemm_arith)
+    Matmul matmul;    // the GEMMs' arithmetic (Kernels.gemm_arith); MATMUL_AUTO: by precision
     // Optimizer state tensors kept per trained parameter (optim_nstates) and their names,
     // and how they are stored (nn/quant.h: fp32, or compressed to bf16 or int8 blocks).
     int opt_states;
@@ -168,7 +175,7 @@ typedef struct Net {
     Shape input;
     int batch;        // the largest N that forward/backward accept
     DType precision;  // of activations and activation gradients (the output is always F32)
-    GemmArith gemm_arith;  // Kernels.gemm_arith during forward and backward: TF32 for fp16 or tf32
+    GemmArith gemm_arith;  // Kernels.gemm_arith during forward and backward (NetOptions.matmul)
     int nsegments;    // checkpoint segments (1: none)
     int *seg_first;   // (nsegments + 1): segment s is nodes seg_first[s] .. seg_first[s+1]-1
     Exec exec;        // precision, the fp16 chunk and scratch

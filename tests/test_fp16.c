@@ -68,12 +68,15 @@ static Cfg parse(const char *text) {
 // The optimizer of the suite's training runs (PyTorch's Adadelta defaults).
 static const Optimizer adadelta = {.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6};
 
+// The GEMMs' arithmetic of the networks make_net builds (NetOptions.matmul).
+static Matmul g_matmul;
+
 // bytes: the input holds bytes, as the trainer's (NetOptions.input_bytes).
 static void make_net_as(Net *net, const char *text, Shape input, int classes, int batch, DType precision,
                         bool bytes) {
     Cfg cfg = parse(text);
     Error err = {{0}};
-    NetOptions opt = {.batch = batch, .precision = precision, .input_bytes = bytes};
+    NetOptions opt = {.batch = batch, .precision = precision, .input_bytes = bytes, .matmul = g_matmul};
     optim_plan(&adadelta, &opt);
     if (net_create(net, &cfg, input, classes, &opt, cpu_kernels(), &err))
         fail_msg("net_create: %s", err.msg);
@@ -731,7 +734,8 @@ static void test_fp16_against_fp32(void **state) {
 // 2^-9 too), a few layers deep: log-probabilities within 1.5e-2 absolute, the gradients'
 // relative difference norm within 4e-2, the loss within 1% (measured on AMX: 3.7e-3,
 // 1.0e-2 and 7e-5, about 4x below; printed). Without BF16 instructions the first layer's
-// stored output is fp32's, rounded.
+// stored output is fp32's, rounded. The same bounds hold the GEMMs on bf16 operands alone,
+// on fp32 activations (matmul = bf16).
 #define BF16_OUT_TOL 1.5e-2
 #define BF16_GRAD_TOL 4e-2
 
@@ -753,7 +757,18 @@ static void test_bf16_against_fp32(void **state) {
                     fail_msg("act0[%lld]: stored 0x%04x, fp32 %.9g rounds to 0x%04x", (long long)j,
                              h.act0_half[j], f.act0[j], bf16_from_float(f.act0[j]));
         expect_close_as(&h, &f, names[i], BF16_OUT_TOL, BF16_GRAD_TOL, 1e-2);
-        run_free(&f), run_free(&h);
+        // matmul = bf16 on fp32 activations: the GEMMs' rounding alone, within the same
+        // bounds; not fp32's bits where the CPU has BF16 instructions, fp32's bits where
+        // the GEMMs fall back to fp32.
+        g_matmul = MATMUL_BF16;
+        RunOut m = run_once(nets[i], acc_shape, 10, DT_F32, N, x, y, 1.0f, false);
+        g_matmul = MATMUL_AUTO;
+        expect_close_as(&m, &f, names[i], BF16_OUT_TOL, BF16_GRAD_TOL, 1e-2);
+        const bool same = !memcmp(m.grads, f.grads, (size_t)f.nparams * sizeof(float));
+        if (same == (cpu_bf16_gemm_name() != NULL))
+            fail_msg("%s, matmul = bf16 on fp32 activations: the gradients are %s fp32's with the GEMMs on %s",
+                     names[i], same ? "equal to" : "not", cpu_bf16_gemm_name() ? cpu_bf16_gemm_name() : "fp32");
+        run_free(&f), run_free(&h), run_free(&m);
     }
 }
 

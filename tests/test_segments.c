@@ -99,6 +99,7 @@ static bool g_bytes;
 // segments, so that the plain and checkpointed runs have the same nodes.
 static int g_compress;
 static bool g_recompute_1x1;  // NetOptions.recompute_1x1
+static Matmul g_matmul;       // NetOptions.matmul
 // When set, build's networks take these parameters (g_nparams floats) instead of their
 // initialisation: two networks whose layers differ by a layer without parameters.
 static const float *g_params;
@@ -111,7 +112,7 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
     const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
                             .sweep = segments != 0 || g_compress, .sweep_bytes = g_sweep_bytes,
                             .input_bytes = g_bytes, .compress = g_compress,
-                            .recompute_1x1 = g_recompute_1x1};
+                            .recompute_1x1 = g_recompute_1x1, .matmul = g_matmul};
     if (net_create(net, cfg, in, 10, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
     if (g_params) {
@@ -289,6 +290,15 @@ static void test_bf16_bitwise(void **state) {
     expect_equal_gradients(deep_net, (Shape){.c = 2, .h = 8, .w = 8}, 5, DT_BF16);
     expect_equal_gradients(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 6, DT_BF16);
     expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_BF16);
+}
+
+// The GEMMs on bf16 operands over fp32 activations (matmul = bf16): the same bits
+// checkpointed as plain.
+static void test_bf16_matmul_bitwise(void **state) {
+    g_matmul = MATMUL_BF16;
+    expect_equal_gradients(deep_net, (Shape){.c = 2, .h = 8, .w = 8}, 5, DT_F32);
+    expect_equal_gradients(resnet, (Shape){.c = 3, .h = 10, .w = 9}, 6, DT_F32);
+    g_matmul = MATMUL_AUTO;
 }
 
 static void test_resnet_bitwise(void **state) {
@@ -934,6 +944,7 @@ int main(void) {
         cmocka_unit_test(test_deep_network_bitwise),
         cmocka_unit_test(test_fp16_bitwise),
         cmocka_unit_test(test_bf16_bitwise),
+        cmocka_unit_test(test_bf16_matmul_bitwise),
         cmocka_unit_test(test_resnet_bitwise),
         cmocka_unit_test(test_blocks_bitwise),
         cmocka_unit_test(test_recompute_1x1_bitwise),

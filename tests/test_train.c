@@ -369,6 +369,14 @@ static void test_fused_update(void **state) {
     assert_non_null(strstr(read_output(), "bf16 activations, GEMMs on "));
     assert_non_null(strstr(read_output(), ", fused update"));
     expect_same_tensors("bf16-unfused/last.safetensors", "bf16-fused/last.safetensors");
+    // bf16 GEMMs on fp32 activations (matmul = bf16): the same bits fused as unfused, and
+    // the first line says where the GEMMs run.
+    snprintf(args, sizeof args, "%s matmul=bf16 fused_update=0 save=%s/bf16mm-unfused", sgd, dir);
+    assert_int_equal(train(args), 0);
+    snprintf(args, sizeof args, "%s matmul=bf16 save=%s/bf16mm-fused", sgd, dir);
+    assert_int_equal(train(args), 0);
+    assert_non_null(strstr(read_output(), ", fp32, GEMMs on "));
+    expect_same_tensors("bf16mm-unfused/last.safetensors", "bf16mm-fused/last.safetensors");
     // The plan: the largest module's gradients (fc, 8 x 3 + 3 floats, is smaller than
     // layer2.0.conv2's 8 x 8 x 3 x 3 = 576), and what they would be without.
     assert_int_equal(train("--plan --json fused_update=1"), 0);
@@ -1037,6 +1045,8 @@ static void test_bad_input(void **state) {
     assert_non_null(strstr(read_output(), "does not divide"));
     assert_int_equal(train("bogus=1"), 1);
     assert_non_null(strstr(read_output(), "unknown key 'bogus'"));
+    assert_int_equal(train("matmul=fp8 --plan"), 1);
+    assert_non_null(strstr(read_output(), "key 'matmul' = 'fp8': expected one of auto, fp32, tf32, bf16"));
     assert_int_equal(train("fc2.outputs=4"), 1);
     assert_non_null(strstr(read_output(), "3 classes"));
     assert_int_equal(train("std=1e-30"), 1);  // it trained to a loss of 1e28 without a word
