@@ -1277,6 +1277,134 @@ static void test_linear(void **state) {
     check_linear(6, 40, 9, ACT_RELU6, 105);
 }
 
+// ---- bf16 GEMMs (matmul = bf16; precision = bf16) ------------------------------------------
+//
+// Under gemm_arith(GEMM_BF16) a GEMM rounds both operands to bf16 (8 significant bits: each
+// within 2^-9 of itself) and sums the products in fp32, so each output of a product is
+// within 2^-8 of the sum of its products' magnitudes, plus fp32's summation error. Held
+// here for every element of the forward output, din and the weight gradient against the
+// double reference: |got - ref| <= 2^-7 * S + 1e-6 * max |ref|, where S is the same
+// reference computed on the magnitudes |x|, |w| and |R| (every term positive). The
+// Winograd path rounds transformed values (sums of inputs, of weights), whose products S
+// does not bound term by term: it is held to 2^-6 * S, twice the direct bound (measured on
+// AMX: 32% of the direct bound, as the direct products' 13-54%). Where the CPU has BF16
+// instructions the largest error of each product must also exceed fp32's (FWD_TOL of the
+// largest value): the operands were rounded. The bias gradient is a sum in fp32: fp32's.
+
+// dx = W^T R, dW = R^T x, db = sum R (linear_ref without an activation).
+static void linear_ref_backward(const Case *c, const double *R, double *dx, double **dw) {
+    const int I = c->l->in.c, O = c->l->out.c;
+    memset(dx, 0, (size_t)c->nin * sizeof(double));
+    memset(dw[0], 0, (size_t)c->np[0] * sizeof(double));
+    memset(dw[1], 0, (size_t)c->np[1] * sizeof(double));
+    for (int n = 0; n < c->N; n++)
+        for (int o = 0; o < O; o++) {
+            const double r = R[(int64_t)n * O + o];
+            dw[1][o] += r;
+            for (int i = 0; i < I; i++) {
+                dw[0][(int64_t)o * I + i] += r * c->x[(int64_t)n * I + i];
+                dx[(int64_t)n * I + i] += r * c->w[0][(int64_t)o * I + i];
+            }
+        }
+}
+
+// Each element within `bound` * mag[i] + 1e-6 * max |ref| of ref; `rounded`: the largest
+// error beyond fp32's where the CPU has BF16 instructions. Returns the largest error over
+// the largest value.
+static double expect_bf16_bound(const char *what, const float *got, const double *ref, const double *mag,
+                                int64_t n, double bound, bool rounded) {
+    double big = 0, worst = 0, used = 0;
+    for (int64_t i = 0; i < n; i++) big = fmax(big, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]), lim = bound * mag[i] + 1e-6 * big;
+        if (!(e <= lim)) fail_msg("%s: [%lld] got %.9g, want %.9g: error %.3g over the bound %.3g", what,
+                                  (long long)i, (double)got[i], ref[i], e, lim);
+        worst = fmax(worst, e);
+        used = fmax(used, e / lim);
+    }
+    print_message("bf16 %s: max error %.3g of the largest value, %.0f%% of the bound\n", what, worst / big,
+                  100 * used);
+    if (rounded && cpu_bf16_gemm_name() && !(worst > FWD_TOL * big))
+        fail_msg("%s: max error %.3g of the largest value is fp32's: the GEMM did not round", what, worst / big);
+    return worst / big;
+}
+
+// A case filled (no activation) and its analytic backward: forward, din and the
+// parameter gradients under GEMM_BF16 against the double references and their magnitudes.
+static void check_bf16(Case *c, RefBwd refb, double bound, const char *what) {
+    double *ref = xmalloc((size_t)c->nout * sizeof(double)), *mag = xmalloc((size_t)c->nout * sizeof(double));
+    double *rx = xmalloc((size_t)c->nin * sizeof(double)), *mx = xmalloc((size_t)c->nin * sizeof(double));
+    double *rw[MAXP] = {0}, *mw[MAXP] = {0};
+    for (int j = 0; j < c->nt; j++) {
+        rw[j] = xmalloc((size_t)c->np[j] * sizeof(double));
+        mw[j] = xmalloc((size_t)c->np[j] * sizeof(double));
+    }
+    c->ref(c, ref);
+    refb(c, c->R, rx, rw);
+    // The magnitudes: the references on |x|, |w| and |R|.
+    for (int64_t i = 0; i < c->nin; i++) c->x[i] = fabs(c->x[i]);
+    for (int j = 0; j < c->nt; j++)
+        for (int64_t i = 0; i < c->np[j]; i++) c->w[j][i] = fabs(c->w[j][i]);
+    for (int64_t i = 0; i < c->nout; i++) c->R[i] = fabs(c->R[i]);
+    c->ref(c, mag);
+    refb(c, c->R, mx, mw);
+    case_sync(c);
+
+    const Kernels *k = cpu_kernels();
+    k->gemm_arith(GEMM_BF16);
+    LayerCtx ctx = case_ctx(c);
+    case_forward(c, &ctx, c->out, c->in);
+    memcpy(c->out_fwd, c->out, (size_t)c->nout * sizeof(float));
+    for (int j = 0; j < c->nt; j++) memset(c->g[j], 0, (size_t)c->np[j] * sizeof(float));
+    run_backward(c, c->din);
+    k->gemm_arith(GEMM_FP32);
+    char name[160];
+    snprintf(name, sizeof name, "%s forward", what);
+    expect_bf16_bound(name, c->out, ref, mag, c->nout, bound, true);
+    snprintf(name, sizeof name, "%s din", what);
+    expect_bf16_bound(name, c->din, rx, mx, c->nin, bound, true);
+    for (int j = 0; j < c->nt; j++) {
+        snprintf(name, sizeof name, "%s %s", what, c->t[j]->name);
+        expect_bf16_bound(name, c->g[j], rw[j], mw[j], c->np[j], bound, j == 0);
+        free(rw[j]), free(mw[j]);
+    }
+    free(ref), free(mag), free(rx), free(mx);
+}
+
+static void check_conv_bf16(const ConvSpec *s, uint64_t seed, const char *what) {
+    char text[256];
+    conv_text(text, sizeof text, s);
+    Case c;
+    case_init(&c, &conv_ops, text, (Shape){.c = s->C, .h = s->H, .w = s->W}, s->N);
+    c.K = s->K, c.stride = s->stride, c.pad = s->pad, c.nobias = s->nobias;
+    c.ref = conv_ref;
+    case_fill(&c, seed);
+    const bool winograd = s->algorithm && !strcmp(s->algorithm, "winograd");
+    check_bf16(&c, conv_ref_backward, winograd ? 0x1p-6 : 0x1p-7, what);
+    case_free(&c);
+}
+
+static void test_bf16_gemm_layers(void **state) {
+    // im2col + GEMM (3x3, padded; strided), a 1x1 convolution read in place, a strided 1x1
+    // (a ResNet's downsample), Winograd, the linear layer.
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 8, .H = 7, .W = 6, .OC = 12, .K = 3, .stride = 1, .pad = 1,
+                                .algorithm = "gemm"}, 300, "conv 3x3");
+    check_conv_bf16(&(ConvSpec){.N = 3, .C = 6, .H = 9, .W = 8, .OC = 5, .K = 3, .stride = 2, .pad = 1,
+                                .nobias = true}, 301, "conv 3x3 stride 2");
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 24, .H = 5, .W = 5, .OC = 20, .K = 1, .stride = 1, .pad = 0},
+                    302, "conv 1x1");
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 16, .H = 8, .W = 8, .OC = 32, .K = 1, .stride = 2, .pad = 0,
+                                .nobias = true}, 303, "conv 1x1 stride 2");
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 16, .H = 10, .W = 10, .OC = 16, .K = 3, .stride = 1, .pad = 1,
+                                .algorithm = "winograd"}, 304, "conv winograd");
+    Case c;
+    case_init(&c, &linear_ops, "[linear]\nname = fc\noutputs = 10\n", (Shape){.c = 64, .h = 1, .w = 1}, 5);
+    c.ref = linear_ref;
+    case_fill(&c, 305);
+    check_bf16(&c, linear_ref_backward, 0x1p-7, "linear");
+    case_free(&c);
+}
+
 // ---- relu, maxpool, flatten, log_softmax ----------------------------------------------------
 
 static void test_relu(void **state) {
@@ -2168,6 +2296,7 @@ int main(void) {
         cmocka_unit_test(test_conv_grouped_workspace),
         cmocka_unit_test(test_im2col_col2im),
         cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_bf16_gemm_layers),
         cmocka_unit_test(test_relu),
         cmocka_unit_test(test_relu6),
         cmocka_unit_test(test_relu6_kernels),
