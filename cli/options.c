@@ -16,6 +16,11 @@ const CfgKey train_keys[] = {
                           "(with loss scaling); bf16: stored as bfloat16, and the GEMMs on bf16 "
                           "operands where the CPU has BF16 instructions (AMX, AVX512-BF16) or on "
                           "a GPU"},
+    {"matmul", "auto", "the GEMMs' arithmetic (convolutions, linear layers), accumulating in fp32: "
+                       "auto follows precision (fp16: tf32, bf16: bf16, fp32: fp32); fp32; tf32 "
+                       "(inputs rounded to 10 mantissa bits: TF32 tensor cores on CUDA, fp32 on the "
+                       "CPU); bf16 (inputs rounded to bf16: on AMX or AVX512-BF16, or bf16 tensor "
+                       "cores; fp32 on other CPUs), also with fp32 activations (changes the result)"},
     {"checkpoint", "none", "activation checkpointing: none, sqrt, or a number of segments"},
     {"fused_update", "auto", "each layer's optimizer update runs during backward once its "
                              "gradient is complete, so the gradient memory holds a layer's at a "
@@ -35,11 +40,6 @@ const CfgKey train_keys[] = {
     {"auto_microbatch", "0", "1: memory may also split the batch into micro-batches on a network "
                              "with batchnorm, which then normalises each micro-batch by its own "
                              "statistics (a different training)"},
-    {"matmul", "auto", "the GEMMs' arithmetic (convolutions, linear layers), accumulating in fp32: "
-                       "auto follows precision (fp16: tf32, bf16: bf16, fp32: fp32); fp32; tf32 "
-                       "(inputs rounded to 10 mantissa bits: TF32 tensor cores on CUDA, fp32 on the "
-                       "CPU); bf16 (inputs rounded to bf16: on AMX or AVX512-BF16, or bf16 tensor "
-                       "cores; fp32 on other CPUs), also with fp32 activations (changes the result)"},
     {"loss_scale", "dynamic", "fp16: dynamic (PyTorch's GradScaler), or a fixed scale"},
     {"init_scale", "65536", "fp16: the dynamic loss scale's initial value"},
     {"growth_interval", "2000", "fp16: clean steps before the dynamic scale doubles"},
@@ -355,21 +355,23 @@ static int parse_memory(const char *text, size_t *bytes, const char *cfg_path, E
     return 0;
 }
 
-// The precision and the fp16 loss scaler's keys.
+// The precision, the GEMMs' arithmetic (matmul) and the fp16 loss scaler's keys.
 static int read_precision(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
                           Error *err) {
     static const char *const precisions[] = {"fp32", "fp16", "bf16"};
     static const DType precision_types[] = {DT_F32, DT_F16, DT_BF16};
-    int precision;
+    int precision, matmul;
     const char *loss_scale;
     int64_t growth_interval;
     double init_scale;
     if (cfg_choice(cfg, t, "precision", "fp32", precisions, 3, &precision, err) ||
+        cfg_choice(cfg, t, "matmul", "auto", matmul_names, MATMUL_COUNT, &matmul, err) ||
         cfg_str(cfg, t, "loss_scale", "dynamic", &loss_scale, err) ||
         cfg_float(cfg, t, "init_scale", "65536", 1e-30, 1e30, &init_scale, err) ||
         cfg_int(cfg, t, "growth_interval", "2000", 1, INT64_MAX, &growth_interval, err))
         return -1;
     o->precision = precision_types[precision];
+    o->matmul = (Matmul)matmul;
     if (strcmp(loss_scale, "dynamic") == 0) {
         o->scaling = scaler_rules(true, growth_interval);
         o->init_scale = init_scale;
@@ -385,13 +387,12 @@ static int read_precision(Options *o, const Cfg *cfg, const CfgSection *t, const
     return 0;
 }
 
-// The memory savers (checkpoint, fused_update, recompute_1x1, compress, memory and what it may choose), matmul and
+// The memory savers (checkpoint, fused_update, recompute_1x1, compress, memory and what it may choose) and
 // the combinations that cannot hold; after read_precision and read_optimizer.
 static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const char *cfg_path,
                        Error *err) {
     const char *checkpoint, *memory;
     int64_t recompute_1x1, auto_fp16, auto_microbatch, auto_compress, compress;
-    int matmul;
     enum { FUSED_AUTO, FUSED_OFF, FUSED_ON };  // fused_modes' order
     static const char *const fused_modes[] = {"auto", "0", "1"};
     int fused_mode;
@@ -404,7 +405,6 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
         cfg_int(cfg, t, "auto_fp16", "0", 0, 1, &auto_fp16, err) ||
         cfg_int(cfg, t, "auto_microbatch", "0", 0, 1, &auto_microbatch, err) ||
         cfg_int(cfg, t, "auto_compress", "0", 0, 1, &auto_compress, err) ||
-        cfg_choice(cfg, t, "matmul", "auto", matmul_names, MATMUL_COUNT, &matmul, err) ||
         parse_segments(checkpoint, &o->segments, cfg_path, err) ||
         parse_memory(memory, &o->memory, cfg_path, err))
         return -1;
@@ -419,7 +419,6 @@ static int read_savers(Options *o, const Cfg *cfg, const CfgSection *t, const ch
     o->auto_fp16 = (int)auto_fp16;
     o->auto_microbatch = (int)auto_microbatch;
     o->auto_compress = (int)auto_compress;
-    o->matmul = (Matmul)matmul;
     if (fused_mode == FUSED_ON && o->precision == DT_F16)
         return err_set(err, "%s: [train] fused_update = 1 does not run with precision = fp16: its "
                             "loss scaler must see every gradient before it decides whether to "
