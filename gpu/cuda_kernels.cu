@@ -669,16 +669,20 @@ __host__ __device__ static inline void add_act_at(int64_t i, float *out, const f
 
 // ---- batchnorm: the CPU's per-element arithmetic; its sums in another fixed order ----
 
-// What batchnorm's backward reads per channel: the statistics, gamma and beta.
+// What batchnorm's backward reads per channel: the statistics, gamma and beta; and where
+// it reads its activation's mask from the forward's output, that output (else NULL).
 struct BnChannels {
     const float *mean, *invstd, *gamma, *beta;
+    const float *out;
 };
 
-// dy = dout * act'(z) at element e of channel c, z the forward's pre-activation recomputed
-// from x exactly as bn_forward_at computes it.
+// dy = dout * act'(z) at element e of channel c: act_passes(out) where s.out is given, else
+// act_passes(z), z the forward's pre-activation recomputed from x exactly as bn_forward_at
+// computes it.
 __host__ __device__ static inline float bn_dy(const float *dout, const float *x, BnChannels s,
                                               int64_t e, int c, Activation act) {
     if (act == ACT_NONE) return dout[e];
+    if (s.out) return act_passes(act, s.out[e]) ? dout[e] : 0.0f;
     const float z = add_rn(mul_rn(sub_rn(x[e], s.mean[c]), mul_rn(s.invstd[c], s.gamma[c])), s.beta[c]);
     return act_passes(act, z) ? dout[e] : 0.0f;
 }
@@ -1605,10 +1609,11 @@ static void cuda_bn_sums(double *acc, const float *x, int64_t rows, int64_t samp
     bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, ACT_NONE);
 }
 
-static void cuda_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
-                                  const float *invstd, const float *gamma, const float *beta,
-                                  int64_t rows, int64_t sample_rows, int C, Activation act) {
-    bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C, act);
+static void cuda_bn_backward_sums(double *acc, const float *dout, const float *x, const float *out,
+                                  const float *mean, const float *invstd, const float *gamma,
+                                  const float *beta, int64_t rows, int64_t sample_rows, int C,
+                                  Activation act) {
+    bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta, out}, rows, sample_rows, C, act);
 }
 
 __global__ void bn_batch_stats_kernel(float *mean, float *invstd, float *running_mean,
@@ -1663,13 +1668,14 @@ static void cuda_bn_forward(float *out, const float *x, const float *mean, const
     LAUNCH_CHECK();
 }
 
-static void cuda_bn_backward(float *din, const float *dout, const float *x, const float *mean,
-                             const float *invstd, const float *gamma, const float *beta,
-                             const double *acc, int64_t rows, int C, int64_t count, Activation act) {
+static void cuda_bn_backward(float *din, const float *dout, const float *x, const float *out,
+                             const float *mean, const float *invstd, const float *gamma,
+                             const float *beta, const double *acc, int64_t rows, int C,
+                             int64_t count, Activation act) {
     const int64_t total = rows * C;
     if (total <= 0) return;
     bn_backward_kernel<<<blocks_for(total), THREADS, 0, g.stream>>>(
-        din, dout, x, BnChannels{mean, invstd, gamma, beta}, acc, C, count, act, total);
+        din, dout, x, BnChannels{mean, invstd, gamma, beta, out}, acc, C, count, act, total);
     LAUNCH_CHECK();
 }
 

@@ -63,6 +63,14 @@ static float *bn_invstd(const Layer *l) { return bn_mean(l) + l->in.c; }
 
 static int64_t bn_rows(const Layer *l, int n) { return (int64_t)n * l->in.h * l->in.w; }
 
+// Whether backward reads its activation's mask from the output (then passed to the kernels
+// and read, batchnorm_backward_reads): where it has one and its input is read back from
+// compressed codes (Layer.in_compressed); else the kernels recompute it from the input.
+static bool bn_mask_from_out(const Layer *l) {
+    return l->in_compressed && ((const BatchNorm *)l)->act != ACT_NONE;
+}
+static const float *bn_mask_out(const Layer *l, const float *out) { return bn_mask_from_out(l) ? out : NULL; }
+
 // Normalised by the running statistics: in evaluation, and when frozen with them.
 static bool bn_eval(const Layer *l, const LayerCtx *ctx) { return !ctx->train || l->frozen_stats; }
 
@@ -102,7 +110,7 @@ static void batchnorm_backward_reduce(Layer *l, const LayerCtx *ctx, const float
     if (n0 == 0) ctx->k->zero(bn_acc(l), 2 * (size_t)C * sizeof(double));
     b->count = bn_rows(l, N);
     if (l->frozen_stats) return;
-    ctx->k->bn_backward_sums(bn_acc(l), dout, in, bn_mean(l), bn_invstd(l), l->params[0].data,
+    ctx->k->bn_backward_sums(bn_acc(l), dout, in, bn_mask_out(l, out), bn_mean(l), bn_invstd(l), l->params[0].data,
                              l->params[1].data, bn_rows(l, n), bn_rows(l, 1), C, b->act);
     if (n0 + n == N && l->grads[0]) ctx->k->bn_param_grads(l->grads[0], l->grads[1], bn_acc(l), C);
 }
@@ -113,14 +121,14 @@ static void batchnorm_backward(Layer *l, const LayerCtx *ctx, float *din, float 
                                const float *in, const float *out, int N) {
     const BatchNorm *b = (const BatchNorm *)l;
     if (din)
-        ctx->k->bn_backward(din, dout, in, bn_mean(l), bn_invstd(l), l->params[0].data,
+        ctx->k->bn_backward(din, dout, in, bn_mask_out(l, out), bn_mean(l), bn_invstd(l), l->params[0].data,
                             l->params[1].data, bn_acc(l), bn_rows(l, N), l->in.c, b->count, b->act);
 }
 
-// Backward recomputes ReLU's mask from the input (nn/kernels.h): the output is not read.
+// Backward recomputes its activation's mask from the input (nn/kernels.h): the output is
+// not read, unless the input is read back from compressed codes (bn_mask_out).
 static unsigned batchnorm_backward_reads(const Layer *l) {
-    (void)l;
-    return BACKWARD_READS_IN;
+    return BACKWARD_READS_IN | (bn_mask_from_out(l) ? BACKWARD_READS_OUT : 0);
 }
 
 // bn_backward is elementwise: each value of x is read before din's is written.

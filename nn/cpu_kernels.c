@@ -1506,9 +1506,11 @@ static void cpu_global_avgpool_backward(float *din, const float *dout, int N, in
 #define BN_PART_SUMS 32768  // a round's partial sums: BN_PART_SUMS / (2 * channels) sample
                             // blocks summed in parallel before they are added (16 at 1,024)
 
-// What batchnorm's backward reads per channel: the statistics, gamma and beta.
+// What batchnorm's backward reads per channel: the statistics, gamma and beta; and where
+// it reads its activation's mask from the forward's output, that output (else NULL).
 typedef struct BnChannels {
     const float *mean, *invstd, *gamma, *beta;
+    const float *out;
 } BnChannels;
 
 // Rows are taken in groups: a layer of up to BN_FLAT / 2 channels runs over groups of
@@ -1552,10 +1554,11 @@ static void bn_block(BnBlock *blk, const BnChannels *s, int C, int c0, int nc) {
 }
 
 // Adds a run of n values' terms to the partial sums: with dy NULL, x and x^2; else dy
-// (times the activation's mask act_passes(z), z = (x - mean) * scale + beta) and dy * xhat,
-// xhat = (x - mean) * invstd. Products and sums in double.
+// (times the activation's mask: act_passes(o) where the run's output o is given, else
+// act_passes(z), z = (x - mean) * scale + beta) and dy * xhat, xhat = (x - mean) * invstd.
+// Products and sums in double.
 static inline void bn_run_terms(double *s1, double *s2, const float *x, const float *dy,
-                                const BnBlock *blk, Activation act, int n) {
+                                const float *o, const BnBlock *blk, Activation act, int n) {
     if (!dy) {
 #pragma omp simd
         for (int t = 0; t < n; t++) {
@@ -1565,11 +1568,19 @@ static inline void bn_run_terms(double *s1, double *s2, const float *x, const fl
     } else if (act != ACT_NONE) {  // the masked dy and xhat first: a loop of floats, then one of doubles
         float gx[2 * (BN_COLS_BLOCK + BN_STRIDE_PAD)];
         float *g = gx, *xhat = gx + bn_stride(n);
+        if (o) {
 #pragma omp simd
-        for (int t = 0; t < n; t++) {
-            const float d = x[t] - blk->mean[t];
-            g[t] = act_passes(act, d * blk->scale[t] + blk->beta[t]) ? dy[t] : 0.0f;
-            xhat[t] = d * blk->invstd[t];
+            for (int t = 0; t < n; t++) {
+                g[t] = act_passes(act, o[t]) ? dy[t] : 0.0f;
+                xhat[t] = (x[t] - blk->mean[t]) * blk->invstd[t];
+            }
+        } else {
+#pragma omp simd
+            for (int t = 0; t < n; t++) {
+                const float d = x[t] - blk->mean[t];
+                g[t] = act_passes(act, d * blk->scale[t] + blk->beta[t]) ? dy[t] : 0.0f;
+                xhat[t] = d * blk->invstd[t];
+            }
         }
 #pragma omp simd
         for (int t = 0; t < n; t++) {
@@ -1604,6 +1615,7 @@ static void bn_column_sums(double *acc, int64_t rows, int64_t sample_rows, int C
         BnBlock blk;
         bn_block(&blk, dout ? s : NULL, C, c0, nc);
         const int R = blk.rows;
+        const float *out = s ? s->out : NULL;  // the mask's source (bn_run_terms), or NULL
         for (int64_t u0 = 0; u0 < units; u0 += round) {
             const int nu = (int)(units - u0 < round ? units - u0 : round);
 #pragma omp parallel for schedule(static) if ((int64_t)nu * per * nc > PAR_MIN)
@@ -1618,7 +1630,8 @@ static void bn_column_sums(double *acc, int64_t rows, int64_t sample_rows, int C
                 for (int64_t r = r0; r < r1; r += R) {
                     const int n = (int)(r1 - r < R ? r1 - r : R) * nc;
                     const int64_t e0 = r * C + c0;
-                    bn_run_terms(s1, s2, x + e0, dout ? dout + e0 : NULL, &blk, act, n);
+                    bn_run_terms(s1, s2, x + e0, dout ? dout + e0 : NULL, out ? out + e0 : NULL,
+                                 &blk, act, n);
                 }
                 double *pu = part + (size_t)u * 2 * nc;
                 for (int j = 0; j < nc; j++) {
@@ -1677,18 +1690,19 @@ static void cpu_bn_forward(float *out, const float *x, const float *mean, const 
     }
 }
 
-static void cpu_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
-                                 const float *invstd, const float *gamma, const float *beta,
-                                 int64_t rows, int64_t sample_rows, int C, Activation act) {
-    const BnChannels s = {mean, invstd, gamma, beta};
+static void cpu_bn_backward_sums(double *acc, const float *dout, const float *x, const float *out,
+                                 const float *mean, const float *invstd, const float *gamma,
+                                 const float *beta, int64_t rows, int64_t sample_rows, int C,
+                                 Activation act) {
+    const BnChannels s = {mean, invstd, gamma, beta, out};
     bn_column_sums(acc, rows, sample_rows, C, x, dout, &s, act);
 }
 
-static void cpu_bn_backward(float *din, const float *dout, const float *x, const float *mean,
-                            const float *invstd, const float *gamma, const float *beta,
-                            const double *acc, int64_t rows, int C, int64_t count,
-                            Activation act) {
-    const BnChannels s = {mean, invstd, gamma, beta};
+static void cpu_bn_backward(float *din, const float *dout, const float *x, const float *out,
+                            const float *mean, const float *invstd, const float *gamma,
+                            const float *beta, const double *acc, int64_t rows, int C,
+                            int64_t count, Activation act) {
+    const BnChannels s = {mean, invstd, gamma, beta, out};
     for (int c0 = 0; c0 < C; c0 += BN_COLS_BLOCK) {
         const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK;
         BnBlock blk;
@@ -1710,6 +1724,16 @@ static void cpu_bn_backward(float *din, const float *dout, const float *x, const
             const int n = (int)(rows - r < R ? rows - r : R) * nc;
             const float *xr = x + r * C + c0, *dyr = dout + r * C + c0;
             float *dr = din + r * C + c0;
+            if (out) {  // the mask from the output (bn_run_terms)
+                const float *o = out + r * C + c0;
+#pragma omp simd
+                for (int t = 0; t < n; t++) {
+                    const float d = xr[t] - blk.mean[t];
+                    const float dy = act_passes(act, o[t]) ? dyr[t] : 0.0f;
+                    dr[t] = (dy - a[t] - d * blk.invstd[t] * b[t]) * k[t];
+                }
+                continue;
+            }
 #pragma omp simd
             for (int t = 0; t < n; t++) {
                 const float d = xr[t] - blk.mean[t];

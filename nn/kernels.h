@@ -366,18 +366,24 @@ typedef struct Kernels {
     // out = act((x - mean) * (invstd * gamma) + beta) per channel.
     void (*bn_forward)(float *out, const float *x, const float *mean, const float *invstd,
                        const float *gamma, const float *beta, int64_t rows, int C, Activation act);
-    // With dy = dout * act'(z), z = the forward's pre-activation recomputed from x
+    // With dy = dout * act'(z) and xhat = (x - mean) * invstd: acc[c] += sum of dy,
+    // acc[C + c] += sum of dy * xhat. dout is read only. The activation's mask is
+    // act_passes(out) where the forward's output `out` is given (the same mask: a network
+    // whose x is read back from compressed codes, which would move z across 0, passes it);
+    // with out NULL, act_passes(z), z the forward's pre-activation recomputed from x
     // ((x - mean) * (invstd * gamma) + beta, exactly as bn_forward computes it: the output
-    // need not be kept), and xhat = (x - mean) * invstd: acc[c] += sum of dy,
-    // acc[C + c] += sum of dy * xhat. dout is read only.
-    void (*bn_backward_sums)(double *acc, const float *dout, const float *x, const float *mean,
-                             const float *invstd, const float *gamma, const float *beta,
-                             int64_t rows, int64_t sample_rows, int C, Activation act);
+    // need not be kept).
+    void (*bn_backward_sums)(double *acc, const float *dout, const float *x, const float *out,
+                             const float *mean, const float *invstd, const float *gamma,
+                             const float *beta, int64_t rows, int64_t sample_rows, int C,
+                             Activation act);
     // din = (dy - acc[c] / count - xhat * acc[C + c] / count) * (gamma * invstd): the
-    // gradient through the batch statistics of `count` values a channel (din may be dout).
-    void (*bn_backward)(float *din, const float *dout, const float *x, const float *mean,
-                        const float *invstd, const float *gamma, const float *beta,
-                        const double *acc, int64_t rows, int C, int64_t count, Activation act);
+    // gradient through the batch statistics of `count` values a channel (din may be dout;
+    // the mask as above).
+    void (*bn_backward)(float *din, const float *dout, const float *x, const float *out,
+                        const float *mean, const float *invstd, const float *gamma,
+                        const float *beta, const double *acc, int64_t rows, int C, int64_t count,
+                        Activation act);
     // dgamma += acc[C + c], dbeta += acc[c] (the sums of bn_backward_sums).
     void (*bn_param_grads)(float *dgamma, float *dbeta, const double *acc, int C);
 

@@ -199,6 +199,12 @@ struct Layer {
                                             // j's blocks among all (nn/quant.h)
     bool frozen;        // its parameters stay fixed: backward computes no gradient for them
     bool frozen_stats;  // batchnorm: normalise by the running statistics, always
+    // Backward reads the input back from compressed codes (set by the network: the input's
+    // node is NetNode.packed), which are not the forward's values: a layer whose backward
+    // would recompute something nonlinear from them reads it from its output instead
+    // (batchnorm's activation mask: from the codes, it would pass gradients the forward's
+    // ReLU stopped, and stop others; a bias, not noise).
+    bool in_compressed;
     ParamInit init[LAYER_MAX_PARAMS];
     int64_t fan_in;  // for INIT_WEIGHT and INIT_BIAS
     // Saved and loaded, not trained ("bn1.running_mean"): F32 buffers point into the

@@ -571,7 +571,14 @@ static int net_schedule(Net *net, Error *err) {
     }
     for (int j = 0; j < n; j++) net->nodes[j].virt = false;
     for (int j = 0; j < n; j++) net->nodes[j].virt = virtual_node(net, j);
-    for (int j = 0; j < n; j++) net->nodes[j].packed = packed_node(net, j);
+    // A leaf learns whether its input is read back compressed (Layer.in_compressed) before
+    // its own output is decided: what its backward reads may change with it.
+    for (int j = 0; j < n; j++) {
+        NetNode *nd = &net->nodes[j];
+        if (nd->kind == NODE_LEAF)
+            nd->l->in_compressed = nd->in[0] != NODE_INPUT && net->nodes[nd->in[0]].packed;
+        nd->packed = packed_node(net, j);
+    }
     for (int j = 0; j < n; j++) {
         const NetNode *nd = &net->nodes[j];
         if (nd->virt) {  // its reader's input is its own input's buffer (Stored.via)

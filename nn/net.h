@@ -105,8 +105,10 @@ typedef struct NetOptions {
     // node's output (a convolution's input, a ReLU's output) is kept as codes of that
     // many bits, stochastically rounded, while forward reads the exact values: the output
     // lives whole only until its readers' forward (or recomputation) and the codes until
-    // the backward. A jit node is then kept compressed instead of being recomputed, and a
-    // sweep's input stays exact (its backward runs its members' forward again from it).
+    // the backward. A jit node is then kept compressed instead of being recomputed, a
+    // sweep's input stays exact (its backward runs its members' forward again from it), and
+    // a batchnorm + ReLU whose input is compressed reads its mask from its output
+    // (Layer.in_compressed), which is kept for it where no other backward reads it.
     // It changes the result. compress_skip: layers (names, or module paths above them)
     // whose outputs stay exact.
     int compress;

@@ -202,15 +202,15 @@ static void w_bn_forward(float *out, const float *x, const float *mean, const fl
                          const float *gamma, const float *beta, int64_t rows, int C, Activation act) {
     TIMED(K_NORM, P.inner->bn_forward(out, x, mean, invstd, gamma, beta, rows, C, act));
 }
-static void w_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
-                               const float *invstd, const float *gamma, const float *beta, int64_t rows,
-                               int64_t sample_rows, int C, Activation act) {
-    TIMED(K_NORM, P.inner->bn_backward_sums(acc, dout, x, mean, invstd, gamma, beta, rows, sample_rows, C, act));
+static void w_bn_backward_sums(double *acc, const float *dout, const float *x, const float *out,
+                               const float *mean, const float *invstd, const float *gamma,
+                               const float *beta, int64_t rows, int64_t sample_rows, int C, Activation act) {
+    TIMED(K_NORM, P.inner->bn_backward_sums(acc, dout, x, out, mean, invstd, gamma, beta, rows, sample_rows, C, act));
 }
-static void w_bn_backward(float *din, const float *dout, const float *x, const float *mean,
+static void w_bn_backward(float *din, const float *dout, const float *x, const float *out, const float *mean,
                           const float *invstd, const float *gamma, const float *beta, const double *acc,
                           int64_t rows, int C, int64_t count, Activation act) {
-    TIMED(K_NORM, P.inner->bn_backward(din, dout, x, mean, invstd, gamma, beta, acc, rows, C, count, act));
+    TIMED(K_NORM, P.inner->bn_backward(din, dout, x, out, mean, invstd, gamma, beta, acc, rows, C, count, act));
 }
 static void w_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
     TIMED(K_NORM, P.inner->bn_param_grads(dgamma, dbeta, acc, C));

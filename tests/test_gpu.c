@@ -916,9 +916,9 @@ static void expect_chunked_sums(const char *what, Buf acc, Buf bx, Buf dout, Buf
             G->bn_sums(acc.gpu, (const float *)((char *)bx.gpu + off), n * sample_rows, sample_rows, ch);
         } else {
             C->bn_backward_sums(acc.cpu, (const float *)((char *)dout.cpu + off), (const float *)((char *)bx.cpu + off),
-                                 mean.cpu, invstd.cpu, g.cpu, b.cpu, n * sample_rows, sample_rows, ch, act);
+                                NULL, mean.cpu, invstd.cpu, g.cpu, b.cpu, n * sample_rows, sample_rows, ch, act);
             G->bn_backward_sums(acc.gpu, (const float *)((char *)dout.gpu + off), (const float *)((char *)bx.gpu + off),
-                                 mean.gpu, invstd.gpu, g.gpu, b.gpu, n * sample_rows, sample_rows, ch, act);
+                                NULL, mean.gpu, invstd.gpu, g.gpu, b.gpu, n * sample_rows, sample_rows, ch, act);
         }
     }
     buf_fetch(acc, hc, hg);
@@ -985,8 +985,8 @@ static void test_batchnorm(void **state) {
             expect_same_f32(hc, hg, n, what);
             // The backward sums, then the gradients from the CPU's sums.
             BOTH(k->zero(P(acc), 16 * (size_t)Cc));
-            BOTH(k->bn_backward_sums(P(acc), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), rows, sr, Cc,
-                                     (Activation)act));
+            BOTH(k->bn_backward_sums(P(acc), P(dout), P(bx), NULL, P(mean), P(invstd), P(g), P(b), rows, sr,
+                                     Cc, (Activation)act));
             buf_fetch(acc, ac, ag);
             expect_chunked_sums(what, acc, bx, dout, mean, invstd, g, b, rows, sr, Cc, (Activation)act, ac, ag);
             for (int c = 0; c < 2 * Cc; c++) {
@@ -997,12 +997,30 @@ static void test_batchnorm(void **state) {
             }
             C->upload(csum.cpu, ac, 16 * (size_t)Cc);
             G->upload(csum.gpu, ac, 16 * (size_t)Cc);
-            BOTH(k->bn_backward(P(din), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), P(csum), rows,
-                                Cc, rows, (Activation)act));
+            BOTH(k->bn_backward(P(din), P(dout), P(bx), NULL, P(mean), P(invstd), P(g), P(b), P(csum),
+                                rows, Cc, rows, (Activation)act));
             buf_fetch(din, hc, hg);
             expect_same_f32(hc, hg, n, what);
-            BOTH(k->bn_backward(P(dout), P(dout), P(bx), P(mean), P(invstd), P(g), P(b), P(csum), rows,
-                                Cc, rows, (Activation)act));  // in place
+            // The mask read from the forward's output (the network's way where x is read back
+            // from compressed codes): the same mask, so each backend's own bits.
+            {
+                double *oc = xmalloc(16 * (size_t)Cc), *og = xmalloc(16 * (size_t)Cc);
+                float *mc = xmalloc(n * 4), *mg = xmalloc(n * 4);
+                BOTH(k->zero(P(acc), 16 * (size_t)Cc));
+                BOTH(k->bn_backward_sums(P(acc), P(dout), P(bx), P(out), P(mean), P(invstd), P(g), P(b), rows,
+                                         sr, Cc, (Activation)act));
+                buf_fetch(acc, oc, og);
+                if (memcmp(oc, ac, 16 * (size_t)Cc) || memcmp(og, ag, 16 * (size_t)Cc))
+                    fail_msg("%s: bn_backward_sums with the mask from the output differ", what);
+                BOTH(k->bn_backward(P(din), P(dout), P(bx), P(out), P(mean), P(invstd), P(g), P(b), P(csum),
+                                    rows, Cc, rows, (Activation)act));
+                buf_fetch(din, mc, mg);
+                if (memcmp(mc, hc, n * 4) || memcmp(mg, hg, n * 4))
+                    fail_msg("%s: bn_backward with the mask from the output differs", what);
+                free(oc), free(og), free(mc), free(mg);
+            }
+            BOTH(k->bn_backward(P(dout), P(dout), P(bx), NULL, P(mean), P(invstd), P(g), P(b), P(csum),
+                                rows, Cc, rows, (Activation)act));  // in place
             buf_fetch(dout, hc, hg);
             expect_same_f32(hc, hg, n, what);
             BOTH(k->bn_param_grads(P(dg), P(db), P(csum), Cc));

@@ -1721,7 +1721,7 @@ static void test_batchnorm_sums_chunked(void **state) {
                     double *acc = way ? chunked : one;
                     const float *xs = x + s0 * sr * C, *ds = dy + s0 * sr * C;
                     if (pass == 0) cpu_kernels()->bn_sums(acc, xs, k * sr, sr, C);
-                    else cpu_kernels()->bn_backward_sums(acc, ds, xs, st, st + C, st + 2 * C, st + 3 * C, k * sr, sr, C, act);
+                    else cpu_kernels()->bn_backward_sums(acc, ds, xs, NULL, st, st + C, st + 2 * C, st + 3 * C, k * sr, sr, C, act);
                     s0 += k;
                 }
             if (memcmp(one, chunked, 2 * (size_t)C * sizeof(double)))

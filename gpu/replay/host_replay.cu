@@ -276,10 +276,11 @@ static void replay_bn_column_sums(double *acc, const float *x, const float *dout
 static void replay_bn_sums(double *acc, const float *x, int64_t rows, int64_t sample_rows, int C) {
     replay_bn_column_sums(acc, x, NULL, BnChannels{}, rows, sample_rows, C, ACT_NONE);
 }
-static void replay_bn_backward_sums(double *acc, const float *dout, const float *x, const float *mean,
-                                    const float *invstd, const float *gamma, const float *beta,
-                                    int64_t rows, int64_t sample_rows, int C, Activation act) {
-    replay_bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta}, rows, sample_rows, C, act);
+static void replay_bn_backward_sums(double *acc, const float *dout, const float *x, const float *out,
+                                    const float *mean, const float *invstd, const float *gamma,
+                                    const float *beta, int64_t rows, int64_t sample_rows, int C,
+                                    Activation act) {
+    replay_bn_column_sums(acc, x, dout, BnChannels{mean, invstd, gamma, beta, out}, rows, sample_rows, C, act);
 }
 static void replay_bn_batch_stats(float *mean, float *invstd, float *running_mean, float *running_var,
                                   const double *acc, int C, int64_t count, double eps,
@@ -297,11 +298,11 @@ static void replay_bn_forward(float *out, const float *x, const float *mean, con
     for (int64_t i = 0; i < rows * C; i++)
         bn_forward_at(i, out, x, mean, invstd, gamma, beta, C, act);
 }
-static void replay_bn_backward(float *din, const float *dout, const float *x, const float *mean,
-                               const float *invstd, const float *gamma, const float *beta,
-                               const double *acc, int64_t rows, int C, int64_t count,
-                               Activation act) {
-    const BnChannels s = {mean, invstd, gamma, beta};
+static void replay_bn_backward(float *din, const float *dout, const float *x, const float *out,
+                               const float *mean, const float *invstd, const float *gamma,
+                               const float *beta, const double *acc, int64_t rows, int C,
+                               int64_t count, Activation act) {
+    const BnChannels s = {mean, invstd, gamma, beta, out};
     for (int64_t i = 0; i < rows * C; i++) bn_backward_at(i, din, dout, x, s, acc, C, count, act);
 }
 static void replay_bn_param_grads(float *dgamma, float *dbeta, const double *acc, int C) {
