@@ -2065,9 +2065,10 @@ __global__ void __launch_bounds__(THREADS)
         for (int k = 0; k < PACK_PER_THREAD; k++) {
             const int64_t i = b * QUANT_BLOCK + threadIdx.x + (int64_t)k * THREADS;
             if (i >= n) continue;
-            x0[k] = unpack_at(s0, f, map0, false, i, b);
+            x0[k] = unpack_at(s0, f, map0, pp.root0, i, b);
             x1[k] = two ? unpack_at(s1, f, map1, pp.root1, i, b) : 0.0f;
             packed_rule_at(r, a, first, &p[i], &x0[k], &x1[k], grad[i]);
+            if (pp.root0) x0[k] = sqrt_rn(x0[k]);
             if (pp.root1) x1[k] = sqrt_rn(x1[k]);
             m0 = fmaxf(m0, fabsf(x0[k])), m1 = fmaxf(m1, fabsf(x1[k]));
         }

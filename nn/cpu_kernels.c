@@ -2296,10 +2296,10 @@ static void cpu_optim_step_packed(float *p, PackedState s0, PackedState s1, cons
         const int m = n - i0 < QUANT_BLOCK ? (int)(n - i0) : QUANT_BLOCK;
         float *pb = p + i0;
         const float *gb = g + i0;
-        unpack_block(x0, s0, f, pp.map0, false, b, i0, m);
+        unpack_block(x0, s0, f, pp.map0, pp.root0, b, i0, m);
         if (pp.two) unpack_block(x1, s1, f, pp.map1, pp.root1, b, i0, m);
         step_block(pb, x0, x1, gb, m, r, pp.a, pp.first);
-        pack_block(s0, x0, f, pp.map0, false, b, i0, m);
+        pack_block(s0, x0, f, pp.map0, pp.root0, b, i0, m);
         if (pp.two) pack_block(s1, x1, f, pp.map1, pp.root1, b, i0, m);
     }
 }

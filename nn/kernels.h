@@ -127,14 +127,17 @@ HOST_DEVICE static inline void nll_targets(float smoothing, int C, float *on, fl
 
 // What a packed step works out once, the same on every backend: AdamW's scalars, whether
 // this is the first step taken (SGD's momentum starts as the gradient), whether the rule
-// has a second state, each state's map (QUANT_SIGNED or QUANT_UNSIGNED), and whether the
-// second is stored as its square root (int8 AdamW's exp_avg_sq: its values span twice the
-// decades of the gradients', more than the map's 7; one rounded to 0 under a momentum
-// that is not made a step of momentum / eps, and runs diverged). False when the gate skips
-// the step.
+// has a second state, each state's map (QUANT_SIGNED or QUANT_UNSIGNED), and whether each
+// is stored as its square root: int8 state that averages squares (AdamW's exp_avg_sq,
+// Adadelta's square_avg and acc_delta), whose values span twice the decades of the
+// gradients': AdamW's exp_avg_sq, stored as it is, had values rounded to 0 under a
+// momentum that was not (a step of momentum / eps: runs diverged); Adadelta's, stored as
+// they are, sat in the map's coarse lower decades, 10-50% apart, where a decay of 10% a
+// step rounds back to the same code (resnet-small lost 0.73 points; bench/RESULTS.md).
+// False when the gate skips the step.
 typedef struct PackedPlan {
     AdamWScalars a;
-    bool first, two, root1;
+    bool first, two, root0, root1;
     int map0, map1;
 } PackedPlan;
 
@@ -144,7 +147,8 @@ HOST_DEVICE static inline bool packed_plan(StepScalars r, StateFormat f, const S
     if (!scaler_gate(gate, r.rule == RULE_ADADELTA ? 0 : step, &taken)) return false;
     p->a = adamw_scalars(r.adamw, r.rule == RULE_ADAMW ? taken : 0);
     p->first = taken == 0, p->two = r.rule != RULE_SGD;
-    p->root1 = r.rule == RULE_ADAMW && f == STATE_INT8;
+    p->root0 = r.rule == RULE_ADADELTA && f == STATE_INT8;
+    p->root1 = r.rule != RULE_SGD && f == STATE_INT8;
     p->map0 = r.rule == RULE_ADADELTA ? QUANT_UNSIGNED : QUANT_SIGNED, p->map1 = QUANT_UNSIGNED;
     return true;
 }
@@ -483,8 +487,8 @@ typedef struct Kernels {
     // takes the updated state before it is rounded), and the state is stored rounded
     // again: int8 a block of QUANT_BLOCK values at a time from the first (its new absmax,
     // then its codes; the n values are one tensor's). Adadelta's two states and AdamW's
-    // exp_avg_sq use the unsigned map, momentum and exp_avg the signed one; int8 exp_avg_sq
-    // is stored as its square root (PackedPlan). Gated as above.
+    // exp_avg_sq use the unsigned map, momentum and exp_avg the signed one; int8 state that
+    // averages squares is stored as its square root (PackedPlan). Gated as above.
     void (*optim_step_packed)(float *p, PackedState s0, PackedState s1, const float *g, int64_t n,
                               StateFormat f, StepScalars r, const ScalerState *gate,
                               uint64_t step);

@@ -14,10 +14,11 @@
 // lower), deterministic, so a resumed run sees the same state; a value below half the
 // smallest code rounds to 0 (the paper's kernels keep a momentum's sign instead, which
 // keeps a momentum whose gradients stopped from ever decaying to 0; without it the
-// accuracies are the same). AdamW's second moment is stored as its square root (PackedPlan
-// in kernels.h): stored as it is, a value 1e-7 below its block's largest became 0 under a
-// momentum that was not, the step momentum / eps threw runs of fashion.cfg off (81.7% and
-// 10% against 88.0%; bench/RESULTS.md).
+// accuracies are the same). State that averages squares (AdamW's second moment, both of
+// Adadelta's averages) is stored as its square root (PackedPlan in kernels.h): stored as
+// it is, AdamW's values 1e-7 below their block's largest became 0 under a momentum that was
+// not, and the step momentum / eps threw runs of fashion.cfg off (81.7% and 10% against
+// 88.0%); Adadelta's lay in the map's coarse lower decades (bench/RESULTS.md).
 //
 // bf16: each value rounded to bfloat16 (fp32's top 16 bits, round to nearest even).
 //

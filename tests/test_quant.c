@@ -226,13 +226,14 @@ static void test_packed_step(void **state) {
                                                          : (float)((test_urand() * 2 - 1) * (1 + step));
                 const PackedState s0 = {c0, a0}, s1 = {c1, a1};
                 cpu_kernels()->optim_step_packed(p, s0, s1, g, N, (StateFormat)f, r->r, NULL, step);
-                // AdamW's int8 exp_avg_sq holds square roots (PackedPlan).
-                const bool root = r->r.rule == RULE_ADAMW;
-                unpack_ref(x0, r0, ra0, (StateFormat)f, m0, false);
-                if (r->nstates > 1) unpack_ref(x1, r1, ra1, (StateFormat)f, m1, root);
+                // int8 state that averages squares holds square roots (PackedPlan): AdamW's
+                // exp_avg_sq, both of Adadelta's.
+                const bool root0 = r->r.rule == RULE_ADADELTA, root1 = r->r.rule != RULE_SGD;
+                unpack_ref(x0, r0, ra0, (StateFormat)f, m0, root0);
+                if (r->nstates > 1) unpack_ref(x1, r1, ra1, (StateFormat)f, m1, root1);
                 fp32_step(r, pr, x0, x1, g, step);
-                pack_ref(r0, ra0, x0, (StateFormat)f, m0, r->r.rule != RULE_ADADELTA, false);
-                if (r->nstates > 1) pack_ref(r1, ra1, x1, (StateFormat)f, m1, false, root);
+                pack_ref(r0, ra0, x0, (StateFormat)f, m0, r->r.rule != RULE_ADADELTA, root0);
+                if (r->nstates > 1) pack_ref(r1, ra1, x1, (StateFormat)f, m1, false, root1);
                 char what[96];
                 snprintf(what, sizeof what, "%s, %s, step %d", r->name, state_format_names[f], (int)step);
                 if (memcmp(p, pr, N * 4)) fail_msg("%s: the parameters differ from the fp32 kernel's", what);

@@ -411,9 +411,10 @@ static void replay_optim_step_packed(float *p, PackedState s0, PackedState s1, c
         const int64_t i0 = b * QUANT_BLOCK, m = n - i0 < QUANT_BLOCK ? n - i0 : QUANT_BLOCK;
         float m0 = 0.0f, m1 = 0.0f;
         for (int64_t k = 0; k < m; k++) {
-            x0[k] = unpack_at(s0, f, map0, false, i0 + k, b);
+            x0[k] = unpack_at(s0, f, map0, pp.root0, i0 + k, b);
             x1[k] = two ? unpack_at(s1, f, map1, pp.root1, i0 + k, b) : 0.0f;
             packed_rule_at(r, a, first, &p[i0 + k], &x0[k], &x1[k], grad[i0 + k]);
+            if (pp.root0) x0[k] = sqrt_rn(x0[k]);
             if (pp.root1) x1[k] = sqrt_rn(x1[k]);
             m0 = fmaxf(m0, fabsf(x0[k])), m1 = fmaxf(m1, fabsf(x1[k]));
         }
