@@ -110,8 +110,9 @@ static void batchnorm_backward_reduce(Layer *l, const LayerCtx *ctx, const float
     if (n0 == 0) ctx->k->zero(bn_acc(l), 2 * (size_t)C * sizeof(double));
     b->count = bn_rows(l, N);
     if (l->frozen_stats) return;
-    ctx->k->bn_backward_sums(bn_acc(l), dout, in, bn_mask_out(l, out), bn_mean(l), bn_invstd(l), l->params[0].data,
-                             l->params[1].data, bn_rows(l, n), bn_rows(l, 1), C, b->act);
+    ctx->k->bn_backward_sums(bn_acc(l), dout, in, bn_mask_out(l, out), bn_mean(l), bn_invstd(l),
+                             l->params[0].data, l->params[1].data, bn_rows(l, n), bn_rows(l, 1), C,
+                             b->act);
     if (n0 + n == N && l->grads[0]) ctx->k->bn_param_grads(l->grads[0], l->grads[1], bn_acc(l), C);
 }
 
@@ -121,8 +122,9 @@ static void batchnorm_backward(Layer *l, const LayerCtx *ctx, float *din, float 
                                const float *in, const float *out, int N) {
     const BatchNorm *b = (const BatchNorm *)l;
     if (din)
-        ctx->k->bn_backward(din, dout, in, bn_mask_out(l, out), bn_mean(l), bn_invstd(l), l->params[0].data,
-                            l->params[1].data, bn_acc(l), bn_rows(l, N), l->in.c, b->count, b->act);
+        ctx->k->bn_backward(din, dout, in, bn_mask_out(l, out), bn_mean(l), bn_invstd(l),
+                            l->params[0].data, l->params[1].data, bn_acc(l), bn_rows(l, N), l->in.c,
+                            b->count, b->act);
 }
 
 // Backward recomputes its activation's mask from the input (nn/kernels.h): the output is
