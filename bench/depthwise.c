@@ -137,8 +137,8 @@ static void run_bn(int C, int H, double bandwidth) {
         fwd = fmin(fwd, now() - t);
         t = now();
         memset(acc, 0, 2 * (size_t)C * 8);
-        k->bn_backward_sums(acc, dout, x, mean, invstd, gamma, beta, rows, (int64_t)H * H, C, ACT_RELU6);
-        k->bn_backward(din, dout, x, mean, invstd, gamma, beta, acc, rows, C, rows, ACT_RELU6);
+        k->bn_backward_sums(acc, dout, x, NULL, mean, invstd, gamma, beta, rows, (int64_t)H * H, C, ACT_RELU6);
+        k->bn_backward(din, dout, x, NULL, mean, invstd, gamma, beta, acc, rows, C, rows, ACT_RELU6);
         bwd = fmin(bwd, now() - t);
     }
     const double fbytes = 8.0 * n, bbytes = 12.0 * n;

@@ -134,6 +134,23 @@ static int state_tensors(const Net *net, const ModelTensor *m, int h, Tensor *ou
     return w < 0 || (size_t)w >= sizeof out[1].name ? -1 : 0;
 }
 
+// The int8 state that is stored as its square root (the averages of squares: PackedPlan in
+// kernels.h), its names joined by ',' into buf ("" without int8 state), as checkpoints
+// record it under "int8_roots"; legacy: as the builds before that key stored it (AdamW's
+// exp_avg_sq only), which a checkpoint without the key was written by.
+static const char *int8_roots(const Net *net, bool legacy, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int h = 0; net->opt_format == STATE_INT8 && h < net->nstates; h++) {
+        const char *name = net->state_names[h];
+        if (!optim_state_nonnegative(name) || (legacy && strcmp(name, "exp_avg_sq"))) continue;
+        const int w = snprintf(buf + n, cap - n, "%s%s", n ? "," : "", name);
+        if (w < 0 || (size_t)w >= cap - n) break;
+        n += (size_t)w;
+    }
+    return buf;
+}
+
 // Floats that a tensor of `bytes` takes in host staging (rounded up to whole floats).
 static size_t staged_floats(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
 
@@ -238,16 +255,17 @@ int checkpoint_save(const char *path, const Net *net, const TrainState *st,
         }
     }
 
-    // Metadata: the format, the cfg, the classes, the input shape and the TrainState as
-    // decimal text.
-    enum { NINFO = 4 };
+    // Metadata: the format, the cfg, the classes, the input shape, the int8 state stored as
+    // square roots and the TrainState as decimal text.
+    enum { NINFO = 5 };
     const char *keys[NINFO + NSTATE], *values[NINFO + NSTATE];
-    char nums[NSTATE][32], input[64];
+    char nums[NSTATE][32], input[64], roots[128];
     snprintf(input, sizeof input, "%d,%d,%d", net->input.c, net->input.h, net->input.w);
     keys[0] = "format", values[0] = CHECKPOINT_FORMAT;
     keys[1] = "cfg", values[1] = info->cfg_text;
     keys[2] = "classes", values[2] = classes;
     keys[3] = "input", values[3] = input;
+    keys[4] = "int8_roots", values[4] = int8_roots(net, false, roots, sizeof roots);
     for (int i = 0; i < NSTATE; i++) {
         const StateField *f = &state_fields[i];
         const char *v = (const char *)st + f->offset;
@@ -1017,6 +1035,19 @@ static int load(const char *path, Net *net, TrainState *st, const Skip *skip, Er
                         state_format_names[net->opt_format], state_format_names[fmt]);
                 goto done;
             }
+    }
+    // int8 state whose values mean something else in the file than in this build (written
+    // before Adadelta's averages were stored as square roots): refused, not misread.
+    if (st && net->opt_format == STATE_INT8 && nwant > nmodel) {
+        char ours[128], theirs[128];
+        const char *file = st_meta(&f, "int8_roots");
+        if (!file) file = int8_roots(net, true, theirs, sizeof theirs);
+        if (strcmp(file, int8_roots(net, false, ours, sizeof ours))) {
+            err_set(err, "%s: its int8 optimizer state stores [%.60s] as square roots, this build "
+                         "[%s]: it was written by another version of cnn.c, which resumes it",
+                    path, file, ours);
+            goto done;
+        }
     }
     // Host staging: every tensor wanted, each rounded up to whole floats.
     size_t units = 1;

@@ -372,8 +372,9 @@ typedef struct Kernels {
                        const float *gamma, const float *beta, int64_t rows, int C, Activation act);
     // With dy = dout * act'(z) and xhat = (x - mean) * invstd: acc[c] += sum of dy,
     // acc[C + c] += sum of dy * xhat. dout is read only. The activation's mask is
-    // act_passes(out) where the forward's output `out` is given (the same mask: a network
-    // whose x is read back from compressed codes, which would move z across 0, passes it);
+    // act_passes(out) where the forward's output `out` is given (the same mask from the
+    // exact output; a network whose x is read back from compressed codes, which would move
+    // z across 0, passes its output read back, whose zeros are exact: nn/quant.h);
     // with out NULL, act_passes(z), z the forward's pre-activation recomputed from x
     // ((x - mean) * (invstd * gamma) + beta, exactly as bn_forward computes it: the output
     // need not be kept).

@@ -569,14 +569,15 @@ static int net_schedule(Net *net, Error *err) {
         free(sc.fresh), free(has_grad);
         return -1;
     }
+    // In node order, as each depends on the earlier nodes': whether a leaf's input is read
+    // back compressed (Layer.in_compressed), which may change what its backward reads, then
+    // whether it is virtual and whether its output is kept compressed.
     for (int j = 0; j < n; j++) net->nodes[j].virt = false;
-    for (int j = 0; j < n; j++) net->nodes[j].virt = virtual_node(net, j);
-    // A leaf learns whether its input is read back compressed (Layer.in_compressed) before
-    // its own output is decided: what its backward reads may change with it.
     for (int j = 0; j < n; j++) {
         NetNode *nd = &net->nodes[j];
         if (nd->kind == NODE_LEAF)
             nd->l->in_compressed = nd->in[0] != NODE_INPUT && net->nodes[nd->in[0]].packed;
+        nd->virt = virtual_node(net, j);
         nd->packed = packed_node(net, j);
     }
     for (int j = 0; j < n; j++) {

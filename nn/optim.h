@@ -4,7 +4,8 @@
 // tensors of its shape in net->optimizer, saved in checkpoints as
 // "optimizer.<parameter>.<state name>" (PyTorch's names for them): F32, or compressed
 // (Optimizer.state_format, nn/quant.h) BF16, or U8 codes with their blocks' absmax in
-// "optimizer.<parameter>.<state name>.absmax" (F32).
+// "optimizer.<parameter>.<state name>_absmax" (F32; the averages of squares as their square
+// roots, which the metadata's "int8_roots" lists).
 #ifndef NN_OPTIM_H
 #define NN_OPTIM_H
 

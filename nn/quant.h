@@ -33,7 +33,8 @@
 // keeps its zeros and its positive values apart: code 0 is exactly 0, and codes 1 .. 2^bits
 // - 1 span the positive values from the smallest (step stored negated: the sign says which
 // form), so a ReLU's mask read from the values is exact (batchnorm + ReLU reads its mask
-// from its output for that reason where its input is compressed: Layer.in_compressed). The
+// from its output for that reason where its input is compressed: Layer.in_compressed;
+// ReLU6's edge at 6 is not kept apart, and values near it read back on either side). The
 // random bits are 16 of rng_u64(key, sample * 2^32 + i / 4) for value i of a sample (its
 // index in the step's batch), the key the seed's, the step's and the layer's (net.c), so a
 // recomputed segment, a resumed run and a GPU run round every value the same way.

@@ -388,6 +388,59 @@ static void test_checkpoint_format(void **state) {
     assert_int_equal(test_remove_tree(dir), 0);
 }
 
+// Renames the metadata key `from` to `to` (the same length) in the file's header: a file
+// as a build that did not write the key would have written it.
+static void rename_meta_key(const char *path, const char *from, const char *to) {
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    uint64_t hlen = 0;
+    assert_int_equal(fread(&hlen, 8, 1, fp), 1);
+    char *h = malloc(hlen + 1);
+    assert_non_null(h);
+    assert_int_equal(fread(h, 1, hlen, fp), hlen);
+    h[hlen] = '\0';
+    char *at = strstr(h, from);
+    assert_non_null(at);
+    memcpy(at, to, strlen(to));
+    assert_int_equal(fseek(fp, 8, SEEK_SET), 0);
+    assert_int_equal(fwrite(h, 1, hlen, fp), hlen);
+    fclose(fp);
+    free(h);
+}
+
+// int8 state stored as square roots is recorded ("int8_roots"); a checkpoint written
+// before Adadelta's averages were (no such key) is refused with Adadelta, not misread, and
+// resumes with AdamW, whose exp_avg_sq was a square root already.
+static void test_checkpoint_roots(void **state) {
+    char dir[512];
+    assert_int_equal(test_tmpdir_make(dir, sizeof dir, "test_quant"), 0);
+    static char *classes[4] = {"a", "b", "c", "d"};
+    const CheckpointInfo info = {.cfg_text = (char *)net_cfg, .class_names = classes, .classes = 4};
+    const TrainState st = {.epoch = 0, .batch = 1, .step = 1, .seed = 1, .best_val_acc = -1, .loss_scale = 1};
+    const Optimizer rules[] = {{.kind = OPTIM_ADADELTA, .lr = 1.0, .rho = 0.9, .eps = 1e-6, .state_format = STATE_INT8},
+                               {.kind = OPTIM_ADAMW, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                .state_format = STATE_INT8}};
+    for (int r = 0; r < 2; r++) {
+        Error err = {{0}};
+        Net a, b;
+        build(&a, &rules[r], false);
+        for (int i = 0; i < 16; i++) a.labels[i] = i % 4;
+        test_train_step(&a, &rules[r], 16, rules[r].lr, 1, 0);
+        const char *path = test_path(dir, "roots.safetensors");
+        if (checkpoint_save(path, &a, &st, &info, &err)) fail_msg("%s", err.msg);
+        build(&b, &rules[r], false);
+        TrainState got;
+        if (checkpoint_load_all(path, &b, &got, &err)) fail_msg("%s", err.msg);  // its own build's
+        rename_meta_key(path, "int8_roots", "int8_rooXs");
+        const int rc = checkpoint_load_all(path, &b, &got, &err);
+        if (r == 0 && (rc != -1 || !strstr(err.msg, "[] as square roots") || !strstr(err.msg, "another version")))
+            fail_msg("an Adadelta checkpoint without int8_roots: rc %d, '%s'", rc, err.msg);
+        if (r == 1 && rc) fail_msg("an AdamW checkpoint without int8_roots: %s", err.msg);
+        net_free(&a), net_free(&b);
+    }
+    assert_int_equal(test_remove_tree(dir), 0);
+}
+
 // ---- compressed activations -------------------------------------------------------------
 
 enum { ACT_VALUES = 2 * ACT_GROUP + 37, ACT_SAMPLES = 3 };
@@ -580,6 +633,7 @@ int main(void) {
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_training),
         cmocka_unit_test(test_checkpoint_format),
+        cmocka_unit_test(test_checkpoint_roots),
         cmocka_unit_test(test_act_records),
         cmocka_unit_test(test_act_unbiased),
         cmocka_unit_test(test_act_gradient_expectation),
