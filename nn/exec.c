@@ -109,10 +109,11 @@ static void exec_charge(const LayerCtx *ctx, const Layer *l, CallKind kind, int 
 static double exec_start(const LayerCtx *ctx) { return ctx->exec->costs ? exec_clock(ctx) : 0; }
 
 // Samples per call of l's pass over N with input `in` and output `out`: as many as a
-// scratch slot holds of the larger of them in F16 or where one is compressed
+// scratch slot holds of the larger of them in F16, where one is compressed or where the
+// results go through the scratch (`apart`: a handoff, an added input gradient)
 // (exec_chunk's), else N; in F32 at most the byte input's chunk (Exec.input_chunk).
-static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, Stored out, int N) {
-    const bool through_scratch = exec_half(ctx) || in.kind == STORED_PACKED || out.kind == STORED_PACKED;
+static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, Stored out, int N, bool apart) {
+    const bool through_scratch = exec_half(ctx) || apart || in.kind == STORED_PACKED || out.kind == STORED_PACKED;
     int chunk = through_scratch ? layer_slot_chunk(ctx->exec, l, N) : N;
     if (!exec_half(ctx) && in.kind == STORED_U8 && ctx->exec->input_chunk < chunk) chunk = ctx->exec->input_chunk;
     return chunk;
@@ -121,13 +122,15 @@ static int pass_chunk(const LayerCtx *ctx, const Layer *l, Stored in, Stored out
 // The batch pass of forward (reduce) and the forward itself. In F32 a pass that one call
 // takes runs in place (a byte input expanded whole into Exec.input_f32); otherwise the
 // passes run over chunks, each one's input viewed in fp32 and its results stored back
-// where they are not F32.
+// where they are not F32, or copied from the scratch where the output takes the input's
+// bytes (`over`; F32's batch pass then reads the input whole, as one call does).
 static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N, bool reduce) {
     const LayerOps *ops = l->ops;
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = pass_chunk(ctx, l, in, out, N);
+    const bool over = out.p == in.p;
+    const int chunk = pass_chunk(ctx, l, in, out, N, over);
     double t0 = exec_start(ctx);
-    if (!exec_half(ctx) && chunk >= N) {
+    if (!exec_half(ctx) && chunk >= N && !over) {
         const float *x = view(ctx, in, nin, 0, N, 0);
         if (reduce) {
             ops->forward_reduce(l, ctx, x, 0, N, N);
@@ -139,8 +142,9 @@ static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in,
         return;
     }
     if (reduce) {
-        for (int n0 = 0; n0 < N; n0 += chunk) {
-            const int n = chunk_len(chunk, n0, N);
+        const int rchunk = in.kind == STORED_F32 ? N : chunk;
+        for (int n0 = 0; n0 < N; n0 += rchunk) {
+            const int n = chunk_len(rchunk, n0, N);
             ops->forward_reduce(l, ctx, view(ctx, in, nin, n0, n, 0), n0, n, N);
         }
         exec_charge(ctx, l, CALL_FORWARD_REDUCE, N, t0);
@@ -150,9 +154,10 @@ static void forward_passes(const LayerCtx *ctx, Layer *l, Stored out, Stored in,
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
         const float *x = view(ctx, in, nin, n0, n, 0);
-        float *y = out.kind == STORED_F32 ? (float *)out.p + n0 * nout : ctx->exec->scratch[1];
+        float *y = out.kind == STORED_F32 && !over ? (float *)out.p + n0 * nout : ctx->exec->scratch[1];
         ops->forward(l, &c, y, x, n);
         if (out.kind != STORED_F32) store(ctx, out.p, y, nout, n0, n);
+        else if (over) ctx->k->copy((float *)out.p + n0 * nout, y, (size_t)n * nout * sizeof(float));
     }
     exec_charge(ctx, l, CALL_FORWARD, N, t0);
 }
@@ -161,7 +166,7 @@ void exec_forward_stats(const LayerCtx *ctx, Layer *l, Stored in, int N) {
     const LayerOps *ops = l->ops;
     if (!ops->forward_reduce || (ops->forward_reduces && !ops->forward_reduces(l, ctx))) return;
     const int64_t nin = shape_numel(l->in);
-    const int chunk = pass_chunk(ctx, l, in, in, N);
+    const int chunk = pass_chunk(ctx, l, in, in, N, false);
     const double t0 = exec_start(ctx);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
@@ -176,13 +181,29 @@ void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N) {
     forward_passes(ctx, l, out, in, N, reduce);
 }
 
+// Adds the n samples of fp32 `dx` (rounded to halves first where din holds halves) to
+// samples [n0, n0 + n) of din; `tmp`: a free scratch slot.
+static void add_din(const LayerCtx *ctx, Stored din, float *dx, int64_t numel, int n0, int n, float *tmp) {
+    if (din.kind == STORED_F32) {
+        float *d = (float *)din.p + n0 * numel;
+        ctx->k->add_act(d, d, dx, n * numel, ACT_NONE);
+        return;
+    }
+    f32_to_halves(ctx, (uint16_t *)tmp, dx, n * numel);
+    halves_to_f32(ctx, dx, (const uint16_t *)tmp, n * numel);
+    halves_to_f32(ctx, tmp, (const uint16_t *)din.p + n0 * numel, n * numel);
+    ctx->k->add_act(dx, tmp, dx, n * numel, ACT_NONE);
+    store(ctx, din.p, dx, numel, n0, n);
+}
+
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
-                   int N) {
+                   int N, DinMode mode) {
     const LayerOps *ops = l->ops;
     const int64_t nin = shape_numel(l->in), nout = shape_numel(l->out);
-    const int chunk = pass_chunk(ctx, l, in, out, N);
+    const bool apart = din.p && mode != DIN_WRITE;  // din's chunks through the scratch
+    const int chunk = pass_chunk(ctx, l, in, out, N, apart);
     double t0 = exec_start(ctx);
-    if (!exec_half(ctx) && chunk >= N) {  // F32 in one call (a compressed one read whole)
+    if (!exec_half(ctx) && chunk >= N && !apart) {  // F32 in one call (a compressed one read whole)
         const float *x = view(ctx, in, nin, 0, N, 0), *y = view(ctx, out, nout, 0, N, 1);
         if (ops->backward_reduce) {
             ops->backward_reduce(l, ctx, dout.p, x, y, 0, N, N);
@@ -205,15 +226,21 @@ void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Store
         exec_charge(ctx, l, CALL_BACKWARD_REDUCE, N, t0);
         t0 = exec_start(ctx);
     }
+    // din's chunk: in place in F32 but apart; else in the last slot (F32's slot 2 is free:
+    // its output gradient is read where it is).
+    float *const slot = ctx->exec->scratch[exec_half(ctx) ? 3 : 2];
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = chunk_len(chunk, n0, N);
         LayerCtx c = chunk_ctx(ctx, n0, n, N);
         const float *x = view(ctx, in, nin, n0, n, 0);
         const float *y = view(ctx, out, nout, n0, n, 1);
         float *dy = view(ctx, dout, nout, n0, n, 2);
-        float *dx = !din.p ? NULL : din.kind == STORED_F32 ? (float *)din.p + n0 * nin : ctx->exec->scratch[3];
+        float *dx = !din.p ? NULL : din.kind == STORED_F32 && !apart ? (float *)din.p + n0 * nin : slot;
         ops->backward(l, &c, dx, dy, x, y, n);
-        if (dx && din.kind != STORED_F32) store(ctx, din.p, dx, nin, n0, n);
+        if (!dx) continue;
+        if (mode == DIN_ADD) add_din(ctx, din, dx, nin, n0, n, ctx->exec->scratch[exec_half(ctx) ? 2 : 1]);
+        else if (din.kind != STORED_F32) store(ctx, din.p, dx, nin, n0, n);
+        else if (apart) ctx->k->copy((float *)din.p + n0 * nin, dx, (size_t)n * nin * sizeof(float));
     }
     exec_charge(ctx, l, CALL_BACKWARD, N, t0);
 }

@@ -23,7 +23,8 @@ struct Exec {
     DType precision;      // of stored activations: DT_F32, DT_F16 or DT_BF16
     int pack_bits;        // compressed activations' width (STORED_PACKED), 0: none
     int64_t slot_values;  // halves or pack_bits: fp32 values in each scratch slot
-    float *scratch[4];    // halves: slot_values F32 each; F32 with pack_bits: slots 0 and 1
+    float *scratch[4];    // slot_values F32 each: halves use 4; F32 where it runs in chunks
+                          // (compressed reads, handoffs, added input gradients) slots 0 to 2
     struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
     // A byte input (STORED_U8: the network's input with NetOptions.input_bytes) is read as
     // lut[c][byte] (C, 256, on the device), expanded into fp32 chunk by chunk: with halves
@@ -67,15 +68,25 @@ typedef struct Stored {
 // F32 where f32 is set, else the executor's halves.
 static inline Stored stored_in(void *p, bool f32) { return (Stored){.p = p, .kind = f32 ? STORED_F32 : STORED_HALF}; }
 
+// How a backward's input gradient reaches din: written there (over dout where the layer
+// computes in place, or with halves through the scratch); written a chunk at a time
+// through the scratch where that chunk of dout was read (din and dout share bytes: a
+// handoff, nn/net.h's net_handoff); or added to what din holds (a later term of a
+// gradient, NodeBufs.adds), a chunk at a time, rounded to the stored precision first as a
+// term kept apart would be, so the sum has the bits of a term's EV_GRAD_ADD.
+typedef enum DinMode { DIN_WRITE, DIN_OVER_DOUT, DIN_ADD } DinMode;
+
 // Layer l forward over N samples (out from in), and backward (din from dout; din.p NULL
 // when nobody needs it); parameter gradients accumulate. A STORED_U8 input is read
-// normalised (Exec.lut), in chunks where Exec says so.
+// normalised (Exec.lut), in chunks where Exec says so. Where out.p is in.p (a handoff)
+// forward runs over chunks, each chunk's output written through the scratch where its
+// input was read, after the batch pass (batchnorm's statistics) has read all of it.
 void exec_forward(const LayerCtx *ctx, Layer *l, Stored out, Stored in, int N);
 // Layer l's batch pass alone (batchnorm's statistics), where its forward needs one: the
 // forward of a node whose output its reader computes (Stored.via).
 void exec_forward_stats(const LayerCtx *ctx, Layer *l, Stored in, int N);
 void exec_backward(const LayerCtx *ctx, Layer *l, Stored din, Stored dout, Stored in, Stored out,
-                   int N);
+                   int N, DinMode mode);
 
 // out = act(a + b) over N samples of `values` each (out may be a or b).
 void exec_add_act(const LayerCtx *ctx, Stored out, Stored a, Stored b, int64_t values, int N,

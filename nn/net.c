@@ -433,6 +433,7 @@ static void sched_live(Schedule *sc, int p) {
 static bool data_used_after(const Net *net, int b, int t) {
     for (int e = t + 1; e < net->nevents; e++) {
         const int j = net->events[e].node;
+        if (j < 0) continue;  // a sum of terms dropped while routing (NodeBufs.adds)
         const NetNode *nd = &net->nodes[j];
         switch (net->events[e].kind) {
         case EV_FORWARD:
@@ -462,6 +463,31 @@ static bool holds_gradient(const Net *net, int b) {
     for (int q = 0; q < net->nnodes; q++)
         if (net->nbuf[q].grad == b || net->nbuf[q].term == b) return true;
     return false;
+}
+
+// Whether leaf j's backward runs over chunks of samples through the scratch anyway
+// (nn/exec.c): with halves, or where it reads a compressed input or output. Only there
+// may its input gradient take its output gradient's bytes (net_handoff) or be added into
+// its input's gradient (NodeBufs.adds): elsewhere either would cut one call into chunks,
+// which changes a weight gradient's bits where the layer has no sample quantum (Winograd).
+static bool backward_in_chunks(const Net *net, int j) {
+    const NetNode *nd = &net->nodes[j];
+    const unsigned reads = node_reads(nd);
+    return nd->kind == NODE_LEAF &&
+           (precision_is_half(net->precision) ||
+            ((reads & BACKWARD_READS_IN) && nd->in[0] != NODE_INPUT && net->nodes[nd->in[0]].packed) ||
+            ((reads & BACKWARD_READS_OUT) && nd->packed));
+}
+
+// Whether leaf j's backward may add its input gradient into node p's, a later term of it
+// (NodeBufs.adds): its backward runs in chunks anyway, and p's gradient is neither j's
+// own nor shared with a node other than p whose backward is still to come.
+static bool adds_into_gradient(const Net *net, int j, int p) {
+    const int g = net->nbuf[p].grad;
+    if (net->apart || !backward_in_chunks(net, j) || g == net->nbuf[j].grad) return false;
+    for (int q = net->first_trained; q < j; q++)
+        if (q != p && (net->nbuf[q].grad == g || net->nbuf[q].term == g)) return false;
+    return true;
 }
 
 // Where leaf j's backward at event t may write node p's gradient (a first term) or its
@@ -506,6 +532,14 @@ static int route_gradients(Net *net, int j, int t, Error *err) {
             b[j].din = b[p].grad;
         } else if (sum) {  // a sum's later term: its gradient as it is
             b[p].term = b[j].grad;
+        } else if (adds_into_gradient(net, j, p)) {  // a leaf's later term, added in place
+            b[j].din = b[p].grad;
+            b[j].adds = true;
+            for (int e = t + 1; e < net->nevents; e++)  // the sum of terms it does instead
+                if (net->events[e].kind == EV_GRAD_ADD && net->events[e].node == p) {
+                    net->events[e].node = -1;
+                    break;
+                }
         } else {  // a leaf's or sweep's later term
             const int over = over_input(net, j, p, t);
             b[p].term = over >= 0 ? over : buf_term(p);
@@ -622,6 +656,10 @@ static int net_schedule(Net *net, Error *err) {
     for (int t = n + 1; t < net->nevents; t++)
         if (net->events[t].kind == EV_BACKWARD && route_gradients(net, net->events[t].node, t, err))
             return -1;
+    int kept = 0;  // without the sums of terms that backwards add in place
+    for (int t = 0; t < net->nevents; t++)
+        if (net->events[t].node >= 0) net->events[kept++] = net->events[t];
+    net->nevents = kept;
     return 0;
 }
 
@@ -711,7 +749,8 @@ static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
     if (reads & BACKWARD_READS_OUT) span_read(sb, read_buffer(net, j), t);
     if (inner_bytes(net, j)) span_read(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
-    if (b[j].din >= 0 && b[j].din != b[j].grad) span_write(sb, b[j].din, t);  // else in place
+    if (b[j].adds) span_read(sb, b[j].din, t);  // adds to the gradient it holds
+    else if (b[j].din >= 0 && b[j].din != b[j].grad) span_write(sb, b[j].din, t);  // else in place
 }
 
 // The bytes of each buffer in net->bufs (0: not used).
@@ -808,10 +847,10 @@ done:
     return rc;
 }
 
-// Whether buffers x and y are live at some event both.
-static bool buffers_meet(const Net *net, const ActBuffer *x, const ActBuffer *y) {
+// Whether buffers x and y (their spans in `spans`) are live at some event both.
+static bool buffers_meet(const ActSpan *spans, const ActBuffer *x, const ActBuffer *y) {
     if (x->last < y->first || y->last < x->first) return false;
-    const ActSpan *u = &net->spans[x->span0], *v = &net->spans[y->span0];
+    const ActSpan *u = &spans[x->span0], *v = &spans[y->span0];
     for (int i = 0, j = 0; i < x->nspans && j < y->nspans;) {  // both in time order
         if (u[i].from <= v[j].to && v[j].from <= u[i].to) return true;
         if (u[i].to < v[j].to) i++;
@@ -829,38 +868,178 @@ bool net_buffer_live(const Net *net, int b, int t) {
     return false;
 }
 
-// The lengths of buffer b's spans, summed (an event where one span ends and the next
-// begins counts twice), and the events at which it holds something (counted once).
-static int buffer_span_events(const Net *net, int b) {
-    const ActSpan *x = &net->spans[net->bufs[b].span0];
+// The lengths of buffer a's spans (in `spans`), summed (an event where one span ends and
+// the next begins counts twice), and the events at which it holds something (counted once).
+static int buffer_span_events(const ActSpan *spans, const ActBuffer *a) {
+    const ActSpan *x = &spans[a->span0];
     int n = 0;
-    for (int i = 0; i < net->bufs[b].nspans; i++) n += x[i].to - x[i].from + 1;
+    for (int i = 0; i < a->nspans; i++) n += x[i].to - x[i].from + 1;
     return n;
 }
 static int buffer_live_events(const Net *net, int b) {
-    const ActSpan *x = &net->spans[net->bufs[b].span0];
-    int n = buffer_span_events(net, b);
-    for (int i = 1; i < net->bufs[b].nspans; i++) n -= x[i].from <= x[i - 1].to ? x[i - 1].to - x[i].from + 1 : 0;
+    const ActBuffer *a = &net->bufs[b];
+    const ActSpan *x = &net->spans[a->span0];
+    int n = buffer_span_events(net->spans, a);
+    for (int i = 1; i < a->nspans; i++) n -= x[i].from <= x[i - 1].to ? x[i - 1].to - x[i].from + 1 : 0;
     return n;
 }
 
-// Places the buffers in `order` (used of them) one by one at the lowest offset where each
-// overlaps no placed buffer that is live with it; returns the highest end.
-static size_t place_in_order(Net *net, const int *order, int used, int *placed) {
+// ---- handoffs: a leaf writing its output over its input chunk by chunk --------------------
+//
+// A leaf's forward reads its input and writes its output, its backward reads its output
+// gradient and writes its input gradient. Where what it reads is read for the last time
+// there (its span ends at the event) and what it writes begins there, and a sample of the
+// latter takes no more bytes than one of the former, the executor runs the leaf a chunk
+// of samples at a time and writes each chunk's result, through the scratch, where the
+// chunk's samples were read (nn/exec.c): the two buffers may share their bytes. So a
+// convolution's input from a batchnorm that is kept compressed for backward, its output
+// and the batchnorm's after it take one buffer, not three: forward's working set at
+// resnet18's first stage is the block's input and one more tensor. Backward hands over
+// only where it runs in chunks anyway (backward_in_chunks). Buffers that share bytes form
+// a group (ActBuffer.over: its first member) placed as one buffer, as large as its largest,
+// live wherever one of them is; two groups join where every event at which members of
+// both are live is a handoff between them.
+
+// The buffers event t would hand over, but for the spans' condition: x, what a leaf reads
+// (its input, or its output gradient), y what it writes (its output, or its input
+// gradient), y no larger a sample than x; false for any other event.
+static bool handoff_pair(const Net *net, int t, int *x, int *y) {
+    if (net->apart || t < 0 || t >= net->nevents) return false;
+    const Event ev = net->events[t];
+    const int j = ev.node, a = net->nodes[j].in[0];
+    const NetNode *nd = &net->nodes[j];
+    if (nd->kind != NODE_LEAF || nd->virt) return false;
+    const size_t es = dtype_sizes[net->precision];
+    const size_t out = (size_t)shape_numel(nd->out) * (j == net->nnodes - 1 ? sizeof(float) : es),
+                 in = (size_t)shape_numel(nd->l->in) * es;  // a sample's, of the values or gradients
+    if (ev.kind == EV_FORWARD || ev.kind == EV_RECOMPUTE) {
+        if (a == NODE_INPUT || net->nodes[a].virt || out > in) return false;
+        *x = out_buffer(net, a), *y = net->nbuf[j].out;
+    } else if (ev.kind == EV_BACKWARD) {
+        const NodeBufs *b = &net->nbuf[j];
+        if (!backward_in_chunks(net, j) || b->adds || b->din < 0 || b->din == b->grad || in > out) return false;
+        *x = b->grad, *y = b->din;
+    } else {
+        return false;
+    }
+    return *x != *y;
+}
+
+// Whether one of buffer b's spans ends (starts) at event t.
+static bool span_ends_at(const Net *net, int b, int t) {
+    for (int i = 0; i < net->bufs[b].nspans; i++)
+        if (net->spans[net->bufs[b].span0 + i].to == t) return true;
+    return false;
+}
+static bool span_starts_at(const Net *net, int b, int t) {
+    for (int i = 0; i < net->bufs[b].nspans; i++)
+        if (net->spans[net->bufs[b].span0 + i].from == t) return true;
+    return false;
+}
+
+bool net_handoff(const Net *net, int x, int y, int t) {
+    int hx, hy;
+    return handoff_pair(net, t, &hx, &hy) && hx == x && hy == y && span_ends_at(net, x, t) &&
+           span_starts_at(net, y, t);
+}
+
+// The group of buffer b: its first member.
+static int buffer_group(const Net *net, int b) { return net->bufs[b].over >= 0 ? net->bufs[b].over : b; }
+
+// Whether the groups of gx and gy may share bytes: wherever members of both are live at
+// once, one hands over to the other.
+static bool groups_fit(const Net *net, int gx, int gy) {
+    for (int m = 0; m < net->nbufs; m++) {
+        if (buffer_group(net, m) != gx || !net->bufs[m].bytes) continue;
+        for (int q = 0; q < net->nbufs; q++) {
+            if (buffer_group(net, q) != gy || !net->bufs[q].bytes) continue;
+            const ActBuffer *a = &net->bufs[m], *c = &net->bufs[q];
+            const int from = a->first > c->first ? a->first : c->first, to = a->last < c->last ? a->last : c->last;
+            for (int t = from; t <= to; t++)
+                if (net_buffer_live(net, m, t) && net_buffer_live(net, q, t) && !net_handoff(net, m, q, t) &&
+                    !net_handoff(net, q, m, t))
+                    return false;
+        }
+    }
+    return true;
+}
+
+// Sets every buffer's group (ActBuffer.over) from the schedule's handoffs, in event order.
+static void buffer_handoffs(Net *net) {
+    for (int b = 0; b < net->nbufs; b++) net->bufs[b].over = -1;
+    for (int t = 0; t < net->nevents; t++) {
+        int x, y;
+        if (!handoff_pair(net, t, &x, &y) || !net->bufs[x].bytes || !net->bufs[y].bytes || !net_handoff(net, x, y, t))
+            continue;
+        const int gx = buffer_group(net, x), gy = buffer_group(net, y);
+        if (gx == gy || !groups_fit(net, gx, gy)) continue;
+        for (int b = 0; b < net->nbufs; b++)
+            if (b == gy || net->bufs[b].over == gy) net->bufs[b].over = gx;
+    }
+}
+
+static int cmp_span(const void *a, const void *b) {
+    const ActSpan *x = a, *y = b;
+    return x->from != y->from ? (x->from > y->from) - (x->from < y->from) : (x->to > y->to) - (x->to < y->to);
+}
+
+// What the placement places (NULL: out of memory): net->bufs with their spans (in
+// *spans), but, `grouped`, that a group's first member is as large as its largest and live
+// wherever one of them is (their spans merged) and the other members take no bytes.
+static ActBuffer *placement_units(const Net *net, bool grouped, ActSpan **spans, Error *err) {
+    const int nb = net->nbufs;
+    ActBuffer *u = xcalloc((size_t)nb, sizeof *u, err);
+    ActSpan *sp = xcalloc((size_t)net->nspans + 1, sizeof *sp, err);
+    if (!u || !sp) {
+        free(u), free(sp);
+        return NULL;
+    }
+    int m = 0;
+    for (int g = 0; g < nb; g++) {
+        u[g] = net->bufs[g];
+        u[g].span0 = m, u[g].nspans = 0;
+        if (grouped && net->bufs[g].over >= 0) u[g].bytes = 0;
+        if (!u[g].bytes) continue;
+        for (int b = 0; b < nb; b++) {
+            if (b != g && (!grouped || net->bufs[b].over != g)) continue;
+            if (net->bufs[b].bytes > u[g].bytes) u[g].bytes = net->bufs[b].bytes;
+            for (int i = 0; i < net->bufs[b].nspans; i++) sp[m++] = net->spans[net->bufs[b].span0 + i];
+        }
+        qsort(&sp[u[g].span0], (size_t)(m - u[g].span0), sizeof *sp, cmp_span);
+        int k = u[g].span0;  // merged where they meet (at a handoff's event)
+        for (int i = u[g].span0 + 1; i < m; i++) {
+            if (sp[i].from <= sp[k].to) {
+                if (sp[i].to > sp[k].to) sp[k].to = sp[i].to;
+            } else {
+                sp[++k] = sp[i];
+            }
+        }
+        m = k + 1;
+        u[g].nspans = m - u[g].span0;
+        u[g].first = sp[u[g].span0].from, u[g].last = sp[m - 1].to;
+    }
+    *spans = sp;
+    return u;
+}
+
+// Places the buffers in `order` (used of them; u: their spans in `spans`) one by one at
+// the lowest offset where each overlaps no placed buffer that is live with it; returns the
+// highest end.
+static size_t place_in_order(ActBuffer *u, const ActSpan *spans, const int *order, int used, int *placed) {
     size_t top = 0;
     for (int k = 0; k < used; k++) {
-        ActBuffer *x = &net->bufs[order[k]];
+        ActBuffer *x = &u[order[k]];
         int nconf = 0;  // the placed buffers live with x, by offset
         for (int j = 0; j < k; j++) {
-            const ActBuffer *y = &net->bufs[order[j]];
-            if (!buffers_meet(net, x, y)) continue;
+            const ActBuffer *y = &u[order[j]];
+            if (!buffers_meet(spans, x, y)) continue;
             int c = nconf++;
-            for (; c > 0 && net->bufs[placed[c - 1]].offset > y->offset; c--) placed[c] = placed[c - 1];
+            for (; c > 0 && u[placed[c - 1]].offset > y->offset; c--) placed[c] = placed[c - 1];
             placed[c] = order[j];
         }
         size_t off = 0;
         for (int c = 0; c < nconf; c++) {
-            const ActBuffer *y = &net->bufs[placed[c]];
+            const ActBuffer *y = &u[placed[c]];
             if (off + x->bytes <= y->offset) break;
             if (y->offset + y->bytes > off) off = y->offset + y->bytes;
         }
@@ -880,39 +1059,78 @@ static int cmp_keyed(const void *a, const void *b) {  // largest key first; ties
     return x->key != y->key ? (x->key < y->key ? 1 : -1) : (x->id > y->id) - (x->id < y->id);
 }
 
-// Places every used buffer (bytes > 0) greedily (TFLite's memory planner's placement: each
-// at the lowest offset where it overlaps no placed buffer live with it), in each of a few
-// orders: largest first; largest over the most events first (bytes x events); the earliest
-// first; and keeps the placement with the lowest end. Sets plan.activations (that end)
-// and plan.act_kept (the bytes live at the loss). Ties keep id order, so a plan is the
-// same every time.
-static int place_buffers(Net *net, Error *err) {
+// The executor's scratch (Exec.scratch) of `slots` slots, each holding as many samples of
+// the largest activation outside a sweep as fit the table's fp16_scratch_bytes together (at
+// least one, at most the batch); its floats a slot into *slot_values.
+static size_t scratch_size(const Net *net, int slots, int64_t *slot_values) {
+    const size_t largest = largest_unswept(net), per_sample = (size_t)slots * largest * sizeof(float);
+    size_t fit = net->k->fp16_scratch_bytes / per_sample;
+    fit = fit < 1 ? 1 : fit > (size_t)net->batch ? (size_t)net->batch : fit;
+    if (slot_values) *slot_values = (int64_t)(fit * largest);
+    return (size_t)slots * align64(fit * largest * sizeof(float));
+}
+
+// The F32 scratch's slots where it runs in chunks (exec.h).
+enum { F32_SLOTS = 3 };
+
+// Places units u (spans in `spans`) in each of the strategies' orders, the offsets of the
+// lowest end into best[]; returns that end.
+static size_t place_units(const Net *net, ActBuffer *u, const ActSpan *spans, int *order, int *placed, Keyed *keyed,
+                          size_t *best) {
     const int nb = net->nbufs;
-    int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
-    Keyed *keyed = xcalloc((size_t)nb, sizeof *keyed, err);
-    size_t *best = xcalloc((size_t)nb, sizeof *best, err);
-    int rc = -1;
-    if (!order || !placed || !keyed || !best) goto done;
     size_t top = SIZE_MAX;
     for (int strategy = 0; strategy < 3; strategy++) {
         int used = 0;
         for (int b = 0; b < nb; b++) {
-            if (!net->bufs[b].bytes) continue;
-            const double bytes = (double)net->bufs[b].bytes;
+            if (!u[b].bytes) continue;
+            const double bytes = (double)u[b].bytes;
             keyed[used++] = (Keyed){strategy == 0   ? bytes
-                                    : strategy == 1 ? bytes * buffer_span_events(net, b)
-                                                    : -(double)net->bufs[b].first * 1e15 + bytes,
+                                    : strategy == 1 ? bytes * buffer_span_events(spans, &u[b])
+                                                    : -(double)u[b].first * 1e15 + bytes,
                                     b};
         }
         qsort(keyed, (size_t)used, sizeof *keyed, cmp_keyed);
         for (int k = 0; k < used; k++) order[k] = keyed[k].id;
-        const size_t end = place_in_order(net, order, used, placed);
+        const size_t end = place_in_order(u, spans, order, used, placed);
         if (end < top) {
             top = end;
-            for (int b = 0; b < nb; b++) best[b] = net->bufs[b].offset;
+            for (int b = 0; b < nb; b++) best[b] = u[b].offset;
         }
     }
-    for (int b = 0; b < nb; b++) net->bufs[b].offset = best[b];
+    return top == SIZE_MAX ? 0 : top;
+}
+
+// Places every used buffer (bytes > 0) greedily (TFLite's memory planner's placement: each
+// at the lowest offset where it overlaps no placed buffer live with it), in each of a few
+// orders: largest first; largest over the most events first (bytes x events); the earliest
+// first; and keeps the placement with the lowest end. The handoffs' groups are placed as
+// one buffer each, and again apart: they stay where they give the lower end (counting, in
+// F32 without compressed activations, the scratch that handoffs need): a group live over
+// many events may leave holes that its members apart would not. Sets plan.activations
+// (that end) and plan.act_kept (the bytes live at the loss). Ties keep id order, so a plan
+// is the same every time.
+static int place_buffers(Net *net, Error *err) {
+    const int nb = net->nbufs;
+    int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
+    Keyed *keyed = xcalloc((size_t)nb, sizeof *keyed, err);
+    size_t *best = xcalloc((size_t)nb, sizeof *best, err), *best_apart = xcalloc((size_t)nb, sizeof *best_apart, err);
+    ActSpan *spans = NULL, *spans_apart = NULL;
+    ActBuffer *u = placement_units(net, true, &spans, err), *apart = placement_units(net, false, &spans_apart, err);
+    int rc = -1;
+    if (!order || !placed || !keyed || !best || !best_apart || !u || !apart) goto done;
+    bool grouped = false;
+    for (int b = 0; b < nb; b++) grouped |= net->bufs[b].over >= 0;
+    size_t top = place_units(net, u, spans, order, placed, keyed, best);
+    if (grouped) {  // kept where the block with the groups, and the scratch F32 needs for them, is smaller
+        const size_t cost = top + (net->precision == DT_F32 && !net->exec.pack_bits ? scratch_size(net, F32_SLOTS, NULL) : 0);
+        const size_t top_apart = place_units(net, apart, spans_apart, order, placed, keyed, best_apart);
+        if (top_apart < cost) {
+            for (int b = 0; b < nb; b++) net->bufs[b].over = -1;
+            memcpy(best, best_apart, (size_t)nb * sizeof *best);
+            top = top_apart;
+        }
+    }
+    for (int b = 0; b < nb; b++) net->bufs[b].offset = best[buffer_group(net, b)];
     net->plan.activations = top == SIZE_MAX ? 0 : top;
     net->plan.act_kept = net->plan.act_packed = 0;
     for (int b = 0; b < nb; b++)
@@ -922,7 +1140,8 @@ static int place_buffers(Net *net, Error *err) {
         }
     rc = 0;
 done:
-    free(order), free(placed), free(keyed), free(best);
+    free(order), free(placed), free(keyed), free(best), free(best_apart), free(u), free(apart), free(spans),
+        free(spans_apart);
     return rc;
 }
 
@@ -940,6 +1159,7 @@ static int net_plan_activations(Net *net, Error *err) {
     if (buffer_spans(net, err)) return -1;
     for (int b = 0; b < net->nbufs; b++)  // a buffer nothing uses needs no bytes
         if (!net->bufs[b].nspans) net->bufs[b].bytes = 0;
+    buffer_handoffs(net);
     return place_buffers(net, err);
 }
 
@@ -1000,27 +1220,27 @@ static int64_t fused_grad_floats(const Net *net) {
     return most;
 }
 
+// The executor's scratch slots (Exec.scratch): halves use the four of exec.h; F32 runs
+// in chunks through slots 0 to 2 where a backward reads compressed activations, at a
+// handoff and where a backward adds into a gradient, and needs none elsewhere.
+static int scratch_slots(const Net *net) {
+    if (precision_is_half(net->precision)) return 4;
+    bool chunks = net->exec.pack_bits != 0;
+    for (int b = 0; b < net->nbufs && !chunks; b++) chunks = net->bufs[b].over >= 0;
+    for (int j = 0; j < net->nnodes && !chunks; j++) chunks = net->nbuf[j].adds;
+    return chunks ? F32_SLOTS : 0;
+}
+
 // Computes the rest of net->plan (workspace, parameters, gradients, optimizer state) and
 // the fp16 scratch of the executor.
 static void net_layout(Net *net) {
-    const int B = net->batch;
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16 (and
-    // where they read compressed activations). The workspace block holds the scratch
-    // (then only) and then the layers' workspace. Halves use the four slots of exec.h; F32
-    // reads only an input and an output back through them (slots 0 and 1), the gradients
-    // being fp32 where they are.
-    const size_t largest_any = largest_unswept(net);
+    // where scratch_slots says). The workspace block holds the scratch (then only) and
+    // then the layers' workspace.
     net->exec.precision = net->precision;
     net->exec.slot_values = 0;
     size_t ws = 0;
-    if (precision_is_half(net->precision) || net->exec.pack_bits) {  // a slot holds `fit` samples of the largest activation
-        const size_t slots = precision_is_half(net->precision) ? 4 : 2;
-        const size_t per_sample = slots * largest_any * sizeof(float);
-        size_t fit = net->k->fp16_scratch_bytes / per_sample;
-        fit = fit < 1 ? 1 : fit > (size_t)B ? (size_t)B : fit;
-        net->exec.slot_values = (int64_t)(fit * largest_any);
-        ws = slots * align64(fit * largest_any * sizeof(float));
-    }
+    if (scratch_slots(net)) ws = scratch_size(net, scratch_slots(net), &net->exec.slot_values);
     net->scratch_bytes = ws;
     size_t layer_ws = 0;
     for (int i = 0; i < net->nmodules; i++) {
@@ -1406,6 +1626,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     }
     net->fused_update = opt->fused_update;
     net->recompute_1x1 = opt->recompute_1x1;
+    net->apart = opt->apart;
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
         net_compress_nodes(net, cfg, opt, err) ||
         (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||
@@ -1455,7 +1676,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     const ScalerState unscaled = {.scale = 1.0};
     k->upload(net->scaler, &unscaled, sizeof unscaled);
     net_layout_buffers(net, net->buffers);
-    const int slots = precision_is_half(net->precision) ? 4 : 2;
+    const int slots = scratch_slots(net);
     for (int i = 0; i < slots && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / slots));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
@@ -1679,17 +1900,20 @@ static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
     }
     // What backward does not read is not passed: its buffer may hold another's by now.
     const unsigned reads = node_reads(nd);
-    const int p = nd->in[0], din = net->nbuf[j].din;
-    void *dst = din < 0 ? NULL : din == net->nbuf[p].term ? net->term[p] : net->grad[p];
+    const NodeBufs *b = &net->nbuf[j];
+    const int p = nd->in[0];
+    void *dst = b->din < 0 ? NULL : !b->adds && b->din == net->nbuf[p].term ? net->term[p] : net->grad[p];
     if (nd->kind == NODE_SWEEP) {
         const Sweep sw = node_sweep(net, nd, net->scratch[j]);
         exec_sweep_backward(ctx, &sw, stored(net, dst), dout, node_out(net, p), N);
         net_charge(net, j, CALL_SWEEP_BACKWARD, N, t0);
         return;
     }
+    // Its input gradient over its output gradient's bytes: in place, or at a handoff.
+    const DinMode mode = b->adds ? DIN_ADD : dst == dout.p && b->din != b->grad ? DIN_OVER_DOUT : DIN_WRITE;
     exec_backward(ctx, nd->l, stored(net, dst), dout,
                   reads & BACKWARD_READS_IN ? node_read(net, p) : none,
-                  reads & BACKWARD_READS_OUT ? node_read(net, j) : none, N);
+                  reads & BACKWARD_READS_OUT ? node_read(net, j) : none, N, mode);
 }
 
 void net_forward(Net *net, int N, bool train, uint64_t seed, uint64_t step, int64_t sample0) {

@@ -114,6 +114,10 @@ typedef struct NetOptions {
     int compress;
     const char *const *compress_skip;
     int ncompress_skip;
+    // Tests: every activation buffer keeps bytes of its own (no handoffs, net_handoff, and
+    // no backward adding a term into a gradient, NodeBufs.adds): the plan whose bits the
+    // shared one's are checked against.
+    bool apart;
 } NetOptions;
 
 #define NET_SEGMENTS_SQRT (-1)
@@ -134,7 +138,9 @@ typedef struct Event {
 
 // A buffer of the activation block (the input, a layer's output or inner activations, an
 // input gradient, ...) holds something over spans of events [from, to] (nevents: after
-// the step); buffers live at the same event never overlap, others may (nn/net.c).
+// the step); buffers live at the same event never overlap, others may (nn/net.c), but
+// at a handoff (net_handoff): there a leaf writes one over the other chunk by chunk, and
+// the two share their bytes for the whole step (the same offset; `over`).
 typedef struct ActSpan {
     int from, to;
 } ActSpan;
@@ -142,13 +148,17 @@ typedef struct ActBuffer {
     size_t offset, bytes;  // in the activation block; bytes 0: not used
     int span0, nspans;     // its spans: spans[span0 .. span0 + nspans), in time order
     int first, last;       // the first event of its first span and the last of its last
+    int over;              // -1, or the buffer whose bytes it shares (which shares none)
 } ActBuffer;
 
 // The activation buffers of a node (ids of Net.bufs; -1: none): its output (a sum's may
 // be its first input's), its output gradient (nodes may share one), the second term of
-// that gradient, and where its backward writes its input gradient (a leaf's).
+// that gradient, and where its backward writes its input gradient (a leaf's). With
+// `adds` a leaf's backward adds its input gradient chunk by chunk into din, which holds
+// the input's gradient already (a later term, without a term buffer or EV_GRAD_ADD).
 typedef struct NodeBufs {
     int out, grad, term, din;
+    bool adds;
 } NodeBufs;
 
 // What backward calls once a trained module (a layer with parameters, not frozen) is done
@@ -194,6 +204,7 @@ typedef struct Net {
     bool fused_update;     // NetOptions.fused_update: the gradient block holds one node's
                            // modules' gradients at a time (net_create lays them out)
     bool recompute_1x1;    // NetOptions.recompute_1x1
+    bool apart;            // NetOptions.apart
     int widening_1x1;      // the 1x1 convolutions it makes jit (whether or not it is set)
     // Called by net_backward after each node's backward for each of its trained modules
     // (GradHook); ready NULL: none. The trainer sets it for the fused update; the network
@@ -321,6 +332,11 @@ void net_zero_module_grads(Net *net, const Layer *m);
 
 // Whether activation buffer b is live at event t (nevents: after the step).
 bool net_buffer_live(const Net *net, int b, int t);
+// Whether event t hands buffer x's bytes over to buffer y: a leaf's forward reads x as its
+// input and writes y as its output, or its backward reads x as its output gradient and
+// writes y as its input gradient, a chunk of samples at a time (nn/exec.c: y's chunk goes
+// where x's was read), y no larger a sample than x, x's span ending at t and y's starting.
+bool net_handoff(const Net *net, int x, int y, int t);
 
 // Prints the layer table (name, type, output shape, parameters) and the total.
 void net_print(const Net *net, FILE *f);

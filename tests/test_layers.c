@@ -323,7 +323,7 @@ static void add_into(const Case *c, float *din, int p, const float *v, int64_t n
 
 static void case_backward(const Case *c, const LayerCtx *ctx, float *din, float *dout) {
     if (!c->l->ops->expand) {
-        exec_backward(ctx, c->l, f32(din), f32(dout), f32(c->in), f32(c->out), c->N);
+        exec_backward(ctx, c->l, f32(din), f32(dout), f32(c->in), f32(c->out), c->N, DIN_WRITE);
         return;
     }
     const int last = c->nl.n - 1;
@@ -342,7 +342,7 @@ static void case_backward(const Case *c, const LayerCtx *ctx, float *din, float 
         const int64_t nin = (int64_t)c->N * shape_numel(n->l->in);
         float *d = xmalloc((size_t)nin * sizeof(float));
         exec_backward(ctx, n->l, f32(d), f32(c->node_grad[j]), f32(node_value(c, n->in[0])),
-                      f32(c->node_out[j]), c->N);
+                      f32(c->node_out[j]), c->N, DIN_WRITE);
         add_into(c, din, n->in[0], d, nin);
         free(d);
     }

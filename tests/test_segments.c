@@ -100,6 +100,8 @@ static bool g_bytes;
 static int g_compress;
 static bool g_recompute_1x1;  // NetOptions.recompute_1x1
 static Matmul g_matmul;       // NetOptions.matmul
+static bool g_apart;          // NetOptions.apart
+static const Kernels *g_kernels;  // build's kernels (NULL: cpu_kernels())
 // When set, build's networks take these parameters (g_nparams floats) instead of their
 // initialisation: two networks whose layers differ by a layer without parameters.
 static const float *g_params;
@@ -112,8 +114,8 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
     const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
                             .sweep = segments != 0 || g_compress, .sweep_bytes = g_sweep_bytes,
                             .input_bytes = g_bytes, .compress = g_compress,
-                            .recompute_1x1 = g_recompute_1x1, .matmul = g_matmul};
-    if (net_create(net, cfg, in, 10, &opt, cpu_kernels(), &err)) fail_msg("%s", err.msg);
+                            .recompute_1x1 = g_recompute_1x1, .matmul = g_matmul, .apart = g_apart};
+    if (net_create(net, cfg, in, 10, &opt, g_kernels ? g_kernels : cpu_kernels(), &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
     if (g_params) {
         assert_int_equal(net->nparams, g_nparams);
@@ -452,6 +454,66 @@ static void test_compressed_bitwise(void **state) {
     assert_true(packed_nodes >= 8);
     net_free(&net);
     cfg_free(&cfg);
+}
+
+// Handoffs (nn/net.h's net_handoff: a leaf writing its output over its input, or its input
+// gradient over its output gradient, a chunk of samples at a time through the scratch) and
+// input gradients added into a gradient in place (NodeBufs.adds) give the bits of the plan
+// that keeps every buffer apart (NetOptions.apart): gradients, running statistics. Each
+// run goes once with the CPU's scratch (chunks of the whole batch here) and once with 48 KB
+// (chunks of one sample and a few), plain and checkpointed. Where `shares`, the plan has
+// handoffs and adds, and its activation block is smaller than apart's.
+static void expect_handoffs_exact(const char *text, Shape in, int batch, int segments, DType precision, bool shares) {
+    static Kernels small;
+    small = *cpu_kernels();
+    small.fp16_scratch_bytes = 48 << 10;
+    for (int k = 0; k < 2; k++) {
+        g_kernels = k ? &small : NULL;
+        Net shared, apart;
+        Cfg c1, c2;
+        build(&shared, &c1, text, in, batch, segments, precision);
+        g_apart = true;
+        build(&apart, &c2, text, in, batch, segments, precision);
+        g_apart = false;
+        int groups = 0, adds = 0;
+        for (int b = 0; b < shared.nbufs; b++) groups += shared.bufs[b].bytes && shared.bufs[b].over >= 0;
+        for (int j = 0; j < shared.nnodes; j++) adds += shared.nbuf[j].adds;
+        for (int b = 0; b < apart.nbufs; b++) assert_int_equal(apart.bufs[b].over, -1);
+        for (int j = 0; j < apart.nnodes; j++) assert_false(apart.nbuf[j].adds);
+        if (shares) {
+            print_message("%d segments, %s, %s scratch: %d buffers handed over, %d gradients added; "
+                          "the activation block %zu bytes, apart %zu\n",
+                          shared.nsegments, precision_name(precision), k ? "48 KB of" : "the CPU's", groups, adds,
+                          shared.plan.activations, apart.plan.activations);
+            assert_true(groups > 0 && adds > 0);
+            assert_true(shared.plan.activations < apart.plan.activations);
+        }
+        net_free(&shared), net_free(&apart);
+        cfg_free(&c1), cfg_free(&c2);
+        StepResult a = train_step(text, in, batch, segments, precision);
+        g_apart = true;
+        StepResult b = train_step(text, in, batch, segments, precision);
+        g_apart = false;
+        if (memcmp(a.grads, b.grads, a.grad_bytes) != 0) fail_msg("gradients differ from the plan apart's");
+        if (memcmp(a.buffers, b.buffers, a.buffer_bytes) != 0) fail_msg("statistics differ from the plan apart's");
+        step_result_free(&a), step_result_free(&b);
+    }
+    g_kernels = NULL;
+}
+
+static void test_handoffs_bitwise(void **state) {
+    const Shape in = {.c = 3, .h = 20, .w = 18};
+    g_compress = 2;  // F32 hands over in backward only where it reads codes back
+    expect_handoffs_exact(resnet, in, 6, 0, DT_F32, true);
+    expect_handoffs_exact(resnet, in, 6, NET_SEGMENTS_SQRT, DT_F32, true);
+    expect_handoffs_exact(mobile, in, 5, 0, DT_F32, false);
+    g_compress = 8;
+    expect_handoffs_exact(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 5, 2, DT_F32, false);
+    g_compress = 0;
+    expect_handoffs_exact(resnet, in, 6, NET_SEGMENTS_SQRT, DT_F32, false);
+    expect_handoffs_exact(deep_net, (Shape){.c = 2, .h = 8, .w = 8}, 5, 0, DT_F16, false);
+    expect_handoffs_exact(resnet, in, 6, NET_SEGMENTS_SQRT, DT_F16, false);
+    expect_handoffs_exact(blocks_net, (Shape){.c = 3, .h = 12, .w = 12}, 5, NET_SEGMENTS_SQRT, DT_BF16, false);
 }
 
 // The byte input (the trainer's): the fp32 expansion of the first layer's input lives at
@@ -953,6 +1015,7 @@ int main(void) {
         cmocka_unit_test(test_mobile_bitwise),
         cmocka_unit_test(test_byte_input_bitwise),
         cmocka_unit_test(test_compressed_bitwise),
+        cmocka_unit_test(test_handoffs_bitwise),
         cmocka_unit_test(test_deep_cfg_saving),
         cmocka_unit_test(test_resnet18_cfg_saving),
         cmocka_unit_test(test_freeze),
