@@ -1061,10 +1061,14 @@ static int cmp_keyed(const void *a, const void *b) {  // largest key first; ties
 
 // The executor's scratch (Exec.scratch) of `slots` slots, each holding as many samples of
 // the largest activation outside a sweep as fit the table's fp16_scratch_bytes together (at
-// least one, at most the batch); its floats a slot into *slot_values.
+// least one, at most the batch; above the kernels' shard count a multiple of it, so that a
+// layer whose shards take a share of a chunk's samples each, Winograd's, gets even shares);
+// its floats a slot into *slot_values.
 static size_t scratch_size(const Net *net, int slots, int64_t *slot_values) {
     const size_t largest = largest_unswept(net), per_sample = (size_t)slots * largest * sizeof(float);
+    const size_t shards = (size_t)net->k->shard_count();
     size_t fit = net->k->fp16_scratch_bytes / per_sample;
+    if (fit > shards) fit -= fit % shards;
     fit = fit < 1 ? 1 : fit > (size_t)net->batch ? (size_t)net->batch : fit;
     if (slot_values) *slot_values = (int64_t)(fit * largest);
     return (size_t)slots * align64(fit * largest * sizeof(float));
