@@ -37,7 +37,6 @@ typedef struct Hook {
 static int ready(void *arg, Layer *m) {
     Hook *h = arg;
     optim_step_module(h->net, h->o, m, h->lr, h->step);
-    net_zero_module_grads(h->net, m);
     return 0;
 }
 

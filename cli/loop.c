@@ -66,14 +66,14 @@ static size_t bucket_floats(double bucket_mb, int64_t ntrain) {
 // The fused update's hook (Net.hook, NetOptions.fused_update): module m's gradients are
 // complete and nothing later in the step reads its parameters. They are summed across the
 // processes (each element in rank order, as the sum of the whole gradient block sums it:
-// the same bits), m takes its optimizer step, and its gradients are zeroed for the next
-// module's backward, which accumulates into the same memory. The hook lives here, not in
-// nn/: no layer and nothing in the network knows about ranks (DESIGN.md decision 14).
+// the same bits) and m takes its optimizer step; the network zeroes a node's gradients
+// before its backward (their bytes serve other activations between). The hook lives here,
+// not in nn/: no layer and nothing in the network knows about ranks (DESIGN.md decision 14).
 //
 // With several processes and buckets (Staging), a module's complete gradients are copied
-// out and zeroed at once instead; the copies form buckets whose sums travel while backward
-// goes on, and each module takes its step from its summed copy once its bucket's sum is
-// done: the same bits again, the gradient block still one node's.
+// out at once instead; the copies form buckets whose sums travel while backward goes on,
+// and each module takes its step from its summed copy once its bucket's sum is done: the
+// same bits again.
 typedef struct FusedStep {
     Net *net;
     Dist *dist;
@@ -176,7 +176,6 @@ static int staging_ready(FusedStep *f, Layer *m) {
     const size_t n = (size_t)layer_param_floats(m);
     if (s->used + n > s->cap && staging_flush(f)) return -1;
     memcpy(s->buf + s->used, m->grads[0], n * sizeof(float));
-    net_zero_module_grads(f->net, m);
     s->mods[s->nmods] = m, s->at[s->nmods++] = s->used;
     s->used += n;
     if (s->used - s->open >= s->most && staging_close(f)) return -1;
@@ -198,7 +197,6 @@ static int fused_ready(void *arg, Layer *m) {
                  : 0;
         if (!rc) {
             optim_step_module(f->net, f->optim, m, f->lr, f->step);
-            net_zero_module_grads(f->net, m);
             f->updated++;
         }
     }
@@ -249,7 +247,7 @@ static int bucket_ready(void *arg, Layer *m) {
 // decision), on the device without waiting for it (optim_step), by the optimizer as the
 // schedule has it for this step (onecycle's momentum). With the fused update (one
 // micro-batch, fp32) the sums and the updates happen module by module during backward
-// (fused_ready), and the gradient block starts and ends each step zeroed.
+// (fused_ready), from each node's gradients in the activation block.
 static int train_step(const Run *r, const Batch *b, int64_t total, double lr, Error *err) {
     Net *net = r->net;
     const Options *o = r->o;

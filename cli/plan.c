@@ -55,7 +55,7 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
     printf("memory plan (MB):\n");
     printf("  %-34s %10.1f\n", "parameters", p->params / 1e6);
     if (fused)
-        printf("  %-34s %10.1f  (fused update: a layer's at a time; %.1f unfused)\n",
+        printf("  %-34s %10.1f  (fused update: a layer's in the activations during its backward; %.1f unfused)\n",
                "gradients", p->grads / 1e6, p->grads_unfused / 1e6);
     else if (p->grads)  // why every gradient is held at once
         printf("  %-34s %10.1f  (all at once: %s)\n", "gradients", p->grads / 1e6,

@@ -349,20 +349,43 @@ static bool crosses(const Net *net, int p) {
 // at the lowest offset that no buffer live at the same time occupies (the greedy-by-size
 // placement of TFLite's memory planner). The block is as large as the highest end.
 
+// The layers node j runs: a leaf's, or a sweep's members (a sum runs none); their count.
+static int node_layers(const NetNode *nd, Layer *const **ls) {
+    if (nd->kind == NODE_LEAF) {
+        *ls = &nd->l;
+        return 1;
+    }
+    *ls = nd->chain;
+    return nd->kind == NODE_SWEEP ? nd->nchain : 0;
+}
+
+// The gradient floats of node j's trained modules.
+static int64_t node_grad_floats(const NetNode *nd) {
+    Layer *const *ls;
+    int64_t n = 0;
+    for (int i = node_layers(nd, &ls) - 1; i >= 0; i--)
+        if (layer_trains(ls[i])) n += layer_param_floats(ls[i]);
+    return n;
+}
+
 // Buffer ids: five fixed ones, then per node its output, its inner activations, its output
-// gradient, that gradient's second term, a sweep's scratch and its output compressed.
+// gradient, that gradient's second term, a sweep's scratch, its output compressed and,
+// with the fused update, its trained modules' gradients (live at its backward alone: the
+// network zeroes them first, the hook updates from them at the end; the gradient block is
+// then none).
 // BUF_INPUT holds the batch: fp32 values, or with input_bytes the table of byte values and
 // the bytes (off the host: on the host the network reads the caller's, net_put_input); BUF_INPUT_F32
 // (input_bytes in F32) is where a leaf that reads the network's input expands the bytes, a
 // chunk at a time (Exec.input_chunk), live during its events only (a sweep expands them in
 // its scratch).
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_NODES, BUFS_A_NODE = 6 };
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_NODES, BUFS_A_NODE = 7 };
 static int buf_out(int j) { return BUF_NODES + BUFS_A_NODE * j; }
 static int buf_inner(int j) { return buf_out(j) + 1; }
 static int buf_grad(int j) { return buf_out(j) + 2; }
 static int buf_term(int j) { return buf_out(j) + 3; }
 static int buf_scratch(int j) { return buf_out(j) + 4; }  // a sweep's, during its own events
 static int buf_pack(int j) { return buf_out(j) + 5; }
+static int buf_wgrad(int j) { return buf_out(j) + 6; }
 
 // The buffer of node p's output as a reader sees it (NODE_INPUT: the network's input).
 static int out_buffer(const Net *net, int p) { return p == NODE_INPUT ? BUF_INPUT : net->nbuf[p].out; }
@@ -749,6 +772,7 @@ static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
     if (reads & BACKWARD_READS_OUT) span_read(sb, read_buffer(net, j), t);
     if (inner_bytes(net, j)) span_read(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
+    if (net->bufs[buf_wgrad(j)].bytes) span_write(sb, buf_wgrad(j), t);
     if (b[j].adds) span_read(sb, b[j].din, t);  // adds to the gradient it holds
     else if (b[j].din >= 0 && b[j].din != b[j].grad) span_write(sb, b[j].din, t);  // else in place
 }
@@ -782,6 +806,7 @@ static void buffer_bytes(Net *net) {
         buf[buf_term(j)].bytes = align64(values * es);
         const Sweep sw = node_sweep(net, &net->nodes[j], NULL);
         buf[buf_scratch(j)].bytes = net->nodes[j].kind == NODE_SWEEP ? align64(exec_sweep_bytes(&net->exec, &sw)) : 0;
+        buf[buf_wgrad(j)].bytes = net->fused_update ? align64((size_t)node_grad_floats(&net->nodes[j]) * sizeof(float)) : 0;
         buf[buf_pack(j)].bytes = net->nodes[j].packed
                                      ? align64(B * (size_t)act_sample_bytes(shape_numel(net->nodes[j].out), net->exec.pack_bits))
                                      : 0;
@@ -1194,36 +1219,6 @@ static void net_carve_activations(Net *net, char *base) {
     }
 }
 
-// The layers node j runs: a leaf's, or a sweep's members (a sum runs none); their count.
-static int node_layers(const NetNode *nd, Layer *const **ls) {
-    if (nd->kind == NODE_LEAF) {
-        *ls = &nd->l;
-        return 1;
-    }
-    *ls = nd->chain;
-    return nd->kind == NODE_SWEEP ? nd->nchain : 0;
-}
-
-// The gradient floats of node j's trained modules.
-static int64_t node_grad_floats(const NetNode *nd) {
-    Layer *const *ls;
-    int64_t n = 0;
-    for (int i = node_layers(nd, &ls) - 1; i >= 0; i--)
-        if (layer_trains(ls[i])) n += layer_param_floats(ls[i]);
-    return n;
-}
-
-// The fused update's gradient block, in floats: the most that one node's trained modules
-// take. One node's backward runs at a time (a sweep's members over every chunk before the
-// next node), each of its modules' gradients laid out from the block's start, and the hook
-// zeroes them after their update, before the next node's backward begins.
-static int64_t fused_grad_floats(const Net *net) {
-    int64_t most = 0;
-    for (int j = 0; j < net->nnodes; j++)
-        if (node_grad_floats(&net->nodes[j]) > most) most = node_grad_floats(&net->nodes[j]);
-    return most;
-}
-
 // The executor's scratch slots (Exec.scratch): halves use the four of exec.h; F32 runs
 // in chunks through slots 0 to 2 where a backward reads compressed activations, at a
 // handoff and where a backward adds into a gradient, and needs none elsewhere.
@@ -1256,8 +1251,7 @@ static void net_layout(Net *net) {
     net->plan.threads = net->k->thread_scratch ? net->k->thread_scratch() : 0;
     net->plan.params = (size_t)net->nparams * sizeof(float);
     net->plan.grads_unfused = (size_t)net->ntrain * sizeof(float);
-    net->plan.grads = net->fused_update ? (size_t)fused_grad_floats(net) * sizeof(float)
-                                        : net->plan.grads_unfused;
+    net->plan.grads = net->fused_update ? 0 : net->plan.grads_unfused;  // fused: in the activation block
     net->plan.optimizer =
         net->opt_format == STATE_INT8
             ? net_opt_absmax_offset(net) + (size_t)net->nstates * (size_t)net->nblocks * sizeof(float)
@@ -1665,7 +1659,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->packs = xcalloc((size_t)net->nnodes, sizeof *net->packs, err);
     if (!net->acts || !net->grad || !net->term || !net->scratch || !net->packs) goto fail;
     if (!(net->params = device_block(k, net->plan.params, "parameter", err)) ||
-        !(net->grads = device_block(k, net->plan.grads, "gradient", err)) ||
+        (net->plan.grads && !(net->grads = device_block(k, net->plan.grads, "gradient", err))) ||
         !(net->optimizer = device_block(k, net->plan.optimizer, "optimizer state", err)) ||
         !(net->buffers = device_block(k, net->plan.buffers, "buffer", err)) ||
         !(net->activations = device_block(k, net->plan.activations, "activation", err)) ||
@@ -1691,19 +1685,19 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
         int64_t goff = l->train_off[0];
         for (int j = 0; j < l->nparams; j++) {
             l->params[j].data = net->params + off;
-            l->grads[j] = l->frozen ? NULL : net->grads + goff;
+            l->grads[j] = l->frozen || net->fused_update ? NULL : net->grads + goff;
             off += tensor_numel(&l->params[j]);
             goff += tensor_numel(&l->params[j]);
         }
     }
-    for (int j = 0; net->fused_update && j < net->nnodes; j++) {
+    for (int j = 0; net->fused_update && j < net->nnodes; j++) {  // each node's in its buffer
         Layer *const *ls;
-        int64_t goff = 0;
+        float *g = (float *)((char *)net->activations + net->bufs[buf_wgrad(j)].offset);
         for (int i = 0; i < node_layers(&net->nodes[j], &ls); i++) {
             if (!layer_trains(ls[i])) continue;
             for (int t = 0; t < ls[i]->nparams; t++) {
-                ls[i]->grads[t] = net->grads + goff;
-                goff += tensor_numel(&ls[i]->params[t]);
+                ls[i]->grads[t] = g;
+                g += tensor_numel(&ls[i]->params[t]);
             }
         }
     }
@@ -1961,6 +1955,9 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
         switch (ev.kind) {
         case EV_RECOMPUTE: forward_node(net, ev.node, &redo, N); break;
         case EV_BACKWARD:
+            if (net->bufs[buf_wgrad(ev.node)].bytes)  // the fused update's gradients start at zero
+                net->k->zero((char *)net->activations + net->bufs[buf_wgrad(ev.node)].offset,
+                             net->bufs[buf_wgrad(ev.node)].bytes);
             backward_node(net, ev.node, &ctx, N);
             node_done(net, ev.node);
             break;
@@ -1979,10 +1976,8 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
     }
 }
 
-void net_zero_grads(Net *net) { net->k->zero(net->grads, net->plan.grads); }
-
-void net_zero_module_grads(Net *net, const Layer *m) {
-    if (layer_trains(m)) net->k->zero(m->grads[0], (size_t)layer_param_floats(m) * sizeof(float));
+void net_zero_grads(Net *net) {
+    if (net->plan.grads) net->k->zero(net->grads, net->plan.grads);
 }
 
 void net_print(const Net *net, FILE *f) {

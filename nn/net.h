@@ -32,8 +32,9 @@
 typedef struct MemPlan {
     size_t params, grads, optimizer, buffers, activations, workspace, threads, loader, exchange;
     // The gradient block without the fused update: every trained parameter's gradient.
-    // Equal to `grads` unless NetOptions.fused_update, where `grads` is the most that one
-    // node's trained modules take.
+    // Equal to `grads` unless NetOptions.fused_update, where `grads` is 0: each node's
+    // trained modules' gradients are a buffer of the activation block, live at the node's
+    // backward alone.
     size_t grads_unfused;
     // Of `activations`: the bytes live at the loss, what forward keeps for backward: the
     // input and labels, every output that a backward reads (with checkpointing, each
@@ -91,10 +92,9 @@ typedef struct NetOptions {
     bool input_bytes;
     // The fused optimizer update (fp32 only; the trainer allows it with accumulate = 1):
     // each trained module is updated during backward, through Net.hook, as soon as its
-    // gradients are complete and nothing later in the step reads its parameters; the
-    // gradient block holds one node's modules' gradients at a time (a leaf's, or a
-    // sweep's members' together), which the hook zeroes after the update for the next
-    // node's backward.
+    // gradients are complete and nothing later in the step reads its parameters; a node's
+    // modules' gradients (a leaf's, or a sweep's members' together) are a buffer of the
+    // activation block live at its backward alone, zeroed before it: no gradient block.
     bool fused_update;
     // A block's 1x1 convolutions that do not narrow (a Bottleneck's conv3, an
     // InvertedResidual's expansion), whose output only the batchnorm after them reads, are
@@ -222,8 +222,8 @@ typedef struct Net {
     // Device blocks (one allocation each) and pointers into them.
     float *params;     // (nparams): every layer's tensors, in layer order
     float *grads;      // the gradient block: (ntrain), the trained tensors' gradients in the
-                       // same order; fused_update: (plan.grads / 4), the gradients of the
-                       // module being backpropagated, from the start (Layer.grads)
+                       // same order; fused_update: NULL, each node's trained modules'
+                       // gradients in a buffer of the activation block (Layer.grads)
     void *optimizer;   // (nstates * ntrain) values of opt_format: state s of the trained
                        // parameter at train_off t is value s * ntrain + t; int8: then
                        // (nstates * nblocks) floats, the blocks' absmax (net_opt_state)
@@ -324,11 +324,9 @@ void net_loss(Net *net, int N, int denominator, bool grad);
 // calling it after a failure (hook.failed).
 void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0);
 
-// Zeroes the gradient block (all of it: every gradient, or with the fused update the slot).
+// Zeroes the gradient block (none with the fused update: net_backward zeroes a node's
+// gradients before its backward).
 void net_zero_grads(Net *net);
-// Zeroes module m's gradients (layer_param_floats(m) from m->grads[0]): with the fused
-// update, the hook's last act, so that the next module's backward accumulates into zeros.
-void net_zero_module_grads(Net *net, const Layer *m);
 
 // Whether activation buffer b is live at event t (nevents: after the step).
 bool net_buffer_live(const Net *net, int b, int t);

@@ -62,7 +62,7 @@ void optim_step(const Net *net, const Optimizer *o, const ScalerRules *scaling, 
 // gradients in m->grads: the fused update (NetOptions.fused_update) calls it per module
 // during backward. fp32 only (no loss scaling). The result is optim_step's, bit for bit:
 // an element's arithmetic does not depend on which tensors share a kernel call. The
-// gradients are read, not zeroed (net_zero_module_grads).
+// gradients are read, not zeroed (net_backward zeroes a node's before its backward).
 void optim_step_module(const Net *net, const Optimizer *o, const Layer *m, double lr,
                        uint64_t step);
 

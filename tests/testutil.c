@@ -227,7 +227,6 @@ static int step_hook_ready(void *arg, Layer *m) {
     StepHook *h = arg;
     assert_true(layer_trains(m));
     optim_step_module(h->net, h->o, m, h->lr, h->step);
-    net_zero_module_grads(h->net, m);
     h->updated++;
     return 0;
 }
