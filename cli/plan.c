@@ -72,7 +72,7 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
     printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
     if (bits) printf("  %-34s %10.1f  (%d-bit codes)\n", "    of which compressed", p->act_packed / 1e6, bits);
-    printf("  %-34s %10.1f\n", "workspace (im2col, fp16 scratch)", p->workspace / 1e6);
+    printf("  %-34s %10.1f\n", "workspace (im2col, executor scratch)", p->workspace / 1e6);
     if (k->host_memory) {
         printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);
         printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);

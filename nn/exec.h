@@ -22,9 +22,10 @@ struct CostTable;  // nn/cost.h
 struct Exec {
     DType precision;      // of stored activations: DT_F32, DT_F16 or DT_BF16
     int pack_bits;        // compressed activations' width (STORED_PACKED), 0: none
-    int64_t slot_values;  // halves or pack_bits: fp32 values in each scratch slot
-    float *scratch[4];    // slot_values F32 each: halves use 4; F32 where it runs in chunks
-                          // (compressed reads, handoffs, added input gradients) slots 0 to 2
+    int64_t slot_values;  // fp32 values in each scratch slot (where there are slots)
+    float *scratch[4];    // slot_values F32 each: halves use 4; F32 slots 0 to 2 where a
+                          // backward reads compressed activations (then also hands over and
+                          // adds), slots 0 and 1 where only forwards hand over
     struct CostTable *costs;  // a probe's: every call is timed into it (NULL: none)
     // A byte input (STORED_U8: the network's input with NetOptions.input_bytes) is read as
     // lut[c][byte] (C, 256, on the device), expanded into fp32 chunk by chunk: with halves

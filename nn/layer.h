@@ -190,8 +190,9 @@ struct Layer {
     Shape in, out;
     int nparams;                         // parameter tensors (0..LAYER_MAX_PARAMS)
     Tensor params[LAYER_MAX_PARAMS];     // "conv1.weight" (32,1,3,3), "conv1.bias" (32)
-    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block; NULL when frozen.
-                                         // A module's lie together, grads[0] first
+    float *grads[LAYER_MAX_PARAMS];      // same shapes, in the gradient block (the fused update:
+                                         // in its node's buffer of the activation block); NULL
+                                         // when frozen. A module's lie together, grads[0] first
     int64_t train_off[LAYER_MAX_PARAMS];  // parameter j's offset among the trained scalars
                                           // (state_dict order): where its optimizer state
                                           // lives (net_opt_state); -1 when frozen

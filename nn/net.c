@@ -938,7 +938,8 @@ static bool handoff_pair(const Net *net, int t, int *x, int *y) {
     const size_t out = (size_t)shape_numel(nd->out) * (j == net->nnodes - 1 ? sizeof(float) : es),
                  in = (size_t)shape_numel(nd->l->in) * es;  // a sample's, of the values or gradients
     if (ev.kind == EV_FORWARD || ev.kind == EV_RECOMPUTE) {
-        if (a == NODE_INPUT || net->nodes[a].virt || out > in) return false;
+        // Not into the network's output: its input (the logits) stays readable after the step.
+        if (a == NODE_INPUT || net->nodes[a].virt || j == net->nnodes - 1 || out > in) return false;
         *x = out_buffer(net, a), *y = net->nbuf[j].out;
     } else if (ev.kind == EV_BACKWARD) {
         const NodeBufs *b = &net->nbuf[j];
@@ -1099,8 +1100,8 @@ static size_t scratch_size(const Net *net, int slots, int64_t *slot_values) {
     return (size_t)slots * align64(fit * largest * sizeof(float));
 }
 
-// The F32 scratch's slots where it runs in chunks (exec.h).
-enum { F32_SLOTS = 3 };
+// The F32 scratch's slots where only forwards hand over (scratch_slots).
+enum { F32_FORWARD_SLOTS = 2 };
 
 // Places units u (spans in `spans`) in each of the strategies' orders, the offsets of the
 // lowest end into best[]; returns that end.
@@ -1151,7 +1152,7 @@ static int place_buffers(Net *net, Error *err) {
     for (int b = 0; b < nb; b++) grouped |= net->bufs[b].over >= 0;
     size_t top = place_units(net, u, spans, order, placed, keyed, best);
     if (grouped) {  // kept where the block with the groups, and the scratch F32 needs for them, is smaller
-        const size_t cost = top + (net->precision == DT_F32 && !net->exec.pack_bits ? scratch_size(net, F32_SLOTS, NULL) : 0);
+        const size_t cost = top + (net->precision == DT_F32 && !net->exec.pack_bits ? scratch_size(net, F32_FORWARD_SLOTS, NULL) : 0);
         const size_t top_apart = place_units(net, apart, spans_apart, order, placed, keyed, best_apart);
         if (top_apart < cost) {
             for (int b = 0; b < nb; b++) net->bufs[b].over = -1;
@@ -1219,19 +1220,20 @@ static void net_carve_activations(Net *net, char *base) {
     }
 }
 
-// The executor's scratch slots (Exec.scratch): halves use the four of exec.h; F32 runs
-// in chunks through slots 0 to 2 where a backward reads compressed activations, at a
-// handoff and where a backward adds into a gradient, and needs none elsewhere.
+// The executor's scratch slots (Exec.scratch): halves use the four of exec.h; F32 three
+// where a backward reads compressed activations (an input and an output read back, an
+// input gradient apart: handoffs and adds in backward come only with those), two where
+// only forwards hand over (an output apart, slot 1), none elsewhere.
 static int scratch_slots(const Net *net) {
     if (precision_is_half(net->precision)) return 4;
-    bool chunks = net->exec.pack_bits != 0;
-    for (int b = 0; b < net->nbufs && !chunks; b++) chunks = net->bufs[b].over >= 0;
-    for (int j = 0; j < net->nnodes && !chunks; j++) chunks = net->nbuf[j].adds;
-    return chunks ? F32_SLOTS : 0;
+    if (net->exec.pack_bits) return 3;
+    for (int b = 0; b < net->nbufs; b++)
+        if (net->bufs[b].over >= 0) return F32_FORWARD_SLOTS;
+    return 0;
 }
 
 // Computes the rest of net->plan (workspace, parameters, gradients, optimizer state) and
-// the fp16 scratch of the executor.
+// the scratch of the executor.
 static void net_layout(Net *net) {
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16 (and
     // where scratch_slots says). The workspace block holds the scratch (then only) and
@@ -1678,7 +1680,8 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     for (int i = 0; i < slots && net->scratch_bytes; i++)
         net->exec.scratch[i] = (float *)((char *)net->workspace + i * (net->scratch_bytes / slots));
     net->layer_workspace = (char *)net->workspace + net->scratch_bytes;
-    // Gradients in state_dict order, or (fused) each node's modules' from the block's start.
+    // Gradients in state_dict order, or (fused) each node's modules' in its buffer of the
+    // activation block, one after the other.
     int64_t off = 0;
     for (int i = 0; i < net->nmodules; i++) {
         Layer *l = net->modules[i];

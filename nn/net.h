@@ -191,7 +191,7 @@ typedef struct Net {
     int nsegments;    // checkpoint segments (1: none)
     int *seg_first;   // (nsegments + 1): segment s is nodes seg_first[s] .. seg_first[s+1]-1
     Exec exec;        // precision, the fp16 chunk and scratch
-    size_t scratch_bytes;  // the fp16 scratch at the start of the workspace block
+    size_t scratch_bytes;  // the executor's scratch (Exec.scratch) at the start of the workspace block
     int64_t nparams;  // scalars in all parameter tensors
     int64_t ntrain;   // of them, in trained (not frozen) tensors
     int nstates;      // optimizer state tensors per trained parameter
@@ -201,8 +201,8 @@ typedef struct Net {
     int first_trained;  // the first node with a trained parameter: backward stops there
                         // (nnodes when everything is frozen)
     int ntrained_modules;  // modules that train (layer_trains): the hook's calls in a step
-    bool fused_update;     // NetOptions.fused_update: the gradient block holds one node's
-                           // modules' gradients at a time (net_create lays them out)
+    bool fused_update;     // NetOptions.fused_update: no gradient block, each node's
+                           // modules' gradients a buffer of the activation block
     bool recompute_1x1;    // NetOptions.recompute_1x1
     bool apart;            // NetOptions.apart
     int widening_1x1;      // the 1x1 convolutions it makes jit (whether or not it is set)
@@ -229,7 +229,7 @@ typedef struct Net {
                        // (nstates * nblocks) floats, the blocks' absmax (net_opt_state)
     void *buffers;     // every layer's F32 buffers, then every layer's state
     void *activations;
-    void *workspace;        // the fp16 scratch, then layer_workspace
+    void *workspace;        // the executor's scratch, then layer_workspace
     void *layer_workspace;  // what layers get as LayerCtx.workspace
     bool input_bytes;  // NetOptions.input_bytes
     float *input_buf;  // (batch, H, W, C) F32: the batch to forward; NULL with input_bytes

@@ -51,8 +51,8 @@ void optim_plan(const Optimizer *o, NetOptions *opt);
 // updated by its rules: all on the device, in the order of its queue, so nothing waits for
 // the host. Adamw's bias correction and sgd's first momentum buffer count the steps the
 // optimizer took (step less the skipped ones, from net->scaler). Not for a network with
-// fused_update: its modules were updated during backward (optim_step_module), and its
-// gradient block holds one module's gradients. With o->clip_grad_norm, the gradients
+// fused_update: its modules were updated during backward (optim_step_module), and it
+// has no gradient block (each node's gradients live in the activation block). With o->clip_grad_norm, the gradients
 // (unscaled) are first multiplied by max_norm / (norm + 1e-6) when that is below 1, norm
 // being the 2-norm of all of them, as torch.nn.utils.clip_grad_norm_ does (Kernels.
 // sum_squares and clip_scale, on the device; its square stays in net->grad_sumsq).

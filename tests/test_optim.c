@@ -10,12 +10,11 @@
 // 1e-6 relative, about ten float roundings; a wrong formula (a missing sqrt, rho and 1-rho
 // swapped, the state updated in the wrong order) is off by far more.
 //
-// The fused update (NetOptions.fused_update: each module updated during backward, the
-// gradient block one module's) against the update after backward, bit for bit: every
-// optimizer, with and without weight decay and frozen layers, on the seed network, a ResNet
-// and the ResNet checkpointed; parameters, optimizer state and batchnorm buffers compared
-// byte for byte after each of 3 steps, the gradient block planned as the largest trained
-// module's.
+// The fused update (NetOptions.fused_update: each module updated during backward, its
+// gradients in its node's buffer of the activation block) against the update after
+// backward, bit for bit: every optimizer, with and without weight decay and frozen layers,
+// on the seed network, a ResNet and the ResNet checkpointed; parameters, optimizer state
+// and batchnorm buffers compared byte for byte after each of 3 steps; no gradient block.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -529,7 +528,7 @@ static void fused_build(Net *net, Cfg *cfg, const FusedCase *c, const Optimizer 
     if (cfg_parse(cfg, c->text, "fused.cfg", &err)) fail_msg("%s", err.msg);
     // Under checkpointing with sweeps of one sample where they may (sweep_bytes 1): a
     // sweep's trained members (the stem's conv1 and bn1, bn2) backpropagate chunk by chunk
-    // into the same gradient block before the hook sees them.
+    // into the node's gradients before the hook sees them.
     NetOptions opt = {.batch = FUSED_B, .precision = DT_F32, .segments = c->segments,
                       .sweep = c->segments != 0, .sweep_bytes = 1, .freeze = c->freeze,
                       .nfreeze = c->nfreeze, .freeze_stats = c->freeze_stats, .fused_update = fused};

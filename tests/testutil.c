@@ -181,7 +181,8 @@ size_t expect_activation_layout(const Net *net) {
         size_t live = 0;
         for (int x = 0; x < net->nbufs; x++) {
             bool taken = false;
-            for (int y = 0; y < net->nbufs && !taken; y++) taken = net_handoff(net, y, x, t);
+            for (int y = 0; y < net->nbufs && !taken; y++)
+                taken = net_handoff(net, y, x, t) && net->bufs[y].offset == net->bufs[x].offset;
             if (net->bufs[x].bytes && net_buffer_live(net, x, t) && !taken) live += net->bufs[x].bytes;
         }
         if (live > most_live) most_live = live;

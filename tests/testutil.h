@@ -77,8 +77,8 @@ size_t winograd_workspace(int B, int OH, int OW, int C, int OC);
 // takes it with accumulate = 1 in fp32: forward, loss and backward (dropout keyed by seed
 // and step), with the update of `o` at `lr`: after backward over the zeroed gradient block
 // (optim_step), or with net->fused_update during backward through net->hook, module by
-// module (optim_step_module, then the module's gradients zeroed: train.c's hook without
-// the ranks). Returns the modules the hook updated (0 unfused); a hook left set or failed
+// module (optim_step_module: train.c's hook without the ranks; the network zeroes a
+// node's gradients before its backward). Returns the modules the hook updated (0 unfused); a hook left set or failed
 // fails the test.
 int test_train_step(Net *net, const Optimizer *o, int N, double lr, uint64_t seed, uint64_t step);
 
