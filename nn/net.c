@@ -884,6 +884,9 @@ static bool buffers_meet(const ActSpan *spans, const ActBuffer *x, const ActBuff
     return false;
 }
 
+// Where buffer b lies in the allocated activation block.
+static void *buffer_at(const Net *net, int b) { return (char *)net->activations + net->bufs[b].offset; }
+
 // Whether buffer b is live at event t.
 bool net_buffer_live(const Net *net, int b, int t) {
     const ActBuffer *a = &net->bufs[b];
@@ -1143,15 +1146,18 @@ static int place_buffers(Net *net, Error *err) {
     const int nb = net->nbufs;
     int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
     Keyed *keyed = xcalloc((size_t)nb, sizeof *keyed, err);
-    size_t *best = xcalloc((size_t)nb, sizeof *best, err), *best_apart = xcalloc((size_t)nb, sizeof *best_apart, err);
-    ActSpan *spans = NULL, *spans_apart = NULL;
-    ActBuffer *u = placement_units(net, true, &spans, err), *apart = placement_units(net, false, &spans_apart, err);
-    int rc = -1;
-    if (!order || !placed || !keyed || !best || !best_apart || !u || !apart) goto done;
+    size_t *best = xcalloc((size_t)nb, sizeof *best, err), *best_apart = NULL;
     bool grouped = false;
     for (int b = 0; b < nb; b++) grouped |= net->bufs[b].over >= 0;
+    ActSpan *spans = NULL, *spans_apart = NULL;
+    ActBuffer *u = placement_units(net, grouped, &spans, err), *apart = NULL;
+    int rc = -1;
+    if (!order || !placed || !keyed || !best || !u) goto done;
     size_t top = place_units(net, u, spans, order, placed, keyed, best);
     if (grouped) {  // kept where the block with the groups, and the scratch F32 needs for them, is smaller
+        best_apart = xcalloc((size_t)nb, sizeof *best_apart, err);
+        apart = placement_units(net, false, &spans_apart, err);
+        if (!best_apart || !apart) goto done;
         const size_t cost = top + (net->precision == DT_F32 && !net->exec.pack_bits ? scratch_size(net, F32_FORWARD_SLOTS, NULL) : 0);
         const size_t top_apart = place_units(net, apart, spans_apart, order, placed, keyed, best_apart);
         if (top_apart < cost) {
@@ -1695,7 +1701,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     }
     for (int j = 0; net->fused_update && j < net->nnodes; j++) {  // each node's in its buffer
         Layer *const *ls;
-        float *g = (float *)((char *)net->activations + net->bufs[buf_wgrad(j)].offset);
+        float *g = buffer_at(net, buf_wgrad(j));
         for (int i = 0; i < node_layers(&net->nodes[j], &ls); i++) {
             if (!layer_trains(ls[i])) continue;
             for (int t = 0; t < ls[i]->nparams; t++) {
@@ -1959,8 +1965,7 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
         case EV_RECOMPUTE: forward_node(net, ev.node, &redo, N); break;
         case EV_BACKWARD:
             if (net->bufs[buf_wgrad(ev.node)].bytes)  // the fused update's gradients start at zero
-                net->k->zero((char *)net->activations + net->bufs[buf_wgrad(ev.node)].offset,
-                             net->bufs[buf_wgrad(ev.node)].bytes);
+                net->k->zero(buffer_at(net, buf_wgrad(ev.node)), net->bufs[buf_wgrad(ev.node)].bytes);
             backward_node(net, ev.node, &ctx, N);
             node_done(net, ev.node);
             break;
