@@ -117,9 +117,13 @@ $(BUILD)/nn/cpu_kernels_avx2.o: nn/cpu_kernels.c $(CFLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
 
+# No kernel may use local memory (a thread's arrays, spilled registers): a GPU reserves it
+# for every thread it can hold, outside the plan (act_pack's 2.3 KB a thread took 350 MB of
+# an H200), and it is slow. ptxas stops the build at any.
+NVCHECK := -Xptxas -warn-lmem-usage,-warn-spills,-Werror
 $(BUILD)/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVFLAGS) $(NVCHECK) -MMD -MP -c $< -o $@
 
 # The toolkit's libraries by rpath: a machine whose loader does not list them still finds them.
 libcnn_cuda.so: $(GPU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/gpu/error.pic.o

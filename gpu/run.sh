@@ -8,11 +8,12 @@
 # Stages, all of them in this order by default (the build always comes first):
 #   test     make test-gpu: every kernel, a training step and checkpoints against the CPU
 #   sanitize compute-sanitizer over 3 steps (errors only a GPU shows): memcheck of fashion.cfg,
-#            of resnet-small and of mobilenet_v2 in fp16 with checkpoint=sqrt; racecheck of
-#            fashion.cfg
+#            of resnet-small and of mobilenet_v2 in fp16 with checkpoint=sqrt, of resnet-small in
+#            bf16 with 2-bit activations, int8 state and checkpoint=sqrt; racecheck of fashion.cfg
 #   train    issue 17: a Fashion-MNIST epoch on the CPU in fp32 and on the GPU in fp32 and
 #            fp16 (accuracy; the GPU's first-epoch loss against the CPU's), resnet-small on
-#            the GPU plain, fp16, checkpoint=sqrt and both (the GPU memory against the plan)
+#            the GPU plain, fp16, checkpoint=sqrt and both, bf16, 2-bit activations with int8
+#            state, and all of these (the GPU memory against the plan)
 #   resume   a checkpoint written on the GPU resumed on the CPU and the other way round,
 #            each against the run that stayed on its device one step on (./ckpt diff)
 #   memory   models/resnet18.cfg at 224x224: the plan with memory=15G (what fits a 16 GB
@@ -20,7 +21,8 @@
 #   nets     issue 32's networks (grouped and depthwise convolutions, ReLU6, the general
 #            block): mobilenet_v2, resnet34 and resnet50 at 224x224, batch 32, an epoch of
 #            the photos each, fp32 and fp16 + checkpoint=sqrt: img/s, GPU memory against the plan
-#   profile  models/resnet18.cfg, fp16, batch 64: time per layer type (profile=1)
+#   profile  models/resnet18.cfg, fp16, batch 64, and fashion.cfg at batch 64 and 512: time
+#            per layer type (profile=1)
 #   bench    bench/gpu_bench.sh: cnn.c against PyTorch on this GPU (issue 18)
 # DRY=1 checks the script where there is no GPU: this machine's build and packages,
 # device=cpu, a few steps a run (the numbers mean nothing). A run stopped by stop_after
@@ -116,6 +118,7 @@ for stage in $STAGES; do
             for v in "memcheck fashion models/fashion.cfg" \
                      "memcheck resnet-small models/resnet-small.cfg precision=fp16 checkpoint=sqrt" \
                      "memcheck mobilenet_v2 models/mobilenet_v2.cfg batch=8 precision=fp16 checkpoint=sqrt" \
+                     "memcheck resnet-small-packed models/resnet-small.cfg precision=bf16 compress=2 optimizer_state=int8 checkpoint=sqrt" \
                      "racecheck fashion models/fashion.cfg"; do
                 set -- $v
                 tool=$1 name=$2 cfg=$3
@@ -144,7 +147,9 @@ for stage in $STAGES; do
         say "first-epoch train_loss: cpu $c, cpu 1 thread $c1, gpu fp32 $g"
         say "    |gpu - cpu| = $(awk -v a="$g" -v b="$c" 'BEGIN { d = a - b; print (d < 0 ? -d : d) }')," \
             "|cpu 1 thread - cpu| = $(awk -v a="$c1" -v b="$c" 'BEGIN { d = a - b; print (d < 0 ? -d : d) }') (issue 17: <= 1e-3)"
-        for v in "plain" "fp16 precision=fp16" "sqrt checkpoint=sqrt" "sqrt-fp16 checkpoint=sqrt precision=fp16"; do
+        for v in "plain" "fp16 precision=fp16" "sqrt checkpoint=sqrt" "sqrt-fp16 checkpoint=sqrt precision=fp16" \
+                 "bf16 precision=bf16" "compress2-int8 compress=2 optimizer_state=int8" \
+                 "all checkpoint=sqrt precision=bf16 compress=2 optimizer_state=int8"; do
             set -- $v
             name=$1
             shift
@@ -208,6 +213,13 @@ for stage in $STAGES; do
             stop_after=$([ "$DRY" = 1 ] && echo 3 || echo 40) profile=1 save="$RUNS/profile" > "$OUT/profile-resnet18.log" 2>&1
         say "resnet18 fp16 batch 64 profile: exit $?"
         sed -n '/^stopped\|^epoch/,$p' "$OUT/profile-resnet18.log" | head -60 | sed 's/^/    /' | tee -a "$SUMMARY"
+        # The H200 run's open question: fashion.cfg's img/s at batch 512 no higher than at 64.
+        for b in 64 512; do
+            ./train models/fashion.cfg $DATA device=$GPU batch=$b epochs=1 profile=1 \
+                save="$RUNS/profile-fashion-$b" > "$OUT/profile-fashion-$b.log" 2>&1
+            say "fashion.cfg batch $b profile: exit $?"
+            sed -n '/^epoch/,$p' "$OUT/profile-fashion-$b.log" | head -40 | sed 's/^/    /' | tee -a "$SUMMARY"
+        done
         ;;
     bench)
         if [ -f bench/gpu_bench.sh ]; then

@@ -1999,7 +1999,6 @@ static inline __attribute__((always_inline)) void act_pack_group_avx2(unsigned c
         const uint64_t r = rng_u64(key, c0 + (uint64_t)k);
         memcpy(r16 + 4 * k, &r, sizeof r);  // little-endian: the j-th 16 bits at r16[4k + j]
     }
-    uint8_t c[ACT_GROUP];
     const __m256 vb = _mm256_set1_ps(base), vinv = _mm256_set1_ps(inv), vcap = _mm256_set1_ps(cap);
     const __m256 half = _mm256_set1_ps(0.5f), scale = _mm256_set1_ps(1.0f / 65536.0f), one = _mm256_set1_ps(1.0f);
     for (int i = 0; i < ACT_GROUP; i += 8) {
@@ -2012,9 +2011,10 @@ static inline __attribute__((always_inline)) void act_pack_group_avx2(unsigned c
         if (zeros) q = _mm256_blendv_ps(zero, _mm256_add_ps(q, one), _mm256_cmp_ps(v, zero, _CMP_GT_OQ));
         int32_t qi[8];
         _mm256_storeu_si256((__m256i *)qi, _mm256_cvttps_epi32(q));
-        for (int k = 0; k < 8; k++) c[i + k] = (uint8_t)qi[k];
+        for (int h = 0; h < 2; h++)
+            act_put_quad(rec + 8, i / 4 + h, (uint32_t)qi[4 * h] | (uint32_t)qi[4 * h + 1] << bits |
+                         (uint32_t)qi[4 * h + 2] << (2 * bits) | (uint32_t)qi[4 * h + 3] << (3 * bits), bits);
     }
-    act_put_codes(rec + 8, c, bits);
 }
 #endif
 
