@@ -39,12 +39,12 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
         printf("{\"device\": \"%s\", \"params\": %zu, \"grads\": %zu, \"grads_unfused\": %zu, "
                "\"fused_update\": %s, \"recompute_1x1\": %d, \"optimizer\": %zu, \"optimizer_state\": \"%s\", "
                "\"buffers\": %zu, \"activations\": %zu, \"activations_kept\": %zu, "
-               "\"compress\": %d, \"activations_compressed\": %zu, \"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"exchange\": %zu, \"total\": %zu, "
+               "\"compress\": %d, \"activations_compressed\": %zu, \"activations_workspace\": %zu, \"workspace\": %zu, \"threads\": %zu, \"loader\": %zu, \"exchange\": %zu, \"total\": %zu, "
                "\"on_device\": %zu, \"baseline\": %zu, \"available\": ",
                k->name, p->params, p->grads, p->grads_unfused, fused ? "true" : "false",
                net->recompute_1x1 ? net->widening_1x1 : 0, p->optimizer,
                state_format_names[format],
-               p->buffers, p->activations, p->act_kept, bits, p->act_packed, p->workspace, p->threads, p->loader,
+               p->buffers, p->activations, p->act_kept, bits, p->act_packed, p->act_workspace, p->workspace, p->threads, p->loader,
                p->exchange, mem_plan_total(p), need, baseline);
         if (available == SIZE_MAX) printf("null");
         else printf("%zu", available);
@@ -72,7 +72,11 @@ void plan_print(const Net *net, size_t baseline, size_t available, const char *s
     printf("  %-34s %10.1f\n", "activations", p->activations / 1e6);
     printf("  %-34s %10.1f\n", "  kept from forward for backward", p->act_kept / 1e6);
     if (bits) printf("  %-34s %10.1f  (%d-bit codes)\n", "    of which compressed", p->act_packed / 1e6, bits);
-    printf("  %-34s %10.1f\n", "workspace (im2col, executor scratch)", p->workspace / 1e6);
+    if (p->act_workspace)
+        printf("  %-34s %10.1f  (largest; each layer's during its own events)\n", "  layers' workspace (im2col)",
+               p->act_workspace / 1e6);
+    printf("  %-34s %10.1f\n", p->act_workspace ? "workspace (executor scratch)" : "workspace (im2col, executor scratch)",
+           p->workspace / 1e6);
     if (k->host_memory) {
         printf("  %-34s %10.1f\n", "threads (GEMM packing)", p->threads / 1e6);
         printf("  %-34s %10.1f\n", "loader (batches, decoding)", p->loader / 1e6);

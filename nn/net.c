@@ -368,17 +368,37 @@ static int64_t node_grad_floats(const NetNode *nd) {
     return n;
 }
 
+// The workspace node j's events need: the most of its layers' (LayerCtx.workspace), and of
+// a virtual input's layer, which it runs on the chunks it reads.
+static size_t node_workspace_bytes(const Net *net, int j) {
+    const NetNode *nd = &net->nodes[j];
+    Layer *const *ls;
+    size_t w = 0;
+    for (int i = node_layers(nd, &ls) - 1; i >= 0; i--) {
+        const size_t x = layer_workspace_bytes(ls[i], net->k, call_samples(net, ls[i]));
+        if (x > w) w = x;
+    }
+    for (int k = 0; k < node_nin(nd); k++) {
+        const int p = nd->in[k];
+        if (p == NODE_INPUT || !net->nodes[p].virt) continue;
+        const size_t x = layer_workspace_bytes(net->nodes[p].l, net->k, call_samples(net, net->nodes[p].l));
+        if (x > w) w = x;
+    }
+    return w;
+}
+
 // Buffer ids: five fixed ones, then per node its output, its inner activations, its output
-// gradient, that gradient's second term, a sweep's scratch, its output compressed and,
-// with the fused update, its trained modules' gradients (live at its backward alone: the
+// gradient, that gradient's second term, a sweep's scratch, its output compressed, with
+// the fused update its trained modules' gradients (live at its backward alone: the
 // network zeroes them first, the hook updates from them at the end; the gradient block is
-// then none).
+// then none), and its layers' workspace (live at its own events; where the placement
+// keeps the layers' workspace in the block, place_buffers, else none).
 // BUF_INPUT holds the batch: fp32 values, or with input_bytes the table of byte values and
 // the bytes (off the host: on the host the network reads the caller's, net_put_input); BUF_INPUT_F32
 // (input_bytes in F32) is where a leaf that reads the network's input expands the bytes, a
 // chunk at a time (Exec.input_chunk), live during its events only (a sweep expands them in
 // its scratch).
-enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_NODES, BUFS_A_NODE = 7 };
+enum { BUF_INPUT, BUF_LABELS, BUF_METRICS, BUF_DLOGP, BUF_INPUT_F32, BUF_NODES, BUFS_A_NODE = 8 };
 static int buf_out(int j) { return BUF_NODES + BUFS_A_NODE * j; }
 static int buf_inner(int j) { return buf_out(j) + 1; }
 static int buf_grad(int j) { return buf_out(j) + 2; }
@@ -386,6 +406,8 @@ static int buf_term(int j) { return buf_out(j) + 3; }
 static int buf_scratch(int j) { return buf_out(j) + 4; }  // a sweep's, during its own events
 static int buf_pack(int j) { return buf_out(j) + 5; }
 static int buf_wgrad(int j) { return buf_out(j) + 6; }
+static int buf_ws(int j) { return buf_out(j) + 7; }
+static bool is_buf_ws(int b) { return b >= BUF_NODES && (b - BUF_NODES) % BUFS_A_NODE == 7; }
 
 // The buffer of node p's output as a reader sees it (NODE_INPUT: the network's input).
 static int out_buffer(const Net *net, int p) { return p == NODE_INPUT ? BUF_INPUT : net->nbuf[p].out; }
@@ -758,6 +780,7 @@ static void spans_forward(const Net *net, SpanBuilder *sb, int j, int t) {
     if (packs_at(net, t)) span_write(sb, buf_pack(j), t);
     if (inner_bytes(net, j)) span_write(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
+    span_write(sb, buf_ws(j), t);
 }
 
 // Node j's backward at event t: its output gradient (updated by a sum, or overwritten by
@@ -773,6 +796,7 @@ static void spans_backward(const Net *net, SpanBuilder *sb, int j, int t) {
     if (inner_bytes(net, j)) span_read(sb, buf_inner(j), t);
     if (nd->kind == NODE_SWEEP) span_write(sb, buf_scratch(j), t);
     if (net->bufs[buf_wgrad(j)].bytes) span_write(sb, buf_wgrad(j), t);
+    span_write(sb, buf_ws(j), t);
     if (b[j].adds) span_read(sb, b[j].din, t);  // adds to the gradient it holds
     else if (b[j].din >= 0 && b[j].din != b[j].grad) span_write(sb, b[j].din, t);  // else in place
 }
@@ -807,6 +831,7 @@ static void buffer_bytes(Net *net) {
         const Sweep sw = node_sweep(net, &net->nodes[j], NULL);
         buf[buf_scratch(j)].bytes = net->nodes[j].kind == NODE_SWEEP ? align64(exec_sweep_bytes(&net->exec, &sw)) : 0;
         buf[buf_wgrad(j)].bytes = net->fused_update ? align64((size_t)node_grad_floats(&net->nodes[j]) * sizeof(float)) : 0;
+        buf[buf_ws(j)].bytes = align64(node_workspace_bytes(net, j));
         buf[buf_pack(j)].bytes = net->nodes[j].packed
                                      ? align64(B * (size_t)act_sample_bytes(shape_numel(net->nodes[j].out), net->exec.pack_bits))
                                      : 0;
@@ -1015,7 +1040,7 @@ static int cmp_span(const void *a, const void *b) {
 // What the placement places (NULL: out of memory): net->bufs with their spans (in
 // *spans), but, `grouped`, that a group's first member is as large as its largest and live
 // wherever one of them is (their spans merged) and the other members take no bytes.
-static ActBuffer *placement_units(const Net *net, bool grouped, ActSpan **spans, Error *err) {
+static ActBuffer *placement_units(const Net *net, bool grouped, bool workspace, ActSpan **spans, Error *err) {
     const int nb = net->nbufs;
     ActBuffer *u = xcalloc((size_t)nb, sizeof *u, err);
     ActSpan *sp = xcalloc((size_t)net->nspans + 1, sizeof *sp, err);
@@ -1027,7 +1052,7 @@ static ActBuffer *placement_units(const Net *net, bool grouped, ActSpan **spans,
     for (int g = 0; g < nb; g++) {
         u[g] = net->bufs[g];
         u[g].span0 = m, u[g].nspans = 0;
-        if (grouped && net->bufs[g].over >= 0) u[g].bytes = 0;
+        if ((grouped && net->bufs[g].over >= 0) || (!workspace && is_buf_ws(g))) u[g].bytes = 0;
         if (!u[g].bytes) continue;
         for (int b = 0; b < nb; b++) {
             if (b != g && (!grouped || net->bufs[b].over != g)) continue;
@@ -1112,14 +1137,15 @@ static size_t place_units(const Net *net, ActBuffer *u, const ActSpan *spans, in
                           size_t *best) {
     const int nb = net->nbufs;
     size_t top = SIZE_MAX;
-    for (int strategy = 0; strategy < 3; strategy++) {
+    for (int strategy = 0; strategy < 4; strategy++) {
         int used = 0;
         for (int b = 0; b < nb; b++) {
             if (!u[b].bytes) continue;
-            const double bytes = (double)u[b].bytes;
+            const double bytes = (double)u[b].bytes, events = buffer_span_events(spans, &u[b]);
             keyed[used++] = (Keyed){strategy == 0   ? bytes
-                                    : strategy == 1 ? bytes * buffer_span_events(spans, &u[b])
-                                                    : -(double)u[b].first * 1e15 + bytes,
+                                    : strategy == 1 ? bytes * events
+                                    : strategy == 2 ? -(double)u[b].first * 1e15 + bytes
+                                                    : bytes * sqrt(events * (u[b].last - u[b].first + 1)),
                                     b};
         }
         qsort(keyed, (size_t)used, sizeof *keyed, cmp_keyed);
@@ -1136,38 +1162,59 @@ static size_t place_units(const Net *net, ActBuffer *u, const ActSpan *spans, in
 // Places every used buffer (bytes > 0) greedily (TFLite's memory planner's placement: each
 // at the lowest offset where it overlaps no placed buffer live with it), in each of a few
 // orders: largest first; largest over the most events first (bytes x events); the earliest
-// first; and keeps the placement with the lowest end. The handoffs' groups are placed as
-// one buffer each, and again apart: they stay where they give the lower end (counting, in
-// F32 without compressed activations, the scratch that handoffs need): a group live over
-// many events may leave holes that its members apart would not. Sets plan.activations
-// (that end) and plan.act_kept (the bytes live at the loss). Ties keep id order, so a plan
-// is the same every time.
+// first; bytes x the square root of its events times its lifetime (short-lived workspaces
+// and long-lived compressed records apart); and keeps the placement with the lowest end.
+// Placed in up to four ways, the cheapest kept:
+//   - the handoffs' groups placed as one buffer each, or apart (counting, in F32 without
+//     compressed activations, the scratch that handoffs need): a group live over many
+//     events may leave holes that its members apart would not;
+//   - each node's layer workspace in the block (live at the node's events), or the largest
+//     apart in the workspace block: the block's holes at a node hold its workspace where
+//     the greedy placement finds room.
+// Sets plan.activations (that end), net->block_cost and plan.act_kept
+// (the bytes live at the loss). Ties keep the first way (groups, the workspace apart) and
+// id order, so a plan is the same every time.
 static int place_buffers(Net *net, Error *err) {
     const int nb = net->nbufs;
     int *order = xcalloc((size_t)nb, sizeof *order, err), *placed = xcalloc((size_t)nb, sizeof *placed, err);
     Keyed *keyed = xcalloc((size_t)nb, sizeof *keyed, err);
-    size_t *best = xcalloc((size_t)nb, sizeof *best, err), *best_apart = NULL;
+    size_t *best = xcalloc((size_t)nb, sizeof *best, err), *offsets = xcalloc((size_t)nb, sizeof *offsets, err);
     bool grouped = false;
-    for (int b = 0; b < nb; b++) grouped |= net->bufs[b].over >= 0;
-    ActSpan *spans = NULL, *spans_apart = NULL;
-    ActBuffer *u = placement_units(net, grouped, &spans, err), *apart = NULL;
+    size_t ws_apart = 0;
+    for (int b = 0; b < nb; b++) {
+        grouped |= net->bufs[b].over >= 0;
+        if (is_buf_ws(b) && net->bufs[b].bytes > ws_apart) ws_apart = net->bufs[b].bytes;
+    }
+    const size_t group_scratch =
+        net->precision == DT_F32 && !net->exec.pack_bits ? scratch_size(net, F32_FORWARD_SLOTS, NULL) : 0;
+    size_t cost = SIZE_MAX, top = 0;
+    bool keep_groups = false, ws_in = false;
     int rc = -1;
-    if (!order || !placed || !keyed || !best || !u) goto done;
-    size_t top = place_units(net, u, spans, order, placed, keyed, best);
-    if (grouped) {  // kept where the block with the groups, and the scratch F32 needs for them, is smaller
-        best_apart = xcalloc((size_t)nb, sizeof *best_apart, err);
-        apart = placement_units(net, false, &spans_apart, err);
-        if (!best_apart || !apart) goto done;
-        const size_t cost = top + (net->precision == DT_F32 && !net->exec.pack_bits ? scratch_size(net, F32_FORWARD_SLOTS, NULL) : 0);
-        const size_t top_apart = place_units(net, apart, spans_apart, order, placed, keyed, best_apart);
-        if (top_apart < cost) {
-            for (int b = 0; b < nb; b++) net->bufs[b].over = -1;
-            memcpy(best, best_apart, (size_t)nb * sizeof *best);
-            top = top_apart;
+    if (!order || !placed || !keyed || !best || !offsets) goto done;
+    for (int way = 0; way < 4; way++) {
+        const bool g = !(way & 1), w = (way & 2) != 0;
+        if ((g && !grouped) || (w && (!ws_apart || net->workspace_place == WORKSPACE_APART)) ||
+            (!w && ws_apart && net->workspace_place == WORKSPACE_IN))
+            continue;
+        ActSpan *spans = NULL;
+        ActBuffer *u = placement_units(net, g, w, &spans, err);
+        if (!u) goto done;
+        const size_t end = place_units(net, u, spans, order, placed, keyed, offsets);
+        free(u), free(spans);
+        const size_t c = end + (g ? group_scratch : 0) + (w ? 0 : ws_apart);
+        if (c < cost) {
+            cost = c, top = end, keep_groups = g, ws_in = w;
+            memcpy(best, offsets, (size_t)nb * sizeof *best);
         }
     }
-    for (int b = 0; b < nb; b++) net->bufs[b].offset = best[buffer_group(net, b)];
-    net->plan.activations = top == SIZE_MAX ? 0 : top;
+    if (!keep_groups)
+        for (int b = 0; b < nb; b++) net->bufs[b].over = -1;
+    for (int b = 0; b < nb; b++) {
+        if (!ws_in && is_buf_ws(b)) net->bufs[b].bytes = 0;  // layer_workspace serves
+        net->bufs[b].offset = best[buffer_group(net, b)];
+    }
+    net->plan.activations = top;
+    net->block_cost = top + (ws_in ? 0 : ws_apart);
     net->plan.act_kept = net->plan.act_packed = 0;
     for (int b = 0; b < nb; b++)
         if (net->bufs[b].bytes && net_buffer_live(net, b, net->nnodes)) {
@@ -1176,9 +1223,28 @@ static int place_buffers(Net *net, Error *err) {
         }
     rc = 0;
 done:
-    free(order), free(placed), free(keyed), free(best), free(best_apart), free(u), free(apart), free(spans),
-        free(spans_apart);
+    free(order), free(placed), free(keyed), free(best), free(offsets);
     return rc;
+}
+
+// The executor's scratch slots (Exec.scratch): halves use the four of exec.h; F32 three
+// where a backward reads compressed activations (an input and an output read back, an
+// input gradient apart: handoffs and adds in backward come only with those), two where
+// only forwards hand over (an output apart, slot 1), none elsewhere.
+static int scratch_slots(const Net *net) {
+    if (precision_is_half(net->precision)) return 4;
+    if (net->exec.pack_bits) return 3;
+    for (int b = 0; b < net->nbufs; b++)
+        if (net->bufs[b].over >= 0) return F32_FORWARD_SLOTS;
+    return 0;
+}
+
+// The executor's precision and scratch (Exec.slot_values); its bytes.
+static size_t exec_scratch(Net *net) {
+    net->exec.precision = net->precision;
+    net->exec.slot_values = 0;
+    const int slots = scratch_slots(net);
+    return slots ? scratch_size(net, slots, &net->exec.slot_values) : 0;
 }
 
 // Plans the activation block for the current segments: schedule, spans, offsets.
@@ -1191,6 +1257,11 @@ static int net_plan_activations(Net *net, Error *err) {
     net->nbufs = BUF_NODES + BUFS_A_NODE * n;
     net->bufs = xcalloc((size_t)net->nbufs, sizeof *net->bufs, err);
     if (!net->bufs) return -1;
+    // The layers' chunks, which size their workspace (node_workspace_bytes): F32 layers take
+    // the whole batch; halves and compressed reads have their scratch's slots whatever the
+    // placement (scratch_slots reads the buffers only for F32's handoffs).
+    if (precision_is_half(net->precision) || net->exec.pack_bits) exec_scratch(net);
+    else net->exec.precision = net->precision;
     buffer_bytes(net);
     if (buffer_spans(net, err)) return -1;
     for (int b = 0; b < net->nbufs; b++)  // a buffer nothing uses needs no bytes
@@ -1226,36 +1297,23 @@ static void net_carve_activations(Net *net, char *base) {
     }
 }
 
-// The executor's scratch slots (Exec.scratch): halves use the four of exec.h; F32 three
-// where a backward reads compressed activations (an input and an output read back, an
-// input gradient apart: handoffs and adds in backward come only with those), two where
-// only forwards hand over (an output apart, slot 1), none elsewhere.
-static int scratch_slots(const Net *net) {
-    if (precision_is_half(net->precision)) return 4;
-    if (net->exec.pack_bits) return 3;
-    for (int b = 0; b < net->nbufs; b++)
-        if (net->bufs[b].over >= 0) return F32_FORWARD_SLOTS;
-    return 0;
-}
-
 // Computes the rest of net->plan (workspace, parameters, gradients, optimizer state) and
 // the scratch of the executor.
 static void net_layout(Net *net) {
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16 (and
     // where scratch_slots says). The workspace block holds the scratch (then only) and
     // then the layers' workspace.
-    net->exec.precision = net->precision;
-    net->exec.slot_values = 0;
-    size_t ws = 0;
-    if (scratch_slots(net)) ws = scratch_size(net, scratch_slots(net), &net->exec.slot_values);
+    const size_t ws = exec_scratch(net);
     net->scratch_bytes = ws;
-    size_t layer_ws = 0;
-    for (int i = 0; i < net->nmodules; i++) {
-        const Layer *l = net->modules[i];
-        const size_t w = layer_workspace_bytes(l, net->k, call_samples(net, l));
+    size_t layer_ws = 0;  // the largest node's, in the activation block where it holds them
+    bool in_block = false;
+    for (int j = 0; j < net->nnodes; j++) {
+        const size_t w = node_workspace_bytes(net, j);
         if (w > layer_ws) layer_ws = w;
+        in_block |= net->bufs[buf_ws(j)].bytes > 0;
     }
-    net->plan.workspace = ws + layer_ws;
+    net->plan.act_workspace = in_block ? layer_ws : 0;
+    net->plan.workspace = ws + (in_block ? 0 : layer_ws);
     net->plan.threads = net->k->thread_scratch ? net->k->thread_scratch() : 0;
     net->plan.params = (size_t)net->nparams * sizeof(float);
     net->plan.grads_unfused = (size_t)net->ntrain * sizeof(float);
@@ -1403,7 +1461,7 @@ static int plan_cut(Net *net, CutMemo *m, const int *cut, size_t *activations, d
         memcpy(net->seg_first, cut, (size_t)m->width * sizeof *cut);
         if (net_plan_activations(net, err)) return -1;
         memcpy(&m->cuts[m->n * (size_t)m->width], cut, (size_t)m->width * sizeof *cut);
-        m->activations[m->n] = net->plan.activations, m->area[m->n] = plan_area(net);
+        m->activations[m->n] = net->block_cost, m->area[m->n] = plan_area(net);
         *slot = ++m->n;
     }
     *activations = m->activations[*slot - 1], *area = m->area[*slot - 1];
@@ -1415,69 +1473,18 @@ static int cmp_size(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// Splits the nodes into `segments` segments (NET_SEGMENTS_SQRT: round(sqrt(nodes)); at
-// most one segment per node) at the candidate cut whose activation block is smallest,
-// and plans the activations for it.
-static int net_segments(Net *net, int segments, Error *err) {
-    const int n = net->nnodes, last = n - 1;
-    int S = segments == NET_SEGMENTS_SQRT ? (int)lround(sqrt((double)n)) : segments;
-    if (S < 1) S = 1;
-    if (S > n) S = n;
-    net->nsegments = S;
-    net->seg_first = xcalloc((size_t)S + 1, sizeof *net->seg_first, err);
-    if (!net->seg_first) return -1;
-    net->seg_first[S] = n;
-    if (S == 1) return net_plan_activations(net, err);
-    const size_t es = dtype_sizes[net->precision], B = (size_t)net->batch;
-    const size_t npairs = (size_t)n * (n + 1) / 2, cells = (size_t)(S + 1) * (n + 1);
-    const size_t square = (size_t)(n + 1) * (n + 1);
-    size_t *out = xcalloc((size_t)n, sizeof *out, err), *kept = xcalloc((size_t)n + 1, sizeof *kept, err);
-    size_t *scratch = xcalloc(square, sizeof *scratch, err);
-    size_t *limits = xcalloc(npairs, sizeof *limits, err), *dp = xcalloc(cells, sizeof *dp, err);
-    int *reach = xcalloc((size_t)n, sizeof *reach, err), *lo = xcalloc((size_t)n + 1, sizeof *lo, err);
-    int *from = xcalloc(cells, sizeof *from, err), *cut = xcalloc((size_t)S + 1, sizeof *cut, err);
-    int *best_cut = xcalloc((size_t)S + 1, sizeof *best_cut, err);
+// The search of net_segments over the cuts that `limits` (nlimits of them) give, then single
+// moves: the cut with the smallest block_cost it finds (of two as small, the one with the
+// least area) into best_cut and its cost into *cost.
+static int search_cuts(Net *net, const SegCost *c, int S, const size_t *limits, size_t nlimits, size_t *dp,
+                       int *from, int *lo, int *cut, int *best_cut, size_t *cost, Error *err) {
+    const int n = net->nnodes;
     CutMemo memo = {.width = S + 1};
     int rc = -1;
-    if (!out || !kept || !scratch || !limits || !dp || !reach || !lo || !from || !cut || !best_cut) goto done;
-    for (int p = 0; p < n; p++) {
-        out[p] = align64(B * (size_t)shape_numel(net->nodes[p].out) * (p == last ? sizeof(float) : es));
-        reach[p] = p == last ? n : last_consumer(net, p);  // crosses the cuts in (p, reach[p]]
-    }
-    for (int e = 1; e <= n; e++)
-        for (int p = 0; p < e; p++)
-            if (reach[p] >= e) kept[e] += out[p];
-    for (int s = 0; s < n; s++)
-        for (int e = s + 1; e <= n; e++) {
-            size_t v = 0;
-            for (int p = s; p < e; p++) v += (reach[p] >= e ? 0 : out[p]) + align64(B * inner_bytes(net, p));
-            scratch[s * (n + 1) + e] = v;
-        }
-    const SegCost c = {n, kept, scratch};
-    size_t m = 0;
-    for (int s = 0; s < n; s++)
-        for (int e = s + 1; e <= n; e++) limits[m++] = seg_scratch(&c, s, e);
-    qsort(limits, m, sizeof *limits, cmp_size);
-    size_t distinct = 0;
-    for (size_t t = 0; t < m; t++)
-        if (!t || limits[t] != limits[t - 1]) limits[distinct++] = limits[t];
-    size_t feasible = 0, hi = distinct;  // the smallest limit some cut meets (they grow with it)
-    while (feasible < hi) {
-        const size_t mid = feasible + (hi - feasible) / 2;
-        if (seg_fit(&c, S, limits[mid], dp, from, lo, cut) == SIZE_MAX) feasible = mid + 1;
-        else hi = mid;
-    }
-    m = distinct - feasible;
-    if (m > SEG_LIMITS) {  // spread by rank from the smallest feasible to the largest
-        for (size_t t = 0; t < SEG_LIMITS; t++) limits[t] = limits[feasible + t * (m - 1) / (SEG_LIMITS - 1)];
-        m = SEG_LIMITS;
-    } else {
-        memmove(limits, limits + feasible, m * sizeof *limits);
-    }
     size_t best = SIZE_MAX, activations;
     double best_area = INFINITY, area;
-    for (size_t t = 0; t < m; t++) {
-        if (seg_fit(&c, S, limits[t], dp, from, lo, cut) == SIZE_MAX) continue;
+    for (size_t t = 0; t < nlimits; t++) {
+        if (seg_fit(c, S, limits[t], dp, from, lo, cut) == SIZE_MAX) continue;
         if (plan_cut(net, &memo, cut, &activations, &area, err)) goto done;
         if (activations < best || (activations == best && area < best_area)) {
             best = activations, best_area = area;
@@ -1512,12 +1519,91 @@ static int net_segments(Net *net, int segments, Error *err) {
         if (!moved && wide) break;
         wide = !moved;
     }
+    *cost = best;
+    rc = 0;
+done:
+    memo_free(&memo);
+    return rc;
+}
+
+// Splits the nodes into `segments` segments (NET_SEGMENTS_SQRT: round(sqrt(nodes)); at
+// most one segment per node) at the candidate cut whose activation block is smallest,
+// and plans the activations for it.
+static int net_segments(Net *net, int segments, Error *err) {
+    const int n = net->nnodes, last = n - 1;
+    int S = segments == NET_SEGMENTS_SQRT ? (int)lround(sqrt((double)n)) : segments;
+    if (S < 1) S = 1;
+    if (S > n) S = n;
+    net->nsegments = S;
+    net->seg_first = xcalloc((size_t)S + 1, sizeof *net->seg_first, err);
+    if (!net->seg_first) return -1;
+    net->seg_first[S] = n;
+    if (S == 1) return net_plan_activations(net, err);
+    const size_t es = dtype_sizes[net->precision], B = (size_t)net->batch;
+    const size_t npairs = (size_t)n * (n + 1) / 2, cells = (size_t)(S + 1) * (n + 1);
+    const size_t square = (size_t)(n + 1) * (n + 1);
+    size_t *out = xcalloc((size_t)n, sizeof *out, err), *kept = xcalloc((size_t)n + 1, sizeof *kept, err);
+    size_t *scratch = xcalloc(square, sizeof *scratch, err);
+    size_t *limits = xcalloc(npairs, sizeof *limits, err), *dp = xcalloc(cells, sizeof *dp, err);
+    int *reach = xcalloc((size_t)n, sizeof *reach, err), *lo = xcalloc((size_t)n + 1, sizeof *lo, err);
+    int *from = xcalloc(cells, sizeof *from, err), *cut = xcalloc((size_t)S + 1, sizeof *cut, err);
+    int *best_cut = xcalloc((size_t)S + 1, sizeof *best_cut, err), *pass_cut = xcalloc((size_t)S + 1, sizeof *pass_cut, err);
+    int rc = -1;
+    if (!out || !kept || !scratch || !limits || !dp || !reach || !lo || !from || !cut || !best_cut || !pass_cut) goto done;
+    for (int p = 0; p < n; p++) {
+        out[p] = align64(B * (size_t)shape_numel(net->nodes[p].out) * (p == last ? sizeof(float) : es));
+        reach[p] = p == last ? n : last_consumer(net, p);  // crosses the cuts in (p, reach[p]]
+    }
+    for (int e = 1; e <= n; e++)
+        for (int p = 0; p < e; p++)
+            if (reach[p] >= e) kept[e] += out[p];
+    for (int s = 0; s < n; s++)
+        for (int e = s + 1; e <= n; e++) {
+            size_t v = 0;
+            for (int p = s; p < e; p++) v += (reach[p] >= e ? 0 : out[p]) + align64(B * inner_bytes(net, p));
+            scratch[s * (n + 1) + e] = v;
+        }
+    const SegCost c = {n, kept, scratch};
+    size_t m = 0;
+    for (int s = 0; s < n; s++)
+        for (int e = s + 1; e <= n; e++) limits[m++] = seg_scratch(&c, s, e);
+    qsort(limits, m, sizeof *limits, cmp_size);
+    size_t distinct = 0;
+    for (size_t t = 0; t < m; t++)
+        if (!t || limits[t] != limits[t - 1]) limits[distinct++] = limits[t];
+    size_t feasible = 0, hi = distinct;  // the smallest limit some cut meets (they grow with it)
+    while (feasible < hi) {
+        const size_t mid = feasible + (hi - feasible) / 2;
+        if (seg_fit(&c, S, limits[mid], dp, from, lo, cut) == SIZE_MAX) feasible = mid + 1;
+        else hi = mid;
+    }
+    m = distinct - feasible;
+    if (m > SEG_LIMITS) {  // spread by rank from the smallest feasible to the largest
+        for (size_t t = 0; t < SEG_LIMITS; t++) limits[t] = limits[feasible + t * (m - 1) / (SEG_LIMITS - 1)];
+        m = SEG_LIMITS;
+    } else {
+        memmove(limits, limits + feasible, m * sizeof *limits);
+    }
+    // Searched twice where the layers' workspace may lie in the activation block: once with
+    // it apart, once with it in the block; the final plan takes the cheaper way at the cut
+    // found cheapest. The search follows single moves, and the cuts whose blocks have room
+    // for the workspace can lie where the moves from the smallest block apart do not lead
+    // (and the other way round).
+    const int place = net->workspace_place;
+    size_t best = SIZE_MAX;
+    for (int pass = 0; pass < (place == WORKSPACE_APART ? 1 : 2); pass++) {
+        net->workspace_place = pass ? WORKSPACE_IN : WORKSPACE_APART;
+        size_t cost;
+        const int failed = search_cuts(net, &c, S, limits, m, dp, from, lo, cut, pass_cut, &cost, err);
+        net->workspace_place = place;
+        if (failed) goto done;
+        if (cost < best) best = cost, memcpy(best_cut, pass_cut, ((size_t)S + 1) * sizeof *cut);
+    }
     memcpy(net->seg_first, best_cut, ((size_t)S + 1) * sizeof *cut);
     rc = net_plan_activations(net, err);
 done:
     free(out), free(kept), free(scratch), free(limits), free(dp), free(reach), free(lo), free(from), free(cut);
-    free(best_cut);
-    memo_free(&memo);
+    free(best_cut), free(pass_cut);
     return rc;
 }
 
@@ -1633,6 +1719,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->fused_update = opt->fused_update;
     net->recompute_1x1 = opt->recompute_1x1;
     net->apart = opt->apart;
+    net->workspace_place = opt->workspace_apart ? WORKSPACE_APART : WORKSPACE_EITHER;
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
         net_compress_nodes(net, cfg, opt, err) ||
         (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||
@@ -1872,7 +1959,15 @@ static void pack_node(Net *net, int j, const LayerCtx *ctx, int N) {
     net_charge(net, j, ctx->recompute ? CALL_SWEEP_RECOMPUTE : CALL_SWEEP_FORWARD, N, t0);
 }
 
-static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
+// ctx for node j's events: its workspace in the activation block where it is there.
+static LayerCtx node_ctx(const Net *net, int j, const LayerCtx *ctx) {
+    LayerCtx c = *ctx;
+    if (net->bufs[buf_ws(j)].bytes) c.workspace = buffer_at(net, buf_ws(j));
+    return c;
+}
+
+static void forward_node(Net *net, int j, const LayerCtx *ctx_in, int N) {
+    const LayerCtx node = node_ctx(net, j, ctx_in), *ctx = &node;
     const NetNode *nd = &net->nodes[j];
     const double t0 = net_start(net);
     if (nd->virt) {
@@ -1895,7 +1990,8 @@ static void forward_node(Net *net, int j, const LayerCtx *ctx, int N) {
 // Node j's backward: a leaf's (its input gradient to where the plan routed it: its input's
 // gradient, or that gradient's second term), or a sum's: its output gradient through its
 // activation, in place, which its inputs then share as theirs.
-static void backward_node(Net *net, int j, const LayerCtx *ctx, int N) {
+static void backward_node(Net *net, int j, const LayerCtx *ctx_in, int N) {
+    const LayerCtx node = node_ctx(net, j, ctx_in), *ctx = &node;
     const NetNode *nd = &net->nodes[j];
     const Stored none = {.kind = STORED_F32}, dout = j == net->nnodes - 1 ? (Stored){.p = net->dlogp, .kind = STORED_F32}
                                                                    : stored(net, net->grad[j]);

@@ -42,6 +42,10 @@ typedef struct MemPlan {
     size_t act_kept;
     // Of act_kept: the compressed activations' records (NetOptions.compress).
     size_t act_packed;
+    // The layers' workspace where `activations` holds it (each node's a buffer live at its
+    // events, placed in the block's holes): the largest node's; 0 where `workspace` holds
+    // the largest apart.
+    size_t act_workspace;
 } MemPlan;
 
 size_t mem_plan_total(const MemPlan *p);
@@ -118,6 +122,9 @@ typedef struct NetOptions {
     // no backward adding a term into a gradient, NodeBufs.adds): the plan whose bits the
     // shared one's are checked against.
     bool apart;
+    // Tests: the layers' workspace in the workspace block, never in the activation block's
+    // holes (MemPlan.act_workspace 0).
+    bool workspace_apart;
 } NetOptions;
 
 #define NET_SEGMENTS_SQRT (-1)
@@ -205,6 +212,10 @@ typedef struct Net {
                            // modules' gradients a buffer of the activation block
     bool recompute_1x1;    // NetOptions.recompute_1x1
     bool apart;            // NetOptions.apart
+    // Where place_buffers may put the layers' workspace: either way (the cheaper),
+    // apart (NetOptions.workspace_apart; and the segments' first search), or in the
+    // activation block (their second search).
+    enum { WORKSPACE_EITHER, WORKSPACE_APART, WORKSPACE_IN } workspace_place;
     int widening_1x1;      // the 1x1 convolutions it makes jit (whether or not it is set)
     // Called by net_backward after each node's backward for each of its trained modules
     // (GradHook); ready NULL: none. The trainer sets it for the fused update; the network
@@ -218,7 +229,8 @@ typedef struct Net {
     NodeBufs *nbuf;   // (nnodes) each node's buffers
     ActSpan *spans;
     int nspans;
-
+    size_t block_cost;  // the activation block and the layers' workspace apart, if it is:
+                        // what the segments' search compares plans by
     // Device blocks (one allocation each) and pointers into them.
     float *params;     // (nparams): every layer's tensors, in layer order
     float *grads;      // the gradient block: (ntrain), the trained tensors' gradients in the

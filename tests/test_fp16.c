@@ -1092,20 +1092,22 @@ static void test_memory_plan_fp16(void **state) {
         // About half: only the input, the output, dlogp, labels and metrics stay 4 bytes;
         // fp16's handoffs (every layer runs in chunks) take that lower still.
         assert_true(ratio > 0.5 && ratio < (B >= 64 ? 0.52 : 0.55));
-        assert_true(h.plan.activations <= ha.plan.activations);
-        int chunk;
-        assert_int_equal(h.plan.workspace, mnist_workspace(B, true, &chunk));
+        assert_true(h.plan.activations + h.plan.workspace <= ha.plan.activations + ha.plan.workspace);
+        int chunk;  // the layers' workspace in the activation block or beside the scratch
+        assert_int_equal(h.plan.workspace + h.plan.act_workspace, mnist_workspace(B, true, &chunk));
+        assert_true(!h.plan.act_workspace || h.plan.workspace == h.scratch_bytes);
         assert_int_equal(exec_chunk(&h.exec, h.layers[1], B), chunk);
         assert_int_equal(chunk, B < 14 ? B : 14);
         assert_int_equal(h.scratch_bytes, 4 * align64((size_t)chunk * 36864 * 4));
-        assert_int_equal(f.plan.workspace, mnist_workspace(B, false, NULL));
+        assert_int_equal(f.plan.workspace + f.plan.act_workspace, mnist_workspace(B, false, NULL));
         // Parameters, gradients and optimizer state stay fp32.
         assert_int_equal(h.plan.params, 609354 * 4);
         assert_int_equal(h.plan.grads, f.plan.grads);
         assert_int_equal(h.plan.optimizer, f.plan.optimizer);
         expect_activation_layout(&h);
         expect_activation_layout(&f);
-        // The scratch buffers at the start of the workspace, the layers' after them.
+        // The scratch buffers at the start of the workspace, the layers' after them (where
+        // they are not in the activation block).
         for (int i = 0; i < 4; i++)
             assert_ptr_equal(h.exec.scratch[i], (char *)h.workspace + i * h.scratch_bytes / 4);
         assert_ptr_equal(h.layer_workspace, (char *)h.workspace + h.scratch_bytes);

@@ -101,6 +101,7 @@ static int g_compress;
 static bool g_recompute_1x1;  // NetOptions.recompute_1x1
 static Matmul g_matmul;       // NetOptions.matmul
 static bool g_apart;          // NetOptions.apart
+static bool g_workspace_apart;  // NetOptions.workspace_apart
 static const Kernels *g_kernels;  // build's kernels (NULL: cpu_kernels())
 // When set, build's networks take these parameters (g_nparams floats) instead of their
 // initialisation: two networks whose layers differ by a layer without parameters.
@@ -114,7 +115,8 @@ static void build(Net *net, Cfg *cfg, const char *text, Shape in, int batch, int
     const NetOptions opt = {.batch = batch, .precision = precision, .segments = segments,
                             .sweep = segments != 0 || g_compress, .sweep_bytes = g_sweep_bytes,
                             .input_bytes = g_bytes, .compress = g_compress,
-                            .recompute_1x1 = g_recompute_1x1, .matmul = g_matmul, .apart = g_apart};
+                            .recompute_1x1 = g_recompute_1x1, .matmul = g_matmul, .apart = g_apart,
+                            .workspace_apart = g_workspace_apart};
     if (net_create(net, cfg, in, 10, &opt, g_kernels ? g_kernels : cpu_kernels(), &err)) fail_msg("%s", err.msg);
     if (net_init_params(net, 7, &err)) fail_msg("%s", err.msg);
     if (g_params) {
@@ -493,6 +495,7 @@ static void expect_handoffs_exact(const char *text, Shape in, int batch, int seg
     static Kernels small;
     small = *cpu_kernels();
     small.fp16_scratch_bytes = 48 << 10;
+    g_workspace_apart = true;  // in these small networks the workspace in the block wins over the handoffs
     for (int k = 0; k < 2; k++) {
         g_kernels = k ? &small : NULL;
         Net shared, apart;
@@ -520,6 +523,7 @@ static void expect_handoffs_exact(const char *text, Shape in, int batch, int seg
         step_result_free(&a), step_result_free(&b);
     }
     g_kernels = NULL;
+    g_workspace_apart = false;
 }
 
 static void test_handoffs_bitwise(void **state) {
@@ -696,7 +700,7 @@ static void test_resnet18_cfg_saving(void **state) {
     // in the sweep's own scratch.
     Net h, hs;
     assert_int_equal(net_create(&h, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .plan_only = true, .input_bytes = true}, cpu_kernels(), &err), 0);
-    assert_int_equal(net_create(&hs, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true, .input_bytes = true}, cpu_kernels(), &err), 0);
+    assert_int_equal(net_create(&hs, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true, .input_bytes = true, .workspace_apart = true}, cpu_kernels(), &err), 0);
     assert_int_equal(h.scratch_bytes, (size_t)4 * 64 * 112 * 112 * 4);  // multiples of 64 bytes
     assert_int_equal(hs.scratch_bytes, (size_t)4 * 2 * 64 * 56 * 56 * 4);
     // fp16: each block's bn1 output exists only in conv2's scratch (NetNode.virt), and a
@@ -711,6 +715,15 @@ static void test_resnet18_cfg_saving(void **state) {
     assert_int_equal(virt, 8);
     print_message("fp16 with checkpoint=sqrt: the activation block %.1f MB\n", hs.plan.activations / 1e6);
     assert_true(hs.plan.activations < 60000000);
+    // The layers' workspace in the activation block's holes (the default) costs no more
+    // than beside it, and here less: layer1's Winograd fits beside the sweep's tensors.
+    Net hw;
+    assert_int_equal(net_create(&hw, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true, .input_bytes = true}, cpu_kernels(), &err), 0);
+    print_message("  the layers' workspace in it: %.6f MB and %.6f MB of workspace, against %.6f and %.6f\n",
+                  hw.plan.activations / 1e6, hw.plan.workspace / 1e6, hs.plan.activations / 1e6, hs.plan.workspace / 1e6);
+    assert_true(hw.plan.act_workspace > 0 && hw.plan.workspace == hw.scratch_bytes);
+    assert_true(hw.plan.activations + hw.plan.workspace < hs.plan.activations + hs.plan.workspace);
+    net_free(&hw);
     net_free(&h);
     net_free(&hs);
     net_free(&c);
@@ -949,7 +962,7 @@ static void test_budget_leave(void **state) {
     // without them, the plans that fit compress the activations, all to one width, the
     // widest that fits (8 bits before 4 before 2), and the message says so.
     if (cfg_parse(&cfg, deep_net, "test.cfg", &err)) fail_msg("%s", err.msg);
-    q.input = (Shape){.c = 2, .h = 8, .w = 8};
+    q.input = (Shape){.c = 2, .h = 12, .w = 12};
     q.budget = 1;
     assert_int_equal(budget_plans(&q, &plans, &n, &err), 0);
     size_t least[9];  // by width (0: none)
