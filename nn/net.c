@@ -1076,17 +1076,21 @@ static ActBuffer *placement_units(const Net *net, bool grouped, bool workspace, 
     return u;
 }
 
-// Places the buffers in `order` (used of them; u: their spans in `spans`) one by one at
-// the lowest offset where each overlaps no placed buffer that is live with it; returns the
-// highest end.
-static size_t place_in_order(ActBuffer *u, const ActSpan *spans, const int *order, int used, int *placed) {
+// Places the buffers in `order` (used of them, each by its index among them in `idx`; u:
+// their spans in `spans`) one by one at the lowest offset where each overlaps no placed
+// buffer that is live with it (meet: a bit for each pair of indices, used x used); returns
+// the highest end.
+static size_t place_in_order(ActBuffer *u, const int *order, const int *idx, const uint64_t *meet, int used,
+                             int *placed) {
     size_t top = 0;
     for (int k = 0; k < used; k++) {
         ActBuffer *x = &u[order[k]];
+        const size_t row = (size_t)idx[order[k]] * (size_t)used;
         int nconf = 0;  // the placed buffers live with x, by offset
         for (int j = 0; j < k; j++) {
+            const size_t bit = row + (size_t)idx[order[j]];
+            if (!(meet[bit / 64] >> (bit % 64) & 1)) continue;
             const ActBuffer *y = &u[order[j]];
-            if (!buffers_meet(spans, x, y)) continue;
             int c = nconf++;
             for (; c > 0 && u[placed[c - 1]].offset > y->offset; c--) placed[c] = placed[c - 1];
             placed[c] = order[j];
@@ -1132,31 +1136,48 @@ static size_t scratch_size(const Net *net, int slots, int64_t *slot_values) {
 enum { F32_FORWARD_SLOTS = 2 };
 
 // Places units u (spans in `spans`) in each of the strategies' orders, the offsets of the
-// lowest end into best[]; returns that end.
+// lowest end into best[]; returns that end (SIZE_MAX: out of memory). Which units are live
+// together is found once, for every order.
 static size_t place_units(const Net *net, ActBuffer *u, const ActSpan *spans, int *order, int *placed, Keyed *keyed,
-                          size_t *best) {
+                          size_t *best, Error *err) {
     const int nb = net->nbufs;
+    int used = 0;
+    int *idx = xcalloc((size_t)nb, sizeof *idx, err);
+    if (!idx) return SIZE_MAX;
+    for (int b = 0; b < nb; b++)
+        if (u[b].bytes) order[used] = b, idx[b] = used++;
+    uint64_t *meet = xcalloc(((size_t)used * (size_t)used + 63) / 64 + 1, sizeof *meet, err);
+    if (!meet) {
+        free(idx);
+        return SIZE_MAX;
+    }
+    for (int i = 0; i < used; i++)
+        for (int j = 0; j < i; j++)
+            if (buffers_meet(spans, &u[order[i]], &u[order[j]])) {
+                const size_t ij = (size_t)i * used + j, ji = (size_t)j * used + i;
+                meet[ij / 64] |= (uint64_t)1 << (ij % 64), meet[ji / 64] |= (uint64_t)1 << (ji % 64);
+            }
     size_t top = SIZE_MAX;
     for (int strategy = 0; strategy < 4; strategy++) {
-        int used = 0;
-        for (int b = 0; b < nb; b++) {
-            if (!u[b].bytes) continue;
+        for (int k = 0; k < used; k++) {
+            const int b = order[k];
             const double bytes = (double)u[b].bytes, events = buffer_span_events(spans, &u[b]);
-            keyed[used++] = (Keyed){strategy == 0   ? bytes
-                                    : strategy == 1 ? bytes * events
-                                    : strategy == 2 ? -(double)u[b].first * 1e15 + bytes
-                                                    : bytes * sqrt(events * (u[b].last - u[b].first + 1)),
-                                    b};
+            keyed[k] = (Keyed){strategy == 0   ? bytes
+                               : strategy == 1 ? bytes * events
+                               : strategy == 2 ? -(double)u[b].first * 1e15 + bytes
+                                               : bytes * sqrt(events * (u[b].last - u[b].first + 1)),
+                               b};
         }
         qsort(keyed, (size_t)used, sizeof *keyed, cmp_keyed);
         for (int k = 0; k < used; k++) order[k] = keyed[k].id;
-        const size_t end = place_in_order(u, spans, order, used, placed);
+        const size_t end = place_in_order(u, order, idx, meet, used, placed);
         if (end < top) {
             top = end;
             for (int b = 0; b < nb; b++) best[b] = u[b].offset;
         }
     }
-    return top == SIZE_MAX ? 0 : top;
+    free(idx), free(meet);
+    return top;
 }
 
 // Places every used buffer (bytes > 0) greedily (TFLite's memory planner's placement: each
@@ -1193,14 +1214,13 @@ static int place_buffers(Net *net, Error *err) {
     if (!order || !placed || !keyed || !best || !offsets) goto done;
     for (int way = 0; way < 4; way++) {
         const bool g = !(way & 1), w = (way & 2) != 0;
-        if ((g && !grouped) || (w && (!ws_apart || net->workspace_place == WORKSPACE_APART)) ||
-            (!w && ws_apart && net->workspace_place == WORKSPACE_IN))
-            continue;
+        if ((g && !grouped) || (w && (!ws_apart || net->workspace_apart))) continue;
         ActSpan *spans = NULL;
         ActBuffer *u = placement_units(net, g, w, &spans, err);
         if (!u) goto done;
-        const size_t end = place_units(net, u, spans, order, placed, keyed, offsets);
+        const size_t end = place_units(net, u, spans, order, placed, keyed, offsets, err);
         free(u), free(spans);
+        if (end == SIZE_MAX) goto done;
         const size_t c = end + (g ? group_scratch : 0) + (w ? 0 : ws_apart);
         if (c < cost) {
             cost = c, top = end, keep_groups = g, ws_in = w;
@@ -1302,7 +1322,7 @@ static void net_carve_activations(Net *net, char *base) {
 static void net_layout(Net *net) {
     // Layers run on the whole batch in fp32, on chunks through the scratch in fp16 (and
     // where scratch_slots says). The workspace block holds the scratch (then only) and
-    // then the layers' workspace.
+    // then the layers' workspace, where the activation block does not hold each node's.
     const size_t ws = exec_scratch(net);
     net->scratch_bytes = ws;
     size_t layer_ws = 0;  // the largest node's, in the activation block where it holds them
@@ -1412,7 +1432,7 @@ typedef struct CutMemo {
     int width;            // ints a cut (segments + 1)
     size_t n, cap;        // cuts stored; slots (a power of two, more than twice n)
     int *cuts;            // (cap / 2) x width
-    size_t *activations;  // (cap / 2) each cut's activation block
+    size_t *cost;         // (cap / 2) each cut's Net.block_cost
     double *area;         // (cap / 2) and plan_area
     size_t *slot;         // (cap) an index into the above plus one; 0: empty
 } CutMemo;
@@ -1434,12 +1454,12 @@ static int memo_grow(CutMemo *m, Error *err) {
     const size_t cap = m->cap ? 2 * m->cap : 1024, half = cap / 2;
     int *cuts = realloc(m->cuts, half * (size_t)m->width * sizeof *cuts);
     if (cuts) m->cuts = cuts;
-    size_t *acts = realloc(m->activations, half * sizeof *acts);
-    if (acts) m->activations = acts;
+    size_t *cost = realloc(m->cost, half * sizeof *cost);
+    if (cost) m->cost = cost;
     double *area = realloc(m->area, half * sizeof *area);
     if (area) m->area = area;
     size_t *slot = xcalloc(cap, sizeof *slot, err);
-    if (!cuts || !acts || !area || !slot) {
+    if (!cuts || !cost || !area || !slot) {
         free(slot);
         if (!err->msg[0]) err_set(err, "out of host memory planning the checkpoint segments");
         return -1;
@@ -1450,21 +1470,21 @@ static int memo_grow(CutMemo *m, Error *err) {
     return 0;
 }
 
-static void memo_free(CutMemo *m) { free(m->cuts), free(m->activations), free(m->area), free(m->slot); }
+static void memo_free(CutMemo *m) { free(m->cuts), free(m->cost), free(m->area), free(m->slot); }
 
-// The activation block and plan_area of the segments starting at cut[0 .. S], planned once
-// per cut.
-static int plan_cut(Net *net, CutMemo *m, const int *cut, size_t *activations, double *area, Error *err) {
+// The block_cost and plan_area of the segments starting at cut[0 .. S], planned once per
+// cut.
+static int plan_cut(Net *net, CutMemo *m, const int *cut, size_t *cost, double *area, Error *err) {
     if (2 * (m->n + 1) > m->cap && memo_grow(m, err)) return -1;
     size_t *slot = memo_find(m, cut);
     if (!*slot) {
         memcpy(net->seg_first, cut, (size_t)m->width * sizeof *cut);
         if (net_plan_activations(net, err)) return -1;
         memcpy(&m->cuts[m->n * (size_t)m->width], cut, (size_t)m->width * sizeof *cut);
-        m->activations[m->n] = net->block_cost, m->area[m->n] = plan_area(net);
+        m->cost[m->n] = net->block_cost, m->area[m->n] = plan_area(net);
         *slot = ++m->n;
     }
-    *activations = m->activations[*slot - 1], *area = m->area[*slot - 1];
+    *cost = m->cost[*slot - 1], *area = m->area[*slot - 1];
     return 0;
 }
 
@@ -1475,19 +1495,19 @@ static int cmp_size(const void *a, const void *b) {
 
 // The search of net_segments over the cuts that `limits` (nlimits of them) give, then single
 // moves: the cut with the smallest block_cost it finds (of two as small, the one with the
-// least area) into best_cut and its cost into *cost.
+// least area) into best_cut.
 static int search_cuts(Net *net, const SegCost *c, int S, const size_t *limits, size_t nlimits, size_t *dp,
-                       int *from, int *lo, int *cut, int *best_cut, size_t *cost, Error *err) {
+                       int *from, int *lo, int *cut, int *best_cut, Error *err) {
     const int n = net->nnodes;
     CutMemo memo = {.width = S + 1};
     int rc = -1;
-    size_t best = SIZE_MAX, activations;
+    size_t best = SIZE_MAX, cost;
     double best_area = INFINITY, area;
     for (size_t t = 0; t < nlimits; t++) {
         if (seg_fit(c, S, limits[t], dp, from, lo, cut) == SIZE_MAX) continue;
-        if (plan_cut(net, &memo, cut, &activations, &area, err)) goto done;
-        if (activations < best || (activations == best && area < best_area)) {
-            best = activations, best_area = area;
+        if (plan_cut(net, &memo, cut, &cost, &area, err)) goto done;
+        if (cost < best || (cost == best && area < best_area)) {
+            best = cost, best_area = area;
             memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
         }
     }
@@ -1509,9 +1529,9 @@ static int search_cuts(Net *net, const SegCost *c, int S, const size_t *limits, 
                     if (at < best_cut[m] && (w == 0 || cut[w - 1] < at)) cut[w++] = at;
                     cut[w++] = best_cut[m];
                 }
-                if (plan_cut(net, &memo, cut, &activations, &area, err)) goto done;
-                if (activations < best || (!wide && activations == best && area < best_area)) {
-                    best = activations, best_area = area;
+                if (plan_cut(net, &memo, cut, &cost, &area, err)) goto done;
+                if (cost < best || (!wide && cost == best && area < best_area)) {
+                    best = cost, best_area = area;
                     memcpy(best_cut, cut, ((size_t)S + 1) * sizeof *cut);
                     moved = true;
                 }
@@ -1519,7 +1539,6 @@ static int search_cuts(Net *net, const SegCost *c, int S, const size_t *limits, 
         if (!moved && wide) break;
         wide = !moved;
     }
-    *cost = best;
     rc = 0;
 done:
     memo_free(&memo);
@@ -1527,8 +1546,8 @@ done:
 }
 
 // Splits the nodes into `segments` segments (NET_SEGMENTS_SQRT: round(sqrt(nodes)); at
-// most one segment per node) at the candidate cut whose activation block is smallest,
-// and plans the activations for it.
+// most one segment per node) at the candidate cut whose activation block (with the layers'
+// workspace, where it is apart) is smallest, and plans the activations for it.
 static int net_segments(Net *net, int segments, Error *err) {
     const int n = net->nnodes, last = n - 1;
     int S = segments == NET_SEGMENTS_SQRT ? (int)lround(sqrt((double)n)) : segments;
@@ -1547,9 +1566,9 @@ static int net_segments(Net *net, int segments, Error *err) {
     size_t *limits = xcalloc(npairs, sizeof *limits, err), *dp = xcalloc(cells, sizeof *dp, err);
     int *reach = xcalloc((size_t)n, sizeof *reach, err), *lo = xcalloc((size_t)n + 1, sizeof *lo, err);
     int *from = xcalloc(cells, sizeof *from, err), *cut = xcalloc((size_t)S + 1, sizeof *cut, err);
-    int *best_cut = xcalloc((size_t)S + 1, sizeof *best_cut, err), *pass_cut = xcalloc((size_t)S + 1, sizeof *pass_cut, err);
+    int *best_cut = xcalloc((size_t)S + 1, sizeof *best_cut, err);
     int rc = -1;
-    if (!out || !kept || !scratch || !limits || !dp || !reach || !lo || !from || !cut || !best_cut || !pass_cut) goto done;
+    if (!out || !kept || !scratch || !limits || !dp || !reach || !lo || !from || !cut || !best_cut) goto done;
     for (int p = 0; p < n; p++) {
         out[p] = align64(B * (size_t)shape_numel(net->nodes[p].out) * (p == last ? sizeof(float) : es));
         reach[p] = p == last ? n : last_consumer(net, p);  // crosses the cuts in (p, reach[p]]
@@ -1584,26 +1603,19 @@ static int net_segments(Net *net, int segments, Error *err) {
     } else {
         memmove(limits, limits + feasible, m * sizeof *limits);
     }
-    // Searched twice where the layers' workspace may lie in the activation block: once with
-    // it apart, once with it in the block; the final plan takes the cheaper way at the cut
-    // found cheapest. The search follows single moves, and the cuts whose blocks have room
-    // for the workspace can lie where the moves from the smallest block apart do not lead
-    // (and the other way round).
-    const int place = net->workspace_place;
-    size_t best = SIZE_MAX;
-    for (int pass = 0; pass < (place == WORKSPACE_APART ? 1 : 2); pass++) {
-        net->workspace_place = pass ? WORKSPACE_IN : WORKSPACE_APART;
-        size_t cost;
-        const int failed = search_cuts(net, &c, S, limits, m, dp, from, lo, cut, pass_cut, &cost, err);
-        net->workspace_place = place;
-        if (failed) goto done;
-        if (cost < best) best = cost, memcpy(best_cut, pass_cut, ((size_t)S + 1) * sizeof *cut);
-    }
+    // The search plans with the layers' workspace apart (a placement with every node's
+    // workspace in it costs twice the time, and the moves' search plans hundreds of cuts);
+    // the plan of the cut it finds takes the workspace into the block where that is smaller.
+    const bool workspace_apart = net->workspace_apart;
+    net->workspace_apart = true;
+    const int failed = search_cuts(net, &c, S, limits, m, dp, from, lo, cut, best_cut, err);
+    net->workspace_apart = workspace_apart;
+    if (failed) goto done;
     memcpy(net->seg_first, best_cut, ((size_t)S + 1) * sizeof *cut);
     rc = net_plan_activations(net, err);
 done:
     free(out), free(kept), free(scratch), free(limits), free(dp), free(reach), free(lo), free(from), free(cut);
-    free(best_cut), free(pass_cut);
+    free(best_cut);
     return rc;
 }
 
@@ -1719,7 +1731,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->fused_update = opt->fused_update;
     net->recompute_1x1 = opt->recompute_1x1;
     net->apart = opt->apart;
-    net->workspace_place = opt->workspace_apart ? WORKSPACE_APART : WORKSPACE_EITHER;
+    net->workspace_apart = opt->workspace_apart;
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
         net_compress_nodes(net, cfg, opt, err) ||
         (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||

@@ -212,10 +212,7 @@ typedef struct Net {
                            // modules' gradients a buffer of the activation block
     bool recompute_1x1;    // NetOptions.recompute_1x1
     bool apart;            // NetOptions.apart
-    // Where place_buffers may put the layers' workspace: either way (the cheaper),
-    // apart (NetOptions.workspace_apart; and the segments' first search), or in the
-    // activation block (their second search).
-    enum { WORKSPACE_EITHER, WORKSPACE_APART, WORKSPACE_IN } workspace_place;
+    bool workspace_apart;  // NetOptions.workspace_apart; and while the segments' search plans
     int widening_1x1;      // the 1x1 convolutions it makes jit (whether or not it is set)
     // Called by net_backward after each node's backward for each of its trained modules
     // (GradHook); ready NULL: none. The trainer sets it for the fused update; the network
@@ -229,8 +226,8 @@ typedef struct Net {
     NodeBufs *nbuf;   // (nnodes) each node's buffers
     ActSpan *spans;
     int nspans;
-    size_t block_cost;  // the activation block and the layers' workspace apart, if it is:
-                        // what the segments' search compares plans by
+    size_t block_cost;  // the activation block and the layers' workspace apart, if it is
+                        // (place_buffers): what the segments' search compares plans by
     // Device blocks (one allocation each) and pointers into them.
     float *params;     // (nparams): every layer's tensors, in layer order
     float *grads;      // the gradient block: (ntrain), the trained tensors' gradients in the

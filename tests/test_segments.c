@@ -719,7 +719,7 @@ static void test_resnet18_cfg_saving(void **state) {
     // than beside it, and here less: layer1's Winograd fits beside the sweep's tensors.
     Net hw;
     assert_int_equal(net_create(&hw, &cfg, in, 10, &(NetOptions){.batch = 32, .precision = DT_F16, .segments = NET_SEGMENTS_SQRT, .sweep = true, .plan_only = true, .input_bytes = true}, cpu_kernels(), &err), 0);
-    print_message("  the layers' workspace in it: %.6f MB and %.6f MB of workspace, against %.6f and %.6f\n",
+    print_message("  the layers' workspace in it: %.1f MB and %.1f MB of workspace, against %.1f and %.1f\n",
                   hw.plan.activations / 1e6, hw.plan.workspace / 1e6, hs.plan.activations / 1e6, hs.plan.workspace / 1e6);
     assert_true(hw.plan.act_workspace > 0 && hw.plan.workspace == hw.scratch_bytes);
     assert_true(hw.plan.activations + hw.plan.workspace < hs.plan.activations + hs.plan.workspace);
