@@ -153,7 +153,7 @@ static float *conv_dbias(const Conv *c) { return c->bias ? c->base.grads[1] : NU
 // Whether PyTorch's weight order (c, kh, kw) differs from im2col's (kh, kw, c).
 static bool conv_permutes(const Conv *c) { return c->base.in.c > 1 && c->size > 1; }
 
-// ---- Winograd: workspace [U][each shard's V and M chunk][each shard's dU and dbias] -------
+// ---- Winograd: workspace [U][each shard's dU and dbias][each shard's V and M chunk] -------
 //
 // Each shard (Kernels.shards: one per compute thread on the CPU) takes its own images
 // through the input transform, the 16 products and the output transform, chunk by chunk,
@@ -163,6 +163,9 @@ static bool conv_permutes(const Conv *c) { return c->base.in.c > 1 && c->size > 
 // dbias apart over the pass's calls (LayerCtx.after_first, before_last), and on the last
 // they are added in shard order, into shard 0's (then dW) and onto dbias; one shard sums
 // into its own dU and dbias directly. No dU besides the shards' (resnet18's layer3: 4 MB).
+// The sums lie before the chunks: a pass's calls may take different numbers of images (the
+// executor's last chunk is short), and a call of fewer images cuts smaller chunks, so
+// what lies after the chunks would move between the calls that sum into it.
 
 // Floats of the transformed weight U (16 x OC x C), and of dU, rounded up to 64 bytes.
 static size_t winograd_weight_floats(const Conv *c) {
@@ -197,8 +200,8 @@ static WinogradSpace winograd_space(const Conv *c, const Kernels *k, void *works
                                  : winograd_weight_floats(c);
     if (!workspace) return w;
     w.U = workspace;
-    w.chunks = w.U + winograd_weight_floats(c);
-    w.parts = w.chunks + w.shards * w.chunk_floats;
+    w.parts = w.U + winograd_weight_floats(c);
+    w.chunks = w.parts + w.shards * w.part_floats;
     return w;
 }
 

@@ -1013,6 +1013,61 @@ static void test_conv_winograd(void **state) {
     }
 }
 
+// A pass over the batch in calls of unequal size (the executor's chunks, the last one
+// short), as fp16 and compressed reads run a Winograd convolution's backward: the shards'
+// weight-gradient sums, kept in the workspace from the pass's first call to its last, stay
+// where the first call put them although the last call, of fewer images, cuts its shards'
+// chunks smaller. Against one call over the whole batch: the input gradient to the bit
+// (each image's is its own), the parameter gradients to rounding (the shards sum other
+// images).
+static void test_conv_winograd_pass(void **state) {
+    const ConvSpec s = {.N = 9, .C = 40, .H = 20, .W = 20, .OC = 32, .K = 3, .stride = 1,
+                        .pad = 1, .relu = true, .algorithm = "winograd"};
+    char text[256];
+    conv_text(text, sizeof text, &s);
+    Case c;
+    case_init(&c, &conv_ops, text, (Shape){.c = s.C, .h = s.H, .w = s.W}, s.N);
+    case_fill(&c, 85);
+    const LayerCtx ctx = case_ctx(&c);
+    c.l->ops->forward(c.l, &ctx, c.out, c.in, s.N);
+    memcpy(c.dout, c.rf, (size_t)c.nout * sizeof(float));
+    const int64_t in_img = shape_numel(c.l->in), out_img = shape_numel(c.l->out);
+    float *want[3], *got[3];  // din, dw, dbias
+    const int64_t n[3] = {c.nin, c.np[0], c.np[1]};
+    for (int run = 0; run < 2; run++) {
+        float **r = run ? got : want;
+        for (int j = 0; j < 2; j++) memset(c.g[j], 0, (size_t)n[j + 1] * sizeof(float));
+        float *dout = xmalloc((size_t)c.nout * sizeof(float));  // backward may use it as scratch
+        memcpy(dout, c.dout, (size_t)c.nout * sizeof(float));
+        r[0] = xmalloc((size_t)c.nin * sizeof(float));
+        if (!run) {
+            c.l->ops->backward(c.l, &ctx, r[0], dout, c.in, c.out, s.N);
+        } else {  // images 0-7 (shards of 4: chunks of 2), then image 8 (a shard of 1)
+            const int cut[] = {0, 8, s.N};
+            for (int k = 0; k < 2; k++) {
+                LayerCtx part = ctx;
+                part.n0 = cut[k], part.after_first = k > 0, part.before_last = k == 0;
+                c.l->ops->backward(c.l, &part, r[0] + cut[k] * in_img, dout + cut[k] * out_img,
+                                   c.in + cut[k] * in_img, c.out + cut[k] * out_img, cut[k + 1] - cut[k]);
+            }
+        }
+        for (int j = 0; j < 2; j++) {
+            r[j + 1] = xmalloc((size_t)n[j + 1] * sizeof(float));
+            memcpy(r[j + 1], c.g[j], (size_t)n[j + 1] * sizeof(float));
+        }
+        free(dout);
+    }
+    static const char *const names[] = {"din", "dw", "dbias"};
+    assert_memory_equal(got[0], want[0], (size_t)c.nin * sizeof(float));
+    for (int j = 0; j < 3; j++) {
+        double *w = xmalloc((size_t)n[j] * sizeof(double));
+        for (int64_t i = 0; i < n[j]; i++) w[i] = want[j][i];
+        expect_close(names[j], got[j], w, n[j], 1e-5, 1.0);
+        free(w), free(want[j]), free(got[j]);
+    }
+    case_free(&c);
+}
+
 static void test_conv_chunked_batch(void **state) {
     // 16 channels, 3x3, 12x12 padded: one image's im2col rows take 12*12*144*4 = 82,944
     // bytes, so 2 MB hold 25 images and a batch of 30 runs as chunks of 25 and 5.
@@ -2287,6 +2342,7 @@ int main(void) {
         cmocka_unit_test(test_conv_unused_border),
         cmocka_unit_test(test_conv_chunked_batch),
         cmocka_unit_test(test_conv_winograd),
+        cmocka_unit_test(test_conv_winograd_pass),
         cmocka_unit_test(test_conv_depthwise),
         cmocka_unit_test(test_conv_grouped),
         cmocka_unit_test(test_conv_grouped_errors),
