@@ -239,7 +239,9 @@ typedef struct Net {
     void *buffers;     // every layer's F32 buffers, then every layer's state
     void *activations;
     void *workspace;        // the executor's scratch, then layer_workspace
-    void *layer_workspace;  // what layers get as LayerCtx.workspace
+    void *layer_workspace;  // what layers get as LayerCtx.workspace where the plan keeps the
+                            // layers' workspace apart (MemPlan.act_workspace 0); else each
+                            // node's layers get their node's buffer of the activation block
     bool input_bytes;  // NetOptions.input_bytes
     float *input_buf;  // (batch, H, W, C) F32: the batch to forward; NULL with input_bytes
     const uint8_t *input_u8;  // input_bytes: (batch, H, W, C) the batch to forward, as
