@@ -407,7 +407,7 @@ static int buf_scratch(int j) { return buf_out(j) + 4; }  // a sweep's, during i
 static int buf_pack(int j) { return buf_out(j) + 5; }
 static int buf_wgrad(int j) { return buf_out(j) + 6; }
 static int buf_ws(int j) { return buf_out(j) + 7; }
-static bool is_buf_ws(int b) { return b >= BUF_NODES && (b - BUF_NODES) % BUFS_A_NODE == 7; }
+static bool is_buf_ws(int b) { return b >= BUF_NODES && b == buf_ws((b - BUF_NODES) / BUFS_A_NODE); }
 
 // The buffer of node p's output as a reader sees it (NODE_INPUT: the network's input).
 static int out_buffer(const Net *net, int p) { return p == NODE_INPUT ? BUF_INPUT : net->nbuf[p].out; }
