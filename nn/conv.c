@@ -335,6 +335,12 @@ static void conv_permute(const Conv *c, const Kernels *k, float *x, float *scrat
     }
 }
 
+// Whether the backend's GEMMs read this layer's im2col columns and weight where they lie
+// (kernels.h: conv_gemm_usable), not a pointwise layer's (its input is its columns).
+static bool conv_gemm_views(const Conv *c, const Kernels *k) {
+    return !conv_is_pointwise(c) && k->conv_gemm_usable && k->conv_gemm_usable();
+}
+
 static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
@@ -349,7 +355,13 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
     }
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
     float *cols = ctx->workspace;
-    float *w = l->params[0].data;  // (OC, K*K*C) from a pass's first call to its last
+    // PyTorch's (OC, C, K, K); below, (OC, K*K*C) from a pass's first call to its last.
+    float *w = l->params[0].data;
+    if (conv_gemm_views(c, k)) {  // one product for the call: no workspace, no permutes
+        k->conv_gemm_forward(out, in, w, conv_geometry(c, N));
+        k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
+        return;
+    }
     const bool permutes = conv_permutes(c);
     if (permutes && !ctx->after_first) conv_permute(c, k, w, cols, true);
     const int chunk = conv_chunk(c, k, N);
@@ -362,8 +374,8 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
                       l->out.h, l->out.w);
             col = cols;
         }
-        k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk,
-                false, true, 1.0f, 0.0f);
+        k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk, false, true,
+                1.0f, 0.0f);
     }
     if (permutes && !ctx->before_last) conv_permute(c, k, w, cols, false);
     k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
@@ -387,6 +399,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     float *cols = ctx->workspace;
     float *w = l->params[0].data, *dw = l->grads[0];  // in im2col's order from a pass's first
     const bool permutes = conv_permutes(c);          // call to its last
+    const bool views = conv_gemm_views(c, k);
     if (permutes && !ctx->after_first) {
         if (din) conv_permute(c, k, w, cols, true);
         if (dw) conv_permute(c, k, dw, cols, true);
@@ -404,7 +417,9 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
             continue;
         }
         // dW += dy^T @ col; then the same workspace takes dcol = dy @ W for col2im.
-        if (dw) {
+        if (dw && views) {
+            k->conv_gemm_weight_grad(dw, dy, x, conv_geometry(c, n));
+        } else if (dw) {
             k->im2col(cols, x, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad, l->out.h,
                       l->out.w);
             k->gemm(dw, dy, cols, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);

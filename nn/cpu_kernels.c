@@ -59,20 +59,47 @@ enum { OWN_GEMMS = 1 };
 enum { OWN_GEMMS = 0 };
 #endif
 
+// An operand or the result of cpu_gemm (nn/gemm_bf16.h's GemmView): a stored matrix, or
+// for the bf16 GEMM alone a convolution's im2col columns (never written) or its weight in
+// PyTorch's layout (not permuted), which its packing reads where they lie
+// (cpu_conv_gemm_* say when).
+static GemmView stored(const float *x, int ld, bool trans) {
+    return (GemmView){.kind = VIEW_STORED, .x = (float *)x, .ld = ld, .trans = trans};
+}
+
+// The view from row `row` and column `col` of its matrix as stored on.
+static GemmView view_from(GemmView v, int64_t row, int64_t col) {
+    if (v.kind == VIEW_COLS) v.row0 += row, v.col0 += (int)col;
+    else if (v.kind == VIEW_WEIGHT) v.x += row * v.ld, v.col0 += (int)col;
+    else v.x += row * v.ld + col;
+    return v;
+}
+
 // One thread's product (cblas_sgemm's arguments, row-major): nn/gemm_bf16.c under
 // GEMM_BF16 where the CPU has AVX512-BF16, else the project's AVX-512 kernels where the
 // CPU has them (nn/gemm_avx512.h), else OpenBLAS. Measured on one
 // thread against OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell), GFLOP/s: ours
 // 1.1-2x faster on every shape of the seed network and of a ResNet, even on a 64 x 9216
-// product over K = 10.
-static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                  const float *B, int ldb, float beta, float *C, int ldc) {
-    if (OWN_GEMMS && cpu_arith == GEMM_BF16 && gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
+// product over K = 10. Columns and weights go to the bf16 GEMM alone, which has nothing to
+// fall back on when it cannot get its packing buffer.
+static void sgemm(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
+                  const GemmView *C) {
+    if (A->kind != VIEW_STORED || B->kind != VIEW_STORED) {
+        if (gemm_bf16_views(M, N, K, alpha, A, B, beta, C) == 0) return;
+        fprintf(stderr, "error: out of memory for the GEMM's packing buffer (%zu bytes a thread)\n",
+                GEMM_THREAD_BUFFER_BYTES);
+        exit(1);
+    }
+    const bool ta = A->trans, tb = B->trans;
+    const int lda = (int)A->ld, ldb = (int)B->ld, ldc = (int)C->ld;
+    if (OWN_GEMMS && cpu_arith == GEMM_BF16 &&
+        gemm_bf16(ta, tb, M, N, K, alpha, A->x, lda, B->x, ldb, beta, C->x, ldc) == 0)
         return;
-    if (OWN_GEMMS && gemm_avx512_available() && gemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
+    if (OWN_GEMMS && gemm_avx512_available() &&
+        gemm_avx512(ta, tb, M, N, K, alpha, A->x, lda, B->x, ldb, beta, C->x, ldc) == 0)
         return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-                K, alpha, A, lda, B, ldb, beta, C, ldc);
+                K, alpha, A->x, lda, B->x, ldb, beta, C->x, ldc);
 }
 
 // The GEMMs run single-threaded inside our OpenMP threads: OpenBLAS's own pthreads would
@@ -83,10 +110,10 @@ static void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const floa
 // cut, so the bits depend on the thread count (not on anything else). Measured
 // (bench/sgemm, 2 threads, OpenBLAS): the conv2 weight gradient 166 -> 187 GFLOP/s and fc1
 // forward 125 -> 147 GFLOP/s against 8 slabs.
-static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int K, bool transA,
-                     bool transB, float alpha, float beta) {
-    const int lda = transA ? M : K, ldb = transB ? K : N;
-    const bool ta = transA, tb = transB;
+// split_k: whether a small C over a long K may be summed in the threads' shares of K (below);
+// without it each element of C is one call's sum over K, whatever M and N are.
+static void gemm_views(GemmView C, GemmView A, GemmView B, int M, int N, int K, float alpha, float beta,
+                       bool split_k) {
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();  // 1 inside a shard
     // A small C over a long K (a convolution's weight gradient: 32 x 9 over 43,264 rows for
     // the seed's first layer, 32 x 288 over 1,764 for deep.cfg's): slabs of C would each
@@ -96,7 +123,7 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
     // 253-265 -> 294-305 GFLOP/s; deep.cfg 0.96-1.16x (mean 1.07), resnet-small
     // 1.01-1.06x img/s in four alternating pairs.)
     enum { SPLIT_K_MAX_C = 9216, SPLIT_K_MAX_THREADS = 16 };
-    if (threads > 1 && (int64_t)M * N <= SPLIT_K_MAX_C && K >= 256 * threads) {
+    if (split_k && threads > 1 && (int64_t)M * N <= SPLIT_K_MAX_C && K >= 256 * threads) {
         const int T = threads < SPLIT_K_MAX_THREADS ? threads : SPLIT_K_MAX_THREADS;
         const int kslab = (K + T - 1) / T, mn = M * N;
         float part[T][mn];  // at most 16 x 9216 floats on the stack
@@ -107,32 +134,77 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
                 memset(part[t], 0, (size_t)mn * sizeof(float));
                 continue;
             }
-            sgemm(ta, tb, M, N, kn, 1.0f, transA ? A + (int64_t)k0 * M : A + k0, lda,
-                  transB ? B + k0 : B + (int64_t)k0 * N, ldb, 0.0f, part[t], N);
+            const GemmView a = A.trans ? view_from(A, k0, 0) : view_from(A, 0, k0);
+            const GemmView b = B.trans ? view_from(B, 0, k0) : view_from(B, k0, 0), c = stored(part[t], N, false);
+            sgemm(M, N, kn, 1.0f, &a, &b, 0.0f, &c);
         }
-        for (int i = 0; i < mn; i++) {
-            float sum = part[0][i];
-            for (int t = 1; t < T; t++) sum += part[t][i];
-            C[i] = beta == 0.0f ? alpha * sum : alpha * sum + beta * C[i];
-        }
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float sum = part[0][i * N + j], *c = C.x + i * C.ld + j;
+                for (int t = 1; t < T; t++) sum += part[t][i * N + j];
+                *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+            }
         return;
     }
     const bool by_rows = M >= N;
     const int len = by_rows ? M : N;
-    // Small products run as one call; slabs are multiples of 16 rows or columns.
+    // Small products run as one call; slabs are multiples of 16 rows or columns, of 32 where
+    // the bf16 GEMM reads columns (its groups of 32 columns in one tap, nn/gemm_bf16.c). A
+    // slab's elements are the same bits wherever it is cut.
+    const int align = A.kind == VIEW_COLS || B.kind == VIEW_COLS ? 32 : 16;
     int slab = (int64_t)M * N * K < (1 << 18) ? len : (len + threads - 1) / threads;
-    slab = (slab + 15) / 16 * 16;
+    slab = (slab + align - 1) / align * align;
     const int nslabs = (len + slab - 1) / slab;
 #pragma omp parallel for schedule(static) if (nslabs > 1)
     for (int t = 0; t < nslabs; t++) {
         const int i0 = t * slab, n = len - i0 < slab ? len - i0 : slab;
-        if (by_rows)
-            sgemm(ta, tb, n, N, K, alpha, transA ? A + i0 : A + (int64_t)i0 * K, lda, B, ldb,
-                  beta, C + (int64_t)i0 * N, N);
-        else
-            sgemm(ta, tb, M, n, K, alpha, A, lda, transB ? B + (int64_t)i0 * K : B + i0, ldb,
-                  beta, C + i0, N);
+        if (by_rows) {
+            const GemmView a = A.trans ? view_from(A, 0, i0) : view_from(A, i0, 0), c = view_from(C, i0, 0);
+            sgemm(n, N, K, alpha, &a, &B, beta, &c);
+        } else {
+            const GemmView b = B.trans ? view_from(B, i0, 0) : view_from(B, 0, i0), c = view_from(C, 0, i0);
+            sgemm(M, n, K, alpha, &A, &b, beta, &c);
+        }
     }
+}
+
+static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int K, bool transA,
+                     bool transB, float alpha, float beta) {
+    gemm_views(stored(C, N, false), stored(A, transA ? M : K, transA), stored(B, transB ? K : N, transB), M, N, K,
+               alpha, beta, true);
+}
+
+// A convolution's GEMMs on the bf16 GEMM's views (under GEMM_BF16 on a CPU with
+// AVX512-BF16): its packing reads the im2col columns from the input, and the forward's
+// weight where PyTorch's layout keeps it: the same products and bits as im2col into a
+// workspace and cpu_gemm with the weight permuted, without writing 9 floats for every
+// input float of a 3 x 3 convolution or permuting the weight for the forward
+// (models/fashion-resnet.cfg: im2col 6.9 and the permutes 4.5 ms of a 67.6-ms step). The
+// weight gradient stays in the columns' order: added where PyTorch's layout keeps it
+// (scattered 16 floats at a time, at every k-block of every chunk), its step took 2.3x
+// as long.
+static bool cpu_conv_gemm_usable(void) { return OWN_GEMMS && cpu_arith == GEMM_BF16 && gemm_bf16_available(); }
+
+static GemmView cols_view(const float *in, ConvGeometry g) {
+    return (GemmView){.kind = VIEW_COLS, .in = in, .H = g.H, .W = g.W, .C = g.C, .K = g.K, .stride = g.stride,
+                      .pad = g.pad, .OH = g.OH, .OW = g.OW};
+}
+
+static GemmView weight_view(const float *w, ConvGeometry g) {
+    return (GemmView){.kind = VIEW_WEIGHT, .x = (float *)w, .ld = (int64_t)g.C * g.K * g.K, .trans = true, .C = g.C,
+                      .taps = g.K * g.K};
+}
+
+// Never split over K: an output pixel's sum is the same bits whatever images the call has.
+static void cpu_conv_gemm_forward(float *out, const float *in, const float *w, ConvGeometry g) {
+    gemm_views(stored(out, g.OC, false), cols_view(in, g), weight_view(w, g), g.N * g.OH * g.OW, g.OC,
+               g.C * g.K * g.K, 1.0f, 0.0f, false);
+}
+
+static void cpu_conv_gemm_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
+    const int ckk = g.C * g.K * g.K;
+    gemm_views(stored(dw, ckk, false), stored(dy, g.OC, true), cols_view(in, g), g.OC, ckk, g.N * g.OH * g.OW,
+               1.0f, 1.0f, true);
 }
 
 // ---- convolution lowering ---------------------------------------------------------------------
@@ -478,9 +550,11 @@ static void cpu_gemm_batched(float *C, const float *A, const float *B, int count
                              int64_t stride_c, int64_t stride_a, int64_t stride_b) {
     const int lda = transA ? M : K, ldb = transB ? K : N;
 #pragma omp parallel for schedule(dynamic, 1) if (count > 1 && (int64_t)M * N * K * count > PAR_MIN)
-    for (int i = 0; i < count; i++)
-        sgemm(transA, transB, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
-              C + i * stride_c, N);
+    for (int i = 0; i < count; i++) {
+        const GemmView a = stored(A + i * stride_a, lda, transA), b = stored(B + i * stride_b, ldb, transB);
+        const GemmView c = stored(C + i * stride_c, N, false);
+        sgemm(M, N, K, alpha, &a, &b, beta, &c);
+    }
 }
 
 // ---- direct convolution ------------------------------------------------------------------------
@@ -2361,6 +2435,9 @@ const Kernels CPU_KERNEL_SET = {
     .winograd_weights_backward = cpu_winograd_weights_backward,
     .gemm_batched = cpu_gemm_batched,
     .col2im = cpu_col2im,
+    .conv_gemm_usable = cpu_conv_gemm_usable,
+    .conv_gemm_forward = cpu_conv_gemm_forward,
+    .conv_gemm_weight_grad = cpu_conv_gemm_weight_grad,
     .conv_direct_forward = cpu_conv_direct_forward,
     .conv_direct_backward = cpu_conv_direct_backward,
     .conv_grouped_forward = cpu_conv_grouped_forward,

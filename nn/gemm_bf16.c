@@ -112,25 +112,190 @@ BF16 static void pack_run(uint32_t *d, int step, const float *src, int kc, int k
     }
 }
 
-// Rows [r0, r0 + rows) of an operand X whose rows run along k (x(r, k) = X[r * ldx + k]
-// when k_runs, else X[k * ldx + r]), k [k0, k0 + kc), in pairs: pair p of row r to
-// d[r * rs + p * ps] for r < rpad and p < kpad, zeros past rows and past kc.
-BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const float *X, int ldx, bool k_runs, int r0,
-                            int rows, int rpad, int k0, int kc, int kpad) {
-    if (k_runs) {
-        for (int r = 0; r < rpad; r++)
-            pack_run(d + (int64_t)r * rs, ps, r < rows ? X + (int64_t)(r0 + r) * ldx + k0 : NULL, kc, kpad);
+// An operand as the packing reads it: x(r, k) of op(X) for its rows r and its k, from the
+// view v: a stored matrix (X[r * ld + k] when k runs along its rows, else X[k * ld + r]),
+// im2col's columns (their row and column: r and k when k_runs, else k and r) or a weight
+// (its row r, its column k: k_runs always).
+typedef struct ColsPixels ColsPixels;
+typedef struct Operand {
+    const GemmView *v;
+    bool k_runs;
+    ColsPixels *pixels;  // columns with k along their rows: the k-block's pixels (cols_k_block)
+} Operand;
+
+// dst[0, n) = the columns' row `row`, columns [col, col + n), both from the view's origin:
+// runs of C channels of one input pixel, or zeros in the padding.
+static void cols_segment(float *dst, const GemmView *v, int64_t row, int col, int n) {
+    row += v->row0, col += v->col0;
+    const int ow = (int)(row % v->OW), oh = (int)(row / v->OW % v->OH);
+    const int64_t image = row / ((int64_t)v->OW * v->OH);
+    while (n > 0) {
+        const int tap = col / v->C, c = col % v->C, run = imin(v->C - c, n);
+        const int ih = oh * v->stride - v->pad + tap / v->K, iw = ow * v->stride - v->pad + tap % v->K;
+        if (ih >= 0 && ih < v->H && iw >= 0 && iw < v->W)
+            memcpy(dst, v->in + ((image * v->H + ih) * v->W + iw) * v->C + c, (size_t)run * sizeof(float));
+        else
+            memset(dst, 0, (size_t)run * sizeof(float));
+        dst += run, col += run, n -= run;
+    }
+}
+
+// Where C is a multiple of 32 and a packing's first column too, every group of 32 columns
+// lies in one tap: 32 floats of one input pixel, read where they are, or zeros. An output
+// pixel (a row: its patch's first input row and column, and its image's first row) and a
+// column (its tap and channel), each stepped without dividing.
+typedef struct ColsPixel {
+    int64_t image_row;  // image * H
+    int ih0, iw0, ow;
+} ColsPixel;
+typedef struct ColsTap {
+    int kh, kw, c;
+} ColsTap;
+
+static bool cols_in_groups(const GemmView *v, int col) { return v->C % 32 == 0 && (v->col0 + col) % 32 == 0; }
+
+static ColsPixel cols_pixel(const GemmView *v, int64_t row) {
+    row += v->row0;
+    const int ow = (int)(row % v->OW), oh = (int)(row / v->OW % v->OH);
+    return (ColsPixel){row / ((int64_t)v->OW * v->OH) * v->H, oh * v->stride - v->pad, ow * v->stride - v->pad, ow};
+}
+static void pixel_next(ColsPixel *p, const GemmView *v) {
+    p->iw0 += v->stride;
+    if (++p->ow < v->OW) return;
+    p->ow = 0, p->iw0 = -v->pad, p->ih0 += v->stride;
+    if (p->ih0 < v->OH * v->stride - v->pad) return;
+    p->ih0 = -v->pad, p->image_row += v->H;
+}
+static ColsTap cols_tap(const GemmView *v, int col) {
+    col += v->col0;
+    return (ColsTap){col / v->C / v->K, col / v->C % v->K, col % v->C};
+}
+static void tap_next32(ColsTap *t, const GemmView *v) {
+    if ((t->c += 32) < v->C) return;
+    t->c = 0;
+    if (++t->kw < v->K) return;
+    t->kw = 0, t->kh++;
+}
+// The group's 32 floats, NULL in the padding.
+static inline const float *cols_group(const GemmView *v, ColsPixel p, ColsTap t) {
+    const int ih = p.ih0 + t.kh, iw = p.iw0 + t.kw;
+    if ((unsigned)ih >= (unsigned)v->H || (unsigned)iw >= (unsigned)v->W) return NULL;
+    return v->in + ((p.image_row + ih) * v->W + iw) * v->C + t.c;
+}
+
+// The pixels of a k-block of columns whose k runs along their rows (a weight gradient's
+// op(B)): for each, its patch's first input row and column and where that lies in the
+// input, for every panel of the block to read its tap's groups from.
+struct ColsPixels {
+    int ih0[KC], iw0[KC];
+    int64_t at[KC];
+};
+
+static void cols_k_block(const Operand *X, int k0, int kc) {
+    const GemmView *v = X->v;
+    if (!X->pixels) return;
+    ColsPixel px = cols_pixel(v, k0);
+    for (int k = 0; k < kc; k++, pixel_next(&px, v)) {
+        X->pixels->ih0[k] = px.ih0, X->pixels->iw0[k] = px.iw0;
+        X->pixels->at[k] = ((px.image_row + px.ih0) * v->W + px.iw0) * v->C;
+    }
+}
+
+BF16 static inline __m512 load16(const float *p, __mmask16 m) {
+    return p ? _mm512_maskz_loadu_ps(m, p) : _mm512_setzero_ps();
+}
+
+// dst[0, n) = the weight's row `row`, columns [col, col + n) from the view's origin: the
+// channels of one tap at a time, 16 at a time gathered from c * taps + tap.
+BF16 static void weight_segment(float *dst, const GemmView *v, int row, int col, int n) {
+    const float *w = v->x + (int64_t)row * v->ld;
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    col += v->col0;
+    for (int j = 0; j < n;) {
+        const int tap = (col + j) / v->C, c = (col + j) % v->C;
+        const __mmask16 m = first(imin(n - j, v->C - c));
+        const __m512i at = _mm512_add_epi32(
+            _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(c)), _mm512_set1_epi32(v->taps)),
+            _mm512_set1_epi32(tap));
+        _mm512_mask_storeu_ps(dst + j, m, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, w, 4));
+        j += __builtin_popcount(m);
+    }
+}
+
+// Pairs along a row of the columns from pixel px's column at tap t on, kc of them, as
+// pack_run, its groups of 32 read where they are.
+BF16 static void pack_cols_run(uint32_t *d, int step, const GemmView *v, ColsPixel px, ColsTap t, int kc,
+                               int kpad) {
+    for (int p0 = 0; p0 < kpad; p0 += 16) {
+        const int k = 2 * p0;
+        __m512 x = _mm512_setzero_ps(), y = _mm512_setzero_ps();
+        if (k < kc) {
+            const float *g = cols_group(v, px, t);
+            if (g) x = _mm512_maskz_loadu_ps(first(kc - k), g), y = _mm512_maskz_loadu_ps(first(kc - k - 16), g + 16);
+            tap_next32(&t, v);
+        }
+        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(y, x);
+        const int n = imin(16, kpad - p0);
+        if (step == 1) {
+            _mm512_mask_storeu_epi32(d + p0, first(n), w);
+        } else {
+            uint32_t u[16];
+            _mm512_storeu_si512(u, w);
+            for (int q = 0; q < n; q++) d[(int64_t)(p0 + q) * step] = u[q];
+        }
+    }
+}
+
+// Rows [r0, r0 + rows) of operand X, k [k0, k0 + kc), in pairs: pair p of row r to
+// d[r * rs + p * ps] for r < rpad (at most 32: a panel's) and p < kpad, zeros past rows and
+// past kc. Rows of columns or of a weight that are not read where they lie go through
+// `row` on the stack.
+BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const Operand *X, int r0, int rows, int rpad, int k0,
+                            int kc, int kpad) {
+    const GemmView *v = X->v;
+    const bool cols = v->kind == VIEW_COLS;
+    if (X->k_runs) {
+        const bool groups = cols && cols_in_groups(v, k0);
+        ColsPixel px = groups ? cols_pixel(v, r0) : (ColsPixel){0};
+        const ColsTap tap = groups ? cols_tap(v, k0) : (ColsTap){0};
+        float row[KC];
+        for (int r = 0; r < rpad; r++) {
+            uint32_t *const dr = d + (int64_t)r * rs;
+            if (r >= rows) pack_run(dr, ps, NULL, kc, kpad);
+            else if (v->kind == VIEW_STORED) pack_run(dr, ps, v->x + (int64_t)(r0 + r) * v->ld + k0, kc, kpad);
+            else if (groups) pack_cols_run(dr, ps, v, px, tap, kc, kpad), pixel_next(&px, v);
+            else if (cols) cols_segment(row, v, r0 + r, k0, kc), pack_run(dr, ps, row, kc, kpad);
+            else weight_segment(row, v, r0 + r, k0, kc), pack_run(dr, ps, row, kc, kpad);
+        }
         return;
     }
+    // k along the stored rows (or the columns' rows): each pair of them gives the 16-value
+    // groups lo[g] and hi[g] of its rows' [r0 + 16 g, r0 + 16 g + 16) (NULL: zeros); a
+    // panel's 32 columns in one tap are read where they lie.
+    const bool groups = cols && cols_in_groups(v, r0);
+    const ColsTap tap = groups ? cols_tap(v, r0) : (ColsTap){0};
+    const int64_t tap_at = ((int64_t)tap.kh * v->W + tap.kw) * v->C + tap.c;
+    float row[2][32];
     for (int p = 0; p < kpad; p++) {
         const int k = 2 * p;
-        const float *lo = k < kc ? X + (int64_t)(k0 + k) * ldx + r0 : NULL;
-        const float *hi = k + 1 < kc ? lo + ldx : NULL;
+        const float *lo[2] = {NULL, NULL}, *hi[2] = {NULL, NULL};
+        for (int h = 0; h < 2 && k + h < kc; h++) {
+            const float **g = h ? hi : lo;
+            if (groups) {
+                const ColsPixels *px = X->pixels;
+                if ((unsigned)(px->ih0[k + h] + tap.kh) < (unsigned)v->H &&
+                    (unsigned)(px->iw0[k + h] + tap.kw) < (unsigned)v->W)
+                    g[0] = v->in + px->at[k + h] + tap_at, g[1] = g[0] + 16;
+            } else {
+                const float *base = row[h];
+                if (cols) cols_segment(row[h], v, k0 + k + h, r0, rows);
+                else base = v->x + (int64_t)(k0 + k + h) * v->ld + r0;
+                g[0] = base, g[1] = base + 16;
+            }
+        }
         for (int r = 0; r < rpad; r += 16) {
             const __mmask16 m = first(rows - r);
-            const __m512 x = lo ? _mm512_maskz_loadu_ps(m, lo + r) : _mm512_setzero_ps();
-            const __m512 y = hi ? _mm512_maskz_loadu_ps(m, hi + r) : _mm512_setzero_ps();
-            const __m512i w = pair_rows(x, y);
+            const __m512i w = pair_rows(load16(lo[r / 16], m), load16(hi[r / 16], m));
             if (rs == 1) {
                 _mm512_mask_storeu_epi32(d + (int64_t)p * ps + r, first(rpad - r), w);
             } else {
@@ -142,16 +307,20 @@ BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const float *X, int ldx
     }
 }
 
-BF16 static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha, float beta) {
+// C's row `row`, columns [col, col + 16) under mask m = alpha * acc + beta * C.
+BF16 static inline void store_row(const GemmView *C, int64_t row, int col, __m512 acc, __mmask16 m, float alpha,
+                                  float beta) {
+    float *const c = C->x + row * C->ld + col;
     __m512 v = alpha == 1.0f ? acc : _mm512_mul_ps(acc, _mm512_set1_ps(alpha));
     if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, c), v);
     _mm512_mask_storeu_ps(c, m, v);
 }
 
-// The MR x (16 * NV) micro-kernel over kp pairs: C tile (mr x nr of it) = alpha * a @ b + beta * C.
+// The MR x (16 * NV) micro-kernel over kp pairs: the tile of C at (i, j) (mr x nr of it) =
+// alpha * a @ b + beta * C.
 #define MICRO_KERNEL(NAME, MR, NV)                                                              \
-    BF16 static void NAME(int kp, const uint32_t *a, const uint32_t *b, float *c, int ldc, int mr, \
-                          int nr, float alpha, float beta) {                                    \
+    BF16 static void NAME(int kp, const uint32_t *a, const uint32_t *b, const GemmView *C, int64_t i, int j, \
+                          int mr, int nr, float alpha, float beta) {                            \
         __m512 acc[MR][NV];                                                                     \
         _Pragma("GCC unroll 24") for (int r = 0; r < MR; r++)                                   \
             _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps(); \
@@ -170,7 +339,7 @@ BF16 static inline void store_row(float *c, __m512 acc, __mmask16 m, float alpha
             const __mmask16 m = first(nr - 16 * v);                                             \
             if (!m) break;                                                                      \
             for (int r = 0; r < mr; r++)                                                        \
-                store_row(c + (int64_t)r * ldc + 16 * v, acc[r][v], m, alpha, beta);            \
+                store_row(C, i + r, j + 16 * v, acc[r][v], m, alpha, beta);                     \
         }                                                                                       \
     }
 
@@ -178,8 +347,8 @@ MICRO_KERNEL(kernel_12x32, 12, 2)
 MICRO_KERNEL(kernel_8x32, 8, 2)
 MICRO_KERNEL(kernel_24x16, 24, 1)
 
-BF16 static void gemm_blocks(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                             const float *B, int ldb, float beta, float *C, int ldc, uint32_t *pa) {
+BF16 static void gemm_blocks(int M, int N, int K, float alpha, const Operand *A, const Operand *B, float beta,
+                             const GemmView *C, uint32_t *pa) {
     uint32_t *const pb = pa + (size_t)MC * KC / 2;  // 64-byte aligned: MC * KC * 2 bytes
     const bool narrow = N <= 16;
     const int MR = narrow ? 24 : (M + 7) / 8 * 8 < (M + 11) / 12 * 12 ? 8 : 12, NR = narrow ? 16 : 32;
@@ -188,26 +357,27 @@ BF16 static void gemm_blocks(bool ta, bool tb, int M, int N, int K, float alpha,
         for (int k0 = 0; k0 < K; k0 += KC) {
             const int kc = imin(KC, K - k0), kp = (kc + 1) / 2;
             const float b_beta = k0 == 0 ? beta : 1.0f;  // later k-blocks add to C
+            cols_k_block(B, k0, kc);
             for (int c0 = 0; c0 < nc; c0 += NR)  // panels [p][j]: column j of op(B) is a row
-                pack_pairs(pb + (int64_t)(c0 / NR) * kp * NR, 1, NR, B, ldb, tb, j0 + c0, imin(NR, nc - c0),
-                           NR, k0, kc, kp);
+                pack_pairs(pb + (int64_t)(c0 / NR) * kp * NR, 1, NR, B, j0 + c0, imin(NR, nc - c0), NR, k0, kc,
+                           kp);
             for (int i0 = 0; i0 < M; i0 += MC) {
                 const int mc = imin(MC, M - i0);
                 for (int r0 = 0; r0 < mc; r0 += MR)  // panels [p][r]
-                    pack_pairs(pa + (int64_t)(r0 / MR) * kp * MR, 1, MR, A, lda, !ta, i0 + r0,
-                               imin(MR, mc - r0), MR, k0, kc, kp);
+                    pack_pairs(pa + (int64_t)(r0 / MR) * kp * MR, 1, MR, A, i0 + r0, imin(MR, mc - r0), MR, k0,
+                               kc, kp);
                 for (int jr = 0; jr < nc; jr += NR) {
                     const uint32_t *bp = pb + (int64_t)(jr / NR) * kp * NR;
                     for (int ir = 0; ir < mc; ir += MR) {
                         const uint32_t *ap = pa + (int64_t)(ir / MR) * kp * MR;
-                        float *c = C + (int64_t)(i0 + ir) * ldc + j0 + jr;
-                        const int mr = imin(MR, mc - ir), nr = imin(NR, nc - jr);
+                        const int64_t i = i0 + ir;
+                        const int j = j0 + jr, mr = imin(MR, mc - ir), nr = imin(NR, nc - jr);
                         if (narrow)
-                            kernel_24x16(kp, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                            kernel_24x16(kp, ap, bp, C, i, j, mr, nr, alpha, b_beta);
                         else if (MR == 8)
-                            kernel_8x32(kp, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                            kernel_8x32(kp, ap, bp, C, i, j, mr, nr, alpha, b_beta);
                         else
-                            kernel_12x32(kp, ap, bp, c, ldc, mr, nr, alpha, b_beta);
+                            kernel_12x32(kp, ap, bp, C, i, j, mr, nr, alpha, b_beta);
                     }
                 }
             }
@@ -231,8 +401,8 @@ typedef struct TileConfig {
     uint8_t rows[16];
 } TileConfig;
 
-AMX static void amx_tile(int kpad, const uint32_t *a, const uint32_t *b, float *c, int ldc, int mr, int nr,
-                         float alpha, float beta) {
+AMX static void amx_tile(int kpad, const uint32_t *a, const uint32_t *b, const GemmView *C, int64_t i, int j,
+                         int mr, int nr, float alpha, float beta) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -258,12 +428,12 @@ AMX static void amx_tile(int kpad, const uint32_t *a, const uint32_t *b, float *
         const __mmask16 m = first(nr - cq);
         if (!m) continue;
         for (int r = 0; r < 16 && rq + r < mr; r++)
-            store_row(c + (int64_t)(rq + r) * ldc + cq, _mm512_loadu_ps(t[q] + 16 * r), m, alpha, beta);
+            store_row(C, i + rq + r, j + cq, _mm512_loadu_ps(t[q] + 16 * r), m, alpha, beta);
     }
 }
 
-AMX static void gemm_blocks_amx(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-                                const float *B, int ldb, float beta, float *C, int ldc, uint32_t *pa) {
+AMX static void gemm_blocks_amx(int M, int N, int K, float alpha, const Operand *A, const Operand *B, float beta,
+                                const GemmView *C, uint32_t *pa) {
     uint32_t *const pb = pa + (size_t)MC * KC / 2;
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -275,44 +445,57 @@ AMX static void gemm_blocks_amx(bool ta, bool tb, int M, int N, int K, float alp
         for (int k0 = 0; k0 < K; k0 += KC) {
             const int kc = imin(KC, K - k0), kpad = (kc + 31) / 32 * 16;
             const float b_beta = k0 == 0 ? beta : 1.0f;
+            cols_k_block(B, k0, kc);
             for (int c0 = 0; c0 < nc; c0 += 32)  // panels [p][j]
-                pack_pairs(pb + (int64_t)(c0 / 32) * kpad * 32, 1, 32, B, ldb, tb, j0 + c0, imin(32, nc - c0),
-                           32, k0, kc, kpad);
+                pack_pairs(pb + (int64_t)(c0 / 32) * kpad * 32, 1, 32, B, j0 + c0, imin(32, nc - c0), 32, k0, kc,
+                           kpad);
             for (int i0 = 0; i0 < M; i0 += MC_AMX) {
                 const int mc = imin(MC_AMX, M - i0);
                 for (int r0 = 0; r0 < mc; r0 += 32)  // panels [r][p]
-                    pack_pairs(pa + (int64_t)(r0 / 32) * 32 * kpad, kpad, 1, A, lda, !ta, i0 + r0,
-                               imin(32, mc - r0), 32, k0, kc, kpad);
+                    pack_pairs(pa + (int64_t)(r0 / 32) * 32 * kpad, kpad, 1, A, i0 + r0, imin(32, mc - r0), 32,
+                               k0, kc, kpad);
                 for (int jr = 0; jr < nc; jr += 32)
                     for (int ir = 0; ir < mc; ir += 32)
-                        amx_tile(kpad, pa + (int64_t)(ir / 32) * 32 * kpad, pb + (int64_t)(jr / 32) * kpad * 32,
-                                 C + (int64_t)(i0 + ir) * ldc + j0 + jr, ldc, imin(32, mc - ir), imin(32, nc - jr),
-                                 alpha, b_beta);
+                        amx_tile(kpad, pa + (int64_t)(ir / 32) * 32 * kpad, pb + (int64_t)(jr / 32) * kpad * 32, C,
+                                 i0 + ir, j0 + jr, imin(32, mc - ir), imin(32, nc - jr), alpha, b_beta);
             }
         }
     }
     _tile_release();
 }
 
-int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
-              const float *B, int ldb, float beta, float *C, int ldc) {
+// C = beta * C where K = 0.
+BF16 static void scale_c(int M, int N, float beta, const GemmView *C) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j += 16) store_row(C, i, j, _mm512_setzero_ps(), first(N - j), 1.0f, beta);
+}
+
+int gemm_bf16_views(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
+                    const GemmView *C) {
     if (!gemm_bf16_available()) return -1;
     if (M <= 0 || N <= 0) return 0;
-    if (K <= 0) {  // C = beta * C
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) {
-                float *c = C + (int64_t)i * ldc + j;
-                *c = beta == 0.0f ? 0.0f : beta * *c;
-            }
+    if (K <= 0) {
+        scale_c(M, N, beta, C);
         return 0;
     }
     uint32_t *const pa = gemm_thread_buffer();
     if (!pa) return -1;
+    // op(A)'s rows run along k unless A is stored transposed; op(B)'s columns (the
+    // packing's rows) run along k when B is.
+    ColsPixels pixels;
+    const Operand a = {A, !A->trans, NULL}, b = {B, B->trans, B->kind == VIEW_COLS ? &pixels : NULL};
     if (use_amx())
-        gemm_blocks_amx(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pa);
+        gemm_blocks_amx(M, N, K, alpha, &a, &b, beta, C, pa);
     else
-        gemm_blocks(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pa);
+        gemm_blocks(M, N, K, alpha, &a, &b, beta, C, pa);
     return 0;
+}
+
+int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+    const GemmView a = {.x = (float *)A, .ld = lda, .trans = ta}, b = {.x = (float *)B, .ld = ldb, .trans = tb};
+    const GemmView c = {.x = C, .ld = ldc};
+    return gemm_bf16_views(M, N, K, alpha, &a, &b, beta, &c);
 }
 
 #else  // not x86-64: no AVX512-BF16
@@ -322,6 +505,10 @@ void gemm_bf16_allow_amx(bool allow) { (void)allow; }
 const char *gemm_bf16_name(void) { return NULL; }
 int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
+    return -1;
+}
+int gemm_bf16_views(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
+                    const GemmView *C) {
     return -1;
 }
 

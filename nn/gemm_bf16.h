@@ -40,6 +40,36 @@ void gemm_bf16_allow_amx(bool allow);
 int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
 
+// An operand of gemm_bf16_views, or its result: a stored matrix, a convolution's im2col
+// columns (never stored: read from the input where the packing needs them), or a
+// convolution's weight in PyTorch's layout read in im2col's column order (no permuted
+// copy).
+typedef enum GemmViewKind { VIEW_STORED, VIEW_COLS, VIEW_WEIGHT } GemmViewKind;
+typedef struct GemmView {
+    GemmViewKind kind;
+    // VIEW_STORED: element (i, j) at x[i * ld + j], or at x[j * ld + i] when trans.
+    // VIEW_WEIGHT (OC, C, K, K), always transposed (a forward's op(B) = W^T): filter i at
+    // x + i * ld (ld = C * taps, taps = K * K), its column j = tap * C + c (from col0 on)
+    // at c * taps + tap.
+    float *x;
+    long long ld;
+    bool trans;
+    int C, taps, col0;
+    // VIEW_COLS: the matrix that nn/kernels.h's im2col writes for `in` (batch, H, W, C):
+    // a row an output pixel (image, oh, ow), its K * K * C columns ordered (kh, kw, c),
+    // zeros where the patch reaches into the padding; from row row0 and column col0 on.
+    // Never transposed.
+    const float *in;
+    int H, W, K, stride, pad, OH, OW;
+    long long row0;
+} GemmView;
+
+// gemm_bf16 with views: C (M, N) = alpha * bf16(op(A)) @ bf16(op(B)) + beta * C, A stored
+// or columns, B stored, columns or a weight, C stored (none transposed but where said).
+// The same bits as gemm_bf16 over the columns im2col writes and the weight permuted.
+int gemm_bf16_views(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
+                    const GemmView *C);
+
 #define GEMM_BF16_KC 256
 
 #endif

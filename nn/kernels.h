@@ -238,6 +238,19 @@ typedef struct Kernels {
     // din (N, H, W, C) = sum of col's patches back onto the pixels they came from.
     void (*col2im)(float *din, const float *col, int N, int H, int W, int C, int K,
                    int stride, int pad, int OH, int OW);
+    // A convolution's GEMMs without im2col's columns in memory, nor the forward's permuted
+    // weight (NULL where the backend has none: CUDA): where conv_gemm_usable says so under
+    // the current gemm_arith (the CPU: GEMM_BF16 on a CPU with AVX512-BF16, whose packing
+    // reads the input and the weight where they lie). The same bits as im2col into a
+    // workspace and gemm with the weight permuted to (OC, K, K, C).
+    bool (*conv_gemm_usable)(void);
+    // out (N*OH*OW, OC) = cols @ w'^T; w (OC, C, K, K) in PyTorch's layout, w' the same
+    // in the columns' order (OC, K*K*C). Each output pixel's sums are the same bits
+    // whatever images the call has (gemm's for the same M, except where its threads split
+    // a small product's K: never here).
+    void (*conv_gemm_forward)(float *out, const float *in, const float *w, ConvGeometry g);
+    // dw' (OC, K*K*C) in the columns' order += dy^T @ cols, dy (N*OH*OW, OC).
+    void (*conv_gemm_weight_grad)(float *dw, const float *dy, const float *in, ConvGeometry g);
 
     // ---- Winograd F(2x2, 3x3), for 3x3 stride-1 convolutions (nn/conv.c says when) -----
     // Tile t = (n, ty, tx) of ConvGeometry g (winograd_tiles: N x ceil(OH/2) x ceil(OW/2))

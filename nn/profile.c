@@ -104,6 +104,15 @@ static void w_col2im(float *din, const float *col, int N, int H, int W, int C, i
                      int pad, int OH, int OW) {
     TIMED(K_COL2IM, P.inner->col2im(din, col, N, H, W, C, K, stride, pad, OH, OW));
 }
+// A convolution's GEMMs reading its columns and weight where they lie.
+static void w_conv_gemm_forward(float *out, const float *in, const float *w, ConvGeometry g) {
+    TIMED(K_GEMM, P.inner->conv_gemm_forward(out, in, w, g));
+    if (P.scope != PROF_IDLE) P.gemm_flops += 2.0 * g.N * g.OH * g.OW * g.OC * g.C * g.K * g.K;
+}
+static void w_conv_gemm_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
+    TIMED(K_GEMM, P.inner->conv_gemm_weight_grad(dw, dy, in, g));
+    if (P.scope != PROF_IDLE) P.gemm_flops += 2.0 * g.N * g.OH * g.OW * g.OC * g.C * g.K * g.K;
+}
 static void w_gemm_batched(float *C, const float *A, const float *B, int count, int M, int N, int K,
                            bool ta, bool tb, float alpha, float beta, int64_t sc, int64_t sa,
                            int64_t sb) {
@@ -289,6 +298,10 @@ int profile_start(Net *net, Error *err) {
     P.table.copy = w_copy, P.table.gemm = w_gemm, P.table.im2col = w_im2col;
     P.table.col2im = w_col2im, P.table.bias_act_forward = w_bias_act_forward;
     P.table.gemm_batched = w_gemm_batched;
+    if (P.inner->conv_gemm_usable) {
+        P.table.conv_gemm_forward = w_conv_gemm_forward;
+        P.table.conv_gemm_weight_grad = w_conv_gemm_weight_grad;
+    }
     P.table.winograd_input = w_winograd_input;
     P.table.winograd_input_backward = w_winograd_input_backward;
     P.table.winograd_output = w_winograd_output;

@@ -212,6 +212,121 @@ static void test_bf16_kernels(void **state) {
     }
 }
 
+// Convolutions whose im2col columns the bf16 GEMM reads itself: channels in groups of 32
+// (a tap's run read where it lies), 16 and 3 (through a row copy), strides, padding, a 1x1
+// downsample, and 2,304 columns (several k-blocks). {N, H, W, C, K, stride, pad, OC}.
+static const int conv_shapes[][8] = {{2, 7, 7, 32, 3, 1, 1, 40}, {3, 9, 8, 64, 3, 2, 1, 33},
+                                     {2, 5, 6, 16, 3, 1, 1, 20}, {2, 6, 6, 3, 5, 1, 2, 8},
+                                     {4, 8, 8, 32, 1, 2, 0, 64}, {1, 4, 4, 256, 3, 1, 1, 24}};
+
+static ConvGeometry conv_shape(const int *s) {
+    const int OH = (s[1] + 2 * s[6] - s[4]) / s[5] + 1, OW = (s[2] + 2 * s[6] - s[4]) / s[5] + 1;
+    return (ConvGeometry){s[0], s[1], s[2], s[3], s[4], s[5], s[6], OH, OW, s[7]};
+}
+
+// Bitwise equal C's, M x N with row stride ldc.
+static void expect_same_bits(const float *got, const float *want, int M, int N, int ldc, const char *what) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            if (memcmp(got + (size_t)i * ldc + j, want + (size_t)i * ldc + j, sizeof(float)))
+                fail_msg("%s: C[%d][%d] = %.9g, over the written columns %.9g", what, i, j, got[(size_t)i * ldc + j],
+                         want[(size_t)i * ldc + j]);
+}
+
+// w (OC, C, taps) in PyTorch's layout to wp (OC, taps, C), im2col's column order.
+static void permute_weight(float *wp, const float *w, ConvGeometry g) {
+    const int taps = g.K * g.K;
+    for (int o = 0; o < g.OC; o++)
+        for (int c = 0; c < g.C; c++)
+            for (int t = 0; t < taps; t++)
+                wp[((size_t)o * taps + t) * g.C + c] = w[((size_t)o * g.C + c) * taps + t];
+}
+
+// gemm_bf16_views with the columns and the forward's weight as they lie against gemm_bf16
+// over the columns im2col writes and the weight permuted, from several origins (the threads'
+// slabs), on AMX and on VDPBF16PS: the same bits. Then the table's conv_gemm_* under
+// GEMM_BF16 on 2 threads against gemm_bf16 in one call (forward) and the table's gemm
+// (weight gradient), and that it declines under GEMM_FP32.
+static void test_bf16_views(void **state) {
+    (void)state;
+    const Kernels *k = cpu_kernels();
+    if (!gemm_bf16_available()) {
+        printf("this CPU has no AVX512-BF16: the GEMMs never read columns here\n");
+        k->gemm_arith(GEMM_BF16);
+        assert_false(k->conv_gemm_usable());
+        k->gemm_arith(GEMM_FP32);
+        return;
+    }
+    test_rng_seed(5);
+    cpu_set_threads(2);
+    for (size_t s = 0; s < sizeof conv_shapes / sizeof conv_shapes[0]; s++) {
+        const ConvGeometry g = conv_shape(conv_shapes[s]);
+        const int rows = g.N * g.OH * g.OW, ckk = g.C * g.K * g.K;
+        float *in = random_floats((size_t)g.N * g.H * g.W * g.C), *cols = random_floats((size_t)rows * ckk);
+        float *w = random_floats((size_t)g.OC * ckk), *wp = malloc((size_t)g.OC * ckk * sizeof *wp);
+        float *dy = random_floats((size_t)rows * g.OC);
+        const size_t cn = (size_t)g.OC * (rows > ckk ? rows : ckk) + 1;  // the larger C, and one more
+        float *c1 = random_floats(cn), *c2 = malloc(cn * sizeof *c2);
+        assert_non_null(wp), assert_non_null(c2);
+        k->im2col(cols, in, g.N, g.H, g.W, g.C, g.K, g.stride, g.pad, g.OH, g.OW);
+        permute_weight(wp, w, g);
+        const GemmView view = {.kind = VIEW_COLS, .in = in, .H = g.H, .W = g.W, .C = g.C, .K = g.K,
+                               .stride = g.stride, .pad = g.pad, .OH = g.OH, .OW = g.OW};
+        const GemmView weight = {.kind = VIEW_WEIGHT, .ld = ckk, .C = g.C, .taps = g.K * g.K};
+        static const int origins[][2] = {{0, 0}, {5, 32}, {3, 7}};
+        for (int amx = 0; amx < 2; amx++) {
+            gemm_bf16_allow_amx(amx);
+            for (int o = 0; o < 3; o++) {
+                GemmView v = view;
+                v.row0 = origins[o][0] < rows ? origins[o][0] : 0, v.col0 = origins[o][1] < ckk ? origins[o][1] : 0;
+                const int M = rows - (int)v.row0, K = ckk - v.col0;
+                const float *at = cols + v.row0 * ckk + v.col0;
+                char what[96];
+                // Forward: out (M, OC) = cols (M, K) @ w'^T, w' from column col0 on; beta 0
+                // and 0.5.
+                GemmView wt = weight;
+                wt.x = w, wt.trans = true, wt.col0 = v.col0;
+                for (int b = 0; b < 2; b++) {
+                    memcpy(c2, c1, cn * sizeof *c2);
+                    const GemmView c = {.x = c1, .ld = g.OC};
+                    assert_int_equal(gemm_bf16_views(M, g.OC, K, 1.0f, &v, &wt, 0.5f * b, &c), 0);
+                    assert_int_equal(gemm_bf16(false, true, M, g.OC, K, 1.0f, at, ckk, wp + v.col0, ckk, 0.5f * b, c2,
+                                               g.OC),
+                                     0);
+                    snprintf(what, sizeof what, "shape %zu origin %d amx %d: cols @ w^T", s, o, amx);
+                    expect_same_bits(c1, c2, M, g.OC, g.OC, what);
+                }
+                // Weight gradient: dw' (OC, K) += dy^T (OC, M rows) @ cols.
+                memcpy(c2, c1, cn * sizeof *c2);
+                const GemmView dyv = {.x = dy, .ld = g.OC, .trans = true}, c = {.x = c1, .ld = ckk};
+                assert_int_equal(gemm_bf16_views(g.OC, K, M, 1.0f, &dyv, &v, 1.0f, &c), 0);
+                assert_int_equal(gemm_bf16(true, false, g.OC, K, M, 1.0f, dy, g.OC, at, ckk, 1.0f, c2, ckk), 0);
+                snprintf(what, sizeof what, "shape %zu origin %d amx %d: dy^T @ cols", s, o, amx);
+                expect_same_bits(c1, c2, g.OC, K, ckk, what);
+            }
+        }
+        gemm_bf16_allow_amx(true);
+        // The table, on its threads' slabs (and split K where C is small).
+        k->gemm_arith(GEMM_BF16);
+        assert_true(k->conv_gemm_usable());
+        k->conv_gemm_forward(c1, in, w, g);
+        assert_int_equal(gemm_bf16(false, true, rows, g.OC, ckk, 1.0f, cols, ckk, wp, ckk, 0.0f, c2, g.OC), 0);
+        expect_same_bits(c1, c2, rows, g.OC, g.OC, "conv_gemm_forward");
+        // An image's outputs are the same bits in a call of its own (no split of K).
+        ConvGeometry one = g;
+        one.N = 1;
+        k->conv_gemm_forward(c2, in, w, one);
+        expect_same_bits(c2, c1, one.OH * one.OW, g.OC, g.OC, "conv_gemm_forward of one image");
+        memcpy(c1, wp, (size_t)g.OC * ckk * sizeof *c1), memcpy(c2, wp, (size_t)g.OC * ckk * sizeof *c2);
+        k->conv_gemm_weight_grad(c1, dy, in, g);
+        k->gemm(c2, dy, cols, g.OC, ckk, rows, true, false, 1.0f, 1.0f);
+        expect_same_bits(c1, c2, g.OC, ckk, ckk, "conv_gemm_weight_grad");
+        k->gemm_arith(GEMM_FP32);
+        assert_false(k->conv_gemm_usable());
+        free(in), free(cols), free(w), free(wp), free(dy), free(c1), free(c2);
+    }
+}
+
 // beta = 0 does not read C (the network's buffers start as whatever was there): NaN in C
 // must not reach the result.
 static void test_beta_zero_ignores_c(void **state) {
@@ -248,6 +363,7 @@ int main(void) {
         cmocka_unit_test(test_avx512_kernels),
         cmocka_unit_test(test_bf16_kernels),
         cmocka_unit_test(test_cpu_gemm),
+        cmocka_unit_test(test_bf16_views),
         cmocka_unit_test(test_beta_zero_ignores_c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
