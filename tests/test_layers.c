@@ -2328,6 +2328,33 @@ static void test_nll_loss(void **state) {
     expect_close("d mean NLL(log_softmax) / dx", din, fd, N * C, GRAD_TOL, 1.0);
 }
 
+// The layout kernels move every element to its place: shapes on both sides of the 8 x 8
+// blocks (a convolution weight's rows: H = 1, W = K*K; images and their edges).
+static void test_layout_transposes(void **state) {
+    (void)state;
+    const Kernels *k = cpu_kernels();
+    static const int shapes[][4] = {{3, 1, 9, 37}, {2, 1, 9, 256}, {2, 5, 7, 16}, {1, 3, 3, 8}, {4, 8, 8, 3},
+                                    {1, 16, 17, 24}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s][0], H = shapes[s][1], W = shapes[s][2], C = shapes[s][3];
+        const int64_t hw = (int64_t)H * W, n = N * hw * C;
+        float *in = malloc(n * sizeof *in), *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        assert_non_null(in), assert_non_null(a), assert_non_null(b);
+        for (int64_t i = 0; i < n; i++) in[i] = (float)i;
+        k->nhwc_to_nchw(a, in, N, H, W, C);
+        k->nchw_to_nhwc(b, a, N, H, W, C);
+        for (int i = 0; i < N; i++)
+            for (int64_t p = 0; p < hw; p++)
+                for (int c = 0; c < C; c++) {
+                    const int64_t nhwc = (i * hw + p) * C + c, nchw = ((int64_t)i * C + c) * hw + p;
+                    if (a[nchw] != in[nhwc] || b[nhwc] != in[nhwc])
+                        fail_msg("%dx%dx%dx%d: element (%d, %lld, %d): %g and %g back, expected %g", N, H, W, C, i,
+                                 (long long)p, c, a[nchw], b[nhwc], in[nhwc]);
+                }
+        free(in), free(a), free(b);
+    }
+}
+
 int main(void) {
     cpu_set_threads(2);
     const struct CMUnitTest tests[] = {
@@ -2343,6 +2370,7 @@ int main(void) {
         cmocka_unit_test(test_conv_chunked_batch),
         cmocka_unit_test(test_conv_winograd),
         cmocka_unit_test(test_conv_winograd_pass),
+        cmocka_unit_test(test_layout_transposes),
         cmocka_unit_test(test_conv_depthwise),
         cmocka_unit_test(test_conv_grouped),
         cmocka_unit_test(test_conv_grouped_errors),
