@@ -397,11 +397,16 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     }
     const int ckk = l->in.c * c->size * c->size, pixels = l->out.h * l->out.w;
     float *cols = ctx->workspace;
-    float *w = l->params[0].data, *dw = l->grads[0];  // in im2col's order from a pass's first
-    const bool permutes = conv_permutes(c);          // call to its last
-    const bool views = conv_gemm_views(c, k);
+    // Where the GEMMs read the columns and the weight themselves (views), din of a stride-1
+    // layer is a convolution of dout after the pass's weight gradients (din may lie over
+    // in, which they read), with the weight as it is; else dcol = dy @ W and col2im, chunk
+    // by chunk, with the weight in im2col's order, as the weight gradient is from a pass's
+    // first call to its last.
+    float *w = l->params[0].data, *dw = l->grads[0];
+    const bool permutes = conv_permutes(c), views = conv_gemm_views(c, k);
+    const bool din_views = din && views && c->stride == 1, w_permutes = permutes && din && !din_views;
     if (permutes && !ctx->after_first) {
-        if (din) conv_permute(c, k, w, cols, true);
+        if (w_permutes) conv_permute(c, k, w, cols, true);
         if (dw) conv_permute(c, k, dw, cols, true);
     }
     k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * pixels, c->filters, c->act);
@@ -410,7 +415,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         const int n = N - n0 < chunk ? N - n0 : chunk;
         const float *x = in + (int64_t)n0 * shape_numel(l->in);
         const float *dy = dout + (int64_t)n0 * shape_numel(l->out);  // (n*OH*OW, OC)
-        float *dx = din ? din + (int64_t)n0 * shape_numel(l->in) : NULL;
+        float *dx = din && !din_views ? din + (int64_t)n0 * shape_numel(l->in) : NULL;
         if (conv_is_pointwise(c)) {
             if (dw) k->gemm(dw, dy, x, c->filters, ckk, n * pixels, true, false, 1.0f, 1.0f);
             if (dx) k->gemm(dx, dy, w, n * pixels, ckk, c->filters, false, false, 1.0f, 0.0f);
@@ -429,9 +434,10 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
         k->col2im(dx, cols, n, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad, l->out.h,
                   l->out.w);
     }
+    if (din_views) k->conv_gemm_data_grad(din, dout, w, conv_geometry(c, N));
     // (OC, K*K*C) back to PyTorch's (OC, C, K*K).
     if (permutes && !ctx->before_last) {
-        if (din) conv_permute(c, k, w, cols, false);
+        if (w_permutes) conv_permute(c, k, w, cols, false);
         if (dw) conv_permute(c, k, dw, cols, false);
     }
 }

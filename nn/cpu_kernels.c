@@ -191,14 +191,27 @@ static GemmView cols_view(const float *in, ConvGeometry g) {
 }
 
 static GemmView weight_view(const float *w, ConvGeometry g) {
-    return (GemmView){.kind = VIEW_WEIGHT, .x = (float *)w, .ld = (int64_t)g.C * g.K * g.K, .trans = true, .C = g.C,
-                      .taps = g.K * g.K};
+    const int taps = g.K * g.K;
+    return (GemmView){.kind = VIEW_WEIGHT, .x = (float *)w, .ld = (int64_t)g.C * taps, .trans = true, .C = g.C,
+                      .taps = taps, .cstride = taps, .tstride = 1};
 }
 
 // Never split over K: an output pixel's sum is the same bits whatever images the call has.
 static void cpu_conv_gemm_forward(float *out, const float *in, const float *w, ConvGeometry g) {
     gemm_views(stored(out, g.OC, false), cols_view(in, g), weight_view(w, g), g.N * g.OH * g.OW, g.OC,
                g.C * g.K * g.K, 1.0f, 0.0f, false);
+}
+
+// din = the convolution of dout, padded by K - 1 - pad, with the weight turned half a turn
+// and its filters and channels swapped (stride 1): one product for the call's images,
+// never split over K.
+static void cpu_conv_gemm_data_grad(float *din, const float *dout, const float *w, ConvGeometry g) {
+    const int taps = g.K * g.K;
+    const ConvGeometry t = {g.N, g.OH, g.OW, g.OC, g.K, 1, g.K - 1 - g.pad, g.H, g.W, g.C};
+    const GemmView wt = {.kind = VIEW_WEIGHT, .x = (float *)w, .ld = taps, .trans = true, .C = g.OC, .taps = taps,
+                         .cstride = g.C * taps, .tap0 = taps - 1, .tstride = -1};
+    gemm_views(stored(din, g.C, false), cols_view(dout, t), wt, g.N * g.H * g.W, g.C, taps * g.OC, 1.0f, 0.0f,
+               false);
 }
 
 static void cpu_conv_gemm_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
@@ -2469,6 +2482,7 @@ const Kernels CPU_KERNEL_SET = {
     .conv_gemm_usable = cpu_conv_gemm_usable,
     .conv_gemm_forward = cpu_conv_gemm_forward,
     .conv_gemm_weight_grad = cpu_conv_gemm_weight_grad,
+    .conv_gemm_data_grad = cpu_conv_gemm_data_grad,
     .conv_direct_forward = cpu_conv_direct_forward,
     .conv_direct_backward = cpu_conv_direct_backward,
     .conv_grouped_forward = cpu_conv_grouped_forward,

@@ -206,17 +206,17 @@ BF16 static inline __m512 load16(const float *p, __mmask16 m) {
 }
 
 // dst[0, n) = the weight's row `row`, columns [col, col + n) from the view's origin: the
-// channels of one tap at a time, 16 at a time gathered from c * taps + tap.
+// channels of one tap at a time, 16 at a time gathered from c * cstride + tap0 + t * tstride.
 BF16 static void weight_segment(float *dst, const GemmView *v, int row, int col, int n) {
     const float *w = v->x + (int64_t)row * v->ld;
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     col += v->col0;
     for (int j = 0; j < n;) {
-        const int tap = (col + j) / v->C, c = (col + j) % v->C;
+        const int t = (col + j) / v->C, c = (col + j) % v->C;
         const __mmask16 m = first(imin(n - j, v->C - c));
         const __m512i at = _mm512_add_epi32(
-            _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(c)), _mm512_set1_epi32(v->taps)),
-            _mm512_set1_epi32(tap));
+            _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(c)), _mm512_set1_epi32(v->cstride)),
+            _mm512_set1_epi32(v->tap0 + t * v->tstride));
         _mm512_mask_storeu_ps(dst + j, m, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, w, 4));
         j += __builtin_popcount(m);
     }

@@ -48,13 +48,16 @@ typedef enum GemmViewKind { VIEW_STORED, VIEW_COLS, VIEW_WEIGHT } GemmViewKind;
 typedef struct GemmView {
     GemmViewKind kind;
     // VIEW_STORED: element (i, j) at x[i * ld + j], or at x[j * ld + i] when trans.
-    // VIEW_WEIGHT (OC, C, K, K), always transposed (a forward's op(B) = W^T): filter i at
-    // x + i * ld (ld = C * taps, taps = K * K), its column j = tap * C + c (from col0 on)
-    // at c * taps + tap.
+    // VIEW_WEIGHT, always transposed (op(B) = W^T): row i at x + i * ld, its column
+    // j = t * C + c (from col0 on, t < taps) at c * cstride + tap0 + t * tstride. A
+    // forward's weight (OC, C, K, K): rows the filters, ld = C * K * K, cstride = K * K,
+    // tap0 = 0, tstride = 1; the input gradient's (a convolution of dout with the weight
+    // turned half a turn, its filters and channels swapped): rows the input channels,
+    // ld = K * K, C = OC, cstride = C * K * K, tap0 = K * K - 1, tstride = -1.
     float *x;
     long long ld;
     bool trans;
-    int C, taps, col0;
+    int C, taps, col0, cstride, tap0, tstride;
     // VIEW_COLS: the matrix that nn/kernels.h's im2col writes for `in` (batch, H, W, C):
     // a row an output pixel (image, oh, ow), its K * K * C columns ordered (kh, kw, c),
     // zeros where the patch reaches into the padding; from row row0 and column col0 on.

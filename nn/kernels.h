@@ -251,6 +251,11 @@ typedef struct Kernels {
     void (*conv_gemm_forward)(float *out, const float *in, const float *w, ConvGeometry g);
     // dw' (OC, K*K*C) in the columns' order += dy^T @ cols, dy (N*OH*OW, OC).
     void (*conv_gemm_weight_grad)(float *dw, const float *dy, const float *in, ConvGeometry g);
+    // din (N, H, W, C) = the input gradient of dy (N*OH*OW, OC), for g.stride = 1 alone:
+    // the convolution of dy padded by K - 1 - pad with w (PyTorch's layout) turned half a
+    // turn, filters and channels swapped, as one product of its columns (never split over
+    // K). Not the bits of gemm and col2im: its sums run over (tap, oc) in the GEMM's blocks.
+    void (*conv_gemm_data_grad)(float *din, const float *dy, const float *w, ConvGeometry g);
 
     // ---- Winograd F(2x2, 3x3), for 3x3 stride-1 convolutions (nn/conv.c says when) -----
     // Tile t = (n, ty, tx) of ConvGeometry g (winograd_tiles: N x ceil(OH/2) x ceil(OW/2))

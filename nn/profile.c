@@ -113,6 +113,10 @@ static void w_conv_gemm_weight_grad(float *dw, const float *dy, const float *in,
     TIMED(K_GEMM, P.inner->conv_gemm_weight_grad(dw, dy, in, g));
     if (P.scope != PROF_IDLE) P.gemm_flops += 2.0 * g.N * g.OH * g.OW * g.OC * g.C * g.K * g.K;
 }
+static void w_conv_gemm_data_grad(float *din, const float *dy, const float *w, ConvGeometry g) {
+    TIMED(K_GEMM, P.inner->conv_gemm_data_grad(din, dy, w, g));
+    if (P.scope != PROF_IDLE) P.gemm_flops += 2.0 * g.N * g.H * g.W * g.C * g.K * g.K * g.OC;
+}
 static void w_gemm_batched(float *C, const float *A, const float *B, int count, int M, int N, int K,
                            bool ta, bool tb, float alpha, float beta, int64_t sc, int64_t sa,
                            int64_t sb) {
@@ -301,6 +305,7 @@ int profile_start(Net *net, Error *err) {
     if (P.inner->conv_gemm_usable) {
         P.table.conv_gemm_forward = w_conv_gemm_forward;
         P.table.conv_gemm_weight_grad = w_conv_gemm_weight_grad;
+        P.table.conv_gemm_data_grad = w_conv_gemm_data_grad;
     }
     P.table.winograd_input = w_winograd_input;
     P.table.winograd_input_backward = w_winograd_input_backward;

@@ -242,11 +242,47 @@ static void permute_weight(float *wp, const float *w, ConvGeometry g) {
                 wp[((size_t)o * taps + t) * g.C + c] = w[((size_t)o * g.C + c) * taps + t];
 }
 
+// x rounded to bf16 (to nearest, ties to even), as the GEMM's packing rounds its operands.
+static double bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+// conv_gemm_data_grad (stride 1) against din summed in double over bf16 operands: within
+// fp32's rounding of the sum (1e-5 of the sum of the absolute terms); din (N, H, W, C)
+// into out.
+static void check_data_grad(const Kernels *k, ConvGeometry g, const float *dy, const float *w, float *out) {
+    k->conv_gemm_data_grad(out, dy, w, g);
+    for (int n = 0; n < g.N; n++)
+        for (int ih = 0; ih < g.H; ih++)
+            for (int iw = 0; iw < g.W; iw++)
+                for (int c = 0; c < g.C; c++) {
+                    double sum = 0, mag = 0;
+                    for (int kh = 0; kh < g.K; kh++)
+                        for (int kw = 0; kw < g.K; kw++) {
+                            const int oh = ih + g.pad - kh, ow = iw + g.pad - kw;
+                            if (oh < 0 || oh >= g.OH || ow < 0 || ow >= g.OW) continue;
+                            for (int o = 0; o < g.OC; o++) {
+                                const double t = bf16(dy[(((size_t)n * g.OH + oh) * g.OW + ow) * g.OC + o]) *
+                                                 bf16(w[(((size_t)o * g.C + c) * g.K + kh) * g.K + kw]);
+                                sum += t, mag += fabs(t);
+                            }
+                        }
+                    const double got = out[(((size_t)n * g.H + ih) * g.W + iw) * g.C + c];
+                    if (!(fabs(got - sum) <= 1e-5 * mag + 1e-30))
+                        fail_msg("conv_gemm_data_grad %dx%dx%dx%d K %d pad %d: din[%d][%d][%d][%d] = %.9g, %.9g in fp64",
+                                 g.N, g.H, g.W, g.C, g.K, g.pad, n, ih, iw, c, got, sum);
+                }
+}
+
 // gemm_bf16_views with the columns and the forward's weight as they lie against gemm_bf16
 // over the columns im2col writes and the weight permuted, from several origins (the threads'
 // slabs), on AMX and on VDPBF16PS: the same bits. Then the table's conv_gemm_* under
-// GEMM_BF16 on 2 threads against gemm_bf16 in one call (forward) and the table's gemm
-// (weight gradient), and that it declines under GEMM_FP32.
+// GEMM_BF16 on 2 threads against gemm_bf16 in one call (forward), the table's gemm
+// (weight gradient) and fp64 sums (input gradient), and that it declines under GEMM_FP32.
 static void test_bf16_views(void **state) {
     (void)state;
     const Kernels *k = cpu_kernels();
@@ -272,7 +308,8 @@ static void test_bf16_views(void **state) {
         permute_weight(wp, w, g);
         const GemmView view = {.kind = VIEW_COLS, .in = in, .H = g.H, .W = g.W, .C = g.C, .K = g.K,
                                .stride = g.stride, .pad = g.pad, .OH = g.OH, .OW = g.OW};
-        const GemmView weight = {.kind = VIEW_WEIGHT, .ld = ckk, .C = g.C, .taps = g.K * g.K};
+        const GemmView weight = {.kind = VIEW_WEIGHT, .ld = ckk, .C = g.C, .taps = g.K * g.K, .cstride = g.K * g.K,
+                                 .tstride = 1};
         static const int origins[][2] = {{0, 0}, {5, 32}, {3, 7}};
         for (int amx = 0; amx < 2; amx++) {
             gemm_bf16_allow_amx(amx);
@@ -321,6 +358,7 @@ static void test_bf16_views(void **state) {
         k->conv_gemm_weight_grad(c1, dy, in, g);
         k->gemm(c2, dy, cols, g.OC, ckk, rows, true, false, 1.0f, 1.0f);
         expect_same_bits(c1, c2, g.OC, ckk, ckk, "conv_gemm_weight_grad");
+        if (g.stride == 1) check_data_grad(k, g, dy, w, c1);
         k->gemm_arith(GEMM_FP32);
         assert_false(k->conv_gemm_usable());
         free(in), free(cols), free(w), free(wp), free(dy), free(c1), free(c2);
