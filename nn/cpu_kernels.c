@@ -40,8 +40,26 @@ static void *cpu_alloc(size_t bytes) {
     return p;
 }
 static void cpu_release(void *p) { free(p); }
-static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
-static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+// Copies and zeroing of at least COPY_PAR_MIN bytes in one contiguous part per thread:
+// one core does not reach the memory's bandwidth (a convolution's weight permuted through
+// its scratch: "memory" 1.3 -> 1.0 ms a fashion-resnet step).
+#define COPY_PAR_MIN (256 << 10)
+static void cpu_memcpy(void *dst, const void *src, size_t bytes) {
+    const int parts = bytes >= COPY_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
+#pragma omp parallel for schedule(static) if (parts > 1)
+    for (int t = 0; t < parts; t++) {
+        const size_t lo = bytes * t / parts / 64 * 64, hi = t + 1 == parts ? bytes : bytes * (t + 1) / parts / 64 * 64;
+        memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
+    }
+}
+static void cpu_zero(void *p, size_t bytes) {
+    const int parts = bytes >= COPY_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
+#pragma omp parallel for schedule(static) if (parts > 1)
+    for (int t = 0; t < parts; t++) {
+        const size_t lo = bytes * t / parts / 64 * 64, hi = t + 1 == parts ? bytes : bytes * (t + 1) / parts / 64 * 64;
+        memset((char *)p + lo, 0, hi - lo);
+    }
+}
 static void cpu_sync(void) {}
 
 // ---- dense algebra ---------------------------------------------------------------------------
