@@ -12,6 +12,12 @@
 // The CPU's 2 MB keeps a chunk in the caches between im2col writing it and the GEMM
 // reading it: on the seed network (3 images a chunk) a step took 37 ms against 45 ms with
 // 16 MB chunks, which went through memory (bench/PROFILE.md).
+// Where the backend's GEMMs read the columns themselves (kernels.h conv_gemm_usable: the
+// CPU's bf16 GEMM, whose packing reads the input, and the forward's weight where PyTorch's
+// layout keeps it), nothing is lowered into the workspace: the forward is one product for
+// the call without permutes, the weight gradient one product a chunk (the same calls as
+// above, so the same bits), and a stride-1 layer's input gradient the convolution of dout
+// with the weight turned half a turn, after the weight gradients (no dcol, no col2im).
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
