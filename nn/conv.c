@@ -341,10 +341,11 @@ static void conv_permute(const Conv *c, const Kernels *k, float *x, float *scrat
     }
 }
 
-// Whether the backend's GEMMs read this layer's im2col columns and weight where they lie
-// (kernels.h: conv_gemm_usable), not a pointwise layer's (its input is its columns).
-static bool conv_gemm_views(const Conv *c, const Kernels *k) {
-    return !conv_is_pointwise(c) && k->conv_gemm_usable && k->conv_gemm_usable();
+// Whether the backend's GEMMs read the im2col columns of an input of `channels` channels
+// (this layer's input, or dout for its input gradient) and the weight where they lie
+// (kernels.h: conv_gemm_usable); not a pointwise layer's (its input is its columns).
+static bool conv_gemm_views(const Conv *c, const Kernels *k, int channels) {
+    return !conv_is_pointwise(c) && k->conv_gemm_usable && k->conv_gemm_usable(channels);
 }
 
 static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
@@ -363,7 +364,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
     float *cols = ctx->workspace;
     // PyTorch's (OC, C, K, K); below, (OC, K*K*C) from a pass's first call to its last.
     float *w = l->params[0].data;
-    if (conv_gemm_views(c, k)) {  // one product for the call: no workspace, no permutes
+    if (conv_gemm_views(c, k, l->in.c)) {  // one product for the call: no workspace, no permutes
         k->conv_gemm_forward(out, in, w, conv_geometry(c, N));
         k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
         return;
@@ -409,8 +410,9 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     // by chunk, with the weight in im2col's order, as the weight gradient is from a pass's
     // first call to its last.
     float *w = l->params[0].data, *dw = l->grads[0];
-    const bool permutes = conv_permutes(c), views = conv_gemm_views(c, k);
-    const bool din_views = din && views && c->stride == 1, w_permutes = permutes && din && !din_views;
+    const bool permutes = conv_permutes(c), views = conv_gemm_views(c, k, l->in.c);
+    const bool din_views = din && c->stride == 1 && conv_gemm_views(c, k, c->filters);
+    const bool w_permutes = permutes && din && !din_views;
     if (permutes && !ctx->after_first) {
         if (w_permutes) conv_permute(c, k, w, cols, true);
         if (dw) conv_permute(c, k, dw, cols, true);

@@ -201,7 +201,12 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
 // im2col 6.9 and the permutes 4.5 ms of a 67.6-ms step). The weight gradient stays in the
 // columns' order: added where PyTorch's layout keeps it (scattered 16 floats at a time, at
 // every k-block of every chunk), the step took 2.3x as long.
-static bool cpu_conv_gemm_usable(void) { return OWN_GEMMS && cpu_arith == GEMM_BF16 && gemm_bf16_available(); }
+// Channels a multiple of 32: the packing reads a tap's 32 at a time where they lie; fewer
+// go through a row copied run by run, slower than im2col (resnet18's stem, C = 3: the
+// step 0.96 -> 1.08-1.14 s).
+static bool cpu_conv_gemm_usable(int channels) {
+    return OWN_GEMMS && cpu_arith == GEMM_BF16 && channels % 32 == 0 && gemm_bf16_available();
+}
 
 static GemmView cols_view(const float *in, ConvGeometry g) {
     return (GemmView){.kind = VIEW_COLS, .in = in, .H = g.H, .W = g.W, .C = g.C, .K = g.K, .stride = g.stride,

@@ -289,7 +289,7 @@ static void test_bf16_views(void **state) {
     if (!gemm_bf16_available()) {
         printf("this CPU has no AVX512-BF16: the GEMMs never read columns here\n");
         k->gemm_arith(GEMM_BF16);
-        assert_false(k->conv_gemm_usable());
+        assert_false(k->conv_gemm_usable(32));
         k->gemm_arith(GEMM_FP32);
         return;
     }
@@ -345,7 +345,7 @@ static void test_bf16_views(void **state) {
         gemm_bf16_allow_amx(true);
         // The table, on its threads' slabs (and split K where C is small).
         k->gemm_arith(GEMM_BF16);
-        assert_true(k->conv_gemm_usable());
+        assert_int_equal(k->conv_gemm_usable(g.C), g.C % 32 == 0);
         k->conv_gemm_forward(c1, in, w, g);
         assert_int_equal(gemm_bf16(false, true, rows, g.OC, ckk, 1.0f, cols, ckk, wp, ckk, 0.0f, c2, g.OC), 0);
         expect_same_bits(c1, c2, rows, g.OC, g.OC, "conv_gemm_forward");
@@ -360,7 +360,7 @@ static void test_bf16_views(void **state) {
         expect_same_bits(c1, c2, g.OC, ckk, ckk, "conv_gemm_weight_grad");
         if (g.stride == 1) check_data_grad(k, g, dy, w, c1);
         k->gemm_arith(GEMM_FP32);
-        assert_false(k->conv_gemm_usable());
+        assert_false(k->conv_gemm_usable(32));
         free(in), free(cols), free(w), free(wp), free(dy), free(c1), free(c2);
     }
 }
