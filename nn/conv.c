@@ -381,8 +381,8 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
                       l->out.h, l->out.w);
             col = cols;
         }
-        k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk, false, true,
-                1.0f, 0.0f);
+        k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk,
+                false, true, 1.0f, 0.0f);
     }
     if (permutes && !ctx->before_last) conv_permute(c, k, w, cols, false);
     k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);

@@ -253,10 +253,10 @@ typedef struct Kernels {
     // dw' (OC, K*K*C) in the columns' order += dy^T @ cols, dy (N*OH*OW, OC).
     void (*conv_gemm_weight_grad)(float *dw, const float *dy, const float *in, ConvGeometry g);
     // din (N, H, W, C) = the input gradient of dy (N*OH*OW, OC), for g.stride = 1 alone
-    // (where conv_gemm_usable(OC): its columns are dy's):
-    // the convolution of dy padded by K - 1 - pad with w (PyTorch's layout) turned half a
-    // turn, filters and channels swapped, as one product of its columns (never split over
-    // K). Not the bits of gemm and col2im: its sums run over (tap, oc) in the GEMM's blocks.
+    // and where conv_gemm_usable(OC) (its columns are dy's): the convolution of dy padded
+    // by K - 1 - pad with w (PyTorch's layout) turned half a turn, filters and channels
+    // swapped, as one product of its columns (never split over K). Not the bits of gemm
+    // and col2im: its sums run over (tap, oc) in the GEMM's blocks.
     void (*conv_gemm_data_grad)(float *din, const float *dy, const float *w, ConvGeometry g);
 
     // ---- Winograd F(2x2, 3x3), for 3x3 stride-1 convolutions (nn/conv.c says when) -----
