@@ -92,7 +92,7 @@ static int block_members(Block *b, const LayerArgs *a, int first, int last, Shap
         if (!ops)
             return err_set(err, "%s:%d: unknown section [%s] in the [%s] of line %d", cfg->path, m->line,
                            m->name, BLOCK_TYPE, s->line);
-        const LayerArgs ma = {.cfg = cfg, .s = m, .in = shape, .classes = a->classes};
+        const LayerArgs ma = {.cfg = cfg, .s = m, .in = shape, .classes = a->classes, .k = a->k};
         if (ops->create(&l->children[l->nchildren], &ma, err)) return -1;
         shape = l->children[l->nchildren++]->out;
         i += layer_section_extent(cfg, m, err) - 1;

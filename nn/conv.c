@@ -53,6 +53,16 @@ static const CfgKey conv_keys[] = {
 // 1x1, stride 1, unpadded: the input already is its own im2col.
 static bool conv_is_pointwise(const Conv *c) { return c->size == 1 && c->stride == 1 && c->pad == 0; }
 
+// Whether the backend's GEMMs read the im2col columns and the weight where they lie
+// (kernels.h: conv_gemm_usable), for the input's channels (the forward's and the weight
+// gradient's columns) and the filters (the input gradient's columns are dout's; and the
+// products over filters, were there fewer than 32, would run in fp32 through gemm), not a
+// pointwise layer's (its input is its columns).
+static bool conv_gemm_views(const Conv *c, const Kernels *k) {
+    return !conv_is_pointwise(c) && k->conv_gemm_usable && k->conv_gemm_usable(c->base.in.c) &&
+           k->conv_gemm_usable(c->filters);
+}
+
 // Few inputs per output (an image's first layer: conv1 of the seed network has 9): the
 // direct kernels, because a GEMM over K = 9 runs far below its speed and im2col would
 // write 9 floats for every output pixel, twice a step. Not a 1x1 convolution (a ResNet's
@@ -70,11 +80,18 @@ static bool conv_is_direct(const Conv *c) {
 // fewer channels leave the products too thin to pay for the transforms; on ResNet-18's
 // 7x7 layers (16 tiles an image, 30% of them padding) each chunk's products of 32 rows
 // re-read 16 MB of transformed weights, 1.3-2x slower than im2col.
+// Not where k's GEMMs read this layer's columns where they lie (conv_gemm_views: the CPU's
+// bf16 GEMM, channels in and out multiples of 32), whose arithmetic runs at twice fp32's
+// and more and whose packing replaces im2col, where Winograd's transforms are fp32 passes
+// over memory. Under matmul = bf16, measured in alternation: models/resnet-small.cfg (its
+// 32-channel layers by GEMM, 14 x 14) a step 77.6 -> 72.0-72.8 ms; resnet18 at 224, batch
+// 32, 770-782 -> 682-708 ms; models/fashion-resnet.cfg (layer1.0.conv2) 62.4-64.4 ->
+// 59.7-62.5 ms.
 #define WINOGRAD_MIN_CHANNELS 16
 #define WINOGRAD_MIN_PIXELS 100
-static ConvAlgorithm conv_auto_algorithm(const Conv *c) {
+static ConvAlgorithm conv_auto_algorithm(const Conv *c, const Kernels *k) {
     const Layer *l = &c->base;
-    return c->size == 3 && c->stride == 1 && !conv_is_direct(c) &&
+    return c->size == 3 && c->stride == 1 && !conv_is_direct(c) && !(k && conv_gemm_views(c, k)) &&
                    l->in.c >= WINOGRAD_MIN_CHANNELS && c->filters >= WINOGRAD_MIN_CHANNELS &&
                    l->out.h * l->out.w >= WINOGRAD_MIN_PIXELS
                ? CONV_WINOGRAD
@@ -141,7 +158,7 @@ static int conv_create(Layer **out, const LayerArgs *a, Error *err) {
         goto fail;
     }
     c->base.out = w.out;
-    if (c->algorithm == CONV_AUTO) c->algorithm = conv_auto_algorithm(c);
+    if (c->algorithm == CONV_AUTO) c->algorithm = conv_auto_algorithm(c, a->k);
     layer_param(&c->base, 0, "weight", 4, (int64_t[]){c->filters, in.c, c->size, c->size}, INIT_WEIGHT);
     if (c->bias) layer_param(&c->base, 1, "bias", 1, (int64_t[]){c->filters}, INIT_BIAS);
     c->base.fan_in = (int64_t)in.c * c->size * c->size;
@@ -341,13 +358,6 @@ static void conv_permute(const Conv *c, const Kernels *k, float *x, float *scrat
     }
 }
 
-// Whether the backend's GEMMs read the im2col columns of an input of `channels` channels
-// (this layer's input, or dout for its input gradient) and the weight where they lie
-// (kernels.h: conv_gemm_usable); not a pointwise layer's (its input is its columns).
-static bool conv_gemm_views(const Conv *c, const Kernels *k, int channels) {
-    return !conv_is_pointwise(c) && k->conv_gemm_usable && k->conv_gemm_usable(channels);
-}
-
 static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float *in, int N) {
     const Conv *c = (const Conv *)l;
     const Kernels *k = ctx->k;
@@ -364,7 +374,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
     float *cols = ctx->workspace;
     // PyTorch's (OC, C, K, K); below, (OC, K*K*C) from a pass's first call to its last.
     float *w = l->params[0].data;
-    if (conv_gemm_views(c, k, l->in.c)) {  // one product for the call: no workspace, no permutes
+    if (conv_gemm_views(c, k)) {  // one product for the call: no workspace, no permutes
         k->conv_gemm_forward(out, in, w, conv_geometry(c, N));
         k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
         return;
@@ -410,8 +420,8 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     // by chunk, with the weight in im2col's order, as the weight gradient is from a pass's
     // first call to its last.
     float *w = l->params[0].data, *dw = l->grads[0];
-    const bool permutes = conv_permutes(c), views = conv_gemm_views(c, k, l->in.c);
-    const bool din_views = din && c->stride == 1 && conv_gemm_views(c, k, c->filters);
+    const bool permutes = conv_permutes(c), views = conv_gemm_views(c, k);
+    const bool din_views = din && c->stride == 1 && views;
     const bool w_permutes = permutes && din && !din_views;
     if (permutes && !ctx->after_first) {
         if (w_permutes) conv_permute(c, k, w, cols, true);

@@ -109,9 +109,10 @@ static GemmView view_from(GemmView v, int64_t row, int64_t col) {
 // thread against OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell), GFLOP/s: ours
 // 1.1-2x faster on every shape of the seed network and of a ResNet, even on a 64 x 9216
 // product over K = 10. Columns and weights go to the bf16 GEMM alone, which has nothing to
-// fall back on when it cannot get its packing buffer.
+// fall back on when it cannot get its packing buffer. bf16: whether stored operands go to
+// the bf16 GEMM (bf16_product).
 static void sgemm(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
-                  const GemmView *C) {
+                  const GemmView *C, bool bf16) {
     if (A->kind != VIEW_STORED || B->kind != VIEW_STORED) {
         if (gemm_bf16_views(M, N, K, alpha, A, B, beta, C) == 0) return;
         fprintf(stderr, "error: out of memory for the GEMM's packing buffer (%zu bytes a thread)\n",
@@ -120,7 +121,7 @@ static void sgemm(int M, int N, int K, float alpha, const GemmView *A, const Gem
     }
     const bool ta = A->trans, tb = B->trans;
     const int lda = (int)A->ld, ldb = (int)B->ld, ldc = (int)C->ld;
-    if (OWN_GEMMS && cpu_arith == GEMM_BF16 &&
+    if (OWN_GEMMS && bf16 &&
         gemm_bf16(ta, tb, M, N, K, alpha, A->x, lda, B->x, ldb, beta, C->x, ldc) == 0)
         return;
     if (OWN_GEMMS && gemm_avx512_available() &&
@@ -128,6 +129,18 @@ static void sgemm(int M, int N, int K, float alpha, const GemmView *A, const Gem
         return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
                 K, alpha, A->x, lda, B->x, ldb, beta, C->x, ldc);
+}
+
+// Whether a product of stored operands, (M, N) over K, runs on the bf16 GEMM: under GEMM_BF16,
+// where neither N nor K is under BF16_MIN_SIDE. AMX pads k to 32 and VDPBF16PS's narrow tile
+// is 16 columns, so the bf16 GEMM ran thinner products slower than the fp32 kernels
+// (models/resnet-small.cfg's 16-channel Winograd layers, products 25,088 x 16 over 16:
+// layer1.0 forward 9.2 -> 7.0 ms, backward 16.1 -> 13.2, the step 87.6 -> 77.4). Decided on
+// the whole product, not on the threads' slabs (one arithmetic for all its elements), and
+// not on M, a forward's rows: an output's bits do not depend on the images of its call.
+#define BF16_MIN_SIDE 32
+static bool bf16_product(int N, int K) {
+    return cpu_arith == GEMM_BF16 && N >= BF16_MIN_SIDE && K >= BF16_MIN_SIDE;
 }
 
 // The GEMMs run single-threaded inside our OpenMP threads: OpenBLAS's own pthreads would
@@ -143,6 +156,7 @@ static void sgemm(int M, int N, int K, float alpha, const GemmView *A, const Gem
 static void gemm_views(GemmView C, GemmView A, GemmView B, int M, int N, int K, float alpha, float beta,
                        bool split_k) {
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();  // 1 inside a shard
+    const bool bf16 = bf16_product(N, K);
     // A small C over a long K (a convolution's weight gradient: 32 x 9 over 43,264 rows for
     // the seed's first layer, 32 x 288 over 1,764 for deep.cfg's): slabs of C would each
     // pack the long operand again (and cut 288 columns into slabs of 144, 4.5 tiles); instead
@@ -164,7 +178,7 @@ static void gemm_views(GemmView C, GemmView A, GemmView B, int M, int N, int K, 
             }
             const GemmView a = A.trans ? view_from(A, k0, 0) : view_from(A, 0, k0);
             const GemmView b = B.trans ? view_from(B, 0, k0) : view_from(B, k0, 0), c = stored(part[t], N, false);
-            sgemm(M, N, kn, 1.0f, &a, &b, 0.0f, &c);
+            sgemm(M, N, kn, 1.0f, &a, &b, 0.0f, &c, bf16);
         }
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
@@ -188,10 +202,10 @@ static void gemm_views(GemmView C, GemmView A, GemmView B, int M, int N, int K, 
         const int i0 = t * slab, n = len - i0 < slab ? len - i0 : slab;
         if (by_rows) {
             const GemmView a = A.trans ? view_from(A, 0, i0) : view_from(A, i0, 0), c = view_from(C, i0, 0);
-            sgemm(n, N, K, alpha, &a, &B, beta, &c);
+            sgemm(n, N, K, alpha, &a, &B, beta, &c, bf16);
         } else {
             const GemmView b = B.trans ? view_from(B, i0, 0) : view_from(B, 0, i0), c = view_from(C, 0, i0);
-            sgemm(M, n, K, alpha, &A, &b, beta, &c);
+            sgemm(M, n, K, alpha, &A, &b, beta, &c, bf16);
         }
     }
 }
@@ -599,7 +613,7 @@ static void cpu_gemm_batched(float *C, const float *A, const float *B, int count
     for (int i = 0; i < count; i++) {
         const GemmView a = stored(A + i * stride_a, lda, transA), b = stored(B + i * stride_b, ldb, transB);
         const GemmView c = stored(C + i * stride_c, N, false);
-        sgemm(M, N, K, alpha, &a, &b, beta, &c);
+        sgemm(M, N, K, alpha, &a, &b, beta, &c, bf16_product(N, K));
     }
 }
 

@@ -222,7 +222,9 @@ typedef struct Kernels {
     // accumulate in fp32. GEMM_TF32: 10 mantissa bits (fp16's precision with fp32's range),
     // TF32 tensor cores on CUDA, several times fp32's speed; the CPU computes in fp32 all the
     // same. GEMM_BF16: 7 mantissa bits, bf16 tensor cores on CUDA, and on CPUs with
-    // AVX512-BF16 nn/gemm_bf16.c at twice the fp32 rate (fp32 on other CPUs). The network
+    // AVX512-BF16 nn/gemm_bf16.c at twice the fp32 rate (fp32 on other CPUs, and for
+    // products of fewer than 32 columns or over fewer than 32 values of k, which it runs
+    // slower than fp32: nn/cpu_kernels.c bf16_product). The network
     // sets it before each forward and backward (Net.gemm_arith, the cfg's `matmul`): by
     // default TF32 with precision = fp16, whose stored activations and gradients lose
     // nothing by it (what PyTorch's autocast does with fp16 operands), BF16 with bf16, FP32
@@ -243,7 +245,9 @@ typedef struct Kernels {
     // columns of an input of `channels` channels under the current gemm_arith (the CPU:
     // GEMM_BF16 on a CPU with AVX512-BF16, whose packing reads the input and the weight
     // where they lie, channels a multiple of 32: a tap's runs read 32 at a time). The same
-    // bits as im2col into a workspace and gemm with the weight permuted to (OC, K, K, C).
+    // bits as im2col into a workspace and gemm with the weight permuted to (OC, K, K, C),
+    // where gemm runs the product in bf16 (not over fewer than 32 values of k: a weight
+    // gradient over fewer than 32 pixels, which gemm sums in fp32).
     bool (*conv_gemm_usable)(int channels);
     // out (N*OH*OW, OC) = cols @ w'^T; w (OC, C, K, K) in PyTorch's layout, w' the same
     // in the columns' order (OC, K*K*C). Each output pixel's sums are the same bits

@@ -285,7 +285,7 @@ int layer_create_child(Layer **out, const LayerOps *ops, const char *text, Shape
         cfg.sections[i].line = parent->s->line;
         for (int j = 0; j < cfg.sections[i].nentries; j++) cfg.sections[i].entries[j].line = parent->s->line;
     }
-    const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = in, .classes = parent->classes};
+    const LayerArgs a = {.cfg = &cfg, .s = &cfg.sections[0], .in = in, .classes = parent->classes, .k = parent->k};
     const int rc = ops->create(out, &a, err);
     cfg_free(&cfg);  // layers keep what they need
     return rc;

@@ -101,12 +101,16 @@ int node_leaf(NodeList *nl, Layer *l, int in, bool jit, Error *err);
 // Appends the sum act(out(a) + out(b)) (equal shapes); its index, or -1 with err.
 int node_sum(NodeList *nl, int a, int b, Activation act, Error *err);
 
-// What a layer is made from: its cfg section and the shape of its input.
+// What a layer is made from: its cfg section and the shape of its input, and the backend it
+// will run on.
 typedef struct LayerArgs {
     const Cfg *cfg;
     const CfgSection *s;
     Shape in;
     int classes;  // the data's class count (a [linear] with `outputs = classes` takes it)
+    // With the network's GEMM arithmetic set (net_create), for choices that depend on what
+    // its kernels do fastest (conv's auto algorithm); NULL: the choices of no backend.
+    const Kernels *k;
 } LayerArgs;
 
 // How a parameter starts (net_init_params): PyTorch's defaults for its module.

@@ -73,7 +73,7 @@ static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, 
             goto done;
         }
         Layer *l = NULL;
-        const LayerArgs args = {.cfg = cfg, .s = s, .in = shape, .classes = classes};
+        const LayerArgs args = {.cfg = cfg, .s = s, .in = shape, .classes = classes, .k = net->k};
         if (ops->create(&l, &args, err)) goto done;
         if (l->ops->expand && net->nlayers == 0) {
             layer_free(l);
@@ -1732,6 +1732,7 @@ int net_create(Net *net, const Cfg *cfg, Shape input, int classes, const NetOpti
     net->recompute_1x1 = opt->recompute_1x1;
     net->apart = opt->apart;
     net->workspace_apart = opt->workspace_apart;
+    k->gemm_arith(net->gemm_arith);  // the layers' choices ask the kernels under it (LayerArgs.k)
     if (net_build_layers(net, cfg, input, classes, err) || net_build_nodes(net, err) ||
         net_compress_nodes(net, cfg, opt, err) ||
         (opt->sweep && net_fuse_sweeps(net, opt->sweep_bytes ? opt->sweep_bytes : (size_t)8 << 20, err)) ||

@@ -1439,19 +1439,20 @@ static void check_conv_bf16(const ConvSpec *s, uint64_t seed, const char *what) 
 
 static void test_bf16_gemm_layers(void **state) {
     // im2col + GEMM (3x3, padded; strided), a 1x1 convolution read in place, a strided 1x1
-    // (a ResNet's downsample), Winograd, the linear layer.
-    check_conv_bf16(&(ConvSpec){.N = 2, .C = 8, .H = 7, .W = 6, .OC = 12, .K = 3, .stride = 1, .pad = 1,
+    // (a ResNet's downsample), Winograd, the linear layer. Products of at least 32 columns
+    // over at least 32 k (thinner ones the CPU runs in fp32: nn/cpu_kernels.c bf16_product).
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 8, .H = 7, .W = 6, .OC = 32, .K = 3, .stride = 1, .pad = 1,
                                 .algorithm = "gemm"}, 300, "conv 3x3");
-    check_conv_bf16(&(ConvSpec){.N = 3, .C = 6, .H = 9, .W = 8, .OC = 5, .K = 3, .stride = 2, .pad = 1,
+    check_conv_bf16(&(ConvSpec){.N = 3, .C = 6, .H = 9, .W = 8, .OC = 36, .K = 3, .stride = 2, .pad = 1,
                                 .nobias = true}, 301, "conv 3x3 stride 2");
-    check_conv_bf16(&(ConvSpec){.N = 2, .C = 24, .H = 5, .W = 5, .OC = 20, .K = 1, .stride = 1, .pad = 0},
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 40, .H = 5, .W = 5, .OC = 33, .K = 1, .stride = 1, .pad = 0},
                     302, "conv 1x1");
-    check_conv_bf16(&(ConvSpec){.N = 2, .C = 16, .H = 8, .W = 8, .OC = 32, .K = 1, .stride = 2, .pad = 0,
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 48, .H = 8, .W = 8, .OC = 32, .K = 1, .stride = 2, .pad = 0,
                                 .nobias = true}, 303, "conv 1x1 stride 2");
-    check_conv_bf16(&(ConvSpec){.N = 2, .C = 16, .H = 10, .W = 10, .OC = 16, .K = 3, .stride = 1, .pad = 1,
+    check_conv_bf16(&(ConvSpec){.N = 4, .C = 32, .H = 12, .W = 12, .OC = 40, .K = 3, .stride = 1, .pad = 1,
                                 .algorithm = "winograd"}, 304, "conv winograd");
     Case c;
-    case_init(&c, &linear_ops, "[linear]\nname = fc\noutputs = 10\n", (Shape){.c = 64, .h = 1, .w = 1}, 5);
+    case_init(&c, &linear_ops, "[linear]\nname = fc\noutputs = 32\n", (Shape){.c = 64, .h = 1, .w = 1}, 40);
     c.ref = linear_ref;
     case_fill(&c, 305);
     check_bf16(&c, linear_ref_backward, 0x1p-7, "linear");
