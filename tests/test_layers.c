@@ -1438,13 +1438,19 @@ static void check_conv_bf16(const ConvSpec *s, uint64_t seed, const char *what) 
 }
 
 static void test_bf16_gemm_layers(void **state) {
-    // im2col + GEMM (3x3, padded; strided), a 1x1 convolution read in place, a strided 1x1
-    // (a ResNet's downsample), Winograd, the linear layer. Products of at least 32 columns
-    // over at least 32 k (thinner ones the CPU runs in fp32: nn/cpu_kernels.c bf16_product).
+    // im2col + GEMM (3x3, padded; strided), the bf16 GEMM's views (channels in and out
+    // multiples of 32: stride 1, with the input gradient as a convolution, and stride 2),
+    // a 1x1 convolution read in place, a strided 1x1 (a ResNet's downsample), Winograd, the
+    // linear layer. Products of at least 32 columns over at least 32 k (thinner ones the
+    // CPU runs in fp32: nn/cpu_kernels.c bf16_product).
     check_conv_bf16(&(ConvSpec){.N = 2, .C = 8, .H = 7, .W = 6, .OC = 32, .K = 3, .stride = 1, .pad = 1,
                                 .algorithm = "gemm"}, 300, "conv 3x3");
     check_conv_bf16(&(ConvSpec){.N = 3, .C = 6, .H = 9, .W = 8, .OC = 36, .K = 3, .stride = 2, .pad = 1,
                                 .nobias = true}, 301, "conv 3x3 stride 2");
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 32, .H = 6, .W = 7, .OC = 32, .K = 3, .stride = 1, .pad = 1,
+                                .algorithm = "gemm"}, 306, "conv 3x3 views");
+    check_conv_bf16(&(ConvSpec){.N = 2, .C = 32, .H = 7, .W = 8, .OC = 64, .K = 3, .stride = 2, .pad = 1,
+                                .nobias = true}, 307, "conv 3x3 stride 2 views");
     check_conv_bf16(&(ConvSpec){.N = 2, .C = 40, .H = 5, .W = 5, .OC = 33, .K = 1, .stride = 1, .pad = 0},
                     302, "conv 1x1");
     check_conv_bf16(&(ConvSpec){.N = 2, .C = 48, .H = 8, .W = 8, .OC = 32, .K = 1, .stride = 2, .pad = 0,
