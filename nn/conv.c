@@ -421,8 +421,7 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     // first call to its last.
     float *w = l->params[0].data, *dw = l->grads[0];
     const bool permutes = conv_permutes(c), views = conv_gemm_views(c, k);
-    const bool din_views = din && c->stride == 1 && views;
-    const bool w_permutes = permutes && din && !din_views;
+    const bool din_views = din && views && c->stride == 1, w_permutes = permutes && din && !din_views;
     if (permutes && !ctx->after_first) {
         if (w_permutes) conv_permute(c, k, w, cols, true);
         if (dw) conv_permute(c, k, dw, cols, true);

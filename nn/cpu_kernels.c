@@ -609,11 +609,12 @@ static void cpu_gemm_batched(float *C, const float *A, const float *B, int count
                              int K, bool transA, bool transB, float alpha, float beta,
                              int64_t stride_c, int64_t stride_a, int64_t stride_b) {
     const int lda = transA ? M : K, ldb = transB ? K : N;
+    const bool bf16 = bf16_product(N, K);
 #pragma omp parallel for schedule(dynamic, 1) if (count > 1 && (int64_t)M * N * K * count > PAR_MIN)
     for (int i = 0; i < count; i++) {
         const GemmView a = stored(A + i * stride_a, lda, transA), b = stored(B + i * stride_b, ldb, transB);
         const GemmView c = stored(C + i * stride_c, N, false);
-        sgemm(M, N, K, alpha, &a, &b, beta, &c, bf16_product(N, K));
+        sgemm(M, N, K, alpha, &a, &b, beta, &c, bf16);
     }
 }
 
