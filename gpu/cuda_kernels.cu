@@ -402,8 +402,9 @@ __host__ __device__ static inline void conv_direct_partial_at(int64_t j, float *
                                                               Activation act) {
     const int taps = g.C * g.K * g.K;
     const int64_t part_floats = (int64_t)(taps + 1) * g.OC, e = j % part_floats;
-    const int b = (int)(j / part_floats), t = (int)(e / g.OC), oc = (int)(e % g.OC);
-    const int64_t rows = (int64_t)g.N * g.OH * g.OW, per = (rows + CONV_DIRECT_PARTS - 1) / CONV_DIRECT_PARTS;
+    const int64_t b = j / part_floats;
+    const int t = (int)(e / g.OC), oc = (int)(e % g.OC);
+    const int64_t rows = (int64_t)g.N * g.OH * g.OW, parts = conv_direct_parts(g), per = (rows + parts - 1) / parts;
     const int64_t r0 = b * per < rows ? b * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
     float a = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
@@ -419,7 +420,7 @@ __host__ __device__ static inline void conv_direct_reduce_at(int64_t e, float *d
     const int taps = g.C * g.K * g.K, t = (int)(e / g.OC), oc = (int)(e % g.OC);
     const int64_t part_floats = (int64_t)(taps + 1) * g.OC;
     float sum = 0.0f;
-    for (int b = 0; b < CONV_DIRECT_PARTS; b++) sum = add_rn(sum, partial[b * part_floats + e]);
+    for (int64_t b = 0, parts = conv_direct_parts(g); b < parts; b++) sum = add_rn(sum, partial[b * part_floats + e]);
     if (t < taps) dw[oc * taps + t] = add_rn(dw[oc * taps + t], sum);
     else if (dbias) dbias[oc] = add_rn(dbias[oc], sum);
 }
@@ -1193,12 +1194,13 @@ static void cuda_conv_direct_forward(float *out, const float *in, const float *w
     LAUNCH_CHECK();
 }
 
-// The block sums (one thread each: 64 blocks x 10 x 32 for the seed network's conv1), then
-// one thread per parameter adds them in block order: no atomics, the CPU's bits.
+// The block sums (one thread each: 196 blocks of 256 pixels x 10 x 32 for the seed network's
+// conv1 at batch 64), then one thread per parameter adds them in block order: no atomics, the
+// CPU's bits.
 static void cuda_conv_direct_backward(float *din, float *dw, float *dbias, float *partial,
                                       const float *dout, const float *in, const float *out,
                                       const float *w, ConvGeometry cg, Activation act) {
-    const int64_t parts = conv_direct_partial_floats(cg), params = parts / CONV_DIRECT_PARTS;
+    const int64_t parts = conv_direct_partial_floats(cg), params = parts / conv_direct_parts(cg);
     if (parts <= 0) return;
     if (dw) {  // NULL: a frozen layer
         conv_direct_partial_kernel<<<blocks_for(parts), THREADS, 0, g.stream>>>(partial, dout, in,

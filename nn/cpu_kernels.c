@@ -796,7 +796,7 @@ static inline __attribute__((always_inline)) void direct_backward_pixels(
         }
 }
 
-// The parameter gradients over CONV_DIRECT_PARTS fixed blocks of output pixels, four pixels
+// The parameter gradients over conv_direct_parts blocks of output pixels, four pixels
 // at a time within a block; the input gradient (rare: the direct kernels serve first
 // layers) one input element at a time.
 static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float *partial,
@@ -804,12 +804,12 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
                                      const float *w, ConvGeometry g, Activation act) {
     const int taps = g.C * g.K * g.K, OC = g.OC;
     assert(taps <= CONV_DIRECT_MAX_TAPS && OC <= CONV_DIRECT_MAX_FILTERS);
-    const int64_t rows = (int64_t)g.N * g.OH * g.OW, per = (rows + CONV_DIRECT_PARTS - 1) / CONV_DIRECT_PARTS;
+    const int64_t rows = (int64_t)g.N * g.OH * g.OW, parts = conv_direct_parts(g), per = (rows + parts - 1) / parts;
     const int64_t part_floats = (int64_t)(taps + 1) * OC;  // (taps, OC) weight, then (OC) bias
     PatchOffsets po;
     patch_offsets(&po, g);
 #pragma omp parallel for schedule(static) if (dw && rows * taps * OC > PAR_MIN)
-    for (int b = 0; b < (dw ? CONV_DIRECT_PARTS : 0); b++) {
+    for (int64_t b = 0; b < (dw ? parts : 0); b++) {
         float *acc = partial + b * part_floats, *bacc = acc + (int64_t)taps * OC;
         memset(acc, 0, (size_t)part_floats * sizeof(float));
         const int64_t r0 = b * per < rows ? b * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
@@ -834,7 +834,7 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
     }
     // The blocks' sums added in block order, then into (OC, taps) and (OC).
     float sum[(CONV_DIRECT_MAX_TAPS + 1) * CONV_DIRECT_MAX_FILTERS] = {0};
-    for (int b = 0; b < CONV_DIRECT_PARTS && dw; b++)
+    for (int64_t b = 0; b < parts && dw; b++)
         for (int64_t i = 0; i < part_floats; i++) sum[i] += partial[b * part_floats + i];
     for (int oc = 0; oc < OC && dw; oc++) {
         for (int t = 0; t < taps; t++) dw[oc * taps + t] += sum[t * OC + oc];

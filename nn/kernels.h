@@ -49,10 +49,22 @@ typedef struct ConvGeometry {
 
 #define CONV_DIRECT_MAX_TAPS 32      // C * K * K
 #define CONV_DIRECT_MAX_FILTERS 256  // OC
-#define CONV_DIRECT_PARTS 64         // fixed blocks of pixels of the parameter gradients
+#define CONV_DIRECT_PART_ROWS 256    // output pixels in a block of the parameter gradients
+#define CONV_DIRECT_PARTIAL_MAX (1 << 20)  // floats of the blocks' sums, at most (4 MB)
 
-static inline int64_t conv_direct_partial_floats(ConvGeometry g) {
-    return (int64_t)CONV_DIRECT_PARTS * (g.C * g.K * g.K + 1) * g.OC;
+// The blocks of output pixels whose parameter gradients the direct convolution sums on
+// their own and then adds in order: one per CONV_DIRECT_PART_ROWS pixels (a GPU thread's
+// sum stays short at any batch), fewer where their sums would pass CONV_DIRECT_PARTIAL_MAX.
+// A function of the geometry alone: the bits do not depend on the device or the threads.
+HOST_DEVICE static inline int64_t conv_direct_parts(ConvGeometry g) {
+    const int64_t rows = (int64_t)g.N * g.OH * g.OW, part_floats = (int64_t)(g.C * g.K * g.K + 1) * g.OC;
+    const int64_t want = (rows + CONV_DIRECT_PART_ROWS - 1) / CONV_DIRECT_PART_ROWS,
+                  most = CONV_DIRECT_PARTIAL_MAX / part_floats;
+    return want < 1 ? 1 : want < most ? want : most;
+}
+
+HOST_DEVICE static inline int64_t conv_direct_partial_floats(ConvGeometry g) {
+    return conv_direct_parts(g) * (g.C * g.K * g.K + 1) * g.OC;
 }
 
 // Winograd tiles of ConvGeometry g: 2 x 2 output pixels each.
@@ -304,7 +316,7 @@ typedef struct Kernels {
                                 ConvGeometry g, Activation act);
     // With dy = dout * act'(out) (not stored): dw (OC, C, K, K) += the sum over output
     // pixels of dy x patch, dbias (OC) += the sum of dy, each summed over the pixels of
-    // CONV_DIRECT_PARTS fixed blocks into partial (device scratch of conv_direct_partial_floats
+    // conv_direct_parts(g) blocks into partial (device scratch of conv_direct_partial_floats
     // floats) and the blocks added in order; dbias may be NULL (a layer without bias), dw
     // and dbias both NULL (a frozen layer); din (may be NULL) = the sum, over (kh, kw) then
     // oc, of dy * w.

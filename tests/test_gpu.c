@@ -542,7 +542,7 @@ static void test_winograd(void **state) {
 // The direct convolution: forward, and backward with and without the input gradient,
 // bit-exact (the GPU sums in the CPU's order). Channel counts cover the CPU's vector
 // blocks of 32 and 8 and its scalar remainder; pixel counts are not multiples of the
-// CPU's groups of 4 or of CONV_DIRECT_PARTS.
+// CPU's groups of 4 or of CONV_DIRECT_PART_ROWS.
 static void test_conv_direct(void **state) {
     NEED_GPU();
     rng_seed(13);

@@ -155,7 +155,7 @@ static void replay_conv_direct_backward(float *din, float *dw, float *dbias, flo
                                         const float *w, ConvGeometry g, Activation act) {
     const int64_t parts = conv_direct_partial_floats(g);
     for (int64_t j = 0; j < parts && dw; j++) conv_direct_partial_at(j, partial, dout, in, out, g, act);
-    for (int64_t e = 0; e < parts / CONV_DIRECT_PARTS && dw; e++) conv_direct_reduce_at(e, dw, dbias, partial, g);
+    for (int64_t e = 0; e < parts / conv_direct_parts(g) && dw; e++) conv_direct_reduce_at(e, dw, dbias, partial, g);
     if (din)
         for (int64_t i = 0; i < (int64_t)g.N * g.H * g.W * g.C; i++)
             conv_direct_din_at(i, din, dout, out, w, g, act);
