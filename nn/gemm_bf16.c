@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #define KC GEMM_BF16_KC  // k values a block (KC / 2 pairs)
+#define KC_MAX 512       // the larger of KC and KC_AMX
 #define MC 144           // rows of A a block, a multiple of every MR
 #define NC 1024  // columns of B a block: KC x NC x 2 bytes = 512 KB
 
@@ -187,8 +188,8 @@ static inline const float *cols_group(const GemmView *v, ColsPixel p, ColsTap t)
 // op(B)): for each, its patch's first input row and column and where that lies in the
 // input, for every panel of the block to read its tap's groups from.
 struct ColsPixels {
-    int ih0[KC], iw0[KC];
-    int64_t at[KC];
+    int ih0[KC_MAX], iw0[KC_MAX];
+    int64_t at[KC_MAX];
 };
 
 static void cols_k_block(const Operand *X, int k0, int kc) {
@@ -258,7 +259,7 @@ BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const Operand *X, int r
         const bool groups = cols && cols_in_groups(v, k0);
         ColsPixel px = groups ? cols_pixel(v, r0) : (ColsPixel){0};
         const ColsTap tap = groups ? cols_tap(v, k0) : (ColsTap){0};
-        float row[KC];
+        float row[KC_MAX];
         for (int r = 0; r < rpad; r++) {
             uint32_t *const dr = d + (int64_t)r * rs;
             if (r >= rows) pack_run(dr, ps, NULL, kc, kpad);
@@ -391,9 +392,18 @@ BF16 static void gemm_blocks(int M, int N, int K, float alpha, const Operand *A,
 // 16 pairs of k x 16 columns of B (the pair-major panels above) into a 16 x 16 fp32 tile
 // of C: 8,192 products an instruction. The micro-kernel holds a 32 x 32 block of C in 4
 // tiles (A in 2, B in 2: all 8), over the k-block in steps of 32; A's panels are row-major
-// in pairs ([r][p]) for the tile loads. MC_AMX rows of A a block, a multiple of 32.
+// in pairs ([r][p]) for the tile loads. Blocks of MC_AMX rows of A (a multiple of 32),
+// KC_AMX values of k and NC_AMX columns of B: a column panel's k-block is 32 KB, in L1
+// while A's panels go by. Every k-block loads and stores C's tiles, so the k-blocks are
+// twice the VDPBF16PS kernel's (fashion-resnet bf16, alternating rounds: its GEMMs 30.9-31.8
+// against 29.2-30.4 ms a step with blocks of 256 k and 128 rows; 1,024 k, 32 rows and 256
+// columns: 33.2-34.4).
 #define AMX __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
-#define MC_AMX 128
+#define MC_AMX 64
+#define KC_AMX 512
+#define NC_AMX 512
+_Static_assert(KC_AMX <= KC_MAX && KC <= KC_MAX, "ColsPixels and the packing's row hold a k-block");
+_Static_assert(MC_AMX * KC_AMX <= MC * KC, "A's AMX block fits where the VDPBF16PS kernel packs A");
 
 typedef struct TileConfig {
     uint8_t palette, start_row, reserved[14];
@@ -504,6 +514,7 @@ static int amx_kpad(int kc) { return (kc + 31) / 32 * 16; }
 // Words of the thread's buffer after A's block: B's panels of every k-block at once where a
 // block of columns fits (B_ALL_WORDS), else of one k-block.
 #define B_ALL_WORDS (GEMM_THREAD_BUFFER_BYTES / sizeof(uint32_t) - (size_t)MC * KC / 2)
+_Static_assert((size_t)NC_AMX * KC_AMX / 2 <= B_ALL_WORDS, "a block of columns' k-block fits the buffer");
 
 // A block of columns' B panels of one k-block, [c0 / 32][p][j], at pb.
 AMX static void amx_pack_b(uint32_t *pb, const Operand *B, int j0, int nc, int k0, int kc) {
@@ -542,19 +553,19 @@ AMX static void gemm_blocks_amx(int M, int N, int K, float alpha, const Operand 
     for (int t = 0; t < 8; t++) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
     _tile_loadconfig(&cfg);
     int64_t pairs = 0;  // of every k-block
-    for (int k0 = 0; k0 < K; k0 += KC) pairs += amx_kpad(imin(KC, K - k0));
-    for (int j0 = 0; j0 < N; j0 += NC) {
-        const int nc = imin(NC, N - j0);
+    for (int k0 = 0; k0 < K; k0 += KC_AMX) pairs += amx_kpad(imin(KC_AMX, K - k0));
+    for (int j0 = 0; j0 < N; j0 += NC_AMX) {
+        const int nc = imin(NC_AMX, N - j0);
         if ((size_t)(nc + 31) / 32 * 32 * pairs <= B_ALL_WORDS) {
             int64_t at = 0;  // k-block's panels at pb + at
-            for (int k0 = 0; k0 < K; k0 += KC) {
-                amx_pack_b(pb + at, B, j0, nc, k0, imin(KC, K - k0));
-                at += (int64_t)(nc + 31) / 32 * 32 * amx_kpad(imin(KC, K - k0));
+            for (int k0 = 0; k0 < K; k0 += KC_AMX) {
+                amx_pack_b(pb + at, B, j0, nc, k0, imin(KC_AMX, K - k0));
+                at += (int64_t)(nc + 31) / 32 * 32 * amx_kpad(imin(KC_AMX, K - k0));
             }
             for (int i0 = 0; i0 < M; i0 += MC_AMX) {
                 at = 0;
-                for (int k0 = 0; k0 < K; k0 += KC) {
-                    const int kc = imin(KC, K - k0);
+                for (int k0 = 0; k0 < K; k0 += KC_AMX) {
+                    const int kc = imin(KC_AMX, K - k0);
                     amx_rows(A, pb + at, pa, C, i0, imin(MC_AMX, M - i0), j0, nc, k0, kc, alpha,
                              k0 == 0 ? beta : 1.0f);
                     at += (int64_t)(nc + 31) / 32 * 32 * amx_kpad(kc);
@@ -562,8 +573,8 @@ AMX static void gemm_blocks_amx(int M, int N, int K, float alpha, const Operand 
             }
             continue;
         }
-        for (int k0 = 0; k0 < K; k0 += KC) {
-            const int kc = imin(KC, K - k0);
+        for (int k0 = 0; k0 < K; k0 += KC_AMX) {
+            const int kc = imin(KC_AMX, K - k0);
             amx_pack_b(pb, B, j0, nc, k0, kc);
             for (int i0 = 0; i0 < M; i0 += MC_AMX)
                 amx_rows(A, pb, pa, C, i0, imin(MC_AMX, M - i0), j0, nc, k0, kc, alpha, k0 == 0 ? beta : 1.0f);

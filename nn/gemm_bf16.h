@@ -38,7 +38,7 @@ void gemm_bf16_allow_amx(bool allow);
 // Sapphire Rapids, none of the fp32 orders matches it), the same bits for the same inputs;
 // and where alpha = 1 and beta is 0 or 1 (every product of the layers), the steps of every
 // k-block add to C itself (the tiles are loaded from C and stored back), not a k-block's
-// sum rounded on its own.
+// sum rounded on its own (with other alpha or beta: k-blocks of 512).
 // Returns -1 where this CPU has no AVX512-BF16 or the packing buffers cannot be allocated.
 int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
