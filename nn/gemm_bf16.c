@@ -411,73 +411,44 @@ typedef struct TileConfig {
     uint8_t rows[16];
 } TileConfig;
 
-// Tiles 0-3 from and to the four 16 x 16 quarters of buf (rows of 64 bytes).
-AMX static void tiles_load(float (*buf)[256]) {
-    _tile_loadd(0, buf[0], 64);
-    _tile_loadd(1, buf[1], 64);
-    _tile_loadd(2, buf[2], 64);
-    _tile_loadd(3, buf[3], 64);
+// Tiles 0-3 from and to the 32 x 32 block of floats at c, rows ld floats apart: its four
+// 16 x 16 quarters in row-major order.
+AMX static void tiles_load(const float *c, int64_t ld) {
+    _tile_loadd(0, c, ld * 4);
+    _tile_loadd(1, c + 16, ld * 4);
+    _tile_loadd(2, c + 16 * ld, ld * 4);
+    _tile_loadd(3, c + 16 * ld + 16, ld * 4);
 }
-AMX static void tiles_store(float (*buf)[256]) {
-    _tile_stored(0, buf[0], 64);
-    _tile_stored(1, buf[1], 64);
-    _tile_stored(2, buf[2], 64);
-    _tile_stored(3, buf[3], 64);
-}
-
-// The 32 x 32 block of C at (i, j) (mr x nr of it) in tiles 0-3, from C itself or, at C's
-// edges, through `edge` (C's part of the block, zeros beyond): each element sums the same
-// either way.
-AMX static void amx_c_load(const GemmView *C, int64_t i, int j, int mr, int nr, float (*edge)[256]) {
-    const int64_t ld = C->ld;
-    float *const c = C->x + i * ld + j;
-    if (mr == 32 && nr == 32) {
-        _tile_loadd(0, c, ld * 4);
-        _tile_loadd(1, c + 16, ld * 4);
-        _tile_loadd(2, c + 16 * ld, ld * 4);
-        _tile_loadd(3, c + 16 * ld + 16, ld * 4);
-        return;
-    }
-    for (int q = 0; q < 4; q++) {
-        const int rq = (q >> 1) * 16, cq = (q & 1) * 16;
-        const __mmask16 m = first(nr - cq);
-        for (int r = 0; r < 16; r++)
-            _mm512_storeu_ps(edge[q] + 16 * r,
-                             rq + r < mr ? _mm512_maskz_loadu_ps(m, c + (rq + r) * ld + cq) : _mm512_setzero_ps());
-    }
-    tiles_load(edge);
-}
-AMX static void amx_c_store(const GemmView *C, int64_t i, int j, int mr, int nr, float (*edge)[256]) {
-    const int64_t ld = C->ld;
-    float *const c = C->x + i * ld + j;
-    if (mr == 32 && nr == 32) {
-        _tile_stored(0, c, ld * 4);
-        _tile_stored(1, c + 16, ld * 4);
-        _tile_stored(2, c + 16 * ld, ld * 4);
-        _tile_stored(3, c + 16 * ld + 16, ld * 4);
-        return;
-    }
-    tiles_store(edge);
-    for (int q = 0; q < 4; q++) {
-        const int rq = (q >> 1) * 16, cq = (q & 1) * 16;
-        const __mmask16 m = first(nr - cq);
-        for (int r = 0; r < 16 && rq + r < mr && m; r++)
-            _mm512_mask_storeu_ps(c + (rq + r) * ld + cq, m, _mm512_loadu_ps(edge[q] + 16 * r));
-    }
+AMX static void tiles_store(float *c, int64_t ld) {
+    _tile_stored(0, c, ld * 4);
+    _tile_stored(1, c + 16, ld * 4);
+    _tile_stored(2, c + 16 * ld, ld * 4);
+    _tile_stored(3, c + 16 * ld + 16, ld * 4);
 }
 
-// The block of C at (i, j) over a k-block of kpad pairs. Where alpha = 1 and beta is 0 or
-// 1 (every product of the layers), C += a @ b (beta = 0: C = a @ b) in the tiles: C is
-// loaded into them and stored back, so over the k-blocks each element accumulates in the
-// tiles alone (where C was read and written again through the vector registers a k-block
-// at a time, fashion-resnet's GEMMs took 4% longer). Else alpha * (a @ b) + beta * C, the
-// k-block's sum rounded on its own before it is added.
+// The block of C at (i, j) over a k-block of kpad pairs, mr x nr of it inside C. Where
+// alpha = 1 and beta is 0 or 1 (every product of the layers), C += a @ b (beta = 0: C =
+// a @ b) in the tiles: C is loaded into them and stored back, so over the k-blocks each
+// element accumulates in the tiles alone (where C was read and written again through the
+// vector registers a k-block at a time, fashion-resnet's GEMMs took 4% longer). At C's
+// edges the block goes through `edge` (C's part of it, zeros beyond), so each element sums
+// as it would inside. Else alpha * (a @ b) + beta * C, the k-block's sum rounded on its
+// own before it is added.
 AMX static void amx_tile(int kpad, const uint32_t *a, const uint32_t *b, const GemmView *C, int64_t i, int j,
                          int mr, int nr, float alpha, float beta) {
-    float edge[4][256];
-    const bool in_c = alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
-    if (in_c && beta == 1.0f) {
-        amx_c_load(C, i, j, mr, nr, edge);
+    const int64_t ld = C->ld;
+    float *const c = C->x + i * ld + j;
+    float edge[32 * 32];
+    const bool in_c = alpha == 1.0f && (beta == 0.0f || beta == 1.0f), whole = mr == 32 && nr == 32;
+    const __mmask16 m0 = first(nr), m1 = first(nr - 16);
+    if (in_c && beta == 1.0f && whole) {
+        tiles_load(c, ld);
+    } else if (in_c && beta == 1.0f) {
+        for (int r = 0; r < 32; r++) {
+            _mm512_storeu_ps(edge + 32 * r, r < mr ? _mm512_maskz_loadu_ps(m0, c + r * ld) : _mm512_setzero_ps());
+            _mm512_storeu_ps(edge + 32 * r + 16, r < mr ? _mm512_maskz_loadu_ps(m1, c + r * ld + 16) : _mm512_setzero_ps());
+        }
+        tiles_load(edge, 32);
     } else {
         _tile_zero(0);
         _tile_zero(1);
@@ -495,17 +466,19 @@ AMX static void amx_tile(int kpad, const uint32_t *a, const uint32_t *b, const G
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    if (in_c) {
-        amx_c_store(C, i, j, mr, nr, edge);
+    if (in_c && whole) {
+        tiles_store(c, ld);
         return;
     }
-    tiles_store(edge);
-    for (int q = 0; q < 4; q++) {
-        const int rq = (q >> 1) * 16, cq = (q & 1) * 16;
-        const __mmask16 m = first(nr - cq);
-        for (int r = 0; r < 16 && rq + r < mr && m; r++)
-            store_row(C, i + rq + r, j + cq, _mm512_loadu_ps(edge[q] + 16 * r), m, alpha, beta);
-    }
+    tiles_store(edge, 32);
+    for (int r = 0; r < mr; r++)
+        if (in_c) {
+            _mm512_mask_storeu_ps(c + r * ld, m0, _mm512_loadu_ps(edge + 32 * r));
+            if (m1) _mm512_mask_storeu_ps(c + r * ld + 16, m1, _mm512_loadu_ps(edge + 32 * r + 16));
+        } else {
+            store_row(C, i + r, j, _mm512_loadu_ps(edge + 32 * r), m0, alpha, beta);
+            if (m1) store_row(C, i + r, j + 16, _mm512_loadu_ps(edge + 32 * r + 16), m1, alpha, beta);
+        }
 }
 
 // Pairs a k-block of kc values pads to: whole steps of 32 k.
