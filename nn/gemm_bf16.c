@@ -395,9 +395,9 @@ BF16 static void gemm_blocks(int M, int N, int K, float alpha, const Operand *A,
 // in pairs ([r][p]) for the tile loads. Blocks of MC_AMX rows of A (a multiple of 32),
 // KC_AMX values of k and NC_AMX columns of B: a column panel's k-block is 32 KB, in L1
 // while A's panels go by. Every k-block loads and stores C's tiles, so the k-blocks are
-// twice the VDPBF16PS kernel's (fashion-resnet bf16, alternating rounds: its GEMMs 30.9-31.8
-// against 29.2-30.4 ms a step with blocks of 256 k and 128 rows; 1,024 k, 32 rows and 256
-// columns: 33.2-34.4).
+// twice the VDPBF16PS kernel's (fashion-resnet bf16, alternating rounds: GEMMs 29.2-30.4 ms
+// a step, against 30.9-33.7 with blocks of 256 k and 128 rows and 33.2-34.4 with 1,024 k,
+// 32 rows and 256 columns).
 #define AMX __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
 #define MC_AMX 64
 #define KC_AMX 512
