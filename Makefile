@@ -106,13 +106,14 @@ $(BUILD)/%.o: %.c $(CFLAGS_STAMP)
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # nn/cpu_kernels.c once for each table (nn/cpu.c chooses): the baseline's, and AVX2's.
-# The Winograd loops pass 32-byte vectors between inlined functions, whose ABI gcc warns
-# about without AVX: nothing calls them across objects.
+# The Winograd loops and the direct convolution's blocks pass 32- and 64-byte vectors between
+# inlined functions, whose ABI gcc warns about in an object without AVX (AVX-512): nothing
+# calls them across objects.
 $(BUILD)/nn/cpu_kernels.o: CFLAGS += -DCPU_KERNEL_SET=cpu_kernels_portable -Wno-psabi
 # gcc 12.2's arm64 vectorizer stops with an internal error on a reduction in this suite
 # (vect_transform_reduction, test_microbatches_accumulate): a test, not a kernel.
 $(BUILD)/tests/test_net.o: CFLAGS += $(if $(filter aarch64-%,$(MULTIARCH)),-fno-tree-vectorize)
-AVX2_FLAGS := -mavx2 -mfma -mf16c -DCPU_KERNEL_SET=cpu_kernels_avx2
+AVX2_FLAGS := -mavx2 -mfma -mf16c -DCPU_KERNEL_SET=cpu_kernels_avx2 -Wno-psabi
 $(BUILD)/nn/cpu_kernels_avx2.o: nn/cpu_kernels.c $(CFLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@

@@ -675,12 +675,66 @@ static inline Patch patch_of(Pixel p, const float *in, ConvGeometry g, const Pat
 }
 
 #ifdef __AVX2__
-// o[i] (8 * NV channels) = act(bias + sum over t of patch_i[t] * wt[t, :]) for P output
+// The direct kernels' vector blocks: AVX2's 8 channels at a time, and where the CPU has
+// AVX-512 (direct_wide) 16 at a time in Vec16, GCC's generic vectors: the functions that
+// inline them (direct_*_wide, compiled for AVX-512) hold one in a register. Every lane sums
+// its channel's products in the same order, a product and an add apiece, so the two widths
+// and the scalar remainder give the same bits, and so does the GPU.
+typedef float Vec16 __attribute__((vector_size(64)));
+typedef int Vec16i __attribute__((vector_size(64)));
+
+static inline Vec16 vec16_load(const float *p) {
+    Vec16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vec16_store(float *p, Vec16 v) { memcpy(p, &v, sizeof v); }
+
+// act_apply: max(v, 0), 0 for NaN as its scalar rule, then min(., 6) for ReLU6. (A scalar
+// operand stands for all lanes; a vector built from a variable's 16 copies costs 16 loads.)
+static inline Vec16 vec16_act(Activation act, Vec16 v) {
+    if (act == ACT_NONE) return v;
+    v = (Vec16)((Vec16i)v & (v > 0.0f));
+    if (act != ACT_RELU6) return v;
+    const Vec16i below = v < 6.0f;
+    return (Vec16)(((Vec16i)v & below) | ((Vec16i)((Vec16){0} + 6.0f) & ~below));
+}
+
+// dy where act_passes(y): NaN > 0 and NaN < 6 are false, 0 as the scalar rule.
+static inline Vec16 vec16_pass(Activation act, Vec16 dy, const float *y) {
+    if (act == ACT_NONE) return dy;
+    const Vec16 yv = vec16_load(y);
+    Vec16i pass = yv > 0.0f;
+    if (act == ACT_RELU6) pass &= yv < 6.0f;
+    return (Vec16)((Vec16i)dy & pass);
+}
+
+// o[i] (16 * NV channels) = act(bias + sum over t of patch_i[t] * wt[t, :]) for P output
 // pixels at once (P * NV accumulators in registers; the sum of each runs over t in order).
+static inline __attribute__((always_inline)) void direct_forward_block16(
+    float *const *o, const Patch *pt, const float *wt, const float *bias, int taps, int OC,
+    const int P, const int NV, Activation act) {
+    Vec16 a[4][2];
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < NV; j++) a[i][j] = bias ? vec16_load(bias + 16 * j) : (Vec16){0};
+    for (int t = 0; t < taps; t++) {
+        Vec16 wv[2];
+        for (int j = 0; j < NV; j++) wv[j] = vec16_load(wt + (int64_t)t * OC + 16 * j);
+        for (int i = 0; i < P; i++) {
+            const float x = pt[i].base[pt[i].off[t]];
+            for (int j = 0; j < NV; j++) a[i][j] = a[i][j] + x * wv[j];
+        }
+    }
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < NV; j++) vec16_store(o[i] + 16 * j, vec16_act(act, a[i][j]));
+}
+
+// The same over 8 * NV channels in AVX2's registers.
 static inline __attribute__((always_inline)) void direct_forward_block(
     float *const *o, const Patch *pt, const float *wt, const float *bias, int taps, int OC,
     const int P, const int NV, Activation act) {
-    __m256 a[2][4];
+    __m256 a[4][4];
     for (int i = 0; i < P; i++)
         for (int j = 0; j < NV; j++) a[i][j] = bias ? _mm256_loadu_ps(bias + 8 * j) : _mm256_setzero_ps();
     for (int t = 0; t < taps; t++) {
@@ -702,21 +756,27 @@ static inline __attribute__((always_inline)) void direct_forward_block(
 }
 #endif
 
-// P (1 or 2) output pixels, all OC channels.
+// P (1, 2 or 4) output pixels, all OC channels: in blocks of 32 and 16 channels where wide,
+// then of 32 and 8 (AVX2), then one at a time.
 static inline __attribute__((always_inline)) void direct_forward_pixels(
     float *const *o, const Patch *pt, const float *wt, const float *bias, int taps, int OC,
-    const int P, Activation act) {
+    const int P, Activation act, const bool wide) {
     int oc0 = 0;
 #ifdef __AVX2__
-    for (; oc0 + 32 <= OC; oc0 += 32) {
-        float *const oo[2] = {o[0] + oc0, P > 1 ? o[1] + oc0 : NULL};
-        direct_forward_block(oo, pt, wt + oc0, bias ? bias + oc0 : NULL, taps, OC, P, 4, act);
+    float *oo[4];
+#define DIRECT_FORWARD_BLOCKS(BLOCK, CHANNELS, NV)                                                  \
+    for (; oc0 + (CHANNELS) <= OC; oc0 += (CHANNELS)) {                                             \
+        for (int i = 0; i < P; i++) oo[i] = o[i] + oc0;                                             \
+        BLOCK(oo, pt, wt + oc0, bias ? bias + oc0 : NULL, taps, OC, P, NV, act);                    \
     }
-    for (; oc0 + 8 <= OC; oc0 += 8) {
-        float *const oo[2] = {o[0] + oc0, P > 1 ? o[1] + oc0 : NULL};
-        direct_forward_block(oo, pt, wt + oc0, bias ? bias + oc0 : NULL, taps, OC, P, 1, act);
+    if (wide) {
+        DIRECT_FORWARD_BLOCKS(direct_forward_block16, 32, 2)
+        DIRECT_FORWARD_BLOCKS(direct_forward_block16, 16, 1)
     }
+    DIRECT_FORWARD_BLOCKS(direct_forward_block, 32, 4)
+    DIRECT_FORWARD_BLOCKS(direct_forward_block, 8, 1)
 #endif
+#undef DIRECT_FORWARD_BLOCKS
     for (; oc0 < OC; oc0++)
         for (int i = 0; i < P; i++) {
             float a = bias ? bias[oc0] : 0.0f;
@@ -725,7 +785,55 @@ static inline __attribute__((always_inline)) void direct_forward_pixels(
         }
 }
 
-// Output pixels two at a time: their patches (9 floats each for conv1 of the seed network)
+// One row of output pixels, P at a time (wide: 4, in AVX-512's blocks; else 2), the rest
+// one at a time.
+static inline __attribute__((always_inline)) void direct_forward_row(
+    float *out, const float *in, const float *wt, const float *bias, ConvGeometry g,
+    const PatchOffsets *po, int64_t row, Activation act, const int P, const bool wide) {
+    const int taps = g.C * g.K * g.K, OC = g.OC;
+    float copy[4][CONV_DIRECT_MAX_TAPS];
+    Patch pt[4];
+    float *oo[4];
+    float *o = out + row * g.OW * OC;
+    const Pixel first = {row / g.OH, (int)(row % g.OH), 0};
+    int ow = 0;
+    for (; ow + P <= g.OW; ow += P) {
+        for (int i = 0; i < P; i++) {
+            const Pixel p = {first.n, first.oh, ow + i};
+            pt[i] = patch_of(p, in, g, po, copy[i]), oo[i] = o + (int64_t)p.ow * OC;
+        }
+        direct_forward_pixels(oo, pt, wt, bias, taps, OC, P, act, wide);
+    }
+    for (; ow < g.OW; ow++) {
+        const Pixel p = {first.n, first.oh, ow};
+        pt[0] = patch_of(p, in, g, po, copy[0]), oo[0] = o + (int64_t)ow * OC;
+        direct_forward_pixels(oo, pt, wt, bias, taps, OC, 1, act, wide);
+    }
+}
+
+typedef void DirectForwardRow(float *out, const float *in, const float *wt, const float *bias,
+                              ConvGeometry g, const PatchOffsets *po, int64_t row, Activation act);
+
+static void direct_forward_row_narrow(float *out, const float *in, const float *wt, const float *bias,
+                                      ConvGeometry g, const PatchOffsets *po, int64_t row, Activation act) {
+    direct_forward_row(out, in, wt, bias, g, po, row, act, 2, false);
+}
+
+// Whether the direct kernels run their AVX-512 blocks: the AVX2 table on a CPU with AVX-512.
+#ifdef __AVX2__
+static bool direct_wide(void) { return gemm_avx512_available(); }
+
+__attribute__((target("avx512f"))) static void direct_forward_row_wide(
+    float *out, const float *in, const float *wt, const float *bias, ConvGeometry g,
+    const PatchOffsets *po, int64_t row, Activation act) {
+    direct_forward_row(out, in, wt, bias, g, po, row, act, 4, true);
+}
+#else
+static bool direct_wide(void) { return false; }
+#define direct_forward_row_wide direct_forward_row_narrow
+#endif
+
+// Output pixels a few at a time: their patches (9 floats each for conv1 of the seed network)
 // times the weight transposed to (taps, OC), channels in vector registers. Against im2col
 // and a GEMM over K = 9 this writes no columns and reads the input once (bench/PROFILE.md).
 static void cpu_conv_direct_forward(float *out, const float *in, const float *w, const float *bias,
@@ -737,34 +845,47 @@ static void cpu_conv_direct_forward(float *out, const float *in, const float *w,
         for (int t = 0; t < taps; t++) wt[t * OC + oc] = w[oc * taps + t];
     PatchOffsets po;
     patch_offsets(&po, g);
+    DirectForwardRow *const row_of = direct_wide() ? direct_forward_row_wide : direct_forward_row_narrow;
     const int64_t rows = (int64_t)g.N * g.OH;  // of output pixels
 #pragma omp parallel for schedule(static) if (rows * g.OW * taps * OC > PAR_MIN)
-    for (int64_t row = 0; row < rows; row++) {
-        float copy[2][CONV_DIRECT_MAX_TAPS];
-        Pixel p = {row / g.OH, (int)(row % g.OH), 0};
-        float *o = out + row * g.OW * OC;
-        for (; p.ow + 2 <= g.OW; p.ow += 2) {
-            const Pixel q = {p.n, p.oh, p.ow + 1};
-            const Patch pt[2] = {patch_of(p, in, g, &po, copy[0]), patch_of(q, in, g, &po, copy[1])};
-            float *const oo[2] = {o + (int64_t)p.ow * OC, o + (int64_t)q.ow * OC};
-            direct_forward_pixels(oo, pt, wt, bias, taps, OC, 2, act);
-        }
-        if (p.ow < g.OW) {
-            const Patch pt[1] = {patch_of(p, in, g, &po, copy[0])};
-            float *const oo[1] = {o + (int64_t)p.ow * OC};
-            direct_forward_pixels(oo, pt, wt, bias, taps, OC, 1, act);
-        }
-    }
+    for (int64_t row = 0; row < rows; row++) row_of(out, in, wt, bias, g, &po, row, act);
 }
 
 // acc (taps, OC) += dy x patch and bacc (OC) += dy for P output pixels, pixel by pixel
 // in order (so the sums are those of one pixel at a time): each accumulator is loaded and
-// stored once for the P pixels.
+// stored once for the P pixels. Where wide, blocks of 32 and 16 channels first.
 static inline __attribute__((always_inline)) void direct_backward_pixels(
     float *acc, float *bacc, const Patch *pt, const float *const *d, const float *const *y,
-    int taps, int OC, const int P, Activation act) {
+    int taps, int OC, const int P, Activation act, const bool wide) {
     int oc0 = 0;
 #ifdef __AVX2__
+#define DIRECT_BACKWARD_BLOCKS16(NV)                                                                \
+    for (; oc0 + 16 * (NV) <= OC; oc0 += 16 * (NV)) {                                               \
+        Vec16 dy[4][NV];                                                                            \
+        for (int i = 0; i < P; i++)                                                                 \
+            for (int j = 0; j < (NV); j++)                                                          \
+                dy[i][j] = vec16_pass(act, vec16_load(d[i] + oc0 + 16 * j), y[i] ? y[i] + oc0 + 16 * j : NULL); \
+        for (int j = 0; j < (NV); j++) {                                                            \
+            Vec16 b = vec16_load(bacc + oc0 + 16 * j);                                              \
+            for (int i = 0; i < P; i++) b = b + dy[i][j];                                           \
+            vec16_store(bacc + oc0 + 16 * j, b);                                                    \
+        }                                                                                           \
+        for (int t = 0; t < taps; t++) {                                                            \
+            float *at = acc + (int64_t)t * OC + oc0;                                                \
+            Vec16 a[NV];                                                                            \
+            for (int j = 0; j < (NV); j++) a[j] = vec16_load(at + 16 * j);                          \
+            for (int i = 0; i < P; i++) {                                                           \
+                const float x = pt[i].base[pt[i].off[t]];                                           \
+                for (int j = 0; j < (NV); j++) a[j] = a[j] + x * dy[i][j];                          \
+            }                                                                                       \
+            for (int j = 0; j < (NV); j++) vec16_store(at + 16 * j, a[j]);                          \
+        }                                                                                           \
+    }
+    if (wide) {
+        DIRECT_BACKWARD_BLOCKS16(2)
+        DIRECT_BACKWARD_BLOCKS16(1)
+    }
+#undef DIRECT_BACKWARD_BLOCKS16
     for (; oc0 + 8 <= OC; oc0 += 8) {
         __m256 dy[4];
         for (int i = 0; i < P; i++) {
@@ -796,6 +917,51 @@ static inline __attribute__((always_inline)) void direct_backward_pixels(
         }
 }
 
+// One block's sums (acc, bacc zeroed) over output pixels [r0, r1), four at a time.
+static inline __attribute__((always_inline)) void direct_backward_part(
+    float *acc, float *bacc, const float *dout, const float *in, const float *out, ConvGeometry g,
+    const PatchOffsets *po, int64_t r0, int64_t r1, Activation act, const bool wide) {
+    const int taps = g.C * g.K * g.K, OC = g.OC;
+    Pixel p = pixel_at(r0, g);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        float copy[4][CONV_DIRECT_MAX_TAPS];
+        Patch pt[4];
+        const float *d[4], *y[4];
+        for (int i = 0; i < 4; i++, pixel_next(&p, g)) {
+            pt[i] = patch_of(p, in, g, po, copy[i]);
+            d[i] = dout + (r + i) * OC, y[i] = out ? out + (r + i) * OC : NULL;  // NULL: no ReLU
+        }
+        direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 4, act, wide);
+    }
+    for (; r < r1; r++, pixel_next(&p, g)) {
+        float copy[CONV_DIRECT_MAX_TAPS];
+        const Patch pt[1] = {patch_of(p, in, g, po, copy)};
+        const float *d[1] = {dout + r * OC}, *y[1] = {out ? out + r * OC : NULL};
+        direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 1, act, wide);
+    }
+}
+
+typedef void DirectBackwardPart(float *acc, float *bacc, const float *dout, const float *in,
+                                const float *out, ConvGeometry g, const PatchOffsets *po, int64_t r0,
+                                int64_t r1, Activation act);
+
+static void direct_backward_part_narrow(float *acc, float *bacc, const float *dout, const float *in,
+                                        const float *out, ConvGeometry g, const PatchOffsets *po,
+                                        int64_t r0, int64_t r1, Activation act) {
+    direct_backward_part(acc, bacc, dout, in, out, g, po, r0, r1, act, false);
+}
+
+#ifdef __AVX2__
+__attribute__((target("avx512f"))) static void direct_backward_part_wide(
+    float *acc, float *bacc, const float *dout, const float *in, const float *out, ConvGeometry g,
+    const PatchOffsets *po, int64_t r0, int64_t r1, Activation act) {
+    direct_backward_part(acc, bacc, dout, in, out, g, po, r0, r1, act, true);
+}
+#else
+#define direct_backward_part_wide direct_backward_part_narrow
+#endif
+
 // The parameter gradients over conv_direct_parts blocks of output pixels, four pixels
 // at a time within a block; the input gradient (rare: the direct kernels serve first
 // layers) one input element at a time.
@@ -808,29 +974,13 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
     const int64_t part_floats = (int64_t)(taps + 1) * OC;  // (taps, OC) weight, then (OC) bias
     PatchOffsets po;
     patch_offsets(&po, g);
+    DirectBackwardPart *const part_of = direct_wide() ? direct_backward_part_wide : direct_backward_part_narrow;
 #pragma omp parallel for schedule(static) if (dw && rows * taps * OC > PAR_MIN)
     for (int64_t b = 0; b < (dw ? parts : 0); b++) {
         float *acc = partial + b * part_floats, *bacc = acc + (int64_t)taps * OC;
         memset(acc, 0, (size_t)part_floats * sizeof(float));
         const int64_t r0 = b * per < rows ? b * per : rows, r1 = r0 + per < rows ? r0 + per : rows;
-        Pixel p = pixel_at(r0, g);
-        int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) {
-            float copy[4][CONV_DIRECT_MAX_TAPS];
-            Patch pt[4];
-            const float *d[4], *y[4];
-            for (int i = 0; i < 4; i++, pixel_next(&p, g)) {
-                pt[i] = patch_of(p, in, g, &po, copy[i]);
-                d[i] = dout + (r + i) * OC, y[i] = out ? out + (r + i) * OC : NULL;  // NULL: no ReLU
-            }
-            direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 4, act);
-        }
-        for (; r < r1; r++, pixel_next(&p, g)) {
-            float copy[CONV_DIRECT_MAX_TAPS];
-            const Patch pt[1] = {patch_of(p, in, g, &po, copy)};
-            const float *d[1] = {dout + r * OC}, *y[1] = {out ? out + r * OC : NULL};
-            direct_backward_pixels(acc, bacc, pt, d, y, taps, OC, 1, act);
-        }
+        part_of(acc, bacc, dout, in, out, g, &po, r0, r1, act);
     }
     // The blocks' sums added in block order, then into (OC, taps) and (OC).
     float sum[(CONV_DIRECT_MAX_TAPS + 1) * CONV_DIRECT_MAX_FILTERS] = {0};

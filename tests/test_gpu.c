@@ -541,8 +541,8 @@ static void test_winograd(void **state) {
 
 // The direct convolution: forward, and backward with and without the input gradient,
 // bit-exact (the GPU sums in the CPU's order). Channel counts cover the CPU's vector
-// blocks of 32 and 8 and its scalar remainder; pixel counts are not multiples of the
-// CPU's groups of 4 or of CONV_DIRECT_PART_ROWS.
+// blocks (AVX-512's of 32 and 16, AVX2's of 32 and 8) and its scalar remainder; pixel
+// counts are not multiples of the CPU's groups of 4 or of CONV_DIRECT_PART_ROWS.
 static void test_conv_direct(void **state) {
     NEED_GPU();
     rng_seed(13);
@@ -550,6 +550,7 @@ static void test_conv_direct(void **state) {
         {3, 28, 28, 1, 3, 1, 0, 26, 26, 32},  // the seed network's conv1
         {2, 7, 6, 2, 3, 2, 1, 4, 3, 13},
         {2, 5, 9, 3, 3, 1, 1, 5, 9, 40},
+        {2, 5, 7, 1, 3, 1, 1, 5, 7, 59},  // 32 + 16 + 8 + 3
         {5, 11, 10, 1, 5, 2, 2, 6, 5, 8},
         {1, 2, 3, 3, 1, 2, 1, 2, 3, 5},  // 1x1 strided and padded
     };

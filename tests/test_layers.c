@@ -894,9 +894,12 @@ static void test_conv_c1_no_activation(void **state) {
 
 static void test_conv_direct_vector_blocks(void **state) {
     // The direct kernels' vector paths: 40 channels are a block of 32 and one of 8, 13 are
-    // one of 8 and 5 left over; 25 output pixels are not a multiple of 4.
+    // one of 8 and 5 left over, 59 are blocks of 32, 16 (AVX-512's) and 8 and 3 left over;
+    // 25 and 35 output pixels are not multiples of 4.
     check_conv(&(ConvSpec){.N = 1, .C = 1, .H = 8, .W = 6, .OC = 40, .K = 3, .stride = 1,
                            .pad = 1, .relu = true}, true, 21);
+    check_conv(&(ConvSpec){.N = 1, .C = 1, .H = 5, .W = 7, .OC = 59, .K = 3, .stride = 1,
+                           .pad = 1, .relu = true}, true, 23);
     check_conv(&(ConvSpec){.N = 1, .C = 3, .H = 7, .W = 7, .OC = 13, .K = 3, .stride = 1,
                            .pad = 0, .relu = true}, false, 22);
 }
@@ -909,13 +912,15 @@ static void test_conv_pointwise(void **state) {
                            .pad = 0, .relu = false}, true, 31);
 }
 
-// activation = relu6 on every path: the direct kernels (their vector blocks of 32 and 8 and
-// the scalar remainder), im2col + GEMM, the pointwise 1x1, Winograd, without bias.
+// activation = relu6 on every path: the direct kernels (their vector blocks of 32, 16 and 8
+// and the scalar remainder), im2col + GEMM, the pointwise 1x1, Winograd, without bias.
 static void test_conv_relu6(void **state) {
     check_conv(&(ConvSpec){.N = 2, .C = 2, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
                            .pad = 1, .relu6 = true}, true, 90);
     check_conv(&(ConvSpec){.N = 1, .C = 1, .H = 8, .W = 6, .OC = 40, .K = 3, .stride = 1,
                            .pad = 1, .relu6 = true}, true, 91);
+    check_conv(&(ConvSpec){.N = 1, .C = 1, .H = 5, .W = 7, .OC = 59, .K = 3, .stride = 1,
+                           .pad = 1, .relu6 = true}, true, 97);
     check_conv(&(ConvSpec){.N = 1, .C = 3, .H = 7, .W = 7, .OC = 13, .K = 3, .stride = 1,
                            .pad = 0, .relu6 = true}, false, 92);
     check_conv(&(ConvSpec){.N = 2, .C = 4, .H = 7, .W = 6, .OC = 3, .K = 3, .stride = 2,
