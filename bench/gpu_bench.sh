@@ -7,8 +7,10 @@
 #   DRY=1: device=cpu on both sides (threads 2), resnet18 at batch 4 and 8, a few steps a run
 #          and a 0.25 GiB limit (DRY_LIMIT_GB), to check the script where there is no GPU: the
 #          numbers mean nothing (about 1.5 minutes on 2 cores)
-# Not yet run on a GPU. There, most of the time should go to torch.compile (COMPILE=none
-# leaves it out) and to starting processes: some 5-10 minutes for three rounds (a guess).
+# On an H200 (bench/RESULTS.md, "GPU: the fifth run") round 1 with torch.compile's rows took
+# 350 s, so these defaults (three rounds, then MAXBATCH's search) need well over 10
+# minutes: more than one call of a borrowed GPU. gpu/run.sh's bench stage runs ROUNDS=2
+# COMPILE=none MAXBATCH=0 unless told otherwise.
 # Rows (ROWS picks them by name:batch): the seed network (models/fashion.cfg) on
 # Fashion-MNIST at batch 64 and 512, fp32 and fp16; models/resnet18.cfg at 224x224 RGB
 # (torchvision's resnet18 on PyTorch's side, as bench/resnet_bench.sh) at batch 64 and 256,

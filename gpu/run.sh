@@ -23,7 +23,9 @@
 #            the photos each, fp32 and fp16 + checkpoint=sqrt: img/s, GPU memory against the plan
 #   profile  models/resnet18.cfg, fp16, batch 64, and fashion.cfg at batch 64 and 512: time
 #            per layer type (profile=1)
-#   bench    bench/gpu_bench.sh: cnn.c against PyTorch on this GPU (issue 18)
+#   bench    bench/gpu_bench.sh: cnn.c against PyTorch on this GPU (issue 18), two rounds
+#            without torch.compile or the largest-batch search (ROUNDS, COMPILE, MAXBATCH
+#            from the environment override them)
 # DRY=1 checks the script where there is no GPU: this machine's build and packages,
 # device=cpu, a few steps a run (the numbers mean nothing). A run stopped by stop_after
 # exits with 0, its checkpoint written.
@@ -223,7 +225,10 @@ for stage in $STAGES; do
         ;;
     bench)
         if [ -f bench/gpu_bench.sh ]; then
-            sh bench/gpu_bench.sh "$OUT/bench" > "$OUT/bench.log" 2>&1
+            # Two rounds without torch.compile or the largest-batch search: what fits one call
+            # of a borrowed GPU (the script's defaults took over 6 minutes for their first round).
+            ROUNDS=${ROUNDS:-2} COMPILE=${COMPILE:-none} MAXBATCH=${MAXBATCH:-0} \
+                sh bench/gpu_bench.sh "$OUT/bench" > "$OUT/bench.log" 2>&1
             say "bench/gpu_bench.sh: exit $?"
             tail -40 "$OUT/bench.log" | sed 's/^/    /' | tee -a "$SUMMARY"
         else
