@@ -3,7 +3,9 @@
 // them, else the portable one, compiled for the build's baseline (plain x86-64, or any
 // arm64). Both are nn/cpu_kernels.c; the choice is made at the first call, so one binary
 // runs on every CPU of its architecture. CNN_CPU_KERNELS=portable in the environment
-// forces the portable table (the tests compare the two on one machine).
+// forces the portable table, CNN_CPU_KERNELS=avx2 the AVX2 table without the AVX-512 code
+// that it runs where the CPU has that (tests/arch.sh compares each with an emulated CPU
+// that has no more).
 #include <cblas.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -34,6 +36,7 @@ __attribute__((constructor)) static void cpu_quant_map_init(void) { quant_map_fi
 
 static const Kernels *chosen;
 static const char *chosen_set;
+static bool avx512_allowed;
 
 #if defined(__x86_64__)
 // Whether the CPU has AVX2, FMA and F16C (the AVX2 object's -mavx2 -mfma -mf16c) and the
@@ -55,18 +58,22 @@ static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
     const char *want = getenv("CNN_CPU_KERNELS");
-    const bool portable = want && strcmp(want, "portable") == 0;
-    if (want && !portable)
-        fprintf(stderr, "warning: CNN_CPU_KERNELS=%s: expected 'portable'; choosing by the CPU\n", want);
+    const bool portable = want && strcmp(want, "portable") == 0, avx2 = want && strcmp(want, "avx2") == 0;
+    if (want && !portable && !avx2)
+        fprintf(stderr, "warning: CNN_CPU_KERNELS=%s: expected 'portable' or 'avx2'; choosing by the CPU\n", want);
     chosen = &cpu_kernels_portable;
+    avx512_allowed = !avx2;
 #if defined(__x86_64__)
     chosen_set = "x86-64";
     if (!portable && avx2_usable()) {
         chosen = &cpu_kernels_avx2;
         chosen_set = "AVX2";
+    } else if (avx2) {
+        fprintf(stderr, "warning: CNN_CPU_KERNELS=avx2: this CPU (or its OS) has no AVX2: the x86-64 table\n");
     }
 #elif defined(__aarch64__)
     chosen_set = "arm64";
+    if (avx2) fprintf(stderr, "warning: CNN_CPU_KERNELS=avx2: not an x86-64 CPU: the arm64 table\n");
 #else
     chosen_set = "portable";
 #endif
@@ -75,6 +82,11 @@ static void choose(void) {
 const Kernels *cpu_kernels(void) {
     pthread_once(&choose_once, choose);
     return chosen;
+}
+
+bool cpu_avx512_allowed(void) {
+    pthread_once(&choose_once, choose);
+    return avx512_allowed;
 }
 
 // Whether the chosen table runs the project's own GEMMs (the fast table's; cpu_kernels.c).

@@ -683,17 +683,17 @@ static inline Patch patch_of(Pixel p, const float *in, ConvGeometry g, const Pat
 typedef float Vec16 __attribute__((vector_size(64)));
 typedef int Vec16i __attribute__((vector_size(64)));
 
-static inline Vec16 vec16_load(const float *p) {
+static inline __attribute__((always_inline)) Vec16 vec16_load(const float *p) {
     Vec16 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline void vec16_store(float *p, Vec16 v) { memcpy(p, &v, sizeof v); }
+static inline __attribute__((always_inline)) void vec16_store(float *p, Vec16 v) { memcpy(p, &v, sizeof v); }
 
 // act_apply: max(v, 0), 0 for NaN as its scalar rule, then min(., 6) for ReLU6. (A scalar
 // operand stands for all lanes; a vector built from a variable's 16 copies costs 16 loads.)
-static inline Vec16 vec16_act(Activation act, Vec16 v) {
+static inline __attribute__((always_inline)) Vec16 vec16_act(Activation act, Vec16 v) {
     if (act == ACT_NONE) return v;
     v = (Vec16)((Vec16i)v & (v > 0.0f));
     if (act != ACT_RELU6) return v;
@@ -702,7 +702,7 @@ static inline Vec16 vec16_act(Activation act, Vec16 v) {
 }
 
 // dy where act_passes(y): NaN > 0 and NaN < 6 are false, 0 as the scalar rule.
-static inline Vec16 vec16_pass(Activation act, Vec16 dy, const float *y) {
+static inline __attribute__((always_inline)) Vec16 vec16_pass(Activation act, Vec16 dy, const float *y) {
     if (act == ACT_NONE) return dy;
     const Vec16 yv = vec16_load(y);
     Vec16i pass = yv > 0.0f;

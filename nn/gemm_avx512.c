@@ -19,6 +19,7 @@
 // written. Each element of C sums its K products in k order, in blocks of KC added to
 // C, whatever the tile or the slab of rows or columns it lies in.
 #include "gemm_avx512.h"
+#include "kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -149,7 +150,7 @@ MICRO_KERNEL(kernel_24x16, 24, 1)
 size_t gemm_avx512_scratch_bytes(void) { return GEMM_THREAD_BUFFER_BYTES; }
 
 // libgcc reads the CPU's features in a constructor: the test is a load, safe from any thread.
-bool gemm_avx512_available(void) { return __builtin_cpu_supports("avx512f") != 0; }
+bool gemm_avx512_available(void) { return cpu_avx512_allowed() && __builtin_cpu_supports("avx512f") != 0; }
 
 AVX512 int gemm_avx512(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                        int lda, const float *B, int ldb, float beta, float *C, int ldc) {

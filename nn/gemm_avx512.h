@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-// Whether this CPU runs gemm_avx512.
+// Whether this CPU runs gemm_avx512 (and cpu_avx512_allowed: not under CNN_CPU_KERNELS=avx2).
 bool gemm_avx512_available(void);
 
 // Bytes of the packing buffers that each thread allocates at its first product and keeps

@@ -13,6 +13,7 @@
 #include "gemm_bf16.h"
 
 #include "gemm_avx512.h"
+#include "kernels.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -72,7 +73,7 @@ static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 
 bool gemm_bf16_available(void) {
     pthread_once(&probe_once, probe);
-    return bf16_usable;
+    return bf16_usable && cpu_avx512_allowed();
 }
 
 static bool amx_allowed = true;

@@ -16,7 +16,7 @@
 #include <stddef.h>
 
 // Whether this CPU runs gemm_bf16 (AVX-512 F and BW, AVX512_BF16, and the OS saving the
-// ZMM registers).
+// ZMM registers; and cpu_avx512_allowed: not under CNN_CPU_KERNELS=avx2).
 bool gemm_bf16_available(void);
 
 // Which instructions it runs on ("AMX-BF16" where the CPU and the OS allow the tiles,

@@ -533,6 +533,10 @@ typedef struct Kernels {
 
 // The CPU backend (OpenBLAS), always built: the table for this CPU (nn/cpu.c).
 const Kernels *cpu_kernels(void);
+// Whether the CPU backend may run AVX-512 code where the CPU has it (nn/gemm_avx512.h,
+// nn/gemm_bf16.h, the direct convolution's wide blocks): false under CNN_CPU_KERNELS=avx2,
+// which runs as a CPU with AVX2 alone would.
+bool cpu_avx512_allowed(void);
 // The 8-bit optimizer state's maps (nn/quant.h's QUANT_MAP_FLOATS values) that the CPU
 // tables read, filled when the program loads.
 extern float cpu_quant_map[];

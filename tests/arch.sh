@@ -5,7 +5,12 @@
 #      portable table, SUITES must pass, and STEPS steps of models/mnist.cfg must equal, bit
 #      for bit, the native run of the same kernels (CNN_CPU_KERNELS=portable with OpenBLAS's
 #      Nehalem kernels, OPENBLAS_CORETYPE=Nehalem, which qemu's CPU makes OpenBLAS choose).
-#   2. arm64: cross-built into build/aarch64 (Debian's aarch64-linux-gnu-gcc and the arm64
+#   2. AVX2 without AVX-512: the same binaries under qemu-x86_64 -cpu Haswell (AVX2, FMA,
+#      F16C; no AVX-512). ./train must choose the AVX2 table without the AVX-512 code,
+#      SUITES must pass, and AVX2_STEPS steps of models/mnist.cfg must equal, bit for bit,
+#      the native run with CNN_CPU_KERNELS=avx2 and OpenBLAS's Haswell kernels (qemu 7.2
+#      emulates AVX2 slowly: 10 steps took 3.5 minutes on 2 cores, test_layers 20x its time).
+#   3. arm64: cross-built into build/aarch64 (Debian's aarch64-linux-gnu-gcc and the arm64
 #      -dev packages, data/install_cross.sh), SUITES under qemu-aarch64-static, and one
 #      epoch of models/mnist.cfg on make run's data whose test accuracy is within 0.5
 #      points of the native build's. The emulated epoch takes some 20 minutes on 2 cores
@@ -22,9 +27,11 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 SUITES=${SUITES:?SUITES=the suites to run (make test-arch gives ARCH_SUITES)}
 STEPS=${STEPS:-10}
+AVX2_STEPS=${AVX2_STEPS:-3}
 EPOCH=${EPOCH:-1}
 ARM_TOLERANCE=1e-5
 X86_CPU=Nehalem
+AVX2_CPU=Haswell
 ARM=build/aarch64
 OUT=build/arch
 rm -rf "$OUT"
@@ -33,22 +40,26 @@ fails=0
 check() {  # what status
     if [ "$2" = 0 ]; then echo "ok    $1"; else echo "FAIL  $1"; fails=$((fails + 1)); fi
 }
-suites() {  # runner... : every suite of SUITES under the runner (the build folder's)
-    dir=$1
-    shift
+suites() {  # tag dir runner... : every suite of SUITES (dir's) under the runner
+    tag=$1 dir=$2
+    shift 2
     for s in $SUITES; do
-        "$@" "$dir/tests/test_$s" > "$OUT/$(basename "$dir")-test_$s.log" 2>&1
+        "$@" "$dir/tests/test_$s" > "$OUT/$tag-test_$s.log" 2>&1
         check "test_$s under $*" $?
     done
 }
-first_line() { head -n 1 "$1"; }
+# What a ./train log's " on cpu (...)" line says the CPU backend runs ("x86-64 loops, OpenBLAS
+# Nehalem GEMM"), wherever the line is: under -cpu Haswell qemu first warns of the CPU's
+# features that it does not emulate (pcid, x2apic, hle, rtm, ...).
+cpu_of() { grep -m1 ' on cpu (' "$1" | sed 's/.* on cpu (\([^)]*\)).*/\1/'; }
 val_acc() { grep '^epoch' "$1" | tail -n 1 | sed 's/.*val_acc \([0-9.]*\)%.*/\1/'; }
 
 echo "== x86-64 baseline under qemu-x86_64 -cpu $X86_CPU"
 X86="qemu-x86_64-static -cpu $X86_CPU"
-suites build $X86
+suites x86 build $X86
 $X86 ./train models/mnist.cfg epochs=1 stop_after="$STEPS" save="$OUT/x86-qemu" > "$OUT/x86-qemu.log" 2>&1
-check "./train under qemu: $(first_line "$OUT/x86-qemu.log" | sed 's/.* on cpu (\([^)]*\)).*/\1/')" $?
+rc=$?
+check "./train under qemu: $(cpu_of "$OUT/x86-qemu.log")" $rc
 grep -q 'on cpu (x86-64 loops' "$OUT/x86-qemu.log"
 check "the portable table chosen on a CPU without AVX" $?
 CNN_CPU_KERNELS=portable OPENBLAS_CORETYPE=$X86_CPU ./train models/mnist.cfg epochs=1 \
@@ -56,13 +67,27 @@ CNN_CPU_KERNELS=portable OPENBLAS_CORETYPE=$X86_CPU ./train models/mnist.cfg epo
 ./ckpt diff "$OUT/x86-native/last.safetensors" "$OUT/x86-qemu/last.safetensors" > "$OUT/x86-diff.log" 2>&1
 check "$STEPS steps under qemu equal the native run's bit for bit (./ckpt diff)" $?
 
+echo "== AVX2 without AVX-512 under qemu-x86_64 -cpu $AVX2_CPU"
+AVX2="qemu-x86_64-static -cpu $AVX2_CPU"
+suites avx2 build $AVX2
+$AVX2 ./train models/mnist.cfg epochs=1 stop_after="$AVX2_STEPS" save="$OUT/avx2-qemu" > "$OUT/avx2-qemu.log" 2>&1
+rc=$?
+check "./train under qemu: $(cpu_of "$OUT/avx2-qemu.log")" $rc
+grep -q 'on cpu (AVX2 loops, OpenBLAS' "$OUT/avx2-qemu.log"
+check "the AVX2 table without AVX-512 chosen on a CPU without AVX-512" $?
+CNN_CPU_KERNELS=avx2 OPENBLAS_CORETYPE=$AVX2_CPU ./train models/mnist.cfg epochs=1 \
+    stop_after="$AVX2_STEPS" save="$OUT/avx2-native" > "$OUT/avx2-native.log" 2>&1
+./ckpt diff "$OUT/avx2-native/last.safetensors" "$OUT/avx2-qemu/last.safetensors" > "$OUT/avx2-diff.log" 2>&1
+check "$AVX2_STEPS steps under qemu equal the native run's with CNN_CPU_KERNELS=avx2 bit for bit" $?
+
 echo "== arm64 under qemu-aarch64-static"
 ARM_RUN=qemu-aarch64-static
-suites "$ARM" $ARM_RUN
+suites arm64 "$ARM" $ARM_RUN
 if [ "$EPOCH" = 1 ]; then
     ./train models/mnist.cfg epochs=1 save="$OUT/native-epoch" > "$OUT/native-epoch.log" 2>&1
     $ARM_RUN "$ARM/train" models/mnist.cfg epochs=1 save="$OUT/arm-epoch" > "$OUT/arm-epoch.log" 2>&1
-    check "an epoch of mnist.cfg under qemu-aarch64 ($(first_line "$OUT/arm-epoch.log" | sed 's/.* on cpu (\([^)]*\)).*/\1/'))" $?
+    rc=$?
+    check "an epoch of mnist.cfg under qemu-aarch64 ($(cpu_of "$OUT/arm-epoch.log"))" $rc
     a=$(val_acc "$OUT/native-epoch.log") b=$(val_acc "$OUT/arm-epoch.log")
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; exit !(a != "" && b != "" && (d < 0 ? -d : d) <= 0.5) }'
     check "test accuracy: arm64 $b% against native $a% (within 0.5 points)" $?
@@ -74,7 +99,8 @@ else
     ./ckpt diff "$OUT/native-steps/last.safetensors" "$OUT/arm-steps/last.safetensors" \
         > "$OUT/arm-diff.log" 2>&1
     awk -v t="$ARM_TOLERANCE" '/max abs/ { if ($4 + 0 > t) bad = 1 } END { exit bad }' "$OUT/arm-diff.log"
-    check "its weights within $ARM_TOLERANCE of the native run's (largest: $(awk '/max abs/ { if ($4 + 0 > m) m = $4 + 0 } END { print m + 0 }' "$OUT/arm-diff.log"))" $?
+    rc=$?
+    check "its weights within $ARM_TOLERANCE of the native run's (largest: $(awk '/max abs/ { if ($4 + 0 > m) m = $4 + 0 } END { print m + 0 }' "$OUT/arm-diff.log"))" $rc
 fi
 echo "test-arch: $fails failed (logs in $OUT)"
 [ "$fails" = 0 ]
