@@ -54,31 +54,28 @@ suites() {  # tag dir runner... : every suite of SUITES (dir's) under the runner
 cpu_of() { grep -m1 ' on cpu (' "$1" | sed 's/.* on cpu (\([^)]*\)).*/\1/'; }
 val_acc() { grep '^epoch' "$1" | tail -n 1 | sed 's/.*val_acc \([0-9.]*\)%.*/\1/'; }
 
-echo "== x86-64 baseline under qemu-x86_64 -cpu $X86_CPU"
-X86="qemu-x86_64-static -cpu $X86_CPU"
-suites x86 build $X86
-$X86 ./train models/mnist.cfg epochs=1 stop_after="$STEPS" save="$OUT/x86-qemu" > "$OUT/x86-qemu.log" 2>&1
-rc=$?
-check "./train under qemu: $(cpu_of "$OUT/x86-qemu.log")" $rc
-grep -q 'on cpu (x86-64 loops' "$OUT/x86-qemu.log"
-check "the portable table chosen on a CPU without AVX" $?
-CNN_CPU_KERNELS=portable OPENBLAS_CORETYPE=$X86_CPU ./train models/mnist.cfg epochs=1 \
-    stop_after="$STEPS" save="$OUT/x86-native" > "$OUT/x86-native.log" 2>&1
-./ckpt diff "$OUT/x86-native/last.safetensors" "$OUT/x86-qemu/last.safetensors" > "$OUT/x86-diff.log" 2>&1
-check "$STEPS steps under qemu equal the native run's bit for bit (./ckpt diff)" $?
-
-echo "== AVX2 without AVX-512 under qemu-x86_64 -cpu $AVX2_CPU"
-AVX2="qemu-x86_64-static -cpu $AVX2_CPU"
-suites avx2 build $AVX2
-$AVX2 ./train models/mnist.cfg epochs=1 stop_after="$AVX2_STEPS" save="$OUT/avx2-qemu" > "$OUT/avx2-qemu.log" 2>&1
-rc=$?
-check "./train under qemu: $(cpu_of "$OUT/avx2-qemu.log")" $rc
-grep -q 'on cpu (AVX2 loops, OpenBLAS' "$OUT/avx2-qemu.log"
-check "the AVX2 table without AVX-512 chosen on a CPU without AVX-512" $?
-CNN_CPU_KERNELS=avx2 OPENBLAS_CORETYPE=$AVX2_CPU ./train models/mnist.cfg epochs=1 \
-    stop_after="$AVX2_STEPS" save="$OUT/avx2-native" > "$OUT/avx2-native.log" 2>&1
-./ckpt diff "$OUT/avx2-native/last.safetensors" "$OUT/avx2-qemu/last.safetensors" > "$OUT/avx2-diff.log" 2>&1
-check "$AVX2_STEPS steps under qemu equal the native run's with CNN_CPU_KERNELS=avx2 bit for bit" $?
+# name cpu kernels steps table: the x86-64 binaries under qemu-x86_64 -cpu CPU: SUITES pass,
+# ./train chooses TABLE (its first line's start), and STEPS steps of mnist.cfg equal bit for
+# bit the native run of the same kernels (CNN_CPU_KERNELS=KERNELS, OpenBLAS's CPU kernels).
+emulated_x86() {
+    name=$1 cpu=$2 kernels=$3 steps=$4 table=$5
+    echo "== $name under qemu-x86_64 -cpu $cpu"
+    emulator="qemu-x86_64-static -cpu $cpu"
+    suites "$name" build $emulator
+    $emulator ./train models/mnist.cfg epochs=1 stop_after="$steps" save="$OUT/$name-qemu" \
+        > "$OUT/$name-qemu.log" 2>&1
+    rc=$?
+    check "./train under qemu: $(cpu_of "$OUT/$name-qemu.log")" $rc
+    grep -q "on cpu ($table" "$OUT/$name-qemu.log"
+    check "the table for this CPU chosen ($table)" $?
+    CNN_CPU_KERNELS=$kernels OPENBLAS_CORETYPE=$cpu ./train models/mnist.cfg epochs=1 \
+        stop_after="$steps" save="$OUT/$name-native" > "$OUT/$name-native.log" 2>&1
+    ./ckpt diff "$OUT/$name-native/last.safetensors" "$OUT/$name-qemu/last.safetensors" \
+        > "$OUT/$name-diff.log" 2>&1
+    check "$steps steps under qemu equal the native run's (CNN_CPU_KERNELS=$kernels) bit for bit" $?
+}
+emulated_x86 x86-64 "$X86_CPU" portable "$STEPS" "x86-64 loops"
+emulated_x86 avx2 "$AVX2_CPU" avx2 "$AVX2_STEPS" "AVX2 loops, OpenBLAS"
 
 echo "== arm64 under qemu-aarch64-static"
 ARM_RUN=qemu-aarch64-static
