@@ -263,7 +263,8 @@ test-gpu-replay: deps-test
 
 # The build on other CPUs, under emulation (tests/arch.sh): the x86-64 baseline under
 # qemu-x86_64 -cpu Nehalem (no AVX), the same binaries under -cpu Haswell (AVX2 without
-# AVX-512), and an arm64 cross build (build/aarch64) under qemu-aarch64. EPOCH=0 leaves out the emulated epoch of mnist.cfg (some 20 minutes).
+# AVX-512), and an arm64 cross build (build/aarch64) under qemu-aarch64. EPOCH=0 leaves out
+# the emulated epoch of mnist.cfg (some 20 minutes).
 ARCH_SUITES := cfg safetensors checkpoint data budget gemm layers fp16 quant optim net loader folder jpeg_eighth
 CROSS_ARM64 := CC=aarch64-linux-gnu-gcc BUILD=build/aarch64 BIN_DIR=build/aarch64/ MPI=0 CUDA=0
 deps-arch:

@@ -730,6 +730,32 @@ static inline __attribute__((always_inline)) void direct_forward_block16(
         for (int j = 0; j < NV; j++) vec16_store(o[i] + 16 * j, vec16_act(act, a[i][j]));
 }
 
+// acc (taps, OC) += dy x patch and bacc (OC) += dy over channels [oc0, oc0 + 16 * NV) for P
+// output pixels, pixel by pixel in order (direct_backward_pixels).
+static inline __attribute__((always_inline)) void direct_backward_block16(
+    float *acc, float *bacc, const Patch *pt, const float *const *d, const float *const *y, int taps,
+    int OC, int oc0, const int P, const int NV, Activation act) {
+    Vec16 dy[4][2];
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < NV; j++)
+            dy[i][j] = vec16_pass(act, vec16_load(d[i] + oc0 + 16 * j), y[i] ? y[i] + oc0 + 16 * j : NULL);
+    for (int j = 0; j < NV; j++) {
+        Vec16 b = vec16_load(bacc + oc0 + 16 * j);
+        for (int i = 0; i < P; i++) b = b + dy[i][j];
+        vec16_store(bacc + oc0 + 16 * j, b);
+    }
+    for (int t = 0; t < taps; t++) {
+        float *at = acc + (int64_t)t * OC + oc0;
+        Vec16 a[2];
+        for (int j = 0; j < NV; j++) a[j] = vec16_load(at + 16 * j);
+        for (int i = 0; i < P; i++) {
+            const float x = pt[i].base[pt[i].off[t]];
+            for (int j = 0; j < NV; j++) a[j] = a[j] + x * dy[i][j];
+        }
+        for (int j = 0; j < NV; j++) vec16_store(at + 16 * j, a[j]);
+    }
+}
+
 // The same over 8 * NV channels in AVX2's registers.
 static inline __attribute__((always_inline)) void direct_forward_block(
     float *const *o, const Patch *pt, const float *wt, const float *bias, int taps, int OC,
@@ -859,33 +885,10 @@ static inline __attribute__((always_inline)) void direct_backward_pixels(
     int taps, int OC, const int P, Activation act, const bool wide) {
     int oc0 = 0;
 #ifdef __AVX2__
-#define DIRECT_BACKWARD_BLOCKS16(NV)                                                                \
-    for (; oc0 + 16 * (NV) <= OC; oc0 += 16 * (NV)) {                                               \
-        Vec16 dy[4][NV];                                                                            \
-        for (int i = 0; i < P; i++)                                                                 \
-            for (int j = 0; j < (NV); j++)                                                          \
-                dy[i][j] = vec16_pass(act, vec16_load(d[i] + oc0 + 16 * j), y[i] ? y[i] + oc0 + 16 * j : NULL); \
-        for (int j = 0; j < (NV); j++) {                                                            \
-            Vec16 b = vec16_load(bacc + oc0 + 16 * j);                                              \
-            for (int i = 0; i < P; i++) b = b + dy[i][j];                                           \
-            vec16_store(bacc + oc0 + 16 * j, b);                                                    \
-        }                                                                                           \
-        for (int t = 0; t < taps; t++) {                                                            \
-            float *at = acc + (int64_t)t * OC + oc0;                                                \
-            Vec16 a[NV];                                                                            \
-            for (int j = 0; j < (NV); j++) a[j] = vec16_load(at + 16 * j);                          \
-            for (int i = 0; i < P; i++) {                                                           \
-                const float x = pt[i].base[pt[i].off[t]];                                           \
-                for (int j = 0; j < (NV); j++) a[j] = a[j] + x * dy[i][j];                          \
-            }                                                                                       \
-            for (int j = 0; j < (NV); j++) vec16_store(at + 16 * j, a[j]);                          \
-        }                                                                                           \
-    }
     if (wide) {
-        DIRECT_BACKWARD_BLOCKS16(2)
-        DIRECT_BACKWARD_BLOCKS16(1)
+        for (; oc0 + 32 <= OC; oc0 += 32) direct_backward_block16(acc, bacc, pt, d, y, taps, OC, oc0, P, 2, act);
+        for (; oc0 + 16 <= OC; oc0 += 16) direct_backward_block16(acc, bacc, pt, d, y, taps, OC, oc0, P, 1, act);
     }
-#undef DIRECT_BACKWARD_BLOCKS16
     for (; oc0 + 8 <= OC; oc0 += 8) {
         __m256 dy[4];
         for (int i = 0; i < P; i++) {
