@@ -342,14 +342,16 @@ static size_t conv_workspace_bytes(const Layer *l, const Kernels *k, int N) {
 
 // W or dW (OC, C, K*K) -> (OC, K*K, C) in place (to_khkwc), or back: an NCHW <-> NHWC
 // permute of each output channel's row (N = OC, H = 1), a block of rows at a time through
-// `scratch` (the im2col chunk, which holds at least one row). The GEMMs read the weight
-// and sum its gradient in im2col's order between a pass's first call and its last; in
-// between nothing else reads them (a pass's calls follow each other, and in a sweep the
-// other members have their own parameters). The bits come back as they were: no copy of
-// either exists (resnet18's layer4: 2 x 9.4 MB).
-static void conv_permute(const Conv *c, const Kernels *k, float *x, float *scratch, bool to_khkwc) {
+// `scratch` (the im2col chunk of a call of N images: as many rows as its pixels, so that
+// the copies and permutes are few and large: fashion-resnet's layer3.0 took 16 blocks of
+// 16 rows, each a copy too small for two threads). The GEMMs read the weight and sum its
+// gradient in im2col's order between a pass's first call and its last; in between nothing
+// else reads them (a pass's calls follow each other, and in a sweep the other members have
+// their own parameters). The bits come back as they were: no copy of either exists
+// (resnet18's layer4: 2 x 9.4 MB).
+static void conv_permute(const Conv *c, const Kernels *k, float *x, float *scratch, int N, bool to_khkwc) {
     const int C = c->base.in.c, KK = c->size * c->size;
-    const int64_t row = (int64_t)C * KK, block = (int64_t)c->base.out.h * c->base.out.w;  // an image's im2col
+    const int64_t row = (int64_t)C * KK, block = (int64_t)conv_chunk(c, k, N) * c->base.out.h * c->base.out.w;
     for (int64_t r0 = 0; r0 < c->filters; r0 += block) {
         const int n = (int)(c->filters - r0 < block ? c->filters - r0 : block);
         k->copy(scratch, x + r0 * row, (size_t)n * (size_t)row * sizeof(float));
@@ -380,7 +382,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
         return;
     }
     const bool permutes = conv_permutes(c);
-    if (permutes && !ctx->after_first) conv_permute(c, k, w, cols, true);
+    if (permutes && !ctx->after_first) conv_permute(c, k, w, cols, N, true);
     const int chunk = conv_chunk(c, k, N);
     for (int n0 = 0; n0 < N; n0 += chunk) {
         const int n = N - n0 < chunk ? N - n0 : chunk;
@@ -394,7 +396,7 @@ static void conv_forward(Layer *l, const LayerCtx *ctx, float *out, const float 
         k->gemm(out + (int64_t)n0 * shape_numel(l->out), col, w, n * pixels, c->filters, ckk,
                 false, true, 1.0f, 0.0f);
     }
-    if (permutes && !ctx->before_last) conv_permute(c, k, w, cols, false);
+    if (permutes && !ctx->before_last) conv_permute(c, k, w, cols, N, false);
     k->bias_act_forward(out, conv_bias(c), (int64_t)N * pixels, c->filters, c->act);
 }
 
@@ -422,9 +424,9 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     float *w = l->params[0].data, *dw = l->grads[0];
     const bool permutes = conv_permutes(c), views = conv_gemm_views(c, k);
     const bool din_views = din && views && c->stride == 1, w_permutes = permutes && din && !din_views;
-    if (permutes && !ctx->after_first) {
-        if (w_permutes) conv_permute(c, k, w, cols, true);
-        if (dw) conv_permute(c, k, dw, cols, true);
+    if (permutes && !ctx->after_first) {  // zeros (LayerCtx.grads_zero) are their own permute
+        if (w_permutes) conv_permute(c, k, w, cols, N, true);
+        if (dw && !ctx->grads_zero) conv_permute(c, k, dw, cols, N, true);
     }
     k->bias_act_backward(conv_dbias(c), dout, out, (int64_t)N * pixels, c->filters, c->act);
     const int chunk = conv_chunk(c, k, N);
@@ -454,8 +456,8 @@ static void conv_backward(Layer *l, const LayerCtx *ctx, float *din, float *dout
     if (din_views) k->conv_gemm_data_grad(din, dout, w, conv_geometry(c, N));
     // (OC, K*K*C) back to PyTorch's (OC, C, K*K).
     if (permutes && !ctx->before_last) {
-        if (w_permutes) conv_permute(c, k, w, cols, false);
-        if (dw) conv_permute(c, k, dw, cols, false);
+        if (w_permutes) conv_permute(c, k, w, cols, N, false);
+        if (dw) conv_permute(c, k, dw, cols, N, false);
     }
 }
 

@@ -58,6 +58,9 @@ typedef struct LayerCtx {
                        // workspace on the first (conv's permuted weight) is still there
     bool before_last;  // chunks of this pass follow: what the layer finishes on the last
                        // (conv's weight gradient, permuted back) waits for it
+    bool grads_zero;   // backward: the layer's gradients hold zeros until it adds to them
+                       // (the fused update's, zeroed for this backward), so a layout change
+                       // of them (conv's permute) may be skipped
 } LayerCtx;
 
 typedef struct Layer Layer;

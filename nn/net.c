@@ -2072,12 +2072,16 @@ void net_backward(Net *net, int N, uint64_t seed, uint64_t step, int64_t sample0
         if (net->on_layer) net->on_layer(net->nodes[ev.node].top, ev.kind != EV_RECOMPUTE);
         switch (ev.kind) {
         case EV_RECOMPUTE: forward_node(net, ev.node, &redo, N); break;
-        case EV_BACKWARD:
-            if (net->bufs[buf_wgrad(ev.node)].bytes)  // the fused update's gradients start at zero
+        case EV_BACKWARD: {
+            LayerCtx c = ctx;
+            if (net->bufs[buf_wgrad(ev.node)].bytes) {  // the fused update's gradients start at zero
                 net->k->zero(buffer_at(net, buf_wgrad(ev.node)), net->bufs[buf_wgrad(ev.node)].bytes);
-            backward_node(net, ev.node, &ctx, N);
+                c.grads_zero = true;
+            }
+            backward_node(net, ev.node, &c, N);
             node_done(net, ev.node);
             break;
+        }
         case EV_GRAD_ADD: {
             const double t0 = net_start(net);
             const Stored g = stored(net, net->grad[ev.node]);
