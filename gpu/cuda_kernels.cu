@@ -317,16 +317,6 @@ struct Window {
     int H, W, C, K, stride, pad, OH, OW;
 };
 
-// First output o whose window [o * stride, o * stride + K - 1] reaches x (>= 0).
-__host__ __device__ static inline int first_window(int x, int K, int stride) {
-    const int a = x - K + 1;
-    return a <= 0 ? 0 : (a + stride - 1) / stride;
-}
-// Last output o whose window starts at or before x.
-__host__ __device__ static inline int last_window(int x, int stride, int O) {
-    const int o = x / stride;
-    return o < O - 1 ? o : O - 1;
-}
 
 // col element i = (row (n, oh, ow), column (kh, kw, c)); zero outside the image.
 __host__ __device__ static inline void im2col_at(int64_t i, float *col, const float *in, Window w) {

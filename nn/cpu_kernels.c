@@ -31,6 +31,16 @@
 // Below this many elements a loop runs on one thread: waking threads costs more.
 #define PAR_MIN 32768
 
+// Whether the AVX2 table runs its AVX-512 variants (the direct kernels' blocks of 16
+// channels, batchnorm's sums), compiled for AVX-512 in functions of their own: on a CPU
+// with AVX-512, unless CNN_CPU_KERNELS=avx2 (gemm_avx512_available). The portable table has
+// none.
+#ifdef __AVX2__
+static bool cpu_wide(void) { return gemm_avx512_available(); }
+#else
+static bool cpu_wide(void) { return false; }
+#endif
+
 // ---- memory ------------------------------------------------------------------------------
 
 static void *cpu_alloc(size_t bytes) {
@@ -323,28 +333,28 @@ static void cpu_im2col(float *col, const float *in, int N, int H, int W, int C, 
     }
 }
 
+// Gathered by rows of din, in parallel (a convolution's chunk is often one image): each
+// pixel sums the patches that cover it in the order (oh, ow) ascending from 0, as the CUDA
+// kernel does. A row's patch rows come in that order, each patch adding its K runs of C
+// into the row's pixels, so no tap is tested with a division. (Measured on resnet-small,
+// where a chunk is one image: col2im 46-54 -> 35-37 ms a step against one image per
+// thread. Without the divisions: fashion-resnet's stride-2 layers 1.66 -> 1.43 ms a step
+// with the columns in the caches, the profile's col2im 2.8-2.9 -> 2.4-2.5 ms.)
 static void cpu_col2im(float *din, const float *col, int N, int H, int W, int C, int K,
                        int stride, int pad, int OH, int OW) {
     const int64_t kc = (int64_t)K * C, ckk = K * kc;
-    // Gathered by rows of din, in parallel (a convolution's chunk is often one image): each
-    // pixel sums the patches that cover it in the order (oh, ow) ascending, as the CUDA
-    // kernel does, so kh and kw run downwards. Measured on resnet-small, where a chunk is
-    // one image: col2im 46-54 -> 35-37 ms a step against one image per thread.
 #pragma omp parallel for schedule(static) if ((int64_t)N * OH * OW * ckk > PAR_MIN)
     for (int64_t r = 0; r < (int64_t)N * H; r++) {
-        const int n = (int)(r / H), ih = (int)(r % H);
-        float *drow = din + r * W * C;
+        const int n = (int)(r / H), y = (int)(r % H) + pad;
+        float *const drow = din + r * W * C;
         memset(drow, 0, (size_t)W * C * sizeof(float));
-        for (int kh = K - 1; kh >= 0; kh--) {
-            const int t = ih + pad - kh;  // oh * stride
-            if (t < 0 || t % stride || t / stride >= OH) continue;
-            const float *crow = col + ((int64_t)n * OH + t / stride) * OW * ckk + kh * kc;
-            for (int iw = 0; iw < W; iw++) {
-                float *d = drow + (int64_t)iw * C;
-                for (int kw = K - 1; kw >= 0; kw--) {
-                    const int u = iw + pad - kw;  // ow * stride
-                    if (u < 0 || u % stride || u / stride >= OW) continue;
-                    const float *sp = crow + (int64_t)(u / stride) * ckk + kw * C;
+        for (int oh = first_window(y, K, stride); oh <= last_window(y, stride, OH); oh++) {
+            const float *crow = col + ((int64_t)n * OH + oh) * OW * ckk + (int64_t)(y - oh * stride) * kc;
+            for (int ow = 0; ow < OW; ow++, crow += ckk) {
+                const int iw0 = ow * stride - pad;
+                for (int kw = iw0 < 0 ? -iw0 : 0; kw < K && iw0 + kw < W; kw++) {
+                    float *d = drow + (int64_t)(iw0 + kw) * C;
+                    const float *sp = crow + (int64_t)kw * C;
                     for (int c = 0; c < C; c++) d[c] += sp[c];
                 }
             }
@@ -676,7 +686,7 @@ static inline Patch patch_of(Pixel p, const float *in, ConvGeometry g, const Pat
 
 #ifdef __AVX2__
 // The direct kernels' vector blocks: AVX2's 8 channels at a time, and where the CPU has
-// AVX-512 (direct_wide) 16 at a time in Vec16, GCC's generic vectors: the functions that
+// AVX-512 (cpu_wide) 16 at a time in Vec16, GCC's generic vectors: the functions that
 // inline them (direct_*_wide, compiled for AVX-512) hold one in a register. Every lane sums
 // its channel's products in the same order, a product and an add apiece, so the two widths
 // and the scalar remainder give the same bits, and so does the GPU.
@@ -845,9 +855,7 @@ static void direct_forward_row_narrow(float *out, const float *in, const float *
     direct_forward_row(out, in, wt, bias, g, po, row, act, 2, false);
 }
 
-// Whether the direct kernels run their AVX-512 blocks: the AVX2 table on a CPU with AVX-512.
 #ifdef __AVX2__
-static bool direct_wide(void) { return gemm_avx512_available(); }
 
 __attribute__((target("avx512f"))) static void direct_forward_row_wide(
     float *out, const float *in, const float *wt, const float *bias, ConvGeometry g,
@@ -855,7 +863,6 @@ __attribute__((target("avx512f"))) static void direct_forward_row_wide(
     direct_forward_row(out, in, wt, bias, g, po, row, act, 4, true);
 }
 #else
-static bool direct_wide(void) { return false; }
 #define direct_forward_row_wide direct_forward_row_narrow
 #endif
 
@@ -871,7 +878,7 @@ static void cpu_conv_direct_forward(float *out, const float *in, const float *w,
         for (int t = 0; t < taps; t++) wt[t * OC + oc] = w[oc * taps + t];
     PatchOffsets po;
     patch_offsets(&po, g);
-    DirectForwardRow *const row_of = direct_wide() ? direct_forward_row_wide : direct_forward_row_narrow;
+    DirectForwardRow *const row_of = cpu_wide() ? direct_forward_row_wide : direct_forward_row_narrow;
     const int64_t rows = (int64_t)g.N * g.OH;  // of output pixels
 #pragma omp parallel for schedule(static) if (rows * g.OW * taps * OC > PAR_MIN)
     for (int64_t row = 0; row < rows; row++) row_of(out, in, wt, bias, g, &po, row, act);
@@ -977,7 +984,7 @@ static void cpu_conv_direct_backward(float *din, float *dw, float *dbias, float 
     const int64_t part_floats = (int64_t)(taps + 1) * OC;  // (taps, OC) weight, then (OC) bias
     PatchOffsets po;
     patch_offsets(&po, g);
-    DirectBackwardPart *const part_of = direct_wide() ? direct_backward_part_wide : direct_backward_part_narrow;
+    DirectBackwardPart *const part_of = cpu_wide() ? direct_backward_part_wide : direct_backward_part_narrow;
 #pragma omp parallel for schedule(static) if (dw && rows * taps * OC > PAR_MIN)
     for (int64_t b = 0; b < (dw ? parts : 0); b++) {
         float *acc = partial + b * part_floats, *bacc = acc + (int64_t)taps * OC;
@@ -1845,8 +1852,9 @@ static void bn_block(BnBlock *blk, const BnChannels *s, int C, int c0, int nc) {
 // (times the activation's mask: act_passes(o) where the run's output o is given, else
 // act_passes(z), z = (x - mean) * scale + beta) and dy * xhat, xhat = (x - mean) * invstd.
 // Products and sums in double.
-static inline void bn_run_terms(double *s1, double *s2, const float *x, const float *dy,
-                                const float *o, const BnBlock *blk, Activation act, int n) {
+static inline __attribute__((always_inline)) void bn_run_terms(double *s1, double *s2, const float *x,
+                                                               const float *dy, const float *o,
+                                                               const BnBlock *blk, Activation act, int n) {
     if (!dy) {
 #pragma omp simd
         for (int t = 0; t < n; t++) {
@@ -1887,6 +1895,49 @@ static inline void bn_run_terms(double *s1, double *s2, const float *x, const fl
 // Blocks a sample of `sample_rows` rows is summed in.
 static int64_t bn_sample_blocks(int64_t sample_rows) { return (sample_rows + BN_BLOCK_ROWS - 1) / BN_BLOCK_ROWS; }
 
+// The sums of rows [r0, r1) (a block of a sample) over the block's channels: each value of
+// a group its own partial sums (a group's rows are independent chains of adds), then each
+// channel's partial sums added in row order, to pu[0, nc) and pu[nc, 2 nc). x, dout and
+// out (either may be NULL) as bn_run_terms reads them, from channel c0 of rows C apart.
+static inline __attribute__((always_inline)) void bn_block_sums(double *pu, const float *x, const float *dout,
+                                                                const float *out, int64_t r0, int64_t r1, int C,
+                                                                int c0, const BnBlock *blk, Activation act) {
+    const int nc = blk->nc, R = blk->rows;
+    double s[2 * (BN_COLS_BLOCK + BN_STRIDE_PAD)];
+    double *s1 = s, *s2 = s + bn_stride(nc * R);
+    for (int t = 0; t < nc * R; t++) s1[t] = s2[t] = 0.0;
+    for (int64_t r = r0; r < r1; r += R) {
+        const int n = (int)(r1 - r < R ? r1 - r : R) * nc;
+        const int64_t e0 = r * C + c0;
+        bn_run_terms(s1, s2, x + e0, dout ? dout + e0 : NULL, out ? out + e0 : NULL, blk, act, n);
+    }
+    for (int j = 0; j < nc; j++) {
+        double a = 0.0, q = 0.0;
+        for (int g = 0; g < R; g++) a += s1[g * nc + j], q += s2[g * nc + j];
+        pu[j] = a, pu[nc + j] = q;
+    }
+}
+
+// bn_block_sums in the table's vectors, and in AVX-512's where the CPU has them (cpu_wide):
+// every value's terms are its own lanes' chains, so both give the same bits. (Sums in
+// double, 8 to a register against AVX2's 4: fashion-resnet's batch sums and backward sums
+// 4.4 -> 3.7 ms a step, with their tensors in the caches.)
+typedef void BnBlockSums(double *pu, const float *x, const float *dout, const float *out, int64_t r0, int64_t r1,
+                         int C, int c0, const BnBlock *blk, Activation act);
+static void bn_block_sums_narrow(double *pu, const float *x, const float *dout, const float *out, int64_t r0,
+                                 int64_t r1, int C, int c0, const BnBlock *blk, Activation act) {
+    bn_block_sums(pu, x, dout, out, r0, r1, C, c0, blk, act);
+}
+#ifdef __AVX2__
+__attribute__((target("avx512f"))) static void bn_block_sums_wide(double *pu, const float *x, const float *dout,
+                                                                  const float *out, int64_t r0, int64_t r1, int C,
+                                                                  int c0, const BnBlock *blk, Activation act) {
+    bn_block_sums(pu, x, dout, out, r0, r1, C, c0, blk, act);
+}
+#else
+#define bn_block_sums_wide bn_block_sums_narrow
+#endif
+
 // Adds to acc[c] and acc[C + c] the column sums of bn_run_terms over the rows, samples of
 // sample_rows rows. Each block of a sample sums its groups into one partial sum per value
 // of a group (a group's rows are independent chains of adds), then adds a channel's partial
@@ -1898,11 +1949,11 @@ static void bn_column_sums(double *acc, int64_t rows, int64_t sample_rows, int C
     const int64_t P = bn_sample_blocks(sample_rows), per = (sample_rows + P - 1) / P;
     const int64_t units = rows / sample_rows * P;
     double part[BN_PART_SUMS];  // per unit of a round: its nc sums, then its nc sums of squares
+    BnBlockSums *const block_sums = cpu_wide() ? bn_block_sums_wide : bn_block_sums_narrow;
     for (int c0 = 0; c0 < C; c0 += BN_COLS_BLOCK) {
         const int nc = C - c0 < BN_COLS_BLOCK ? C - c0 : BN_COLS_BLOCK, round = BN_PART_SUMS / (2 * nc);
         BnBlock blk;
         bn_block(&blk, dout ? s : NULL, C, c0, nc);
-        const int R = blk.rows;
         const float *out = s ? s->out : NULL;  // the mask's source (bn_run_terms), or NULL
         for (int64_t u0 = 0; u0 < units; u0 += round) {
             const int nu = (int)(units - u0 < round ? units - u0 : round);
@@ -1911,22 +1962,8 @@ static void bn_column_sums(double *acc, int64_t rows, int64_t sample_rows, int C
                 const int64_t sample = (u0 + u) / P, b = (u0 + u) % P;
                 const int64_t lo = b * per < sample_rows ? b * per : sample_rows;
                 const int64_t hi = (b + 1) * per < sample_rows ? (b + 1) * per : sample_rows;
-                const int64_t r0 = sample * sample_rows + lo, r1 = sample * sample_rows + hi;
-                double s[2 * (BN_COLS_BLOCK + BN_STRIDE_PAD)];
-                double *s1 = s, *s2 = s + bn_stride(nc * R);
-                for (int t = 0; t < nc * R; t++) s1[t] = s2[t] = 0.0;
-                for (int64_t r = r0; r < r1; r += R) {
-                    const int n = (int)(r1 - r < R ? r1 - r : R) * nc;
-                    const int64_t e0 = r * C + c0;
-                    bn_run_terms(s1, s2, x + e0, dout ? dout + e0 : NULL, out ? out + e0 : NULL,
-                                 &blk, act, n);
-                }
-                double *pu = part + (size_t)u * 2 * nc;
-                for (int j = 0; j < nc; j++) {
-                    double a = 0.0, q = 0.0;
-                    for (int g = 0; g < R; g++) a += s1[g * nc + j], q += s2[g * nc + j];
-                    pu[j] = a, pu[nc + j] = q;
-                }
+                block_sums(part + (size_t)u * 2 * nc, x, dout, out, sample * sample_rows + lo,
+                           sample * sample_rows + hi, C, c0, &blk, act);
             }
             for (int u = 0; u < nu; u++)
                 for (int j = 0; j < nc; j++) {

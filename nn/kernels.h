@@ -42,6 +42,18 @@ HOST_DEVICE static inline bool act_passes(Activation act, float y) {
     return (act == ACT_NONE) | ((y > 0.0f) & ((act == ACT_RELU) | (y < 6.0f)));
 }
 
+// The outputs whose windows cover input x (>= 0, in padded coordinates) along one axis, for
+// the CPU and the CUDA kernels alike: the first output o whose window [o * stride,
+// o * stride + K - 1] reaches x, and the last whose window starts at or before x.
+HOST_DEVICE static inline int first_window(int x, int K, int stride) {
+    const int a = x - K + 1;
+    return a <= 0 ? 0 : (a + stride - 1) / stride;
+}
+HOST_DEVICE static inline int last_window(int x, int stride, int O) {
+    const int o = x / stride;
+    return o < O - 1 ? o : O - 1;
+}
+
 // A convolution over N images (H, W, C) -> (OH, OW, OC), K x K windows.
 typedef struct ConvGeometry {
     int N, H, W, C, K, stride, pad, OH, OW, OC;
