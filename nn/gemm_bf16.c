@@ -93,24 +93,56 @@ BF16 static inline __m512i pair_rows(__m512 lo, __m512 hi) {
 
 static inline __mmask16 first(int n) { return (__mmask16)(n >= 16 ? 0xffff : n > 0 ? (1u << n) - 1 : 0); }
 
-// Pairs along a run of contiguous k: src[0, kc) (NULL: zeros) to d[p * step] for p < kpad,
-// zeros past kc.
-BF16 static void pack_run(uint32_t *d, int step, const float *src, int kc, int kpad) {
+// Pairs along a run of contiguous k: src[0, kc) (NULL: zeros) to d[0, kpad), zeros past kc.
+BF16 static void pack_run(uint32_t *d, const float *src, int kc, int kpad) {
     for (int p0 = 0; p0 < kpad; p0 += 16) {
-        uint32_t w[16];
         const int k = 2 * p0;
+        __m512i w = _mm512_setzero_si512();
         if (src && k < kc) {
             const __m512 x = _mm512_maskz_loadu_ps(first(kc - k), src + k);
             const __m512 y = _mm512_maskz_loadu_ps(first(kc - k - 16), src + k + 16);
-            _mm512_storeu_si512(w, (__m512i)_mm512_cvtne2ps_pbh(y, x));  // already in pairs
-        } else {
-            _mm512_storeu_si512(w, _mm512_setzero_si512());
+            w = (__m512i)_mm512_cvtne2ps_pbh(y, x);  // already in pairs
         }
-        const int n = imin(16, kpad - p0);
-        if (step == 1)
-            _mm512_mask_storeu_epi32(d + p0, first(n), _mm512_loadu_si512(w));
-        else
-            for (int q = 0; q < n; q++) d[(int64_t)(p0 + q) * step] = w[q];
+        _mm512_mask_storeu_epi32(d + p0, first(kpad - p0), w);
+    }
+}
+
+// The 16 x 16 words of r transposed: r[j] (word i) = r[i] (word j) before.
+BF16 static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // u[4 g + c], 128-bit lane L: word 4 L + c of rows 4 g to 4 g + 3
+    for (int c = 0; c < 4; c++) {
+        const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512i e = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd), f = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_i32x4(a, b, 0x88);
+        r[8 + c] = _mm512_shuffle_i32x4(a, b, 0xdd);
+        r[4 + c] = _mm512_shuffle_i32x4(e, f, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(e, f, 0xdd);
+    }
+}
+
+// d[j * ld + i] = s[i * lds + j] for i < m (at most 16) and j < n, 16 x 16 at a time in
+// registers: the panels whose pairs do not lie along the packing's runs (AMX's A panels of
+// a transposed A, a weight gradient's dy; B's panels of a B whose k runs along its rows, a
+// convolution's weight), which a word at a time took a store apiece.
+BF16 static void transpose_words(uint32_t *d, int64_t ld, const uint32_t *s, int64_t lds, int m, int n) {
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const __mmask16 mj = first(n - j0);
+        __m512i r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < m ? _mm512_maskz_loadu_epi32(mj, s + (int64_t)i * lds + j0) : _mm512_setzero_si512();
+        transpose16(r);
+        for (int j = 0; j < 16 && j0 + j < n; j++) _mm512_mask_storeu_epi32(d + (int64_t)(j0 + j) * ld, first(m), r[j]);
     }
 }
 
@@ -226,8 +258,7 @@ BF16 static void weight_segment(float *dst, const GemmView *v, int row, int col,
 
 // Pairs along a row of the columns from pixel px's column at tap t on, kc of them, as
 // pack_run, its groups of 32 read where they are.
-BF16 static void pack_cols_run(uint32_t *d, int step, const GemmView *v, ColsPixel px, ColsTap t, int kc,
-                               int kpad) {
+BF16 static void pack_cols_run(uint32_t *d, const GemmView *v, ColsPixel px, ColsTap t, int kc, int kpad) {
     for (int p0 = 0; p0 < kpad; p0 += 16) {
         const int k = 2 * p0;
         __m512 x = _mm512_setzero_ps(), y = _mm512_setzero_ps();
@@ -236,38 +267,34 @@ BF16 static void pack_cols_run(uint32_t *d, int step, const GemmView *v, ColsPix
             if (g) x = _mm512_maskz_loadu_ps(first(kc - k), g), y = _mm512_maskz_loadu_ps(first(kc - k - 16), g + 16);
             tap_next32(&t, v);
         }
-        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(y, x);
-        const int n = imin(16, kpad - p0);
-        if (step == 1) {
-            _mm512_mask_storeu_epi32(d + p0, first(n), w);
-        } else {
-            uint32_t u[16];
-            _mm512_storeu_si512(u, w);
-            for (int q = 0; q < n; q++) d[(int64_t)(p0 + q) * step] = u[q];
-        }
+        _mm512_mask_storeu_epi32(d + p0, first(kpad - p0), (__m512i)_mm512_cvtne2ps_pbh(y, x));
     }
 }
 
 // Rows [r0, r0 + rows) of operand X, k [k0, k0 + kc), in pairs: pair p of row r to
 // d[r * rs + p * ps] for r < rpad (at most 32: a panel's) and p < kpad, zeros past rows and
-// past kc. Rows of columns or of a weight that are not read where they lie go through
-// `row` on the stack.
+// past kc; rs or ps is 1 (A's panels [r][p] on AMX, else [p][r]). Rows of columns or of a
+// weight that are not read where they lie go through `row` on the stack; pairs that do not
+// lie along the runs the packing makes go through `runs` or `pairs`, transposed into d.
 BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const Operand *X, int r0, int rows, int rpad, int k0,
                             int kc, int kpad) {
     const GemmView *v = X->v;
     const bool cols = v->kind == VIEW_COLS;
-    if (X->k_runs) {
+    if (X->k_runs) {  // runs along each row: in d where ps is 1, else 16 rows' in `runs`
         const bool groups = cols && cols_in_groups(v, k0);
         ColsPixel px = groups ? cols_pixel(v, r0) : (ColsPixel){0};
         const ColsTap tap = groups ? cols_tap(v, k0) : (ColsTap){0};
         float row[KC_MAX];
+        uint32_t runs[16][KC_MAX / 2];
         for (int r = 0; r < rpad; r++) {
-            uint32_t *const dr = d + (int64_t)r * rs;
-            if (r >= rows) pack_run(dr, ps, NULL, kc, kpad);
-            else if (v->kind == VIEW_STORED) pack_run(dr, ps, v->x + (int64_t)(r0 + r) * v->ld + k0, kc, kpad);
-            else if (groups) pack_cols_run(dr, ps, v, px, tap, kc, kpad), pixel_next(&px, v);
-            else if (cols) cols_segment(row, v, r0 + r, k0, kc), pack_run(dr, ps, row, kc, kpad);
-            else weight_segment(row, v, r0 + r, k0, kc), pack_run(dr, ps, row, kc, kpad);
+            uint32_t *const dr = ps == 1 ? d + (int64_t)r * rs : runs[r % 16];
+            if (r >= rows) pack_run(dr, NULL, kc, kpad);
+            else if (v->kind == VIEW_STORED) pack_run(dr, v->x + (int64_t)(r0 + r) * v->ld + k0, kc, kpad);
+            else if (groups) pack_cols_run(dr, v, px, tap, kc, kpad), pixel_next(&px, v);
+            else if (cols) cols_segment(row, v, r0 + r, k0, kc), pack_run(dr, row, kc, kpad);
+            else weight_segment(row, v, r0 + r, k0, kc), pack_run(dr, row, kc, kpad);
+            if (ps != 1 && (r % 16 == 15 || r == rpad - 1))
+                transpose_words(d + r / 16 * 16, ps, runs[0], KC_MAX / 2, r % 16 + 1, kpad);
         }
         return;
     }
@@ -278,6 +305,7 @@ BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const Operand *X, int r
     const ColsTap tap = groups ? cols_tap(v, r0) : (ColsTap){0};
     const int64_t tap_at = ((int64_t)tap.kh * v->W + tap.kw) * v->C + tap.c;
     float row[2][32];
+    uint32_t pairs[16][32];  // rs != 1: 16 pairs' words of the rows
     for (int p = 0; p < kpad; p++) {
         const int k = 2 * p;
         const float *lo[2] = {NULL, NULL}, *hi[2] = {NULL, NULL};
@@ -298,14 +326,10 @@ BF16 static void pack_pairs(uint32_t *d, int rs, int ps, const Operand *X, int r
         for (int r = 0; r < rpad; r += 16) {
             const __mmask16 m = first(rows - r);
             const __m512i w = pair_rows(load16(lo[r / 16], m), load16(hi[r / 16], m));
-            if (rs == 1) {
-                _mm512_mask_storeu_epi32(d + (int64_t)p * ps + r, first(rpad - r), w);
-            } else {
-                uint32_t t[16];
-                _mm512_storeu_si512(t, w);
-                for (int q = 0; q < 16 && r + q < rpad; q++) d[(int64_t)(r + q) * rs + (int64_t)p * ps] = t[q];
-            }
+            if (rs == 1) _mm512_mask_storeu_epi32(d + (int64_t)p * ps + r, first(rpad - r), w);
+            else _mm512_storeu_si512(pairs[p % 16] + r, w);
         }
+        if (rs != 1 && (p % 16 == 15 || p == kpad - 1)) transpose_words(d + p / 16 * 16, rs, pairs[0], 32, p % 16 + 1, rpad);
     }
 }
 
