@@ -317,7 +317,6 @@ struct Window {
     int H, W, C, K, stride, pad, OH, OW;
 };
 
-
 // col element i = (row (n, oh, ow), column (kh, kw, c)); zero outside the image.
 __host__ __device__ static inline void im2col_at(int64_t i, float *col, const float *in, Window w) {
     const int64_t kc = (int64_t)w.K * w.C, ckk = w.K * kc;

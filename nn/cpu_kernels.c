@@ -856,7 +856,6 @@ static void direct_forward_row_narrow(float *out, const float *in, const float *
 }
 
 #ifdef __AVX2__
-
 __attribute__((target("avx512f"))) static void direct_forward_row_wide(
     float *out, const float *in, const float *wt, const float *bias, ConvGeometry g,
     const PatchOffsets *po, int64_t row, Activation act) {
