@@ -53,14 +53,18 @@ static const CfgKey conv_keys[] = {
 // 1x1, stride 1, unpadded: the input already is its own im2col.
 static bool conv_is_pointwise(const Conv *c) { return c->size == 1 && c->stride == 1 && c->pad == 0; }
 
+static ConvGeometry conv_geometry(const Conv *c, int N) {
+    const Layer *l = &c->base;
+    return (ConvGeometry){N, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
+                          l->out.h, l->out.w, c->filters};
+}
+
 // Whether the backend's GEMMs read the im2col columns and the weight where they lie
-// (kernels.h: conv_gemm_usable), for the input's channels (the forward's and the weight
-// gradient's columns) and the filters (the input gradient's columns are dout's; and the
-// products over filters, were there fewer than 32, would run in fp32 through gemm), not a
-// pointwise layer's (its input is its columns).
+// (kernels.h: conv_gemm_usable, for the input's channels, the forward's and the weight
+// gradient's columns, and the filters, the input gradient's columns; or AMX's 3x3
+// convolutions), not a pointwise layer's (its input is its columns).
 static bool conv_gemm_views(const Conv *c, const Kernels *k) {
-    return !conv_is_pointwise(c) && k->conv_gemm_usable && k->conv_gemm_usable(c->base.in.c) &&
-           k->conv_gemm_usable(c->filters);
+    return !conv_is_pointwise(c) && k->conv_gemm_usable && k->conv_gemm_usable(conv_geometry(c, 1));
 }
 
 // Few inputs per output (an image's first layer: conv1 of the seed network has 9): the
@@ -96,12 +100,6 @@ static ConvAlgorithm conv_auto_algorithm(const Conv *c, const Kernels *k) {
                    l->out.h * l->out.w >= WINOGRAD_MIN_PIXELS
                ? CONV_WINOGRAD
                : CONV_GEMM;
-}
-
-static ConvGeometry conv_geometry(const Conv *c, int N) {
-    const Layer *l = &c->base;
-    return (ConvGeometry){N, l->in.h, l->in.w, l->in.c, c->size, c->stride, c->pad,
-                          l->out.h, l->out.w, c->filters};
 }
 
 // Images per im2col chunk for a batch of N on k.

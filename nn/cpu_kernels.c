@@ -238,8 +238,15 @@ static void cpu_gemm(float *C, const float *A, const float *B, int M, int N, int
 // Channels a multiple of 32: the packing reads a tap's 32 at a time where they lie; fewer
 // go through a row copied run by run, slower than im2col (resnet18's stem, C = 3: the
 // step 0.96 -> 1.08-1.14 s).
-static bool cpu_conv_gemm_usable(int channels) {
-    return OWN_GEMMS && cpu_arith == GEMM_BF16 && channels % 32 == 0 && gemm_bf16_available();
+static bool conv_views(ConvGeometry g) { return g.C % 32 == 0 && g.OC % 32 == 0 && gemm_bf16_available(); }
+
+// Where the views cannot read a 3x3 layer's channels (multiples of 16 alone), AMX's
+// convolution from the input itself (nn/gemm_bf16.h): models/resnet-small.cfg's 16-channel
+// stage, which ran in fp32 Winograd under matmul = bf16.
+static bool conv_amx(ConvGeometry g) { return !conv_views(g) && conv_amx_usable(g); }
+
+static bool cpu_conv_gemm_usable(ConvGeometry g) {
+    return OWN_GEMMS && cpu_arith == GEMM_BF16 && (conv_views(g) || conv_amx(g));
 }
 
 static GemmView cols_view(const float *in, ConvGeometry g) {
@@ -255,6 +262,10 @@ static GemmView weight_view(const float *w, ConvGeometry g) {
 
 // Never split over K: an output pixel's sum is the same bits whatever images the call has.
 static void cpu_conv_gemm_forward(float *out, const float *in, const float *w, ConvGeometry g) {
+    if (conv_amx(g)) {
+        conv_amx_forward(out, in, w, g);
+        return;
+    }
     gemm_views(stored(out, g.OC, false), cols_view(in, g), weight_view(w, g), g.N * g.OH * g.OW, g.OC,
                g.C * g.K * g.K, 1.0f, 0.0f, false);
 }
@@ -263,6 +274,10 @@ static void cpu_conv_gemm_forward(float *out, const float *in, const float *w, C
 // and its filters and channels swapped (stride 1): one product for the call's images,
 // never split over K.
 static void cpu_conv_gemm_data_grad(float *din, const float *dout, const float *w, ConvGeometry g) {
+    if (conv_amx(g)) {
+        conv_amx_data_grad(din, dout, w, g);
+        return;
+    }
     const int taps = g.K * g.K;
     const ConvGeometry t = {g.N, g.OH, g.OW, g.OC, g.K, 1, g.K - 1 - g.pad, g.H, g.W, g.C};
     const GemmView wt = {.kind = VIEW_WEIGHT, .x = (float *)w, .ld = taps, .trans = true, .C = g.OC, .taps = taps,
@@ -272,6 +287,10 @@ static void cpu_conv_gemm_data_grad(float *din, const float *dout, const float *
 }
 
 static void cpu_conv_gemm_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
+    if (conv_amx(g)) {
+        conv_amx_weight_grad(dw, dy, in, g);
+        return;
+    }
     const int ckk = g.C * g.K * g.K;
     gemm_views(stored(dw, ckk, false), stored(dy, g.OC, true), cols_view(in, g), g.OC, ckk, g.N * g.OH * g.OW,
                1.0f, 1.0f, true);

@@ -18,6 +18,7 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -436,6 +437,20 @@ typedef struct TileConfig {
     uint8_t rows[16];
 } TileConfig;
 
+// The configuration of the GEMM's tiles and of the convolutions' (below): 8 tiles of 16 rows
+// of 64 bytes; released by amx_release.
+AMX static void amx_configure(void) {
+    TileConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
+    // GCC 12 does not see that LDTILECFG reads the 64 bytes: it dropped the stores above.
+    __asm__ volatile("" : : "r"(&cfg) : "memory");
+    _tile_loadconfig(&cfg);
+}
+
+AMX static void amx_release(void) { _tile_release(); }
+
 // Tiles 0-3 from and to the 32 x 32 block of floats at c, rows ld floats apart: its four
 // 16 x 16 quarters in row-major order.
 AMX static void tiles_load(const float *c, int64_t ld) {
@@ -545,11 +560,7 @@ AMX static void amx_rows(const Operand *A, const uint32_t *pb, uint32_t *pa, con
 AMX static void gemm_blocks_amx(int M, int N, int K, float alpha, const Operand *A, const Operand *B, float beta,
                                 const GemmView *C, uint32_t *pa) {
     uint32_t *const pb = pa + (size_t)MC * KC / 2;
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
+    amx_configure();
     int64_t pairs = 0;  // of every k-block
     for (int k0 = 0; k0 < K; k0 += KC_AMX) pairs += amx_kpad(imin(KC_AMX, K - k0));
     for (int j0 = 0; j0 < N; j0 += NC_AMX) {
@@ -578,7 +589,312 @@ AMX static void gemm_blocks_amx(int M, int N, int K, float alpha, const Operand 
                 amx_rows(A, pb, pa, C, i0, imin(MC_AMX, M - i0), j0, nc, k0, kc, alpha, k0 == 0 ? beta : 1.0f);
         }
     }
-    _tile_release();
+    amx_release();
+}
+
+// ---- AMX: 3x3 convolutions from the input itself ----------------------------------------
+//
+// A 3x3 stride-1 convolution padded by 1 whose channels the columns' views cannot take (a
+// multiple of 16, not of 32: models/resnet-small.cfg's first stage, which ran in fp32
+// Winograd under matmul = bf16) runs on the tiles without columns: each input value is
+// rounded to bf16 once, where the columns' packing rounds it 9 times.
+//
+// Forward (and the input gradient, the same convolution of dy with the weight turned half
+// a turn, filters and channels swapped): a band of output rows of one image at a time. Its
+// input rows (one above, one below) go to the thread's buffer in bf16, each padded to
+// W + 3 pixels (a zero, the row, two zeros). A tap row kh of output pixel x is then 3 x C
+// contiguous values from padded pixel x, taken in steps of 32 (a tile row of A: 64
+// bytes), the weight zero past kw = 2: one tile of A holds 16 output pixels of a row (the
+// last tile of a row starts at W - 16 and may overlap the one before: the same values),
+// rows C values apart. B holds the weight's 32 values of a step for 16 filters. Four tiles
+// of outputs (C), one of the weight (B), three of the input (A).
+//
+// Weight gradient: dw'(o, tap, c) = sum over the pixels q of dy(q, o) x(q + tap, c), k
+// along the band's padded pixels (q = row * (W + 3) + column; dy zero in the 3 columns
+// past W). A is dy transposed (16 filters x 32 pixels), B the input in pairs of pixels
+// (x(2m), x(2m + 1)) or (x(2m + 1), x(2m + 2)) as the tap's offset is even or odd: 6
+// tiles of (tap, 16 channels) over the band, one of dy, one of the input. Each thread
+// sums its images into its own dw' (a sum over its images' bands in steps of 32 pixels),
+// and the threads' sums are added to dw in thread order: the bits depend on the call's
+// images and the thread count, as gemm's split over k.
+
+#define CONV_AMX_BAND_BYTES (256 * 1024)  // a band's input in bf16, about (the caches)
+
+static int conv_amx_steps(int cin) { return (3 * cin + 31) / 32; }   // k steps along a tap row
+static int64_t conv_amx_taps_words(int cin, int cout) { return (int64_t)3 * conv_amx_steps(cin) * (cout / 16) * 256; }
+static int64_t conv_amx_band_halves(int rows, int W, int cin) { return (int64_t)(rows + 2) * (W + 3) * cin; }
+
+// The weight gradient's band: dy transposed, rows ld halves apart (past the band's padded
+// pixels, rounded to 32, and the 16 its last row's writes reach beyond them), and the
+// input's pairs of pixels, m_count words of pairs of each parity.
+typedef struct AmxDwBand {
+    int64_t q, ld, m_count;  // q: the band's padded pixels rounded up to 32
+} AmxDwBand;
+static AmxDwBand amx_dw_band(int rows, int W) {
+    const int64_t Wp = W + 3, q = (rows * Wp + 31) / 32 * 32;
+    return (AmxDwBand){q, q + 32, (q + 2 * Wp + 2) / 2 + 1};
+}
+static size_t amx_dw_bytes(int rows, int W, int cin, int cout) {
+    const AmxDwBand b = amx_dw_band(rows, W);
+    return (size_t)cout * 9 * cin * sizeof(float) + (size_t)cout * b.ld * 2 + (size_t)2 * b.m_count * cin * 4;
+}
+
+// Output rows a band: as many as keep its input near CONV_AMX_BAND_BYTES, at least one
+// (and its buffers within the thread's).
+static int amx_forward_rows(int H, int W, int cin, int cout) {
+    int rows = 1;
+    while (rows < H && conv_amx_band_halves(rows + 1, W, cin) * 2 <= CONV_AMX_BAND_BYTES) rows++;
+    return rows;
+}
+static int amx_dw_rows(int H, int W, int cin, int cout) {
+    int rows = 1;
+    while (rows < H && amx_dw_bytes(rows + 1, W, cin, cout) <= 2 * CONV_AMX_BAND_BYTES) rows++;
+    return rows;
+}
+
+bool conv_amx_usable(ConvGeometry g) {
+    if (!gemm_bf16_available() || !use_amx()) return false;
+    if (g.K != 3 || g.stride != 1 || g.pad != 1 || g.OH != g.H || g.OW != g.W || g.W < 16 || g.C % 16 ||
+        g.OC % 16)
+        return false;
+    const size_t buffer = GEMM_THREAD_BUFFER_BYTES;
+    return (size_t)conv_amx_taps_words(g.C, g.OC) * 4 + conv_amx_band_halves(1, g.W, g.C) * 2 <= buffer &&
+           (size_t)conv_amx_taps_words(g.OC, g.C) * 4 + conv_amx_band_halves(1, g.W, g.OC) * 2 <= buffer &&
+           amx_dw_bytes(1, g.W, g.C, g.OC) <= buffer;
+}
+
+static inline __mmask32 first32(int n) { return (__mmask32)(n >= 32 ? ~0u : n > 0 ? (1u << n) - 1 : 0); }
+
+// d[0, n) = src[0, n) in bf16 (NULL: zeros).
+BF16 static void bf16_run(uint16_t *d, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32) {
+        const int left = (int)(n - i < 32 ? n - i : 32);
+        const __m512 x = src ? _mm512_maskz_loadu_ps(first(left), src + i) : _mm512_setzero_ps();
+        const __m512 y = src ? _mm512_maskz_loadu_ps(first(left - 16), src + i + 16) : _mm512_setzero_ps();
+        _mm512_mask_storeu_epi16(d + i, first32(left), (__m512i)_mm512_cvtne2ps_pbh(y, x));
+    }
+}
+
+// The weight's B tiles, [kh][step][16 outputs][16 pairs x 16 outputs]: pair p of step j
+// is the tap row's values 32 j + 2p and 32 j + 2p + 1, value v = kw * cin + c; zeros past
+// kw = 2. The forward's weight (flip false): w(o, c, kh, kw) of w (cout, cin, 3, 3); the
+// input gradient's (flip): w(c, o, 2 - kh, 2 - kw) of w (cin, cout, 3, 3).
+AMX static void amx_pack_taps(uint32_t *wp, const float *w, int cin, int cout, bool flip) {
+    const int steps = conv_amx_steps(cin);
+    for (int kh = 0; kh < 3; kh++)
+        for (int j = 0; j < steps; j++)
+            for (int ob = 0; ob < cout / 16; ob++) {
+                uint32_t *t = wp + (((int64_t)kh * steps + j) * (cout / 16) + ob) * 256;
+                for (int p = 0; p < 16; p++) {
+                    float v[2][16];
+                    for (int h = 0; h < 2; h++)
+                        for (int n = 0; n < 16; n++) {
+                            const int k = 32 * j + 2 * p + h, kw = k / cin, c = k % cin, o = ob * 16 + n;
+                            v[h][n] = kw > 2 ? 0.0f
+                                      : flip ? w[(((int64_t)c * cout + o) * 3 + 2 - kh) * 3 + 2 - kw]
+                                             : w[(((int64_t)o * cin + c) * 3 + kh) * 3 + kw];
+                        }
+                    _mm512_storeu_si512(t + 16 * p, pair_rows(_mm512_loadu_ps(v[0]), _mm512_loadu_ps(v[1])));
+                }
+            }
+}
+
+// Rows oy0 - 1 to oy0 + rows of image (H, W, cin) in bf16, each W + 3 pixels: a zero, the
+// row, two zeros; zeros outside the image.
+AMX static void amx_band_rows(uint16_t *xp, const float *image, int oy0, int rows, int H, int W, int cin) {
+    const int64_t row = (int64_t)(W + 3) * cin;
+    for (int r = 0; r < rows + 2; r++) {
+        const int iy = oy0 - 1 + r;
+        uint16_t *d = xp + r * row;
+        memset(d, 0, (size_t)cin * 2);
+        bf16_run(d + cin, iy >= 0 && iy < H ? image + (int64_t)iy * W * cin : NULL, (int64_t)W * cin);
+        memset(d + (int64_t)(W + 1) * cin, 0, (size_t)cin * 4);
+    }
+}
+
+// Output rows oy0 to oy0 + rows - 1 of an image (W pixels a row, cout channels) from its
+// band xp and the weight's tiles wp.
+AMX static void amx_band_conv(float *out, const uint16_t *xp, const uint32_t *wp, int oy0, int rows, int W, int cin,
+                              int cout) {
+    const int steps = conv_amx_steps(cin), per_row = (W + 15) / 16, blocks = rows * per_row, astride = cin * 2;
+    for (int b0 = 0; b0 < blocks; b0 += 4) {
+        const int nb = imin(4, blocks - b0);
+        const uint16_t *a[4];  // each tile's first pixel in the band
+        float *c[4];
+        for (int i = 0; i < nb; i++) {
+            const int r = (b0 + i) / per_row, x0 = imin((b0 + i) % per_row * 16, W - 16);
+            a[i] = xp + ((int64_t)r * (W + 3) + x0) * cin;
+            c[i] = out + ((int64_t)(oy0 + r) * W + x0) * cout;
+        }
+        for (int ob = 0; ob < cout / 16; ob++) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int kh = 0; kh < 3; kh++)
+                for (int j = 0; j < steps; j++) {
+                    const int64_t at = (int64_t)kh * (W + 3) * cin + 32 * j;
+                    _tile_loadd(4, wp + (((int64_t)kh * steps + j) * (cout / 16) + ob) * 256, 64);
+                    _tile_loadd(5, a[0] + at, astride);
+                    _tile_dpbf16ps(0, 5, 4);
+                    if (nb > 1) {
+                        _tile_loadd(6, a[1] + at, astride);
+                        _tile_dpbf16ps(1, 6, 4);
+                    }
+                    if (nb > 2) {
+                        _tile_loadd(7, a[2] + at, astride);
+                        _tile_dpbf16ps(2, 7, 4);
+                    }
+                    if (nb > 3) {
+                        _tile_loadd(5, a[3] + at, astride);
+                        _tile_dpbf16ps(3, 5, 4);
+                    }
+                }
+            const int cstride = cout * 4;
+            _tile_stored(0, c[0] + ob * 16, cstride);
+            if (nb > 1) _tile_stored(1, c[1] + ob * 16, cstride);
+            if (nb > 2) _tile_stored(2, c[2] + ob * 16, cstride);
+            if (nb > 3) _tile_stored(3, c[3] + ob * 16, cstride);
+        }
+    }
+}
+
+// out (N, H, W, cout) = the convolution of in (N, H, W, cin) with the weight's tiles
+// (packed by each thread from w), in bands of output rows over the threads.
+static void amx_conv(float *out, const float *in, const float *w, int N, int H, int W, int cin, int cout, bool flip) {
+    const int rows = amx_forward_rows(H, W, cin, cout), bands = (H + rows - 1) / rows;
+#pragma omp parallel
+    {
+        uint32_t *const wp = gemm_thread_buffer();
+        uint16_t *const xp = (uint16_t *)(wp + conv_amx_taps_words(cin, cout));
+        amx_configure();
+        amx_pack_taps(wp, w, cin, cout, flip);
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < (int64_t)N * bands; u++) {
+            const int64_t n = u / bands;
+            const int oy0 = (int)(u % bands) * rows, nr = imin(rows, H - oy0);
+            amx_band_rows(xp, in + n * H * W * cin, oy0, nr, H, W, cin);
+            amx_band_conv(out + n * H * W * cout, xp, wp, oy0, nr, W, cin, cout);
+        }
+        amx_release();
+    }
+}
+
+void conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g) {
+    amx_conv(out, in, w, g.N, g.H, g.W, g.C, g.OC, false);
+}
+
+void conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g) {
+    amx_conv(din, dy, w, g.N, g.H, g.W, g.OC, g.C, true);
+}
+
+// dyt[o][q] = dy's band (rows oy0 to oy0 + rows - 1 of an image, W pixels, cout channels)
+// in bf16 at q = row * (W + 3) + x, zeros for x >= W and from rows * (W + 3) to ld.
+AMX static void amx_band_dyt(uint16_t *dyt, int64_t ld, const float *dy, int oy0, int rows, int W, int cout) {
+    const int Wp = W + 3;
+    for (int ob = 0; ob < cout; ob += 16)
+        for (int r = 0; r < rows; r++)
+            for (int x0 = 0; x0 < Wp; x0 += 16) {  // a row's last block writes zeros past it
+                __m512i v[16];
+                for (int i = 0; i < 16; i++)
+                    v[i] = x0 + i < W ? _mm512_loadu_si512(dy + ((int64_t)(oy0 + r) * W + x0 + i) * cout + ob)
+                                      : _mm512_setzero_si512();
+                transpose16(v);  // v[o]: pixels x0 to x0 + 15 of filter ob + o
+                for (int o = 0; o < 16; o++)
+                    _mm256_storeu_si256((__m256i *)(dyt + (ob + o) * ld + (int64_t)r * Wp + x0),
+                                        (__m256i)_mm512_cvtneps_pbh((__m512)v[o]));
+            }
+    for (int o = 0; o < cout; o++) memset(dyt + o * ld + (int64_t)rows * Wp, 0, (size_t)(ld - rows * Wp) * 2);
+}
+
+// x[m][c] = the band's padded pixels 2m + par and 2m + 1 + par of channel c in a word (the
+// first in its low half), m < count: padded pixel P = pr * (W + 3) + px is the input's row
+// oy0 - 1 + pr, column px - 1, zeros outside the image and past the band's rows + 2 rows.
+AMX static void amx_band_pairs(uint32_t *x, int par, int64_t count, const float *image, int oy0, int rows, int H,
+                               int W, int cin) {
+    const int Wp = W + 3;
+    for (int64_t m = 0; m < count; m++) {
+        const float *p[2];
+        for (int h = 0; h < 2; h++) {
+            const int64_t P = 2 * m + par + h;
+            const int pr = (int)(P / Wp), iy = oy0 - 1 + pr, ix = (int)(P % Wp) - 1;
+            p[h] = pr < rows + 2 && iy >= 0 && iy < H && ix >= 0 && ix < W ? image + ((int64_t)iy * W + ix) * cin : NULL;
+        }
+        for (int c = 0; c < cin; c += 16)
+            _mm512_storeu_si512(x + m * cin + c, pair_rows(p[0] ? _mm512_loadu_ps(p[0] + c) : _mm512_setzero_ps(),
+                                                           p[1] ? _mm512_loadu_ps(p[1] + c) : _mm512_setzero_ps()));
+    }
+}
+
+// part (cout, 9, cin) += the band's dw': for each 16 filters, the (tap, 16 channels) tiles
+// six at a time over the band's pixels in steps of 32.
+#define DW_TILE(g)                                                         \
+    if (ng > g) {                                                          \
+        _tile_loadd(7, x[g] + q0 / 2 * cin, cin * 4);                      \
+        _tile_dpbf16ps(g, 6, 7);                                           \
+    }
+#define DW_C(op, g) \
+    if (ng > g) op(g, c[g], cstride);
+AMX static void amx_band_dw(float *part, const uint16_t *dyt, AmxDwBand b, const uint32_t *x0, const uint32_t *x1, int W,
+                            int cin, int cout) {
+    const int Wp = W + 3, blocks = cin / 16, tiles = 9 * blocks, cstride = 9 * cin * 4;
+    for (int ob = 0; ob < cout / 16; ob++)
+        for (int g0 = 0; g0 < tiles; g0 += 6) {
+            const int ng = imin(6, tiles - g0);
+            float *c[6];
+            const uint32_t *x[6];  // the tile's pairs at q = 0
+            for (int g = 0; g < ng; g++) {
+                const int t = (g0 + g) / blocks, cb = (g0 + g) % blocks, s = t / 3 * Wp + t % 3;
+                c[g] = part + (int64_t)ob * 16 * 9 * cin + t * cin + cb * 16;
+                x[g] = (s & 1 ? x1 + (int64_t)(s - 1) / 2 * cin : x0 + (int64_t)s / 2 * cin) + cb * 16;
+            }
+            DW_C(_tile_loadd, 0) DW_C(_tile_loadd, 1) DW_C(_tile_loadd, 2)
+            DW_C(_tile_loadd, 3) DW_C(_tile_loadd, 4) DW_C(_tile_loadd, 5)
+            for (int64_t q0 = 0; q0 < b.q; q0 += 32) {
+                _tile_loadd(6, dyt + (int64_t)ob * 16 * b.ld + q0, b.ld * 2);
+                DW_TILE(0) DW_TILE(1) DW_TILE(2) DW_TILE(3) DW_TILE(4) DW_TILE(5)
+            }
+            DW_C(_tile_stored, 0) DW_C(_tile_stored, 1) DW_C(_tile_stored, 2)
+            DW_C(_tile_stored, 3) DW_C(_tile_stored, 4) DW_C(_tile_stored, 5)
+        }
+}
+#undef DW_TILE
+#undef DW_C
+
+void conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
+    const int H = g.H, W = g.W, cin = g.C, cout = g.OC, rows = amx_dw_rows(H, W, cin, cout);
+    const int bands = (H + rows - 1) / rows, threads = omp_get_max_threads();
+    const AmxDwBand b = amx_dw_band(rows, W);
+    const int64_t size = (int64_t)cout * 9 * cin;
+    float *parts[threads];
+    int used = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *const part = gemm_thread_buffer();
+        uint16_t *const dyt = (uint16_t *)(part + size);
+        uint32_t *const x0 = (uint32_t *)(dyt + cout * b.ld), *const x1 = x0 + b.m_count * cin;
+        parts[omp_get_thread_num()] = part;
+#pragma omp single
+        used = omp_get_num_threads();
+        memset(part, 0, (size_t)size * sizeof(float));
+        amx_configure();
+#pragma omp for schedule(static)
+        for (int n = 0; n < g.N; n++)
+            for (int band = 0; band < bands; band++) {
+                const int oy0 = band * rows, nr = imin(rows, H - oy0);
+                const float *image = in + (int64_t)n * H * W * cin;
+                amx_band_dyt(dyt, b.ld, dy + (int64_t)n * H * W * cout, oy0, nr, W, cout);
+                amx_band_pairs(x0, 0, b.m_count, image, oy0, nr, H, W, cin);
+                amx_band_pairs(x1, 1, b.m_count, image, oy0, nr, H, W, cin);
+                amx_band_dw(part, dyt, b, x0, x1, W, cin, cout);
+            }
+        amx_release();
+    }
+    for (int64_t i = 0; i < size; i++) {
+        float sum = parts[0][i];
+        for (int t = 1; t < used; t++) sum += parts[t][i];
+        dw[i] += sum;
+    }
 }
 
 // C = beta * C where K = 0.
@@ -616,6 +932,11 @@ int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A
 }
 
 #else  // not x86-64: no AVX512-BF16
+
+bool conv_amx_usable(ConvGeometry g) { return false; }
+void conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g) {}
+void conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g) {}
+void conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {}
 
 bool gemm_bf16_available(void) { return false; }
 void gemm_bf16_allow_amx(bool allow) { (void)allow; }

@@ -15,6 +15,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "kernels.h"
+
 // Whether this CPU runs gemm_bf16 (AVX-512 F and BW, AVX512_BF16, and the OS saving the
 // ZMM registers; and cpu_avx512_allowed: not under CNN_CPU_KERNELS=avx2).
 bool gemm_bf16_available(void);
@@ -75,6 +77,21 @@ typedef struct GemmView {
 // The same bits as gemm_bf16 over the columns im2col writes and the weight permuted.
 int gemm_bf16_views(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
                     const GemmView *C);
+
+// A 3x3 stride-1 convolution padded by 1 on AMX's tiles, reading the input (N, H, W, C)
+// where it lies and rounding each of its values to bf16 once (nn/gemm_bf16.c says how):
+// where AMX is usable, C and OC are multiples of 16 and W is at least 16 (a tile's 16
+// output pixels lie in one row). Products of bf16 operands in fp32 sums, each output's in
+// the same order whatever the call's images are; the weight gradient's sums depend on the
+// call's images and the thread count. Weights in PyTorch's layout (OC, C, 3, 3).
+bool conv_amx_usable(ConvGeometry g);
+// out (N, H, W, OC) = the convolution of in.
+void conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g);
+// din (N, H, W, C) = the input gradient of dy (N, H, W, OC).
+void conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g);
+// dw' (OC, 3, 3, C), in im2col's column order (nn/conv.c's permuted weight), += the weight
+// gradient.
+void conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g);
 
 #define GEMM_BF16_KC 256
 

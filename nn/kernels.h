@@ -265,14 +265,17 @@ typedef struct Kernels {
     void (*col2im)(float *din, const float *col, int N, int H, int W, int C, int K,
                    int stride, int pad, int OH, int OW);
     // A convolution's GEMMs without im2col's columns in memory, nor the forward's permuted
-    // weight (NULL where the backend has none: CUDA): where conv_gemm_usable says so for
-    // columns of an input of `channels` channels under the current gemm_arith (the CPU:
-    // GEMM_BF16 on a CPU with AVX512-BF16, whose packing reads the input and the weight
-    // where they lie, channels a multiple of 32: a tap's runs read 32 at a time). The same
-    // bits as im2col into a workspace and gemm with the weight permuted to (OC, K, K, C),
-    // where gemm runs the product in bf16 (not over fewer than 32 values of k: a weight
-    // gradient over fewer than 32 pixels, which gemm sums in fp32).
-    bool (*conv_gemm_usable)(int channels);
+    // weight (NULL where the backend has none: CUDA), where conv_gemm_usable says so for
+    // the convolution g (its N aside) under the current gemm_arith. The CPU, under
+    // GEMM_BF16 on a CPU with AVX512-BF16: the bf16 GEMM's packing reads the input and the
+    // weight where they lie, for channels in and out multiples of 32 (a tap's runs read 32
+    // at a time): the same bits as im2col into a workspace and gemm with the weight
+    // permuted to (OC, K, K, C), where gemm runs the product in bf16 (not over fewer than
+    // 32 values of k: a weight gradient over fewer than 32 pixels, which gemm sums in fp32).
+    // Else, where AMX is usable, a 3x3 stride-1 convolution padded by 1 of channels in and
+    // out multiples of 16 and at least 16 pixels wide (nn/gemm_bf16.h conv_amx_*): bf16
+    // operands and fp32 sums in orders of its own.
+    bool (*conv_gemm_usable)(ConvGeometry g);
     // out (N*OH*OW, OC) = cols @ w'^T; w (OC, C, K, K) in PyTorch's layout, w' the same
     // in the columns' order (OC, K*K*C). Each output pixel's sums are the same bits
     // whatever images the call has (gemm's for the same M, except where its threads split
@@ -280,11 +283,10 @@ typedef struct Kernels {
     void (*conv_gemm_forward)(float *out, const float *in, const float *w, ConvGeometry g);
     // dw' (OC, K*K*C) in the columns' order += dy^T @ cols, dy (N*OH*OW, OC).
     void (*conv_gemm_weight_grad)(float *dw, const float *dy, const float *in, ConvGeometry g);
-    // din (N, H, W, C) = the input gradient of dy (N*OH*OW, OC), for g.stride = 1 alone
-    // and where conv_gemm_usable(OC) (its columns are dy's): the convolution of dy padded
-    // by K - 1 - pad with w (PyTorch's layout) turned half a turn, filters and channels
-    // swapped, as one product of its columns (never split over K). Not the bits of gemm
-    // and col2im: its sums run over (tap, oc) in the GEMM's blocks.
+    // din (N, H, W, C) = the input gradient of dy (N*OH*OW, OC), for g.stride = 1 alone:
+    // the convolution of dy padded by K - 1 - pad with w (PyTorch's layout) turned half a
+    // turn, filters and channels swapped, as one product of its columns (never split over
+    // K). Not the bits of gemm and col2im: its sums run over (tap, oc) in the GEMM's blocks.
     void (*conv_gemm_data_grad)(float *din, const float *dy, const float *w, ConvGeometry g);
 
     // ---- Winograd F(2x2, 3x3), for 3x3 stride-1 convolutions (nn/conv.c says when) -----

@@ -290,11 +290,12 @@ static void check_data_grad(const Kernels *k, ConvGeometry g, const float *dy, c
 // (weight gradient) and fp64 sums (input gradient), and that it declines under GEMM_FP32.
 static void test_bf16_views(void **state) {
     (void)state;
+    const ConvGeometry views32 = {2, 7, 7, 32, 3, 1, 1, 7, 7, 32};
     const Kernels *k = cpu_kernels();
     if (!gemm_bf16_available()) {
         printf("this CPU has no AVX512-BF16: the GEMMs never read columns here\n");
         k->gemm_arith(GEMM_BF16);
-        assert_false(k->conv_gemm_usable(32));
+        assert_false(k->conv_gemm_usable(views32));
         k->gemm_arith(GEMM_FP32);
         return;
     }
@@ -350,7 +351,8 @@ static void test_bf16_views(void **state) {
         gemm_bf16_allow_amx(true);
         // The table, on its threads' slabs (and split K where C is small).
         k->gemm_arith(GEMM_BF16);
-        assert_int_equal(k->conv_gemm_usable(g.C), g.C % 32 == 0);
+        assert_false(conv_amx_usable(g));  // narrower than a tile's 16 pixels
+        assert_int_equal(k->conv_gemm_usable(g), g.C % 32 == 0 && g.OC % 32 == 0);
         k->conv_gemm_forward(c1, in, w, g);
         assert_int_equal(gemm_bf16(false, true, rows, g.OC, ckk, 1.0f, cols, ckk, wp, ckk, 0.0f, c2, g.OC), 0);
         expect_same_bits(c1, c2, rows, g.OC, g.OC, "conv_gemm_forward");
@@ -368,8 +370,120 @@ static void test_bf16_views(void **state) {
         expect_same_bits(c1, c2, g.OC, ckk, ckk, "conv_gemm_weight_grad");
         if (g.stride == 1) check_data_grad(k, g, dy, w, c1);
         k->gemm_arith(GEMM_FP32);
-        assert_false(k->conv_gemm_usable(32));
+        assert_false(k->conv_gemm_usable(views32));
         free(in), free(cols), free(w), free(wp), free(dy), free(c1), free(c2);
+    }
+}
+
+// x in fp64 at (n, h, w, c) of a (N, H, W, C) tensor, zero outside its rows and columns.
+static double at_nhwc(const float *x, ConvGeometry g, int C, int n, int h, int w, int c) {
+    return h < 0 || h >= g.H || w < 0 || w >= g.W ? 0.0 : bf16(x[(((size_t)n * g.H + h) * g.W + w) * C + c]);
+}
+
+// |got - want| within fp32's rounding of a sum of `mag` (the sum of the terms' magnitudes)
+// over k terms: k * 2^-24 of mag, and of the value added to (base).
+static void expect_sum(double got, double want, double mag, int k, double base, const char *what, int i) {
+    if (!(fabs(got - want) <= k * 0x1p-24 * mag + 0x1p-23 * fabs(base) + 1e-30))
+        fail_msg("%s[%d] = %.9g, %.9g in fp64 (terms' magnitudes %.3g)", what, i, got, want, mag);
+}
+
+// AMX's 3x3 convolutions (conv_amx_*) against sums in fp64 of the same bf16 operands: the
+// forward, the input gradient and the weight gradient added to dw', on 2 threads; widths
+// of a tile and not a multiple of one (overlapping tiles), channels 16 and 48 (k steps
+// past the tap row's 3 x C values), bands of rows (a wide image); an image's outputs the
+// same bits in a call of its own; the table's conv_gemm_* choose them where the views
+// cannot read the channels, only under GEMM_BF16 with AMX allowed.
+static void test_amx_conv(void **state) {
+    (void)state;
+    const Kernels *k = cpu_kernels();
+    static const int amx_shapes[][5] = {{2, 17, 17, 16, 16}, {3, 16, 20, 16, 48}, {2, 18, 16, 48, 32}, {1, 40, 200, 32, 16}};
+    if (!conv_amx_usable((ConvGeometry){1, 16, 16, 16, 3, 1, 1, 16, 16, 16})) {
+        printf("no AMX here: the 16-channel convolutions stay on Winograd\n");
+        k->gemm_arith(GEMM_BF16);
+        assert_false(k->conv_gemm_usable((ConvGeometry){1, 16, 16, 16, 3, 1, 1, 16, 16, 16}));
+        k->gemm_arith(GEMM_FP32);
+        return;
+    }
+    test_rng_seed(11);
+    cpu_set_threads(2);
+    for (size_t s = 0; s < sizeof amx_shapes / sizeof amx_shapes[0]; s++) {
+        const int *sh = amx_shapes[s];
+        const ConvGeometry g = {sh[0], sh[1], sh[2], sh[3], 3, 1, 1, sh[1], sh[2], sh[4]};
+        assert_true(conv_amx_usable(g));
+        const size_t pixels = (size_t)g.N * g.H * g.W, nw = (size_t)g.OC * g.C * 9;
+        float *in = random_floats(pixels * g.C), *dy = random_floats(pixels * g.OC), *w = random_floats(nw);
+        float *out = random_floats(pixels * g.OC), *din = random_floats(pixels * g.C), *dw = random_floats(nw);
+        float *dw0 = malloc(nw * sizeof *dw0), *one = malloc(pixels * g.OC * sizeof *one);
+        assert_non_null(dw0), assert_non_null(one);
+        memcpy(dw0, dw, nw * sizeof *dw0);
+        char what[96];
+        conv_amx_forward(out, in, w, g);
+        conv_amx_data_grad(din, dy, w, g);
+        conv_amx_weight_grad(dw, dy, in, g);
+        snprintf(what, sizeof what, "shape %zu: out", s);
+        for (int n = 0; n < g.N; n++)
+            for (int h = 0; h < g.H; h++)
+                for (int x = 0; x < g.W; x++)
+                    for (int o = 0; o < g.OC; o++) {
+                        double sum = 0, mag = 0;
+                        for (int c = 0; c < g.C; c++)
+                            for (int t = 0; t < 9; t++) {
+                                const double v = at_nhwc(in, g, g.C, n, h + t / 3 - 1, x + t % 3 - 1, c) *
+                                                 bf16(w[((size_t)o * g.C + c) * 9 + t]);
+                                sum += v, mag += fabs(v);
+                            }
+                        const size_t i = (((size_t)n * g.H + h) * g.W + x) * g.OC + o;
+                        expect_sum(out[i], sum, mag, 9 * g.C, 0, what, (int)i);
+                    }
+        snprintf(what, sizeof what, "shape %zu: din", s);
+        for (int n = 0; n < g.N; n++)
+            for (int h = 0; h < g.H; h++)
+                for (int x = 0; x < g.W; x++)
+                    for (int c = 0; c < g.C; c++) {
+                        double sum = 0, mag = 0;
+                        for (int o = 0; o < g.OC; o++)
+                            for (int t = 0; t < 9; t++) {
+                                const double v = at_nhwc(dy, g, g.OC, n, h + 1 - t / 3, x + 1 - t % 3, o) *
+                                                 bf16(w[((size_t)o * g.C + c) * 9 + t]);
+                                sum += v, mag += fabs(v);
+                            }
+                        const size_t i = (((size_t)n * g.H + h) * g.W + x) * g.C + c;
+                        expect_sum(din[i], sum, mag, 9 * g.OC, 0, what, (int)i);
+                    }
+        snprintf(what, sizeof what, "shape %zu: dw'", s);
+        for (int o = 0; o < g.OC; o++)
+            for (int t = 0; t < 9; t++)
+                for (int c = 0; c < g.C; c++) {
+                    double sum = 0, mag = 0;
+                    for (int n = 0; n < g.N; n++)
+                        for (int h = 0; h < g.H; h++)
+                            for (int x = 0; x < g.W; x++) {
+                                const double v = bf16(dy[(((size_t)n * g.H + h) * g.W + x) * g.OC + o]) *
+                                                 at_nhwc(in, g, g.C, n, h + t / 3 - 1, x + t % 3 - 1, c);
+                                sum += v, mag += fabs(v);
+                            }
+                    const size_t i = ((size_t)o * 9 + t) * g.C + c;
+                    expect_sum(dw[i], dw0[i] + sum, mag, (int)(pixels / g.N) + g.N, dw0[i], what, (int)i);
+                }
+        // The last image alone: the same bits.
+        ConvGeometry last = g;
+        last.N = 1;
+        const size_t image = (size_t)g.H * g.W;
+        conv_amx_forward(one, in + (g.N - 1) * image * g.C, w, last);
+        snprintf(what, sizeof what, "shape %zu: an image's forward alone", s);
+        expect_same_bits(one, out + (g.N - 1) * image * g.OC, (int)image, g.OC, g.OC, what);
+        // The table: AMX where the views cannot read the channels, under GEMM_BF16 alone.
+        k->gemm_arith(GEMM_BF16);
+        assert_int_equal(k->conv_gemm_usable(g), 1);
+        k->conv_gemm_forward(one, in, w, g);
+        snprintf(what, sizeof what, "shape %zu: conv_gemm_forward", s);
+        if (g.C % 32 || g.OC % 32) expect_same_bits(one, out, (int)pixels, g.OC, g.OC, what);
+        gemm_bf16_allow_amx(false);
+        assert_int_equal(k->conv_gemm_usable(g), g.C % 32 == 0 && g.OC % 32 == 0);
+        gemm_bf16_allow_amx(true);
+        k->gemm_arith(GEMM_FP32);
+        assert_false(k->conv_gemm_usable(g));
+        free(in), free(dy), free(w), free(out), free(din), free(dw), free(dw0), free(one);
     }
 }
 
@@ -410,6 +524,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_kernels),
         cmocka_unit_test(test_cpu_gemm),
         cmocka_unit_test(test_bf16_views),
+        cmocka_unit_test(test_amx_conv),
         cmocka_unit_test(test_beta_zero_ignores_c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
