@@ -18,6 +18,9 @@
 // the call without permutes, the weight gradient one product a chunk (the same calls as
 // above, so the same bits), and a stride-1 layer's input gradient the convolution of dout
 // with the weight turned half a turn, after the weight gradients (no dcol, no col2im).
+// The CPU also runs on these calls, with AMX, the 3x3 stride-1 layers whose channels the
+// bf16 GEMM cannot read where they lie (multiples of 16, not 32): its tiles read the input
+// itself (nn/gemm_bf16.h conv_amx_*), in place of fp32 Winograd.
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>

@@ -113,21 +113,25 @@ static GemmView view_from(GemmView v, int64_t row, int64_t col) {
     return v;
 }
 
+// The bf16 GEMM and AMX's convolutions have nothing to fall back on without it.
+static void no_packing_buffer(void) {
+    fprintf(stderr, "error: out of memory for the GEMM's packing buffer (%zu bytes a thread)\n",
+            GEMM_THREAD_BUFFER_BYTES);
+    exit(1);
+}
+
 // One thread's product (cblas_sgemm's arguments, row-major): nn/gemm_bf16.c under
 // GEMM_BF16 where the CPU has AVX512-BF16, else the project's AVX-512 kernels where the
 // CPU has them (nn/gemm_avx512.h), else OpenBLAS. Measured on one
 // thread against OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell), GFLOP/s: ours
 // 1.1-2x faster on every shape of the seed network and of a ResNet, even on a 64 x 9216
-// product over K = 10. Columns and weights go to the bf16 GEMM alone, which has nothing to
-// fall back on when it cannot get its packing buffer. bf16: whether stored operands go to
+// product over K = 10. Columns and weights go to the bf16 GEMM alone. bf16: whether stored operands go to
 // the bf16 GEMM (bf16_product).
 static void sgemm(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
                   const GemmView *C, bool bf16) {
     if (A->kind != VIEW_STORED || B->kind != VIEW_STORED) {
-        if (gemm_bf16_views(M, N, K, alpha, A, B, beta, C) == 0) return;
-        fprintf(stderr, "error: out of memory for the GEMM's packing buffer (%zu bytes a thread)\n",
-                GEMM_THREAD_BUFFER_BYTES);
-        exit(1);
+        if (gemm_bf16_views(M, N, K, alpha, A, B, beta, C) != 0) no_packing_buffer();
+        return;
     }
     const bool ta = A->trans, tb = B->trans;
     const int lda = (int)A->ld, ldb = (int)B->ld, ldc = (int)C->ld;
@@ -263,7 +267,7 @@ static GemmView weight_view(const float *w, ConvGeometry g) {
 // Never split over K: an output pixel's sum is the same bits whatever images the call has.
 static void cpu_conv_gemm_forward(float *out, const float *in, const float *w, ConvGeometry g) {
     if (conv_amx(g)) {
-        conv_amx_forward(out, in, w, g);
+        if (conv_amx_forward(out, in, w, g)) no_packing_buffer();
         return;
     }
     gemm_views(stored(out, g.OC, false), cols_view(in, g), weight_view(w, g), g.N * g.OH * g.OW, g.OC,
@@ -275,7 +279,7 @@ static void cpu_conv_gemm_forward(float *out, const float *in, const float *w, C
 // never split over K.
 static void cpu_conv_gemm_data_grad(float *din, const float *dout, const float *w, ConvGeometry g) {
     if (conv_amx(g)) {
-        conv_amx_data_grad(din, dout, w, g);
+        if (conv_amx_data_grad(din, dout, w, g)) no_packing_buffer();
         return;
     }
     const int taps = g.K * g.K;
@@ -288,7 +292,7 @@ static void cpu_conv_gemm_data_grad(float *din, const float *dout, const float *
 
 static void cpu_conv_gemm_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
     if (conv_amx(g)) {
-        conv_amx_weight_grad(dw, dy, in, g);
+        if (conv_amx_weight_grad(dw, dy, in, g)) no_packing_buffer();
         return;
     }
     const int ckk = g.C * g.K * g.K;

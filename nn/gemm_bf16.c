@@ -9,7 +9,8 @@
 // of A and multiplies it by a panel row of B's pairs into an MR x NR tile of C in
 // registers: each VDPBF16PS does 32 products where an FMA does 16. Tiles 12 x 32, 8 x 32
 // where it pads fewer rows, 24 x 16 for products of at most 16 columns, as in the fp32
-// GEMM. Edges are zeros in the panels and masked when C is written.
+// GEMM. Edges are zeros in the panels and masked when C is written. On AMX, the same
+// tiles also run 3x3 convolutions from the input itself (conv_amx_*, at the end).
 #include "gemm_bf16.h"
 
 #include "gemm_avx512.h"
@@ -640,10 +641,14 @@ static size_t amx_dw_bytes(int rows, int W, int cin, int cout) {
 }
 
 // Output rows a band: as many as keep its input near CONV_AMX_BAND_BYTES, at least one
-// (and its buffers within the thread's).
+// (conv_amx_usable: one row's buffers fit the thread's), and the weight's tiles beside it
+// within the thread's buffer.
 static int amx_forward_rows(int H, int W, int cin, int cout) {
+    const int64_t taps = conv_amx_taps_words(cin, cout) * 4;
     int rows = 1;
-    while (rows < H && conv_amx_band_halves(rows + 1, W, cin) * 2 <= CONV_AMX_BAND_BYTES) rows++;
+    while (rows < H && conv_amx_band_halves(rows + 1, W, cin) * 2 <= CONV_AMX_BAND_BYTES &&
+           taps + conv_amx_band_halves(rows + 1, W, cin) * 2 <= (int64_t)GEMM_THREAD_BUFFER_BYTES)
+        rows++;
     return rows;
 }
 static int amx_dw_rows(int H, int W, int cin, int cout) {
@@ -761,31 +766,37 @@ AMX static void amx_band_conv(float *out, const uint16_t *xp, const uint32_t *wp
 
 // out (N, H, W, cout) = the convolution of in (N, H, W, cin) with the weight's tiles
 // (packed by each thread from w), in bands of output rows over the threads.
-static void amx_conv(float *out, const float *in, const float *w, int N, int H, int W, int cin, int cout, bool flip) {
+static int amx_conv(float *out, const float *in, const float *w, int N, int H, int W, int cin, int cout, bool flip) {
     const int rows = amx_forward_rows(H, W, cin, cout), bands = (H + rows - 1) / rows;
+    bool failed = false;
 #pragma omp parallel
     {
         uint32_t *const wp = gemm_thread_buffer();
-        uint16_t *const xp = (uint16_t *)(wp + conv_amx_taps_words(cin, cout));
-        amx_configure();
-        amx_pack_taps(wp, w, cin, cout, flip);
+        if (!wp) failed = true;
+#pragma omp barrier
+        if (!failed) {
+            uint16_t *const xp = (uint16_t *)(wp + conv_amx_taps_words(cin, cout));
+            amx_configure();
+            amx_pack_taps(wp, w, cin, cout, flip);
 #pragma omp for schedule(static)
-        for (int64_t u = 0; u < (int64_t)N * bands; u++) {
-            const int64_t n = u / bands;
-            const int oy0 = (int)(u % bands) * rows, nr = imin(rows, H - oy0);
-            amx_band_rows(xp, in + n * H * W * cin, oy0, nr, H, W, cin);
-            amx_band_conv(out + n * H * W * cout, xp, wp, oy0, nr, W, cin, cout);
+            for (int64_t u = 0; u < (int64_t)N * bands; u++) {
+                const int64_t n = u / bands;
+                const int oy0 = (int)(u % bands) * rows, nr = imin(rows, H - oy0);
+                amx_band_rows(xp, in + n * H * W * cin, oy0, nr, H, W, cin);
+                amx_band_conv(out + n * H * W * cout, xp, wp, oy0, nr, W, cin, cout);
+            }
+            amx_release();
         }
-        amx_release();
     }
+    return failed ? -1 : 0;
 }
 
-void conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g) {
-    amx_conv(out, in, w, g.N, g.H, g.W, g.C, g.OC, false);
+int conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g) {
+    return amx_conv(out, in, w, g.N, g.H, g.W, g.C, g.OC, false);
 }
 
-void conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g) {
-    amx_conv(din, dy, w, g.N, g.H, g.W, g.OC, g.C, true);
+int conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g) {
+    return amx_conv(din, dy, w, g.N, g.H, g.W, g.OC, g.C, true);
 }
 
 // dyt[o][q] = dy's band (rows oy0 to oy0 + rows - 1 of an image, W pixels, cout channels)
@@ -818,7 +829,8 @@ AMX static void amx_band_pairs(uint32_t *x, int par, int64_t count, const float 
         for (int h = 0; h < 2; h++) {
             const int64_t P = 2 * m + par + h;
             const int pr = (int)(P / Wp), iy = oy0 - 1 + pr, ix = (int)(P % Wp) - 1;
-            p[h] = pr < rows + 2 && iy >= 0 && iy < H && ix >= 0 && ix < W ? image + ((int64_t)iy * W + ix) * cin : NULL;
+            const bool inside = pr < rows + 2 && iy >= 0 && iy < H && ix >= 0 && ix < W;
+            p[h] = inside ? image + ((int64_t)iy * W + ix) * cin : NULL;
         }
         for (int c = 0; c < cin; c += 16)
             _mm512_storeu_si512(x + m * cin + c, pair_rows(p[0] ? _mm512_loadu_ps(p[0] + c) : _mm512_setzero_ps(),
@@ -835,8 +847,8 @@ AMX static void amx_band_pairs(uint32_t *x, int par, int64_t count, const float 
     }
 #define DW_C(op, g) \
     if (ng > g) op(g, c[g], cstride);
-AMX static void amx_band_dw(float *part, const uint16_t *dyt, AmxDwBand b, const uint32_t *x0, const uint32_t *x1, int W,
-                            int cin, int cout) {
+AMX static void amx_band_dw(float *part, const uint16_t *dyt, AmxDwBand b, const uint32_t *x0, const uint32_t *x1,
+                            int W, int cin, int cout) {
     const int Wp = W + 3, blocks = cin / 16, tiles = 9 * blocks, cstride = 9 * cin * 4;
     for (int ob = 0; ob < cout / 16; ob++)
         for (int g0 = 0; g0 < tiles; g0 += 6) {
@@ -861,40 +873,46 @@ AMX static void amx_band_dw(float *part, const uint16_t *dyt, AmxDwBand b, const
 #undef DW_TILE
 #undef DW_C
 
-void conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
+int conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {
     const int H = g.H, W = g.W, cin = g.C, cout = g.OC, rows = amx_dw_rows(H, W, cin, cout);
     const int bands = (H + rows - 1) / rows, threads = omp_get_max_threads();
     const AmxDwBand b = amx_dw_band(rows, W);
     const int64_t size = (int64_t)cout * 9 * cin;
     float *parts[threads];
     int used = 0;
+    bool failed = false;
 #pragma omp parallel num_threads(threads)
     {
         float *const part = gemm_thread_buffer();
-        uint16_t *const dyt = (uint16_t *)(part + size);
-        uint32_t *const x0 = (uint32_t *)(dyt + cout * b.ld), *const x1 = x0 + b.m_count * cin;
         parts[omp_get_thread_num()] = part;
+        if (!part) failed = true;
 #pragma omp single
         used = omp_get_num_threads();
-        memset(part, 0, (size_t)size * sizeof(float));
-        amx_configure();
+        if (!failed) {
+            uint16_t *const dyt = (uint16_t *)(part + size);
+            uint32_t *const x0 = (uint32_t *)(dyt + cout * b.ld), *const x1 = x0 + b.m_count * cin;
+            memset(part, 0, (size_t)size * sizeof(float));
+            amx_configure();
 #pragma omp for schedule(static)
-        for (int n = 0; n < g.N; n++)
-            for (int band = 0; band < bands; band++) {
-                const int oy0 = band * rows, nr = imin(rows, H - oy0);
-                const float *image = in + (int64_t)n * H * W * cin;
-                amx_band_dyt(dyt, b.ld, dy + (int64_t)n * H * W * cout, oy0, nr, W, cout);
-                amx_band_pairs(x0, 0, b.m_count, image, oy0, nr, H, W, cin);
-                amx_band_pairs(x1, 1, b.m_count, image, oy0, nr, H, W, cin);
-                amx_band_dw(part, dyt, b, x0, x1, W, cin, cout);
-            }
-        amx_release();
+            for (int n = 0; n < g.N; n++)
+                for (int band = 0; band < bands; band++) {
+                    const int oy0 = band * rows, nr = imin(rows, H - oy0);
+                    const float *image = in + (int64_t)n * H * W * cin;
+                    amx_band_dyt(dyt, b.ld, dy + (int64_t)n * H * W * cout, oy0, nr, W, cout);
+                    amx_band_pairs(x0, 0, b.m_count, image, oy0, nr, H, W, cin);
+                    amx_band_pairs(x1, 1, b.m_count, image, oy0, nr, H, W, cin);
+                    amx_band_dw(part, dyt, b, x0, x1, W, cin, cout);
+                }
+            amx_release();
+        }
     }
+    if (failed) return -1;
     for (int64_t i = 0; i < size; i++) {
         float sum = parts[0][i];
         for (int t = 1; t < used; t++) sum += parts[t][i];
         dw[i] += sum;
     }
+    return 0;
 }
 
 // C = beta * C where K = 0.
@@ -934,9 +952,9 @@ int gemm_bf16(bool ta, bool tb, int M, int N, int K, float alpha, const float *A
 #else  // not x86-64: no AVX512-BF16
 
 bool conv_amx_usable(ConvGeometry g) { return false; }
-void conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g) {}
-void conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g) {}
-void conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) {}
+int conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g) { return -1; }
+int conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g) { return -1; }
+int conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g) { return -1; }
 
 bool gemm_bf16_available(void) { return false; }
 void gemm_bf16_allow_amx(bool allow) { (void)allow; }

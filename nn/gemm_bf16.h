@@ -83,15 +83,16 @@ int gemm_bf16_views(int M, int N, int K, float alpha, const GemmView *A, const G
 // where AMX is usable, C and OC are multiples of 16 and W is at least 16 (a tile's 16
 // output pixels lie in one row). Products of bf16 operands in fp32 sums, each output's in
 // the same order whatever the call's images are; the weight gradient's sums depend on the
-// call's images and the thread count. Weights in PyTorch's layout (OC, C, 3, 3).
+// call's images and the thread count. Weights in PyTorch's layout (OC, C, 3, 3). Each
+// returns -1 where a thread's buffer (gemm_thread_buffer) cannot be allocated, else 0.
 bool conv_amx_usable(ConvGeometry g);
 // out (N, H, W, OC) = the convolution of in.
-void conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g);
+int conv_amx_forward(float *out, const float *in, const float *w, ConvGeometry g);
 // din (N, H, W, C) = the input gradient of dy (N, H, W, OC).
-void conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g);
+int conv_amx_data_grad(float *din, const float *dy, const float *w, ConvGeometry g);
 // dw' (OC, 3, 3, C), in im2col's column order (nn/conv.c's permuted weight), += the weight
 // gradient.
-void conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g);
+int conv_amx_weight_grad(float *dw, const float *dy, const float *in, ConvGeometry g);
 
 #define GEMM_BF16_KC 256
 

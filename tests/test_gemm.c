@@ -396,7 +396,8 @@ static void expect_sum(double got, double want, double mag, int k, double base, 
 static void test_amx_conv(void **state) {
     (void)state;
     const Kernels *k = cpu_kernels();
-    static const int amx_shapes[][5] = {{2, 17, 17, 16, 16}, {3, 16, 20, 16, 48}, {2, 18, 16, 48, 32}, {1, 40, 200, 32, 16}};
+    static const int amx_shapes[][5] = {{2, 17, 17, 16, 16}, {3, 16, 20, 16, 48}, {2, 18, 16, 48, 32},
+                                        {1, 40, 200, 32, 16}};  // {N, H, W, C, OC}
     if (!conv_amx_usable((ConvGeometry){1, 16, 16, 16, 3, 1, 1, 16, 16, 16})) {
         printf("no AMX here: the 16-channel convolutions stay on Winograd\n");
         k->gemm_arith(GEMM_BF16);
