@@ -680,10 +680,10 @@ BF16 static void bf16_run(uint16_t *d, const float *src, int64_t n) {
     }
 }
 
-// The weight's B tiles, [kh][step][16 outputs][16 pairs x 16 outputs]: pair p of step j
-// is the tap row's values 32 j + 2p and 32 j + 2p + 1, value v = kw * cin + c; zeros past
-// kw = 2. The forward's weight (flip false): w(o, c, kh, kw) of w (cout, cin, 3, 3); the
-// input gradient's (flip): w(c, o, 2 - kh, 2 - kw) of w (cin, cout, 3, 3).
+// The weight's B tiles, [kh][step][block of 16 outputs][16 pairs x 16 outputs]: pair p
+// of step j is the tap row's values 32 j + 2p and 32 j + 2p + 1, value v = kw * cin + c;
+// zeros past kw = 2. The forward's weight (flip false): w(o, c, kh, kw) of w (cout, cin,
+// 3, 3); the input gradient's (flip): w(c, o, 2 - kh, 2 - kw) of w (cin, cout, 3, 3).
 AMX static void amx_pack_taps(uint32_t *wp, const float *w, int cin, int cout, bool flip) {
     const int steps = conv_amx_steps(cin);
     for (int kh = 0; kh < 3; kh++)
