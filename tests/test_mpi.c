@@ -340,14 +340,16 @@ static char *read_log(const char *name) {
 // group of its own); mpirun sends every process SIGCONT, SIGTERM a second later and SIGKILL
 // a second after that (odls_base_sigkill_timeout), and exits with 1 whatever they return.
 // The processes stop at the same step, write the checkpoint and name the SIGTERM as
-// mpirun's. Signalled themselves, they exit with 130, and so does mpirun.
+// mpirun's: in epoch 1 or 2, since the first epoch (40,000 images at some 39,000 img/s on
+// the 2-vCPU machine) may end in the second mpirun waits before its SIGTERM (it did in 1
+// run of 5 or so). Signalled themselves, they exit with 130, and so does mpirun.
 static void test_interrupted(void **state) {
     need_mpi();
     char images[PATH_MAX], labels[PATH_MAX];
     write_squares(dir, "big", 40000, 5, images, labels);
     const int rc = interrupt("ctrl_c", "$p");
     char *log = read_log("ctrl_c");
-    if (rc != 1 || !strstr(log, "stopped by SIGTERM from mpirun (its answer to Ctrl-C or a signal to it) in epoch 1") ||
+    if (rc != 1 || !strstr(log, "stopped by SIGTERM from mpirun (its answer to Ctrl-C or a signal to it) in epoch ") ||
         !strstr(log, "resume with: ./train resume="))
         fail_msg("mpirun's status %d (OpenMPI's is 1 after a signal to it); the log's end:\n%s", rc, log_end(log));
     free(log);
