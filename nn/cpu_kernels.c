@@ -122,11 +122,11 @@ static void no_packing_buffer(void) {
 
 // One thread's product (cblas_sgemm's arguments, row-major): nn/gemm_bf16.c under
 // GEMM_BF16 where the CPU has AVX512-BF16, else the project's AVX-512 kernels where the
-// CPU has them (nn/gemm_avx512.h), else OpenBLAS. Measured on one
-// thread against OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell), GFLOP/s: ours
-// 1.1-2x faster on every shape of the seed network and of a ResNet, even on a 64 x 9216
-// product over K = 10. Columns and weights go to the bf16 GEMM alone. bf16: whether stored operands go to
-// the bf16 GEMM (bf16_product).
+// CPU has them (nn/gemm_avx512.h), else OpenBLAS. Measured on one thread against
+// OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell), GFLOP/s: ours 1.1-2x faster on
+// every shape of the seed network and of a ResNet, even on a 64 x 9216 product over
+// K = 10. Columns and weights go to the bf16 GEMM alone. bf16: whether stored operands go
+// to the bf16 GEMM (bf16_product).
 static void sgemm(int M, int N, int K, float alpha, const GemmView *A, const GemmView *B, float beta,
                   const GemmView *C, bool bf16) {
     if (A->kind != VIEW_STORED || B->kind != VIEW_STORED) {
