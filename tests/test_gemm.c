@@ -387,6 +387,29 @@ static void expect_sum(double got, double want, double mag, int k, double base, 
         fail_msg("%s[%d] = %.9g, %.9g in fp64 (terms' magnitudes %.3g)", what, i, got, want, mag);
 }
 
+// got (N, H, W, cout) against the convolution of x (N, H, W, cin) with w (OC, C, 3, 3) in
+// fp64 over bf16 operands: the forward (cin = C, cout = OC), or (turned) the input
+// gradient of dy (cin = OC, cout = C, the weight turned half a turn).
+static void expect_conv(const float *got, const float *x, const float *w, ConvGeometry g, bool turned,
+                        const char *what) {
+    const int cin = turned ? g.OC : g.C, cout = turned ? g.C : g.OC, sign = turned ? -1 : 1;
+    for (int n = 0; n < g.N; n++)
+        for (int h = 0; h < g.H; h++)
+            for (int px = 0; px < g.W; px++)
+                for (int q = 0; q < cout; q++) {
+                    double sum = 0, mag = 0;
+                    for (int p = 0; p < cin; p++)
+                        for (int t = 0; t < 9; t++) {
+                            const size_t wi = turned ? ((size_t)p * g.C + q) * 9 + t : ((size_t)q * g.C + p) * 9 + t;
+                            const double v = at_nhwc(x, g, cin, n, h + sign * (t / 3 - 1), px + sign * (t % 3 - 1), p) *
+                                             bf16(w[wi]);
+                            sum += v, mag += fabs(v);
+                        }
+                    const size_t i = (((size_t)n * g.H + h) * g.W + px) * cout + q;
+                    expect_sum(got[i], sum, mag, 9 * cin, 0, what, (int)i);
+                }
+}
+
 // AMX's 3x3 convolutions (conv_amx_*) against sums in fp64 of the same bf16 operands: the
 // forward, the input gradient and the weight gradient added to dw', on 2 threads; widths
 // of a tile and not a multiple of one (overlapping tiles), channels 16 and 48 (k steps
@@ -422,35 +445,9 @@ static void test_amx_conv(void **state) {
         conv_amx_data_grad(din, dy, w, g);
         conv_amx_weight_grad(dw, dy, in, g);
         snprintf(what, sizeof what, "shape %zu: out", s);
-        for (int n = 0; n < g.N; n++)
-            for (int h = 0; h < g.H; h++)
-                for (int x = 0; x < g.W; x++)
-                    for (int o = 0; o < g.OC; o++) {
-                        double sum = 0, mag = 0;
-                        for (int c = 0; c < g.C; c++)
-                            for (int t = 0; t < 9; t++) {
-                                const double v = at_nhwc(in, g, g.C, n, h + t / 3 - 1, x + t % 3 - 1, c) *
-                                                 bf16(w[((size_t)o * g.C + c) * 9 + t]);
-                                sum += v, mag += fabs(v);
-                            }
-                        const size_t i = (((size_t)n * g.H + h) * g.W + x) * g.OC + o;
-                        expect_sum(out[i], sum, mag, 9 * g.C, 0, what, (int)i);
-                    }
+        expect_conv(out, in, w, g, false, what);
         snprintf(what, sizeof what, "shape %zu: din", s);
-        for (int n = 0; n < g.N; n++)
-            for (int h = 0; h < g.H; h++)
-                for (int x = 0; x < g.W; x++)
-                    for (int c = 0; c < g.C; c++) {
-                        double sum = 0, mag = 0;
-                        for (int o = 0; o < g.OC; o++)
-                            for (int t = 0; t < 9; t++) {
-                                const double v = at_nhwc(dy, g, g.OC, n, h + 1 - t / 3, x + 1 - t % 3, o) *
-                                                 bf16(w[((size_t)o * g.C + c) * 9 + t]);
-                                sum += v, mag += fabs(v);
-                            }
-                        const size_t i = (((size_t)n * g.H + h) * g.W + x) * g.C + c;
-                        expect_sum(din[i], sum, mag, 9 * g.OC, 0, what, (int)i);
-                    }
+        expect_conv(din, dy, w, g, true, what);
         snprintf(what, sizeof what, "shape %zu: dw'", s);
         for (int o = 0; o < g.OC; o++)
             for (int t = 0; t < 9; t++)
