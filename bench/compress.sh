@@ -14,7 +14,9 @@
 #   bf16mm    matmul = bf16 (bf16 GEMMs on fp32 activations)
 #
 # then per variant the test accuracy's mean and standard deviation over the seeds, its mean
-# difference from the exact runs' mean, the largest difference from the same seed's exact
+# difference from the exact runs' mean and that difference's standard error (from the
+# spread of the same seed's differences: a limit closer to the difference than about two of
+# them is not resolved by these seeds), the largest difference from the same seed's exact
 # run, the plan's activations MB, and images/s as a ratio to the same seed's exact run.
 #
 #   sh bench/compress.sh
@@ -79,7 +81,7 @@ for seed in $SEEDS; do
 done
 
 echo
-echo "variant  seeds  test acc mean  sd    mean - exact  max |acc - exact|  activations MB  img/s vs exact"
+echo "variant  seeds  test acc mean  sd    mean - exact  se of it  max |acc - exact|  activations MB  img/s vs exact"
 awk -v variants="$VARIANTS" '
     { acc[$1, $2] = $3; ips[$1, $2] = $4; mb[$1] = $5; seeds[$2] = 1 }
     END {
@@ -88,13 +90,15 @@ awk -v variants="$VARIANTS" '
         for (sd in seeds) { c++; s += acc["exact", sd] }
         base = c ? s / c : 0
         for (i = 1; i <= n; i++) {
-            v = vs[i]; c = 0; s = 0; ss = 0; dmax = 0; r = 0
+            v = vs[i]; c = 0; s = 0; ss = 0; ds = 0; dss = 0; dmax = 0; r = 0
             for (sd in seeds) {
                 a = acc[v, sd]; b = acc["exact", sd]; c++; s += a; ss += a * a
-                d = a - b; if (d < 0) d = -d; if (d > dmax) dmax = d
+                d = a - b; ds += d; dss += d * d; if (d < 0) d = -d; if (d > dmax) dmax = d
                 if (ips["exact", sd] > 0) r += ips[v, sd] / ips["exact", sd]
             }
             m = s / c; var = c > 1 ? (ss - c * m * m) / (c - 1) : 0; if (var < 0) var = 0
-            printf "%-8s %5d  %13.2f  %4.2f  %12.2f  %17.2f  %14s  %14.3f\n", v, c, m, sqrt(var), m - base, dmax, mb[v], r / c
+            dm = ds / c; dvar = c > 1 ? (dss - c * dm * dm) / (c - 1) : 0; if (dvar < 0) dvar = 0
+            printf "%-8s %5d  %13.2f  %4.2f  %12.2f  %8.2f  %17.2f  %14s  %14.3f\n", v, c, m, sqrt(var), m - base,
+                   sqrt(dvar / c), dmax, mb[v], r / c
         }
     }' "$rows"

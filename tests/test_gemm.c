@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -22,6 +24,26 @@ static float *random_floats(size_t n) {
     assert_non_null(p);
     for (size_t i = 0; i < n; i++) p[i] = (float)(test_urand() * 2 - 1);
     return p;
+}
+
+// A copy of n floats that ends (at_end) or starts where a page that can be neither read nor
+// written begins, with such a page on its other side too: AMX's tile loads and stores,
+// which AddressSanitizer does not see, fault past either end of their tensor.
+typedef struct Guarded {
+    char *map;
+    size_t bytes;
+    float *p;
+} Guarded;
+
+static Guarded guarded_copy(const float *x, size_t n, bool at_end) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), data = (n * sizeof(float) + page - 1) / page * page;
+    char *map = mmap(NULL, data + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(map != MAP_FAILED);
+    assert_int_equal(mprotect(map, page, PROT_NONE), 0);
+    assert_int_equal(mprotect(map + page + data, page, PROT_NONE), 0);
+    float *p = at_end ? (float *)(map + page + data) - n : (float *)(map + page);
+    memcpy(p, x, n * sizeof(float));
+    return (Guarded){map, data + 2 * page, p};
 }
 
 typedef void GemmFn(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -114,7 +136,8 @@ static void test_avx512_kernels(void **state) {
 }
 
 // gemm_bf16 against the fp64 product of the unrounded operands: within 2^-7 of the sum of
-// |a b| (each operand within 2^-8 of its value), and the same bits from a second call. On
+// |a b| (each operand within 2^-8 of its value), and the same bits from two more calls on
+// copies against faulting pages (guarded_copy), at the operands' ends and starts. On
 // the VDPBF16PS path (exact_order) also against its contract (gemm_bf16.h) replayed in
 // scalar code: the operands rounded by quant.h's bf16_from_float (the random values are
 // normal floats, where the two roundings agree), each pair's products added odd k first
@@ -127,12 +150,15 @@ static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float
     const float *A = o.A, *B = o.B, *C0 = o.C0;
     float *C = o.C;
     assert_int_equal(gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc), 0);
-    float *again = malloc(((size_t)M * ldc + 1) * sizeof *again);
-    assert_non_null(again);
-    memcpy(again, C0, ((size_t)M * ldc + 1) * sizeof *again);
-    assert_int_equal(gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, again, ldc), 0);
-    assert_memory_equal(again, C, ((size_t)M * ldc + 1) * sizeof *C);
-    free(again);
+    // Again on copies against faulting pages, at their end, then at their start: the same C.
+    const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    for (int at_end = 1; at_end >= 0; at_end--) {
+        const Guarded ga = guarded_copy(A, na, at_end), gb = guarded_copy(B, nb, at_end),
+                      gc = guarded_copy(C0, nc, at_end);
+        assert_int_equal(gemm_bf16(ta, tb, M, N, K, alpha, ga.p, lda, gb.p, ldb, beta, gc.p, ldc), 0);
+        assert_memory_equal(gc.p, C, nc * sizeof *C);
+        munmap(ga.map, ga.bytes), munmap(gb.map, gb.bytes), munmap(gc.map, gc.bytes);
+    }
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             const float c0 = C0[(size_t)i * ldc + j];
@@ -414,8 +440,9 @@ static void expect_conv(const float *got, const float *x, const float *w, ConvGe
 // forward, the input gradient and the weight gradient added to dw', on 2 threads; widths
 // of a tile and not a multiple of one (overlapping tiles), channels 16 and 48 (k steps
 // past the tap row's 3 x C values), bands of rows (a wide image); an image's outputs the
-// same bits in a call of its own; the table's conv_gemm_* choose them where the views
-// cannot read the channels, only under GEMM_BF16 with AMX allowed.
+// same bits in a call of its own; every tensor against pages that fault, at its end and
+// at its start (guarded_copy: the same bits); the table's conv_gemm_* choose them
+// where the views cannot read the channels, only under GEMM_BF16 with AMX allowed.
 static void test_amx_conv(void **state) {
     (void)state;
     const Kernels *k = cpu_kernels();
@@ -441,9 +468,30 @@ static void test_amx_conv(void **state) {
         assert_non_null(dw0), assert_non_null(one);
         memcpy(dw0, dw, nw * sizeof *dw0);
         char what[96];
-        conv_amx_forward(out, in, w, g);
-        conv_amx_data_grad(din, dy, w, g);
-        conv_amx_weight_grad(dw, dy, in, g);
+        // The kernels on copies of every tensor against faulting pages, at its end (their
+        // results to out, din and dw), then at its start (the same bits).
+        for (int at_end = 1; at_end >= 0; at_end--) {
+            const Guarded gi = guarded_copy(in, pixels * g.C, at_end), gd = guarded_copy(dy, pixels * g.OC, at_end),
+                          gw = guarded_copy(w, nw, at_end), go = guarded_copy(out, pixels * g.OC, at_end),
+                          gx = guarded_copy(din, pixels * g.C, at_end), gdw = guarded_copy(dw0, nw, at_end);
+            conv_amx_forward(go.p, gi.p, gw.p, g);
+            conv_amx_data_grad(gx.p, gd.p, gw.p, g);
+            conv_amx_weight_grad(gdw.p, gd.p, gi.p, g);
+            if (at_end) {
+                memcpy(out, go.p, pixels * g.OC * sizeof *out);
+                memcpy(din, gx.p, pixels * g.C * sizeof *din);
+                memcpy(dw, gdw.p, nw * sizeof *dw);
+            } else {
+                snprintf(what, sizeof what, "shape %zu: out, tensors at their pages' start", s);
+                expect_same_bits(go.p, out, (int)pixels, g.OC, g.OC, what);
+                snprintf(what, sizeof what, "shape %zu: din, tensors at their pages' start", s);
+                expect_same_bits(gx.p, din, (int)pixels, g.C, g.C, what);
+                snprintf(what, sizeof what, "shape %zu: dw', tensors at their pages' start", s);
+                expect_same_bits(gdw.p, dw, g.OC, 9 * g.C, 9 * g.C, what);
+            }
+            const Guarded all[] = {gi, gd, gw, go, gx, gdw};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) munmap(all[i].map, all[i].bytes);
+        }
         snprintf(what, sizeof what, "shape %zu: out", s);
         expect_conv(out, in, w, g, false, what);
         snprintf(what, sizeof what, "shape %zu: din", s);
