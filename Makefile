@@ -42,8 +42,10 @@ ifneq ($(DEPS_PREFIX),)
 endif
 
 BUILD   := build
+# SAN=1: AddressSanitizer and UBSan, whose first report ends the program (a test fails).
 ifeq ($(SAN),1)
-  CFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined $(filter-out -O3,$(CFLAGS))
+  CFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+             $(filter-out -O3,$(CFLAGS))
   LDLIBS  += -fsanitize=address,undefined
   BUILD   := build/san
 endif

@@ -595,9 +595,11 @@ static bool model_nonnegative(const char *name) {
 
 // The values a load would take, in host memory (`data` as read, each tensor's bytes rounded
 // up to whole floats), checked before any of them reaches the network: every float finite,
-// and none below 0 where none can be (variances, counters, optimizer state that averages
-// squares). A file with such values comes from a run that diverged, or was damaged or
-// forged: training from it gives NaN, and evaluation garbage. The message names the tensors.
+// none below 0 where none can be (variances, counters, optimizer state that averages
+// squares), and the counters below 2^62 (as the training state's: batchnorm's counts a
+// forward pass on, which must not overflow). A file with such values comes from a run that
+// diverged, or was damaged or forged: training from it gives NaN, and evaluation garbage.
+// The message names the tensors.
 static int check_values(const char *path, const Want *want, int nwant, const float *data,
                         Error *err) {
     int nbad = 0;
@@ -609,7 +611,7 @@ static int check_values(const char *path, const Want *want, int nwant, const flo
         const size_t bytes = tensor_bytes(t);
         const float *x = data + off;
         off += staged_floats(bytes);
-        int64_t nonfinite = 0, negative = 0, n = tensor_numel(t);
+        int64_t nonfinite = 0, negative = 0, huge = 0, n = tensor_numel(t);
         if (t->dtype == DT_F32) {
             for (int64_t j = 0; j < n; j++) {
                 nonfinite += !isfinite(x[j]);
@@ -628,14 +630,16 @@ static int check_values(const char *path, const Want *want, int nwant, const flo
             for (int64_t j = 0; j < n; j++) {
                 memcpy(&v, (const char *)x + j * sizeof v, sizeof v);
                 negative += v < 0;
+                huge += v >= INT64_C(1) << 62;
             }
         }
-        if (!nonfinite && !negative) continue;
+        if (!nonfinite && !negative && !huge) continue;
         if (nbad++ < 4) {
             const size_t len = strlen(names);
             snprintf(names + len, sizeof names - len, "%s%s (%lld of %lld values %s)",
-                     nbad > 1 ? ", " : "", want[i].expect.name, (long long)(nonfinite ? nonfinite : negative),
-                     (long long)n, nonfinite ? "NaN or infinite" : "negative");
+                     nbad > 1 ? ", " : "", want[i].expect.name,
+                     (long long)(nonfinite ? nonfinite : negative ? negative : huge), (long long)n,
+                     nonfinite ? "NaN or infinite" : negative ? "negative" : "2^62 or more");
         }
     }
     if (!nbad) return 0;
@@ -803,24 +807,31 @@ done:
 }
 
 // Removes from names[0..*n) the optimizer keys whose parameter is itself in the list
-// (keeping the order); returns how many it removed.
+// (keeping the order); returns how many it removed, or -1 out of memory. The parameters
+// are looked up in a sorted copy: a file's unexpected keys may be a million.
 static int drop_shadowed(const char **names, int *n) {
-    int kept = 0, dropped = 0;
+    const char **params = malloc(((size_t)*n + 1) * sizeof *params);
+    if (!params) return -1;
+    int nparams = 0, kept = 0, dropped = 0;
+    for (int i = 0; i < *n; i++)
+        if (!is_opt_key(names[i])) params[nparams++] = names[i];
+    qsort(params, (size_t)nparams, sizeof *params, cmp_str_ptr);
     for (int i = 0; i < *n; i++) {
         const char *k = names[i];
         bool dup = false;
         if (is_opt_key(k)) {
             const char *param = k + OPT_PREFIX_LEN, *dot = strrchr(param, '.');
-            size_t len = dot ? (size_t)(dot - param) : strlen(param);
-            for (int j = 0; j < *n && !dup; j++)
-                dup = !is_opt_key(names[j]) && strlen(names[j]) == len &&
-                      !strncmp(names[j], param, len);
+            char name[TENSOR_NAME_MAX];
+            snprintf(name, sizeof name, "%.*s", (int)(dot ? dot - param : (ptrdiff_t)strlen(param)), param);
+            const char *key = name;
+            dup = bsearch(&key, params, (size_t)nparams, sizeof *params, cmp_str_ptr) != NULL;
         }
         if (dup)
             dropped++;
         else
             names[kept++] = k;
     }
+    free(params);
     *n = kept;
     return dropped;
 }
@@ -886,7 +897,12 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
 
     // The optimizer keys of missing, unexpected or misshapen parameters say nothing new:
     // they leave the lists, and the message counts them.
-    int shadowed = drop_shadowed(missing, &nmissing) + drop_shadowed(unexp, &nunexp);
+    const int shadowed_missing = drop_shadowed(missing, &nmissing), shadowed_unexp = drop_shadowed(unexp, &nunexp);
+    if (shadowed_missing < 0 || shadowed_unexp < 0) {
+        err_set(err, "%s: out of memory checking the checkpoint's keys", f->path);
+        goto done;
+    }
+    int shadowed = shadowed_missing + shadowed_unexp;
     int kept = 0;
     for (int i = 0; i < nbad; i++) {
         bool dup = false;

@@ -42,8 +42,12 @@ static int to_dtype(StDType st) {
 }
 
 int64_t st_numel(const StEntry *e) {
+    // Validated: the product of the dimensions fits, unless one of them is 0 (then the
+    // others are not bounded, and their product may not fit).
+    for (int i = 0; i < e->ndim; i++)
+        if (e->shape[i] == 0) return 0;
     int64_t n = 1;
-    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];  // validated: cannot overflow
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
     return n;
 }
 

@@ -1413,8 +1413,8 @@ static void test_bad_info(void **state) {
 
 // Values no trained network has are refused by every load, naming the tensors, and leave
 // the network as it was: NaN and infinite weights (a run that diverged), a negative running
-// variance or counter, negative optimizer state that averages squares; and an epoch loss
-// that is not finite.
+// variance or counter, a counter the next forward would overflow, negative optimizer state
+// that averages squares; and an epoch loss that is not finite.
 static void test_bad_values(void **state) {
     Net a, b;
     make_net_text(&a, resnet_text);
@@ -1433,6 +1433,7 @@ static void test_bad_values(void **state) {
         {"bn1.running_mean", -INFINITY, 0, "bn1.running_mean (1 of 3 values NaN or infinite)"},
         {"bn1.running_var", -0.5f, 0, "bn1.running_var (1 of 3 values negative)"},
         {"bn1.num_batches_tracked", 0, -3, "bn1.num_batches_tracked (1 of 1 values negative)"},
+        {"bn1.num_batches_tracked", 0, INT64_MAX, "bn1.num_batches_tracked (1 of 1 values 2^62 or more)"},
         {"optimizer.fc.weight.square_avg", -1e-3f, 0, "optimizer.fc.weight.square_avg (1 of"},
         {"optimizer.bn1.bias.acc_delta", NAN, 0, "optimizer.bn1.bias.acc_delta (1 of 3 values NaN"},
     };

@@ -447,16 +447,20 @@ static void test_read_reference(void **state) {
     st_close(&f);
     free(buf);
 
-    // Empty objects and a scalar; an entry of zero bytes at the very end.
+    // Empty objects and a scalar; an entry of zero bytes at the very end; zero elements
+    // beside dimensions whose product does not fit in 64 bits (0, without overflowing:
+    // UBSan's build checks that).
     static const char h2[] =
         "{\"__metadata__\":{},\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]},"
-        "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]}}";
+        "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+        "\"w\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4,0],\"data_offsets\":[4,4]}}";
     buf = make_file(h2, sizeof h2 - 1, 4, &size);
     buffer_ok(&f, buf, size);
-    assert_int_equal(f.count, 2);
+    assert_int_equal(f.count, 3);
     assert_int_equal(f.nmeta, 0);
     assert_int_equal(st_numel(st_find(&f, "s")), 1);
     assert_int_equal(st_numel(st_find(&f, "z")), 0);
+    assert_int_equal(st_numel(st_find(&f, "w")), 0);
     st_close(&f);
     free(buf);
 }
