@@ -182,12 +182,12 @@ static int resume_weights(Run *r, Error *err) {
     const Dataset *train = r->data->train;
     CheckpointInfo ci;
     if (checkpoint_read_info(o->resume, &ci, NULL, err)) return -1;
-    const bool same_data = ci.classes == train->classes && ci.input.c == train->shape.c &&
+    const bool same_data = ci.classes == r->data->classes && ci.input.c == train->shape.c &&
                            ci.input.h == train->shape.h && ci.input.w == train->shape.w;
     if (!same_data)
         err_set(err, "%s was trained on %d classes of %dx%dx%d images, but %s has %d classes of "
                      "%dx%dx%d: resume continues the same run on the same data", o->resume,
-                ci.classes, ci.input.c, ci.input.h, ci.input.w, train->source, train->classes,
+                ci.classes, ci.input.c, ci.input.h, ci.input.w, train->source, r->data->classes,
                 train->shape.c, train->shape.h, train->shape.w);
     checkpoint_info_free(&ci);
     if (!same_data || checkpoint_load_all(o->resume, r->net, &r->st, err)) return -1;
@@ -365,8 +365,8 @@ static int run(const Options *o, const Cfg *cfg, Error *err) {
     net.k->upload(net.scaler, &r.scaler, sizeof r.scaler);
     net.label_smoothing = (float)o->label_smoothing;
     if (!(r.info.cfg_text = cfg_to_text(cfg, err))) goto done;
-    r.info.class_names = data.train->class_names;
-    r.info.classes = data.train->classes;
+    r.info.class_names = data.class_names;
+    r.info.classes = data.classes;
     r.schedule = o->schedule;
     r.schedule.total = (int64_t)o->epochs * loader_batches(data.train_loader);
     report_header(&r, accumulate);

@@ -215,9 +215,7 @@ int eval_weights(const char *weights, const char *cfg_path, bool json, int nover
         goto done;
     Totals t = {0};
     if (evaluate(&m.net, m.data.test_loader, NULL, &t, &e, err)) goto done;
-    char *const *names = m.is_checkpoint ? m.info.class_names
-                         : m.data.train && m.data.train->classes == classes ? m.data.train->class_names
-                                                                           : m.data.test->class_names;
+    char *const *names = m.is_checkpoint ? m.info.class_names : m.data.class_names;
     print_evaluation(weights, m.data.test->source, &t, &e, names, json);
     rc = 0;
 done:

@@ -42,10 +42,12 @@ static int cmp_strings(const void *a, const void *b) {
 
 static int paths_collect(PathList *l, const char *path, bool named, int depth, Error *err) {
     struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    const bool found = stat(path, &st) == 0;
+    if (!found || !S_ISDIR(st.st_mode)) {
         // A file named on the command line is read whatever its extension (a missing one
-        // is reported when it is read); in a folder only image files are.
-        return named || (S_ISREG(st.st_mode) && image_name_has_ext(path)) ? paths_add(l, path, err) : 0;
+        // is reported when it is read); in a folder only image files are (a dangling link
+        // is not).
+        return named || (found && S_ISREG(st.st_mode) && image_name_has_ext(path)) ? paths_add(l, path, err) : 0;
     }
     if (depth >= 64)
         return err_set(err, "%s: more than 64 folders deep; is there a symbolic link loop?", path);
@@ -139,7 +141,7 @@ int predict(const char *weights, const PredictOptions *po, int nargs, char **arg
         }
         input = m.data.train->shape;
         classes = m.data.classes;
-        names = m.data.train->class_names;
+        names = m.data.class_names;
     }
     const int batch = m.o.batch < files.n ? m.o.batch : files.n;
     if (model_load(&m, weights, input, classes, batch, po->memory, err)) goto done;

@@ -420,13 +420,14 @@ int data_open(Data *d, const DataConfig *dc, int batch, uint64_t seed, Error *er
         loader_create(&d->train_loader, d->train, &lc, err))
         goto fail;
     d->classes = d->train->classes;
+    d->class_names = d->train->class_names;
     if (!d->test) return 0;
     // The test set is read between training epochs only: its loader fills the training
     // loader's batch buffers (the same batch, workers and prefetch; no augmentation).
     if (loader_config(&lc, dc, d->test, batch, seed, false, err) ||
         loader_create_shared(&d->test_loader, d->test, &lc, d->train_loader, err))
         goto fail;
-    if (d->test->classes > d->classes) d->classes = d->test->classes;
+    if (d->test->classes > d->classes) d->classes = d->test->classes, d->class_names = d->test->class_names;
     return 0;
 fail:
     data_close(d);
@@ -446,6 +447,7 @@ int data_open_test(Data *d, const DataConfig *dc, int batch, Error *err) {
         return -1;
     }
     d->classes = d->test->classes;
+    d->class_names = d->test->class_names;
     return 0;
 }
 

@@ -54,7 +54,8 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, DataFiles
 typedef struct Data {
     Dataset *train, *test;
     Loader *train_loader, *test_loader;
-    int classes;  // the larger class count of the two sets
+    int classes;               // the larger class count of the two sets
+    char **class_names;        // its names: that set's (IDX labels' numbers are each other's start)
 } Data;
 
 // Opens the data sets and makes loaders of `batch` samples; the training loader shuffles

@@ -117,7 +117,7 @@ int image_resize(const uint8_t *src, int w, int h, size_t stride, int C, uint8_t
 size_t image_load_bytes(const char *path, const ImageFit *fit, const ResizedCrop *crop);
 
 // Whether a file name ends in one of the image extensions a folder dataset reads (IMAGE_EXTS).
-#define IMAGE_EXTS ".png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm .psd .hdr .pic"
+#define IMAGE_EXTS ".png .jpg .jpeg .bmp .gif .tga .pgm .ppm .pnm"
 bool image_name_has_ext(const char *name);
 
 // Decodes one image file as a folder dataset does (image.c) into out, image_fit_shape(fit)

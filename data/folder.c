@@ -253,6 +253,11 @@ static int scan_classes(const char *root, char ***out, int *nout, Error *err) {
             }
             continue;
         }
+        if (strpbrk(e->d_name, "\n\r")) {  // a checkpoint stores the names a line each
+            rc = err_set(err, "%s: a class folder's name holds a line break; rename the folder "
+                         "(a class name is one line)", path);
+            break;
+        }
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             char **q = realloc(names, (size_t)cap * sizeof *q);

@@ -38,8 +38,9 @@ enum {
 // One opened IDX file: a raw file, or the unlinked inflated copy of a gzip file.
 typedef struct IdxFile {
     int fd;
-    int64_t size;  // bytes (of the inflated copy for gzip)
-    int gzip;      // 1 if the file on disk is gzip
+    int64_t size;    // bytes (of the inflated copy for gzip)
+    int gzip;        // 1 if the file on disk is gzip
+    bool inflating;  // the copy is still being inflated: size is what is out so far
 } IdxFile;
 
 typedef struct IdxImpl {
@@ -51,157 +52,6 @@ typedef struct IdxImpl {
 
 static uint32_t be32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-// Inflates the gzip file at path into a new unlinked temporary file in $TMPDIR (or
-// /tmp) and sets *out_fd to it. Memory holds one chunk at a time, never the set.
-static int idx_inflate(int *out_fd, const char *path, Error *err) {
-    const char *dir = getenv("TMPDIR");
-    if (!dir || !*dir) dir = "/tmp";
-    char tmpl[PATH_MAX];
-    int len = snprintf(tmpl, sizeof tmpl, "%s/cnn-idx-XXXXXX", dir);
-    if (len < 0 || (size_t)len >= sizeof tmpl)
-        return err_set(err, "%s: TMPDIR is too long a path (%s); set TMPDIR to a shorter one",
-                       path, dir);
-    int fd = mkostemp(tmpl, O_CLOEXEC);
-    if (fd < 0)
-        return err_set(err,
-                       "%s: cannot create a temporary file in %s to inflate the gzip file "
-                       "into: %s; set TMPDIR to a writable directory",
-                       path, dir, strerror(errno));
-    // Unlinked at once: the copy lives as long as the descriptor, and no crash leaves it.
-    if (unlink(tmpl) != 0) {
-        int e = errno;
-        close(fd);
-        return err_set(err, "%s: cannot unlink the temporary file %s: %s", path, tmpl,
-                       strerror(e));
-    }
-
-    // zlib's inflate rather than gzread: gzread ignores bytes after the last gzip member,
-    // which here is a damaged file. Concatenated members (gzip's own format) are one file.
-    uint8_t *in = NULL, *out = NULL;
-    z_stream z = {0};
-    bool zinit = false;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err_set(err, "%s: cannot open the gzip file: %s", path, strerror(errno));
-        goto fail;
-    }
-    in = xcalloc(IDX_INFLATE_CHUNK / 8, 1, err);
-    out = xcalloc(IDX_INFLATE_CHUNK, 1, err);
-    if (!in || !out) goto fail;
-    if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {  // gzip headers only
-        err_set(err, "%s: cannot start zlib: out of memory", path);
-        goto fail;
-    }
-    zinit = true;
-    int64_t total = 0, read_bytes = 0;
-    bool member_done = false;
-    for (;;) {
-        if (z.avail_in == 0) {
-            const size_t n = fread(in, 1, IDX_INFLATE_CHUNK / 8, f);
-            if (n == 0) {
-                if (ferror(f)) {
-                    err_set(err, "%s: cannot read: %s", path, strerror(errno));
-                    goto fail;
-                }
-                break;
-            }
-            z.next_in = in, z.avail_in = (uInt)n;
-            read_bytes += (int64_t)n;
-        }
-        if (member_done) {  // bytes after a whole member: another member, or damage
-            if (z.next_in[0] != 0x1f) {
-                const int64_t at = read_bytes - z.avail_in;
-                fseek(f, 0, SEEK_END);
-                err_set(err, "%s: %lld bytes after the end of the gzip stream (from byte %" PRId64
-                             "): the file is damaged or more than a gzip file; fetch it again",
-                        path, (long long)(ftell(f) - at), at);
-                goto fail;
-            }
-            inflateReset(&z);
-            member_done = false;
-        }
-        z.next_out = out, z.avail_out = IDX_INFLATE_CHUNK;
-        const int r = inflate(&z, Z_NO_FLUSH);
-        const size_t produced = IDX_INFLATE_CHUNK - z.avail_out;
-        if (produced && file_write_full(fd, out, produced) != 0) {
-            err_set(err,
-                    "%s: cannot write the inflated copy (%" PRId64 " bytes so far) to a "
-                    "temporary file in %s: %s; free space there or set TMPDIR to a "
-                    "directory with room",
-                    path, total + (int64_t)produced, dir, strerror(errno));
-            goto fail;
-        }
-        total += (int64_t)produced;
-        if (r == Z_STREAM_END) member_done = true;
-        else if (r != Z_OK && r != Z_BUF_ERROR) {
-            err_set(err, "%s: corrupt gzip stream (zlib: %s) after %" PRId64 " inflated bytes; "
-                         "fetch the file again", path, z.msg ? z.msg : "error", total);
-            goto fail;
-        }
-    }
-    if (!member_done) {
-        err_set(err, "%s: truncated gzip stream: the file ends after %" PRId64 " inflated bytes; "
-                     "fetch the file again", path, total);
-        goto fail;
-    }
-    inflateEnd(&z);
-    fclose(f);
-    free(in);
-    free(out);
-    *out_fd = fd;
-    return 0;
-
-fail:
-    if (zinit) inflateEnd(&z);
-    if (f) fclose(f);
-    free(in);
-    free(out);
-    close(fd);
-    return -1;
-}
-
-// Opens path, inflating it first if it starts with the gzip magic 1f 8b (the content
-// decides, not the name). On success f->fd is open and f->size is its size.
-static int idx_file_open(IdxFile *f, const char *path, Error *err) {
-    f->fd = -1;
-    f->size = 0;
-    f->gzip = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return err_set(err, "%s: cannot open: %s; check the path (the [data] section of the cfg)",
-                       path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return err_set(err, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(err, "%s: not a regular file; expected an IDX file (raw or gzip)", path);
-    }
-    uint8_t magic[2];
-    int64_t got = file_pread_full(fd, magic, sizeof magic, 0);
-    if (got < 0) {
-        int e = errno;
-        close(fd);
-        return err_set(err, "%s: cannot read: %s", path, strerror(e));
-    }
-    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-        close(fd);  // zlib opens the file itself
-        if (idx_inflate(&fd, path, err) != 0) return -1;
-        if (fstat(fd, &st) != 0) {
-            int e = errno;
-            close(fd);
-            return err_set(err, "%s: cannot stat the inflated copy: %s", path, strerror(e));
-        }
-        f->gzip = 1;
-    }
-    f->fd = fd;
-    f->size = (int64_t)st.st_size;
-    return 0;
 }
 
 // Names what a magic number is, for a message: "an IDX labels file", "not an IDX file".
@@ -222,9 +72,11 @@ static void idx_describe_magic(char *out, size_t size, uint32_t magic) {
 }
 
 // Checks the magic, dimensions and exact size of an opened IDX file; is_images selects
-// images (count, rows, cols) or labels (count). dims receives the dimensions.
+// images (count, rows, cols) or labels (count). dims receives the dimensions, *expected
+// the size they declare. While the file is inflating (f->inflating, its header out),
+// everything but the size.
 static int idx_check_header(const IdxFile *f, const char *path, int is_images, uint32_t dims[3],
-                            Error *err) {
+                            int64_t *expected_size, Error *err) {
     const char *kind = is_images ? "images" : "labels";
     const uint32_t want = is_images ? IDX_IMAGES_MAGIC : IDX_LABELS_MAGIC;
     const int64_t header = is_images ? IDX_IMAGES_HEADER : IDX_LABELS_HEADER;
@@ -279,7 +131,8 @@ static int idx_check_header(const IdxFile *f, const char *path, int is_images, u
         return err_set(err, "%s: dimensions %u x %u x %u overflow a 64-bit file size", path,
                        dims[0], dims[1], dims[2]);
     int64_t expected = header + (int64_t)dims[0] * sample;
-    if (f->size != expected) {
+    *expected_size = expected;
+    if (f->size != expected && !f->inflating) {
         char layout[96];
         if (is_images)
             snprintf(layout, sizeof layout, "%" PRId64 "-byte header + %u images x %u x %u",
@@ -297,6 +150,172 @@ static int idx_check_header(const IdxFile *f, const char *path, int is_images, u
                        " bytes (%s), found %" PRId64 "%s; the header does not match the file",
                        path, f->size - expected, expected, layout, f->size, inflated);
     }
+    return 0;
+}
+
+// Inflates the gzip file at path into a new unlinked temporary file in $TMPDIR (or
+// /tmp) and sets *out_fd to it. Memory holds one chunk at a time, never the set. The
+// header is checked as soon as it is out (is_images as idx_check_header), and the copy
+// never grows past the size it declares: a gzip file of 100 KB can inflate to 100 MB of
+// zeros after a header of one image, and one of a GB to a full disk.
+static int idx_inflate(int *out_fd, const char *path, int is_images, Error *err) {
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    char tmpl[PATH_MAX];
+    int len = snprintf(tmpl, sizeof tmpl, "%s/cnn-idx-XXXXXX", dir);
+    if (len < 0 || (size_t)len >= sizeof tmpl)
+        return err_set(err, "%s: TMPDIR is too long a path (%s); set TMPDIR to a shorter one",
+                       path, dir);
+    int fd = mkostemp(tmpl, O_CLOEXEC);
+    if (fd < 0)
+        return err_set(err,
+                       "%s: cannot create a temporary file in %s to inflate the gzip file "
+                       "into: %s; set TMPDIR to a writable directory",
+                       path, dir, strerror(errno));
+    // Unlinked at once: the copy lives as long as the descriptor, and no crash leaves it.
+    if (unlink(tmpl) != 0) {
+        int e = errno;
+        close(fd);
+        return err_set(err, "%s: cannot unlink the temporary file %s: %s", path, tmpl,
+                       strerror(e));
+    }
+
+    // zlib's inflate rather than gzread: gzread ignores bytes after the last gzip member,
+    // which here is a damaged file. Concatenated members (gzip's own format) are one file.
+    uint8_t *in = NULL, *out = NULL;
+    z_stream z = {0};
+    bool zinit = false;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err_set(err, "%s: cannot open the gzip file: %s", path, strerror(errno));
+        goto fail;
+    }
+    in = xcalloc(IDX_INFLATE_CHUNK / 8, 1, err);
+    out = xcalloc(IDX_INFLATE_CHUNK, 1, err);
+    if (!in || !out) goto fail;
+    if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {  // gzip headers only
+        err_set(err, "%s: cannot start zlib: out of memory", path);
+        goto fail;
+    }
+    zinit = true;
+    int64_t total = 0, read_bytes = 0, declared = -1;  // declared: once the header is out
+    const int64_t header = is_images ? IDX_IMAGES_HEADER : IDX_LABELS_HEADER;
+    bool member_done = false;
+    for (;;) {
+        if (z.avail_in == 0) {
+            const size_t n = fread(in, 1, IDX_INFLATE_CHUNK / 8, f);
+            if (n == 0) {
+                if (ferror(f)) {
+                    err_set(err, "%s: cannot read: %s", path, strerror(errno));
+                    goto fail;
+                }
+                break;
+            }
+            z.next_in = in, z.avail_in = (uInt)n;
+            read_bytes += (int64_t)n;
+        }
+        if (member_done) {  // bytes after a whole member: another member, or damage
+            if (z.next_in[0] != 0x1f) {
+                const int64_t at = read_bytes - z.avail_in;
+                fseek(f, 0, SEEK_END);
+                err_set(err, "%s: %lld bytes after the end of the gzip stream (from byte %" PRId64
+                             "): the file is damaged or more than a gzip file; fetch it again",
+                        path, (long long)(ftell(f) - at), at);
+                goto fail;
+            }
+            inflateReset(&z);
+            member_done = false;
+        }
+        z.next_out = out, z.avail_out = IDX_INFLATE_CHUNK;
+        const int r = inflate(&z, Z_NO_FLUSH);
+        const size_t produced = IDX_INFLATE_CHUNK - z.avail_out;
+        if (produced && file_write_full(fd, out, produced) != 0) {
+            err_set(err,
+                    "%s: cannot write the inflated copy (%" PRId64 " bytes so far) to a "
+                    "temporary file in %s: %s; free space there or set TMPDIR to a "
+                    "directory with room",
+                    path, total + (int64_t)produced, dir, strerror(errno));
+            goto fail;
+        }
+        total += (int64_t)produced;
+        if (declared < 0 && total >= header) {
+            const IdxFile part = {.fd = fd, .size = total, .gzip = 1, .inflating = true};
+            uint32_t dims[3];
+            if (idx_check_header(&part, path, is_images, dims, &declared, err)) goto fail;
+        }
+        if (declared >= 0 && total > declared) {
+            err_set(err, "%s: the gzip stream inflates to more than the %" PRId64 " bytes its IDX "
+                         "header declares; the file is damaged or forged", path, declared);
+            goto fail;
+        }
+        if (r == Z_STREAM_END) member_done = true;
+        else if (r != Z_OK && r != Z_BUF_ERROR) {
+            err_set(err, "%s: corrupt gzip stream (zlib: %s) after %" PRId64 " inflated bytes; "
+                         "fetch the file again", path, z.msg ? z.msg : "error", total);
+            goto fail;
+        }
+    }
+    if (!member_done) {
+        err_set(err, "%s: truncated gzip stream: the file ends after %" PRId64 " inflated bytes; "
+                     "fetch the file again", path, total);
+        goto fail;
+    }
+    inflateEnd(&z);
+    fclose(f);
+    free(in);
+    free(out);
+    *out_fd = fd;
+    return 0;
+
+fail:
+    if (zinit) inflateEnd(&z);
+    if (f) fclose(f);
+    free(in);
+    free(out);
+    close(fd);
+    return -1;
+}
+
+// Opens path, inflating it first if it starts with the gzip magic 1f 8b (the content
+// decides, not the name). On success f->fd is open and f->size is its size.
+static int idx_file_open(IdxFile *f, const char *path, int is_images, Error *err) {
+    f->fd = -1;
+    f->size = 0;
+    f->gzip = 0;
+    f->inflating = false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return err_set(err, "%s: cannot open: %s; check the path (the [data] section of the cfg)",
+                       path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return err_set(err, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(err, "%s: not a regular file; expected an IDX file (raw or gzip)", path);
+    }
+    uint8_t magic[2];
+    int64_t got = file_pread_full(fd, magic, sizeof magic, 0);
+    if (got < 0) {
+        int e = errno;
+        close(fd);
+        return err_set(err, "%s: cannot read: %s", path, strerror(e));
+    }
+    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+        close(fd);  // zlib opens the file itself
+        if (idx_inflate(&fd, path, is_images, err) != 0) return -1;
+        if (fstat(fd, &st) != 0) {
+            int e = errno;
+            close(fd);
+            return err_set(err, "%s: cannot stat the inflated copy: %s", path, strerror(e));
+        }
+        f->gzip = 1;
+    }
+    f->fd = fd;
+    f->size = (int64_t)st.st_size;
     return 0;
 }
 
@@ -394,12 +413,13 @@ int idx_dataset_open(Dataset **out, const char *images_path, const char *labels_
 
     IdxFile images, labels;
     uint32_t idims[3], ldims[3];
-    if (idx_file_open(&images, images_path, err) != 0) goto fail;
+    int64_t size;
+    if (idx_file_open(&images, images_path, 1, err) != 0) goto fail;
     im->images_fd = images.fd;
-    if (idx_check_header(&images, images_path, 1, idims, err) != 0) goto fail;
-    if (idx_file_open(&labels, labels_path, err) != 0) goto fail;
+    if (idx_check_header(&images, images_path, 1, idims, &size, err) != 0) goto fail;
+    if (idx_file_open(&labels, labels_path, 0, err) != 0) goto fail;
     im->labels_fd = labels.fd;
-    if (idx_check_header(&labels, labels_path, 0, ldims, err) != 0) goto fail;
+    if (idx_check_header(&labels, labels_path, 0, ldims, &size, err) != 0) goto fail;
     if (idims[0] != ldims[0]) {
         err_set(err, "%s has %u images but %s has %u labels; the two files must describe the "
                 "same samples (check the [data] paths)",

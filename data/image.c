@@ -27,11 +27,22 @@
 #define IMAGE_MAX_PIXELS (1LL << 27)      // decoded: larger images are bad files (134 MP)
 #define IMAGE_MAX_FILE_BYTES (1LL << 30)  // a larger file is not an image to train on
 // Pixels a file byte can decode to, at most: a 1-bit PNG at deflate's limit is about 8,300
-// (stb_image's formats: PNG, BMP, GIF, TGA, PSD, HDR, PIC, PNM).
+// (the formats read: PNG, BMP, GIF, TGA, PNM).
 #define IMAGE_MAX_PIXELS_PER_BYTE 16384
 
-static const char *const image_exts[] = {"png", "jpg", "jpeg", "bmp", "gif", "tga", "pgm",
-                                         "ppm", "pnm", "psd", "hdr", "pic"};
+static const char *const image_exts[] = {"png", "jpg", "jpeg", "bmp", "gif", "tga", "pgm", "ppm", "pnm"};
+
+// Formats stb_image would decode but the loader does not read, by their first bytes (the
+// tests stb_image makes): Debian's stb_image crashes on a damaged PIC (CVE-2023-43898) and
+// loops forever on an HDR run of length 0 (CVE-2021-42715); PSD is Photoshop's layers,
+// not a photo to train on. NULL, or the format's name.
+static const char *refused_format(const uint8_t *buf, size_t size) {
+    if (size >= 4 && !memcmp(buf, "8BPS", 4)) return "PSD";
+    if (size >= 4 && !memcmp(buf, "\x53\x80\xf6\x34", 4)) return "Softimage PIC";
+    if ((size >= 6 && !memcmp(buf, "#?RGBE", 6)) || (size >= 10 && !memcmp(buf, "#?RADIANCE", 10)))
+        return "Radiance HDR";
+    return NULL;
+}
 
 bool image_name_has_ext(const char *name) {
     const char *dot = strrchr(name, '.');
@@ -55,7 +66,7 @@ static void box_reduce(const uint8_t *src, int w, int h, size_t stride, int C, i
             const int x0 = ox * kx, x1 = x0 + kx < w ? x0 + kx : w;
             const uint32_t n = (uint32_t)((y1 - y0) * (x1 - x0));
             for (int c = 0; c < C; c++) {
-                uint32_t sum = 0;
+                uint64_t sum = 0;  // a box may hold more than 2^24 pixels of 255
                 for (int y = y0; y < y1; y++)
                     for (int x = x0; x < x1; x++) sum += src[(size_t)y * stride + (size_t)x * C + c];
                 dst[((size_t)oy * rw + ox) * C + c] = (uint8_t)((sum + n / 2) / n);
@@ -710,6 +721,7 @@ static size_t load_bytes(size_t file, int w, int h, int n, bool jpeg, bool progr
 // The size and channels of a file that is not a JPEG, from its header: a binary PNM's own
 // (cnn.c decodes those), stb_image's for the rest. false when no decoder reads it.
 static bool image_dims(const uint8_t *buf, size_t size, int *w, int *h, int *n) {
+    if (refused_format(buf, size)) return false;
     if (is_pnm(buf, size)) {
         int64_t pw, ph, maxval;
         size_t data;
@@ -743,6 +755,27 @@ static size_t placed_bytes(size_t file, int w, int h, int n, bool jpeg, bool pro
     return load_bytes(file, w, h, n, jpeg, progressive, coef, jpeg ? dct_scale(&p) : 8, &p, false, s);
 }
 
+// Whether load decodes an image (not a JPEG) of w x h pixels declared in a file of `size`
+// bytes: 0, or DATASET_BAD with err.
+static int check_pixels(const char *path, int w, int h, size_t size, Error *err) {
+    if (w < 1 || h < 1 || (int64_t)w * h > IMAGE_MAX_PIXELS) {
+        err_set(err, "%s: %d x %d pixels: %s", path, w, h,
+                w < 1 || h < 1 ? "not an image" : "more than the 134 million the loader decodes");
+        return DATASET_BAD;
+    }
+    if ((int64_t)w * h > IMAGE_MAX_PIXELS_PER_BYTE * (int64_t)size + 65536) {
+        // A header that promises far more than the file can hold (a 28-byte RLE TGA of
+        // 65280 x 1220 pixels took seconds to expand): no format compresses that much.
+        err_set(err, "%s: %d x %d pixels declared in %zu bytes, more than any image format "
+                     "compresses to: a damaged or forged file", path, w, h, size);
+        return DATASET_BAD;
+    }
+    return 0;
+}
+
+// The charge of files that load refuses by their header is 0, as of those whose header
+// does not read: a forged header (a BMP of 100 bytes declaring 60000 x 60000 pixels) must
+// not make the plan refuse a run whose loader skips the file (skip_bad).
 size_t image_load_bytes(const char *path, const ImageFit *fit, const ResizedCrop *crop) {
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
@@ -753,10 +786,12 @@ size_t image_load_bytes(const char *path, const ImageFit *fit, const ResizedCrop
     int w, h, comps;
     bool progressive = false;
     size_t coef = 0;
+    Error ignored;
     if (is_jpeg(head, n)) {
-        if (!jpeg_frame(head, n, &w, &h, &comps, &progressive, &coef) && w > 0 && h > 0)
+        if (!jpeg_frame(head, n, &w, &h, &comps, &progressive, &coef) && w > 0 && h > 0 &&
+            (int64_t)w * h <= IMAGE_MAX_PIXELS)  // as jpeg_load
             bytes = placed_bytes((size_t)st.st_size, w, h, comps, true, progressive, coef, fit, crop);
-    } else if (n && image_dims(head, n, &w, &h, &comps) && w > 0 && h > 0) {
+    } else if (n && image_dims(head, n, &w, &h, &comps) && !check_pixels(path, w, h, (size_t)st.st_size, &ignored)) {
         bytes = placed_bytes((size_t)st.st_size, w, h, comps, false, false, 0, fit, crop);
     }
     fclose(f);
@@ -775,25 +810,20 @@ static int load(const char *path, const ImageFit *fit, const ResizedCrop *crop, 
     if (rc) return rc;
     Placement p;
     const bool jpeg = is_jpeg(buf, size);
+    const char *refused = refused_format(buf, size);
     if (jpeg) {
         rc = jpeg_load(path, buf, size, fit, crop, key, &p, &M, &px, &w, &h, err);
+    } else if (refused) {
+        err_set(err, "%s: a %s file; the loader reads PNG, JPEG, BMP, GIF, TGA and PNM (convert it to one of those)",
+                path, refused);
+        rc = DATASET_BAD;
     } else if (!(rc = check_declared_size(path, buf, size, err))) {
         int n;
         if (!image_dims(buf, size, &w, &h, &n)) {
             err_set(err, "%s: not a readable image (stb_image: %s)", path,
                     size > INT32_MAX ? "too large" : stbi_failure_reason());
             rc = DATASET_BAD;
-        } else if (w < 1 || h < 1 || (int64_t)w * h > IMAGE_MAX_PIXELS) {
-            err_set(err, "%s: %d x %d pixels: %s", path, w, h,
-                    w < 1 || h < 1 ? "not an image" : "more than the 134 million the loader decodes");
-            rc = DATASET_BAD;
-        } else if ((int64_t)w * h > IMAGE_MAX_PIXELS_PER_BYTE * (int64_t)size + 65536) {
-            // A header that promises far more than the file can hold (a 28-byte RLE TGA of
-            // 65280 x 1220 pixels took seconds to expand): no format compresses that much.
-            err_set(err, "%s: %d x %d pixels declared in %zu bytes, more than any image format "
-                         "compresses to: a damaged or forged file", path, w, h, size);
-            rc = DATASET_BAD;
-        } else if (!(rc = place(path, fit, crop, key, w, h, &p, err)) &&
+        } else if (!(rc = check_pixels(path, w, h, size, err)) && !(rc = place(path, fit, crop, key, w, h, &p, err)) &&
                    (errno = 0, !(px = is_pnm(buf, size) ? pnm_decode(buf, size, C)
                                                          : stbi_load_from_memory(buf, (int)size, &w, &h, &n, C)))) {
             // stb_image's reason is the last of the formats it tried; an allocation that

@@ -328,6 +328,27 @@ static void test_idx_corrupt_gzip(void **state) {
     free(b);
 }
 
+// A gzip file whose stream inflates past the size its header declares (one 1x1 image, then
+// 64 MB of zeros in 64 KB of gzip) is refused while it inflates: the temporary copy never
+// holds more than one chunk past the header (a GB of gzip would have filled the disk). A
+// header that is wrong is refused as soon as it is out, as in a raw file.
+static void test_idx_gzip_bomb(void **state) {
+    char images[PATH_MAX], labels[PATH_MAX];
+    make_set("bomb", 1, 1, 1, 1, images, labels);
+    const size_t n = (size_t)64 << 20;
+    uint8_t *b = calloc(n, 1);
+    assert_non_null(b);
+    size_t si;
+    uint8_t *bi = idx_images(1, 1, 1, &si);
+    memcpy(b, bi, si);
+    write_gz(images, b, n);
+    expect_open_error(images, labels, images, "inflates to more than the 17 bytes its IDX header declares", NULL);
+    memcpy(b, "\0\0\x08\x03\0\0\0\1\0\0\0\0\0\0\0\1", 16);  // rows 0
+    write_gz(images, b, n);
+    expect_open_error(images, labels, images, "a dimension is zero", "(count 1, rows 0, cols 1)", NULL);
+    free(b), free(bi);
+}
+
 // Bytes after the gzip stream are damage (zlib's gzread ignored them); a second gzip member
 // is gzip's own format and reads as the concatenation.
 static void test_idx_gzip_trailing(void **state) {
@@ -889,6 +910,7 @@ int main(void) {
         cmocka_unit_test(test_idx_short_header),
         cmocka_unit_test(test_idx_truncated_gzip),
         cmocka_unit_test(test_idx_corrupt_gzip),
+        cmocka_unit_test(test_idx_gzip_bomb),
         cmocka_unit_test(test_idx_gzip_trailing),
         cmocka_unit_test(test_idx_count_mismatch),
         cmocka_unit_test(test_idx_missing_file),

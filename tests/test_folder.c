@@ -384,6 +384,10 @@ static void test_folder_errors(void **state) {
     open_fails("err_text", opts(4, 4, 3), "err_text/a/labels.csv", "not an image", "skip_bad = 1",
                NULL);
     open_fails("err_missing", opts(4, 4, 3), "err_missing", "cannot open", NULL);
+    // A class folder's name on two lines: refused at once (a checkpoint stores a name a line;
+    // the run failed when it saved, after its first epoch).
+    put_img("err_lines/a\nb/1.png", "png", 4, 4, 3, 1);
+    open_fails("err_lines", opts(4, 4, 3), "a class folder's name holds a line break", NULL);
     open_fails("err_text/a/1.png", opts(4, 4, 3), "not a folder", NULL);
     open_fails("err_text", opts(0, 4, 3), "width = 0", NULL);
     open_fails("err_text", opts(4, 4, 2), "channels = 2", NULL);

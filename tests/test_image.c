@@ -237,6 +237,15 @@ static void test_resize_any_size(void **state) {
         }
     print_message("%d pairs of sizes resized\n", checked);
     free(px);
+    // 8210 x 8210 pixels of 255 to one: boxes of more than 2^24 pixels (their sum wrapped at
+    // 32 bits: 12).
+    const int side = 8210;
+    uint8_t *white = malloc((size_t)side * side);
+    assert_non_null(white);
+    memset(white, 255, (size_t)side * side);
+    assert_int_equal(image_resize(white, side, side, (size_t)side, 1, out, 1, 1), 0);
+    assert_int_equal(out[0], 255);
+    free(white);
 }
 
 // image_load of the file must be DATASET_BAD with a message naming it and holding `why`.
@@ -315,11 +324,39 @@ static void test_declared_sizes(void **state) {
     write_bytes(path("huge.bmp"), huge, sizeof huge);
     expect_bad(path("huge.bmp"), "20000 x 6000");
     free(px);
+    // What the loader plans for a file it refuses by its header is nothing (it planned 360
+    // MB for this one: a run with skip_bad was refused for memory).
+    const ImageFit fit8 = stretch((Shape){.c = 3, .h = 8, .w = 8});
+    assert_int_equal(image_load_bytes(path("huge.bmp"), &fit8, NULL), 0);
+    write_bytes(path("vast.pgm"), "P5\n60000 60000\n255\n0123456789", 29);
+    expect_bad(path("vast.pgm"), "truncated");
+    assert_int_equal(image_load_bytes(path("vast.pgm"), &fit8, NULL), 0);
     // A 28-byte run-length TGA of 65280 x 1220 pixels (found by the fuzzer: it expanded for
     // seconds): more pixels than any format packs into so few bytes.
     static const uint8_t bomb[] = {0x00, 0x00, 0x0a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0c, 0x00, 0x00, 0x00, 0x00, 0xff, 0xc4, 0x04, 0x20, 0x0a, 0xe5, 0x41, 0x47, 0x49, 0x46, 0x39, 0x37, 0x61, 0xd0, 0x14};
     write_bytes(path("bomb.tga"), bomb, sizeof bomb);
     expect_bad(path("bomb.tga"), "more than any image format compresses to");
+    assert_int_equal(image_load_bytes(path("bomb.tga"), &fit8, NULL), 0);
+}
+
+// Formats stb_image decodes but the loader refuses by their first bytes, whatever the
+// file's name: a damaged Softimage PIC (stb_image read through NULL: CVE-2023-43898), a
+// Radiance HDR with a run of length 0 (stb_image never returned: CVE-2021-42715), a PSD.
+static void test_refused_formats(void **state) {
+    uint8_t pic[110] = {0x53, 0x80, 0xf6, 0x34};
+    memcpy(pic + 88, "PICT\0\2\0\2", 8);
+    memcpy(pic + 104, "\0\x08\0\xe0", 4);
+    write_bytes(path("damaged.png"), pic, sizeof pic);
+    expect_bad(path("damaged.png"), "a Softimage PIC file; the loader reads PNG, JPEG, BMP, GIF, TGA and PNM");
+    static const char hdr[] = "#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n-Y 1 +X 8\n\x02\x02\x00\x08\x00";
+    write_bytes(path("zero-run.hdr"), hdr, sizeof hdr - 1);
+    expect_bad(path("zero-run.hdr"), "a Radiance HDR file");
+    write_bytes(path("layers.psd"), "8BPS\0\1\0\0\0\0\0\0\0\3\0\0\0\4\0\0\0\4\0\x08\0\3", 26);
+    expect_bad(path("layers.psd"), "a PSD file");
+    const ImageFit fit8 = stretch((Shape){.c = 3, .h = 8, .w = 8});
+    assert_int_equal(image_load_bytes(path("layers.psd"), &fit8, NULL), 0);
+    assert_false(image_name_has_ext("a.psd") || image_name_has_ext("a.hdr") || image_name_has_ext("a.pic"));
+    assert_true(image_name_has_ext("a.PNG") && image_name_has_ext("b.pgm"));
 }
 
 static void test_bad_jpegs(void **state) {
@@ -647,6 +684,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_resize_any_size),
         cmocka_unit_test(test_pnm_depths),
         cmocka_unit_test(test_declared_sizes),
+        cmocka_unit_test(test_refused_formats),
         cmocka_unit_test(test_bad_jpegs),
         cmocka_unit_test(test_shorter_center_crop_pil),
         cmocka_unit_test(test_crop_of_file),

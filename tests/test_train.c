@@ -632,6 +632,40 @@ static void test_eval_and_predict(void **state) {
     assert_non_null(strstr(read_output(), "net.cfg"));
 }
 
+// A test set with a class the training set lacks (IDX labels up to 3 against 2): the
+// network has an output for each of the 4 classes, and what the run writes says so (it
+// said 3, and --eval refused its own checkpoint); plain weights predict with the cfg,
+// naming the 4 classes (the names were the training set's 3: --predict read past them).
+static void test_more_test_classes(void **state) {
+    if (access("./train", X_OK) != 0) skip();
+    g_cfg = "resnet.cfg";
+    write_set_shaped("four", 60, 7, 10, 4);
+    char args[2 * PATH_MAX], ckpt[PATH_MAX], plain[PATH_MAX], png[PATH_MAX];
+    snprintf(args, sizeof args, "epochs=1 save=%s/four test=%s/four-images test_labels=%s/four-labels", dir, dir,
+             dir);
+    assert_int_equal(train(args), 0);
+    snprintf(ckpt, sizeof ckpt, "%s/four/last.safetensors", dir);
+    assert_int_equal(run("./train --eval %s", ckpt), 0);
+    assert_non_null(strstr(read_output(), "(60 images)"));
+    snprintf(plain, sizeof plain, "%s/four-plain.safetensors", dir);
+    int exported;
+    Error err = {{0}};
+    if (checkpoint_export(ckpt, plain, &exported, &err)) fail_msg("%s", err.msg);
+    snprintf(png, sizeof png, "%s/four.png", dir);
+    write_sample_png("four", 0, 0, png);
+    assert_int_equal(run("./train --predict %s --cfg %s/resnet.cfg test=%s/four-images test_labels=%s/four-labels "
+                         "--top 4 %s",
+                         plain, dir, dir, dir, png),
+                     0);
+    const char *line = strstr(read_output(), "four.png:");
+    assert_non_null(line);
+    for (int c = 0; c < 4; c++) {
+        char name[8];
+        snprintf(name, sizeof name, "  %d ", c);
+        if (!strstr(line, name)) fail_msg("expected class %d in: %s", c, line);
+    }
+}
+
 // --eval of a val_split run evaluates the part training held out (the same split, from the
 // stored cfg): the accuracy the run printed, over every held-out image once.
 static void test_eval_val_split(void **state) {
@@ -1136,6 +1170,7 @@ int main(void) {
         cmocka_unit_test_setup(test_recompute_1x1, use_net_cfg),
         cmocka_unit_test_setup(test_plain_weights, use_net_cfg),
         cmocka_unit_test_setup(test_eval_and_predict, use_net_cfg),
+        cmocka_unit_test_setup(test_more_test_classes, use_net_cfg),
         cmocka_unit_test_setup(test_eval_val_split, use_net_cfg),
         cmocka_unit_test_setup(test_predict_folder, use_net_cfg),
         cmocka_unit_test_setup(test_data_mismatch, use_net_cfg),
