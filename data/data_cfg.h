@@ -54,8 +54,9 @@ int data_cfg_read(DataConfig *dc, const Cfg *cfg, const CfgSection *s, DataFiles
 typedef struct Data {
     Dataset *train, *test;
     Loader *train_loader, *test_loader;
-    int classes;               // the larger class count of the two sets
-    char **class_names;        // its names: that set's (IDX labels' numbers are each other's start)
+    int classes;        // the larger class count of the two sets
+    char **class_names; // the names of that set's classes (the other's are the first of them:
+                        // folders' sets name the same classes, IDX sets' are "0", "1", ...)
 } Data;
 
 // Opens the data sets and makes loaders of `batch` samples; the training loader shuffles
