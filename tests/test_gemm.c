@@ -136,7 +136,8 @@ static void test_avx512_kernels(void **state) {
 }
 
 // gemm_bf16 against the fp64 product of the unrounded operands: within 2^-7 of the sum of
-// |a b| (each operand within 2^-8 of its value), and the same bits from two more calls on
+// |a b| (each operand within 2^-8 of its value); against that of the bf16 operands within
+// fp32's rounding of the sum; and the same bits from two more calls on
 // copies against faulting pages (guarded_copy), at the operands' ends and starts. On
 // the VDPBF16PS path (exact_order) also against its contract (gemm_bf16.h) replayed in
 // scalar code: the operands rounded by quant.h's bf16_from_float (the random values are
@@ -163,7 +164,7 @@ static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float
         for (int j = 0; j < N; j++) {
             const float c0 = C0[(size_t)i * ldc + j];
             float want = c0;
-            double exact = 0, mag = 0;
+            double exact = 0, mag = 0, rounded = 0, rmag = 0;  // rounded: of the bf16 operands
             for (int k0 = 0; k0 < K; k0 += GEMM_BF16_KC) {
                 const int kc = K - k0 < GEMM_BF16_KC ? K - k0 : GEMM_BF16_KC;
                 float acc = 0.0f;
@@ -172,8 +173,10 @@ static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float
                         if (k >= k0 + kc) continue;
                         const float a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
                         const float b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
-                        acc = fmaf(bf16_to_float(bf16_from_float(a)), bf16_to_float(bf16_from_float(b)), acc);
+                        const float ra = bf16_to_float(bf16_from_float(a)), rb = bf16_to_float(bf16_from_float(b));
+                        acc = fmaf(ra, rb, acc);
                         exact += (double)a * b, mag += fabs((double)a * b);
+                        rounded += (double)ra * rb, rmag += fabs((double)ra * rb);
                     }
                 const float v = alpha == 1.0f ? acc : acc * alpha;
                 want = k0 > 0 ? want + v : beta != 0.0f ? fmaf(beta, c0, v) : v;
@@ -186,6 +189,14 @@ static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float
             const double tol = 0x1p-7 * (fabs(alpha) * mag) + 1e-5 * fabs(beta * c0) + 1e-30;
             if (!(fabs(got - expect) <= tol))
                 fail_msg("%dx%dx%d: C[%d][%d] = %.9g, %.9g in fp64 (tolerance %.3g)", M, N, K, i, j, got, expect, tol);
+            // Every path, AMX's too, against the fp64 sum of the rounded operands: within fp32's
+            // rounding of a sum of K terms (and of the blocks' alpha and beta): the right terms,
+            // each once (a stale or doubled term passes the bound above).
+            const double sum = alpha * rounded + (beta != 0.0f ? beta * (double)c0 : 0.0);
+            const double bound = (K + 8) * 0x1p-24 * fabs(alpha) * rmag + 0x1p-22 * fabs(beta * c0) + 1e-30;
+            if (!(fabs(got - sum) <= bound))
+                fail_msg("%dx%dx%d ta=%d tb=%d alpha=%g beta=%g: C[%d][%d] = %.9g, %.9g in fp64 of the bf16 "
+                         "operands (bound %.3g)", M, N, K, ta, tb, alpha, beta, i, j, got, sum, bound);
         }
     expect_only_c_written(&o, M, N);
 }
@@ -212,7 +223,8 @@ static void test_bf16_kernels(void **state) {
                                s % 3 == 0 ? 0 : (int)s, vdpbf16ps);
     }
     // The table's product under GEMM_BF16 (threads' slabs and split K): each slab's bits
-    // as gemm_bf16's own, so within the fp64 bound; GEMM_FP32 is the fp32 kernel again.
+    // as gemm_bf16's own, so within the fp64 bounds (also that of the bf16 operands, with
+    // the split's partial sums); GEMM_FP32 is the fp32 kernel again.
     // Products of fewer than 32 columns or over fewer than 32 k are fp32's under GEMM_BF16
     // too, bit for bit.
     cpu_set_threads(2);
@@ -231,10 +243,17 @@ static void test_bf16_kernels(void **state) {
         int differ = 0;
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
-                double mag = 0;
-                for (int k = 0; k < K; k++) mag += fabs((double)A[(size_t)i * K + k] * B[(size_t)k * N + j]);
+                double mag = 0, rounded = 0, rmag = 0;
+                for (int k = 0; k < K; k++) {
+                    const float a = A[(size_t)i * K + k], b = B[(size_t)k * N + j];
+                    const double r = (double)bf16_to_float(bf16_from_float(a)) * bf16_to_float(bf16_from_float(b));
+                    mag += fabs((double)a * b), rounded += r, rmag += fabs(r);
+                }
                 const double d = fabs((double)C16[(size_t)i * N + j] - C32[(size_t)i * N + j]);
                 if (!(d <= 0x1p-7 * mag + 1e-30)) fail_msg("%dx%dx%d: C[%d][%d] bf16 %.9g, fp32 %.9g", M, N, K, i, j, C16[(size_t)i * N + j], C32[(size_t)i * N + j]);
+                if (bf16 && !(fabs(C16[(size_t)i * N + j] - rounded) <= (K + 16) * 0x1p-24 * rmag + 1e-30))
+                    fail_msg("%dx%dx%d: C[%d][%d] bf16 %.9g, %.9g in fp64 of the bf16 operands", M, N, K, i, j,
+                             C16[(size_t)i * N + j], rounded);
                 differ += C16[(size_t)i * N + j] != C32[(size_t)i * N + j];
             }
         if (bf16) assert_true(differ > 0);  // the bf16 path ran: its rounding shows
