@@ -47,7 +47,8 @@ static int paths_collect(PathList *l, const char *path, bool named, int depth, E
         // A file named on the command line is read whatever its extension (a missing one
         // is reported when it is read); in a folder only image files are (a dangling link
         // is not).
-        return named || (found && S_ISREG(st.st_mode) && image_name_has_ext(path)) ? paths_add(l, path, err) : 0;
+        const bool image = found && S_ISREG(st.st_mode) && image_name_has_ext(path);
+        return named || image ? paths_add(l, path, err) : 0;
     }
     if (depth >= 64)
         return err_set(err, "%s: more than 64 folders deep; is there a symbolic link loop?", path);

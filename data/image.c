@@ -791,7 +791,8 @@ size_t image_load_bytes(const char *path, const ImageFit *fit, const ResizedCrop
         if (!jpeg_frame(head, n, &w, &h, &comps, &progressive, &coef) && w > 0 && h > 0 &&
             (int64_t)w * h <= IMAGE_MAX_PIXELS)  // as jpeg_load
             bytes = placed_bytes((size_t)st.st_size, w, h, comps, true, progressive, coef, fit, crop);
-    } else if (n && image_dims(head, n, &w, &h, &comps) && !check_pixels(path, w, h, (size_t)st.st_size, &ignored)) {
+    } else if (n && image_dims(head, n, &w, &h, &comps) &&
+               !check_pixels(path, w, h, (size_t)st.st_size, &ignored)) {
         bytes = placed_bytes((size_t)st.st_size, w, h, comps, false, false, 0, fit, crop);
     }
     fclose(f);
@@ -814,8 +815,8 @@ static int load(const char *path, const ImageFit *fit, const ResizedCrop *crop, 
     if (jpeg) {
         rc = jpeg_load(path, buf, size, fit, crop, key, &p, &M, &px, &w, &h, err);
     } else if (refused) {
-        err_set(err, "%s: a %s file; the loader reads PNG, JPEG, BMP, GIF, TGA and PNM (convert it to one of those)",
-                path, refused);
+        err_set(err, "%s: a %s file; the loader reads PNG, JPEG, BMP, GIF, TGA and PNM (convert it "
+                     "to one of those)", path, refused);
         rc = DATASET_BAD;
     } else if (!(rc = check_declared_size(path, buf, size, err))) {
         int n;
@@ -823,7 +824,8 @@ static int load(const char *path, const ImageFit *fit, const ResizedCrop *crop, 
             err_set(err, "%s: not a readable image (stb_image: %s)", path,
                     size > INT32_MAX ? "too large" : stbi_failure_reason());
             rc = DATASET_BAD;
-        } else if (!(rc = check_pixels(path, w, h, size, err)) && !(rc = place(path, fit, crop, key, w, h, &p, err)) &&
+        } else if (!(rc = check_pixels(path, w, h, size, err)) &&
+                   !(rc = place(path, fit, crop, key, w, h, &p, err)) &&
                    (errno = 0, !(px = is_pnm(buf, size) ? pnm_decode(buf, size, C)
                                                          : stbi_load_from_memory(buf, (int)size, &w, &h, &n, C)))) {
             // stb_image's reason is the last of the formats it tried; an allocation that

@@ -897,7 +897,8 @@ static int match(const StFile *f, Want *want, int nwant, int nmodel, bool optimi
 
     // The optimizer keys of missing, unexpected or misshapen parameters say nothing new:
     // they leave the lists, and the message counts them.
-    const int shadowed_missing = drop_shadowed(missing, &nmissing), shadowed_unexp = drop_shadowed(unexp, &nunexp);
+    const int shadowed_missing = drop_shadowed(missing, &nmissing);
+    const int shadowed_unexp = drop_shadowed(unexp, &nunexp);
     if (shadowed_missing < 0 || shadowed_unexp < 0) {
         err_set(err, "%s: out of memory checking the checkpoint's keys", f->path);
         goto done;
