@@ -135,6 +135,10 @@ static void test_avx512_kernels(void **state) {
                       ab[j][1], s % 3 == 0 ? 0 : (int)s);
 }
 
+// x rounded to bf16 (quant.h's bf16_from_float: to nearest, ties to even), as the GEMM's
+// packing rounds its operands (the random values are normal floats).
+static float bf16(float x) { return bf16_to_float(bf16_from_float(x)); }
+
 // gemm_bf16 against the fp64 product of the unrounded operands: within 2^-7 of the sum of
 // |a b| (each operand within 2^-8 of its value); against that of the bf16 operands within
 // fp32's rounding of the sum; and the same bits from two more calls on
@@ -173,7 +177,7 @@ static void check_bf16(int M, int N, int K, bool ta, bool tb, float alpha, float
                         if (k >= k0 + kc) continue;
                         const float a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
                         const float b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
-                        const float ra = bf16_to_float(bf16_from_float(a)), rb = bf16_to_float(bf16_from_float(b));
+                        const float ra = bf16(a), rb = bf16(b);
                         acc = fmaf(ra, rb, acc);
                         exact += (double)a * b, mag += fabs((double)a * b);
                         rounded += (double)ra * rb, rmag += fabs((double)ra * rb);
@@ -232,7 +236,7 @@ static void test_bf16_kernels(void **state) {
                                   {3, 9, 5000},   {1000, 40, 30}, {1000, 16, 64}};
     for (size_t s = 0; s < sizeof more / sizeof more[0]; s++) {
         const int M = more[s][0], N = more[s][1], K = more[s][2];
-        const bool bf16 = N >= 32 && K >= 32;
+        const bool on_bf16 = N >= 32 && K >= 32;
         float *A = random_floats((size_t)M * K), *B = random_floats((size_t)K * N);
         float *C16 = malloc((size_t)M * N * sizeof *C16), *C32 = malloc((size_t)M * N * sizeof *C32);
         assert_non_null(C16), assert_non_null(C32);
@@ -246,17 +250,17 @@ static void test_bf16_kernels(void **state) {
                 double mag = 0, rounded = 0, rmag = 0;
                 for (int k = 0; k < K; k++) {
                     const float a = A[(size_t)i * K + k], b = B[(size_t)k * N + j];
-                    const double r = (double)bf16_to_float(bf16_from_float(a)) * bf16_to_float(bf16_from_float(b));
+                    const double r = (double)bf16(a) * bf16(b);
                     mag += fabs((double)a * b), rounded += r, rmag += fabs(r);
                 }
                 const double d = fabs((double)C16[(size_t)i * N + j] - C32[(size_t)i * N + j]);
                 if (!(d <= 0x1p-7 * mag + 1e-30)) fail_msg("%dx%dx%d: C[%d][%d] bf16 %.9g, fp32 %.9g", M, N, K, i, j, C16[(size_t)i * N + j], C32[(size_t)i * N + j]);
-                if (bf16 && !(fabs(C16[(size_t)i * N + j] - rounded) <= (K + 16) * 0x1p-24 * rmag + 1e-30))
+                if (on_bf16 && !(fabs(C16[(size_t)i * N + j] - rounded) <= (K + 16) * 0x1p-24 * rmag + 1e-30))
                     fail_msg("%dx%dx%d: C[%d][%d] bf16 %.9g, %.9g in fp64 of the bf16 operands", M, N, K, i, j,
                              C16[(size_t)i * N + j], rounded);
                 differ += C16[(size_t)i * N + j] != C32[(size_t)i * N + j];
             }
-        if (bf16) assert_true(differ > 0);  // the bf16 path ran: its rounding shows
+        if (on_bf16) assert_true(differ > 0);  // the bf16 path ran: its rounding shows
         else if (differ) fail_msg("%dx%dx%d under GEMM_BF16: %d values are not fp32's", M, N, K, differ);
         free(A), free(B), free(C16), free(C32);
     }
@@ -292,14 +296,6 @@ static void permute_weight(float *wp, const float *w, ConvGeometry g) {
                 wp[((size_t)o * taps + t) * g.C + c] = w[((size_t)o * g.C + c) * taps + t];
 }
 
-// x rounded to bf16 (to nearest, ties to even), as the GEMM's packing rounds its operands.
-static double bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
 
 // conv_gemm_data_grad (stride 1) against din summed in double over bf16 operands: within
 // fp32's rounding of the sum (1e-5 of the sum of the absolute terms); din (N, H, W, C)
