@@ -357,12 +357,15 @@ static int meta_number(const StFile *f, const StateField *sf, void *out, Error *
     return 0;
 }
 
+// A count a run can reach is below this: the training state's, and batchnorm's counter.
+#define COUNT_LIMIT (INT64_C(1) << 62)
+
 // The training state must be one a run can reach: counts below 2^62 (the step keys the
 // dropout masks and the schedule), the epoch's totals consistent (its loss finite: a run
 // whose loss was not has diverged, and its weights are no start either), an accuracy in
 // percent, a loss scale a scaler can hold. Anything else is a damaged or forged file.
 static int check_state(const StFile *f, const TrainState *s, Error *err) {
-    const int64_t big = INT64_C(1) << 62;
+    const int64_t big = COUNT_LIMIT;
     const char *bad = s->epoch >= INT32_MAX                                ? "epoch"
                       : s->batch >= big                                    ? "batch"
                       : s->step >= (uint64_t)big                           ? "step"
@@ -630,7 +633,7 @@ static int check_values(const char *path, const Want *want, int nwant, const flo
             for (int64_t j = 0; j < n; j++) {
                 memcpy(&v, (const char *)x + j * sizeof v, sizeof v);
                 negative += v < 0;
-                huge += v >= INT64_C(1) << 62;
+                huge += v >= COUNT_LIMIT;
             }
         }
         if (!nonfinite && !negative && !huge) continue;
