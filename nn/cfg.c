@@ -133,6 +133,9 @@ static int parse_line(Cfg *cfg, const char *b, const char *e, int line, Error *e
                            "%s:%d: bad section name '%.*s': expected letters, digits and _ "
                            "between [ and ]",
                            path, line, len, b);
+        if (cfg->nsections == CFG_MAX_SECTIONS)
+            return err_set(err, "%s:%d: more than %d sections; a cfg holds at most that many", path, line,
+                           CFG_MAX_SECTIONS);
         char *name = xstrndup(nb, (size_t)(ne - nb), err);
         if (!name) return -1;
         CfgSection *sections = grow(cfg->sections, &cfg->nsections, sizeof *sections, err);
@@ -177,6 +180,9 @@ static int parse_line(Cfg *cfg, const char *b, const char *e, int line, Error *e
                            "keep one",
                            path, line, old->key, s->name, old->line);
     }
+    if (s->nentries == CFG_MAX_KEYS)
+        return err_set(err, "%s:%d: [%s] has more than %d keys; a section holds at most that many", path, line,
+                       s->name, CFG_MAX_KEYS);
     return section_append(s, kb, (size_t)(ke - kb), vb, (size_t)(ve - vb), line, err);
 }
 

@@ -1155,7 +1155,7 @@ static int rename_cfg(const char *text, const char *in, const RenameRule *rules,
     // section changes: a block member's name follows its block's.
     char(*names)[TENSOR_NAME_MAX] = xcalloc((size_t)cfg.nsections, sizeof *names, err);
     char(*olds)[LAYER_NAME_MAX] = names ? xcalloc((size_t)cfg.nsections, sizeof *olds, err) : NULL;
-    if (!olds) goto done;
+    if (!olds || layer_section_count(&cfg, err) < 0) goto done;  // blocks as a network takes them
     for (int i = 0; i < cfg.nsections; i++)
         if (layer_is_section(&cfg.sections[i])) layer_section_name(&cfg, &cfg.sections[i], olds[i], sizeof olds[i]);
     for (int i = 0; i < cfg.nsections; i++) {

@@ -160,6 +160,11 @@ static int walk_to(const Cfg *cfg, const CfgSection *s, BlockFrame *frames, char
             if (depth > 0) frames[depth - 1].in_shortcut = true;
             continue;
         }
+        const bool opens = !strcmp(t->name, BLOCK_TYPE) && depth < BLOCK_MAX_DEPTH;
+        if (t != s && !opens) {  // only counted: the names spelled are s's and its blocks'
+            if (depth > 0) frames[depth - 1].in_shortcut ? frames[depth - 1].shortcut++ : frames[depth - 1].body++;
+            continue;
+        }
         char full[2 * LAYER_NAME_MAX];  // too long for a name: layer_alloc says so
         const CfgEntry *e = cfg_entry(t, "name");
         if (depth == 0) {
@@ -190,7 +195,7 @@ static int walk_to(const Cfg *cfg, const CfgSection *s, BlockFrame *frames, char
             snprintf(name, size, "%s", full);
             return depth;
         }
-        if (!strcmp(t->name, BLOCK_TYPE) && depth < BLOCK_MAX_DEPTH) {
+        if (opens) {
             frames[depth] = (BlockFrame){.s = t};
             snprintf(frames[depth].name, sizeof frames[depth].name, "%.*s", LAYER_NAME_MAX - 1, full);
             depth++;
@@ -229,6 +234,18 @@ int layer_section_extent(const Cfg *cfg, const CfgSection *s, Error *err) {
     }
     return err_set(err, "%s:%d: [%s] has no [%s] after its members", cfg->path, s->line, BLOCK_TYPE,
                    BLOCK_END);
+}
+
+int layer_section_count(const Cfg *cfg, Error *err) {
+    int n = 0;
+    for (int i = 0; i < cfg->nsections; i++) {
+        if (!strcmp(cfg->sections[i].name, "train") || !strcmp(cfg->sections[i].name, "data")) continue;
+        const int extent = layer_section_extent(cfg, &cfg->sections[i], err);
+        if (extent < 0) return -1;
+        n++;
+        i += extent - 1;
+    }
+    return n;
 }
 
 CfgSection *layer_find_section(const Cfg *cfg, const char *name) {

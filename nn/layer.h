@@ -285,6 +285,10 @@ const CfgSection *layer_section_block(const Cfg *cfg, const CfgSection *s);
 // Sections that the layer of section s spans: 1, or a [block] through its [end]; -1 with
 // err for a [block] without its [end] or a marker outside a block.
 int layer_section_extent(const Cfg *cfg, const CfgSection *s, Error *err);
+// The top-level layers of cfg (a [block] through its [end] is one), each section checked by
+// layer_section_extent; -1 with err for the first it refuses. The names above follow the
+// blocks only where this holds.
+int layer_section_count(const Cfg *cfg, Error *err);
 // The layer section whose layer is called `name`, or NULL.
 CfgSection *layer_find_section(const Cfg *cfg, const char *name);
 // Why `name` cannot name a layer ("it is empty", ...), or NULL if it can.

@@ -39,14 +39,8 @@ static void add_modules(Net *net, Layer *l) {
 
 static int net_build_layers(Net *net, const Cfg *cfg, Shape input, int classes, Error *err) {
     // The top-level layers: a [block]'s members are its own.
-    int n = 0;
-    for (int i = 0; i < cfg->nsections; i++) {
-        if (!strcmp(cfg->sections[i].name, "train") || !strcmp(cfg->sections[i].name, "data")) continue;
-        const int extent = layer_section_extent(cfg, &cfg->sections[i], err);
-        if (extent < 0) return -1;
-        n++;
-        i += extent - 1;
-    }
+    const int n = layer_section_count(cfg, err);
+    if (n < 0) return -1;
     if (n == 0)
         return err_set(err, "%s: no layer sections: the network needs at least [flatten], "
                             "[linear] and [log_softmax]", cfg->path);

@@ -178,6 +178,32 @@ static void test_parse_duplicate_key(void **state) {
     cfg_free(&cfg);
 }
 
+// CFG_MAX_SECTIONS sections of CFG_MAX_KEYS keys parse; one more section, or key, does not.
+static void test_parse_limits(void **state) {
+    const size_t size = (size_t)(CFG_MAX_SECTIONS + 1) * 8 + (size_t)(CFG_MAX_KEYS + 1) * 16 + 1;
+    char *text = malloc(size), *p = text;
+    assert_non_null(text);
+    for (int i = 0; i < CFG_MAX_KEYS; i++) p += sprintf(p, "k%d = 1\n", i);
+    for (int i = 1; i < CFG_MAX_SECTIONS; i++) p += sprintf(p, "[relu]\n");
+    char *keys_end = p;
+    // The keys go under a first section (the sections' loop starts at 1).
+    char *full = malloc(size + 16);
+    assert_non_null(full);
+    sprintf(full, "[conv]\n%s", text);
+    Cfg cfg = parse_ok(full);
+    assert_int_equal(cfg.nsections, CFG_MAX_SECTIONS);
+    assert_int_equal(cfg.sections[0].nentries, CFG_MAX_KEYS);
+    cfg_free(&cfg);
+    sprintf(keys_end, "[relu]\n");
+    sprintf(full, "[conv]\n%s", text);
+    parse_fails(full, "t.cfg:", "more than 10000 sections", "at most");
+    // One key more in the first section.
+    sprintf(full, "[conv]\nextra = 1\n%s", text);
+    parse_fails(full, "t.cfg:258:", "[conv] has more than 256 keys", "at most");
+    free(full);
+    free(text);
+}
+
 static void test_parse_empty_value(void **state) {
     parse_fails("[train]\nepochs =   # to do\n", "t.cfg:2:", "key 'epochs'", "empty value");
 }
@@ -600,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_parse_key_before_section),
         cmocka_unit_test(test_parse_duplicate_key),
         cmocka_unit_test(test_parse_empty_value),
+        cmocka_unit_test(test_parse_limits),
         cmocka_unit_test(test_to_text_round_trip),
         cmocka_unit_test(test_free_zeroes),
         cmocka_unit_test(test_load_file),

@@ -834,6 +834,24 @@ static void test_rename_refusals(void **state) {
     assert_null(st_meta(&px, "format"));
     st_close(&px);
     assert_int_equal(remove(path("x.safetensors")), 0);
+    // A stored cfg whose blocks nest deeper than a network may (its members' names would not
+    // follow them), and one of more sections than a cfg holds.
+    char deep[256] = "";
+    for (int i = 0; i < BLOCK_MAX_DEPTH + 1; i++) strcat(deep, "[block]\n");
+    strcat(deep, "[relu]\n");
+    for (int i = 0; i < BLOCK_MAX_DEPTH + 1; i++) strcat(deep, "[end]\n");
+    char *many = malloc((size_t)(CFG_MAX_SECTIONS + 1) * 7 + 1);
+    assert_non_null(many);
+    for (int i = 0; i <= CFG_MAX_SECTIONS; i++) memcpy(many + 7 * i, "[relu]\n", 8);
+    const char *stored[][2] = {{deep, "blocks nest deeper than 8"}, {many, "more than 10000 sections"}};
+    for (int i = 0; i < 2; i++) {
+        rewrite(path("orig3.safetensors"), path("cfg3.safetensors"), NULL, "cfg", stored[i][0], NULL);
+        assert_int_equal(
+            rename_file("cfg3.safetensors", "x.safetensors", RENAME_SUBSTRING, 1, &r, &renamed, &err), -1);
+        assert_contains(err.msg, stored[i][1]);
+        assert_false(exists(path("x.safetensors")));
+    }
+    free(many);
 
     char *after = test_read_file(path("orig3.safetensors"), &n1);
     assert_int_equal(n0, n1);
