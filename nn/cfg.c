@@ -181,8 +181,8 @@ static int parse_line(Cfg *cfg, const char *b, const char *e, int line, Error *e
                            path, line, old->key, s->name, old->line);
     }
     if (s->nentries == CFG_MAX_KEYS)
-        return err_set(err, "%s:%d: [%s] has more than %d keys; a section holds at most that many", path, line,
-                       s->name, CFG_MAX_KEYS);
+        return err_set(err, "%s:%d: [%s] has more than %d keys; a section holds at most that many", path,
+                       line, s->name, CFG_MAX_KEYS);
     return section_append(s, kb, (size_t)(ke - kb), vb, (size_t)(ve - vb), line, err);
 }
 

@@ -162,7 +162,8 @@ static int walk_to(const Cfg *cfg, const CfgSection *s, BlockFrame *frames, char
         }
         const bool opens = !strcmp(t->name, BLOCK_TYPE) && depth < BLOCK_MAX_DEPTH;
         if (t != s && !opens) {  // only counted: the names spelled are s's and its blocks'
-            if (depth > 0) frames[depth - 1].in_shortcut ? frames[depth - 1].shortcut++ : frames[depth - 1].body++;
+            BlockFrame *f = depth > 0 ? &frames[depth - 1] : NULL;
+            if (f) f->in_shortcut ? f->shortcut++ : f->body++;
             continue;
         }
         char full[2 * LAYER_NAME_MAX];  // too long for a name: layer_alloc says so
