@@ -296,7 +296,6 @@ static void permute_weight(float *wp, const float *w, ConvGeometry g) {
                 wp[((size_t)o * taps + t) * g.C + c] = w[((size_t)o * g.C + c) * taps + t];
 }
 
-
 // conv_gemm_data_grad (stride 1) against din summed in double over bf16 operands: within
 // fp32's rounding of the sum (1e-5 of the sum of the absolute terms); din (N, H, W, C)
 // into out.
