@@ -25,7 +25,9 @@
 # The optimizer is the cfg's unless OPTIM names keys (OPTIM="optimizer=sgd lr=0.05
 # momentum=0.9"; state8 needs one with state). Each run writes bench/out/compress/<variant>_s<seed>/
 # (train.log, metrics.jsonl; TAG=x: bench/out/compress-x/). THREADS (default 2) goes to
-# ./train; TRAIN_ARGS adds keys to every run.
+# ./train; TRAIN_ARGS adds keys to every run. EXACT=bench/out/compress-y/rows.txt compares
+# with the exact runs of an earlier tag (while fp32's bits have not moved) instead of running
+# them; with neither, the columns against exact print "-".
 set -e
 cd "$(dirname "$0")/.."
 EPOCHS=${EPOCHS:-5}
@@ -34,6 +36,8 @@ SEEDS=${SEEDS:-1 2 3}
 VARIANTS=${VARIANTS:-exact act8 act4 act2 state8 all}
 CFG=${CFG:-models/resnet-small.cfg}
 OPTIM=${OPTIM:-}
+EXACT=${EXACT:-}
+[ -z "$EXACT" ] || [ -f "$EXACT" ] || { echo "compress.sh: EXACT=$EXACT: no such rows file" >&2; exit 2; }
 OUT=bench/out/compress${TAG:+-$TAG}
 make -s train  # a plain build: the Makefile relinks it after `make SAN=1`
 mkdir -p "$OUT"
@@ -82,12 +86,16 @@ done
 
 echo
 echo "variant  seeds  test acc mean  sd    mean - exact  se of it  max |acc - exact|  activations MB  img/s vs exact"
-awk -v variants="$VARIANTS" '
-    { acc[$1, $2] = $3; ips[$1, $2] = $4; mb[$1] = $5; seeds[$2] = 1 }
+# The exact runs: this run's, or EXACT's rows of the same seeds (their img/s from another
+# hour: no ratio).
+awk -v variants="$VARIANTS" -v rows="$rows" -v earlier="$EXACT" '
+    FILENAME != rows && $1 != "exact" { next }
+    FILENAME == rows { seeds[$2] = 1 }
+    { acc[$1, $2] = $3; ips[$1, $2] = $4; mb[$1] = $5 }
     END {
         n = split(variants, vs, " ")
-        c = 0; s = 0
-        for (sd in seeds) { c++; s += acc["exact", sd] }
+        c = 0; s = 0; have = 1
+        for (sd in seeds) { if (!(("exact", sd) in acc)) have = 0; c++; s += acc["exact", sd] }
         base = c ? s / c : 0
         for (i = 1; i <= n; i++) {
             v = vs[i]; c = 0; s = 0; ss = 0; ds = 0; dss = 0; dmax = 0; r = 0
@@ -98,7 +106,11 @@ awk -v variants="$VARIANTS" '
             }
             m = s / c; var = c > 1 ? (ss - c * m * m) / (c - 1) : 0; if (var < 0) var = 0
             dm = ds / c; dvar = c > 1 ? (dss - c * dm * dm) / (c - 1) : 0; if (dvar < 0) dvar = 0
-            printf "%-8s %5d  %13.2f  %4.2f  %12.2f  %8.2f  %17.2f  %14s  %14.3f\n", v, c, m, sqrt(var), m - base,
-                   sqrt(dvar / c), dmax, mb[v], r / c
+            if (have)
+                printf "%-8s %5d  %13.2f  %4.2f  %12.2f  %8.2f  %17.2f  %14s  %14s\n", v, c, m, sqrt(var),
+                       m - base, sqrt(dvar / c), dmax, mb[v], earlier == "" ? sprintf("%.3f", r / c) : "-"
+            else
+                printf "%-8s %5d  %13.2f  %4.2f  %12s  %8s  %17s  %14s  %14s\n", v, c, m, sqrt(var), "-", "-",
+                       "-", mb[v], "-"
         }
-    }' "$rows"
+    }' ${EXACT:+"$EXACT"} "$rows"
