@@ -20,7 +20,7 @@ FOLDER=$OUT/png28_$((STEPS * BATCH))
 [ -d "$FOLDER" ] || build/bench/make_folders "$FOLDER" png28 $((STEPS * BATCH)) > /dev/null
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(uptime | sed 's/.*load/load/')"
 ARGS="train=$FOLDER train_labels=none test=none test_labels=none val_split=0 width=224 height=224
-      channels=3 flip=0 batch=$BATCH optimizer=sgd momentum=0.9 epochs=1 threads=2
+      channels=3 flip=0 batch=$BATCH optimizer=sgd lr=0.01 momentum=0.9 epochs=1 threads=2
       cache=$OUT/cache"
 FUSED=
 ./train --help | grep -q '^ *fused_update' && FUSED="0 1"

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The exact savers at their floor (issue 30): models/resnet18.cfg at 224x224, batch 32,
-# SGD momentum 0.9, 2 threads, against PyTorch's plain run measured in the same rounds.
+# SGD lr 0.01 momentum 0.9 (PyTorch's --sgd), 2 threads, against PyTorch's plain run
+# measured in the same rounds.
 #   ROUNDS=2 STEPS=3 sh bench/floor.sh
 # 1. The activation block of checkpoint=sqrt against the plain run's, and the bits: after
 #    STEPS steps the weights, running statistics and momentum of the plain run, of
@@ -23,7 +24,7 @@ FOLDER=$OUT/png28_512
 [ -d "$FOLDER" ] || build/bench/make_folders "$FOLDER" png28 512 > /dev/null
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; $(uptime | sed 's/.*load/load/')"
 ARGS="train=$FOLDER train_labels=none test=none test_labels=none val_split=0 width=224 height=224
-      channels=3 flip=0 crop_pad=0 batch=32 optimizer=sgd momentum=0.9 threads=2 cache=$OUT/cache"
+      channels=3 flip=0 crop_pad=0 batch=32 optimizer=sgd lr=0.01 momentum=0.9 threads=2 cache=$OUT/cache"
 FP32="checkpoint=sqrt fused_update=1 prefetch=1"
 FP16="checkpoint=sqrt precision=fp16 prefetch=1"
 LOSSY="fused_update=1 prefetch=1 compress=2 optimizer_state=int8"

@@ -15,9 +15,9 @@
 # by 30-50% over tens of seconds); rounds alternate which side goes first; the ratio is of
 # the means. VARIANTS picks cnn.c's precision:checkpoint pairs (all four by default);
 # CNN_ARGS adds keys to every cnn.c run and TORCH_ARGS flags to every PyTorch run, e.g. the
-# lossy savers against PyTorch's plain SGD:
-#   ROWS=resnet18:32 VARIANTS=fp32:none TORCH_ARGS=--sgd CNN_ARGS="optimizer=sgd momentum=0.9
-#   fused_update=1 prefetch=1 compress=2 optimizer_state=int8" sh bench/resnet_bench.sh
+# lossy savers against PyTorch's plain SGD (--sgd: lr 0.01, momentum 0.9):
+#   ROWS=resnet18:32 VARIANTS=fp32:none TORCH_ARGS=--sgd CNN_ARGS="optimizer=sgd lr=0.01
+#   momentum=0.9 fused_update=1 prefetch=1 compress=2 optimizer_state=int8" sh bench/resnet_bench.sh
 set -e
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
