@@ -106,11 +106,8 @@ awk -v variants="$VARIANTS" -v rows="$rows" -v earlier="$EXACT" '
             }
             m = s / c; var = c > 1 ? (ss - c * m * m) / (c - 1) : 0; if (var < 0) var = 0
             dm = ds / c; dvar = c > 1 ? (dss - c * dm * dm) / (c - 1) : 0; if (dvar < 0) dvar = 0
-            if (have)
-                printf "%-8s %5d  %13.2f  %4.2f  %12.2f  %8.2f  %17.2f  %14s  %14s\n", v, c, m, sqrt(var),
-                       m - base, sqrt(dvar / c), dmax, mb[v], earlier == "" ? sprintf("%.3f", r / c) : "-"
-            else
-                printf "%-8s %5d  %13.2f  %4.2f  %12s  %8s  %17s  %14s  %14s\n", v, c, m, sqrt(var), "-", "-",
-                       "-", mb[v], "-"
+            d = have ? sprintf("%.2f", m - base) : "-"; se = have ? sprintf("%.2f", sqrt(dvar / c)) : "-"
+            far = have ? sprintf("%.2f", dmax) : "-"; ratio = have && earlier == "" ? sprintf("%.3f", r / c) : "-"
+            printf "%-8s %5d  %13.2f  %4.2f  %12s  %8s  %17s  %14s  %14s\n", v, c, m, sqrt(var), d, se, far, mb[v], ratio
         }
     }' ${EXACT:+"$EXACT"} "$rows"
